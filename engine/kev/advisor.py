@@ -1,0 +1,45 @@
+"""The interface every Kev implementation provides (rule-based stand-in, llama-server client, cassette)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.events import Nanos
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KevContext:
+    """The small context snapshot a non-HOLD label pushes onto the Kev queue."""
+
+    request_id: int
+    ts_ns: Nanos
+    symbol: str
+    label: str
+    label_seq: int
+    p_label: float
+    mid: float
+    spread: float
+    imbalance: float
+    position: float
+    max_position: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KevReply:
+    """What an advisor returns: the raw JSON object it produced, or an error.
+
+    ``raw`` is validated by :func:`engine.kev.command.validate_command` in the worker, so every
+    advisor goes through the same gate. ``timings`` carries server-side measurements where there are
+    any (llama-server: prompt_ms, predicted_ms, token counts).
+    """
+
+    raw: dict[str, Any] | None
+    error: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class KevAdvisor(Protocol):
+    name: str
+
+    async def advise(self, ctx: KevContext) -> KevReply: ...

@@ -1,0 +1,211 @@
+"""Session store: one directory per session, one Parquet dataset per stream, a manifest.
+
+Layout::
+
+    <session>/manifest.json          symbols, time span, source, schema version, file hashes
+    <session>/<stream>/part-00000.parquet
+    <session>/runs/<run>/...         replay outputs (see engine.eventlog)
+
+Every file is written to ``<name>.tmp``, fsynced, then renamed, so a crash never leaves a half
+file under a final name; readers only ever look at ``*.parquet``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.events import SCHEMA_VERSION, STREAMS, events_to_table, stream_of, table_to_events
+
+MANIFEST = "manifest.json"
+
+
+class SessionError(RuntimeError):
+    """A session directory that is missing, incomplete or fails its hash check."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def atomic_write_parquet(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` via ``path.tmp`` + fsync + rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp, compression="zstd", write_statistics=True)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+
+
+class SessionWriter:
+    """Buffers typed events per stream and writes rotating Parquet parts, then the manifest."""
+
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        source: str,
+        symbols: Iterable[str],
+        rows_per_part: int = 1_000_000,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        if (self.root / MANIFEST).exists():
+            raise SessionError(f"{self.root} already holds a finished session")
+        self.source = source
+        self.symbols = sorted(set(symbols))
+        self.rows_per_part = rows_per_part
+        self.extra = extra or {}
+        self._buf: dict[str, list[Any]] = {}
+        self._parts: dict[str, int] = {}
+        self._files: dict[str, dict[str, Any]] = {}
+        self._counts: dict[str, int] = {}
+        self._span: list[int] = []
+
+    def add(self, event: Any) -> None:
+        stream = stream_of(event)
+        buf = self._buf.setdefault(stream, [])
+        buf.append(event)
+        if len(buf) >= self.rows_per_part:
+            self._flush_stream(stream)
+
+    def add_all(self, events: Iterable[Any]) -> None:
+        for e in events:
+            self.add(e)
+
+    def _flush_stream(self, stream: str) -> None:
+        events = self._buf.get(stream)
+        if not events:
+            return
+        part = self._parts.get(stream, 0)
+        rel = f"{stream}/part-{part:05d}.parquet"
+        path = self.root / rel
+        atomic_write_parquet(events_to_table(events, stream), path)
+        self._parts[stream] = part + 1
+        self._counts[stream] = self._counts.get(stream, 0) + len(events)
+        recv = [e.ts_recv for e in events]
+        self._span.extend((min(recv), max(recv)))
+        self._files[rel] = {"rows": len(events), "sha256": sha256_file(path)}
+        self._buf[stream] = []
+
+    def flush(self) -> None:
+        for stream in sorted(self._buf):
+            self._flush_stream(stream)
+
+    def close(self) -> dict[str, Any]:
+        """Flush everything and write ``manifest.json`` last: its presence marks the session complete."""
+        self.flush()
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "source": self.source,
+            "symbols": self.symbols,
+            "streams": {s: {"rows": self._counts[s]} for s in sorted(self._counts)},
+            "ts_recv_min": min(self._span) if self._span else None,
+            "ts_recv_max": max(self._span) if self._span else None,
+            "files": dict(sorted(self._files.items())),
+            **self.extra,
+        }
+        write_json(self.root / MANIFEST, manifest)
+        return manifest
+
+
+@dataclass(frozen=True)
+class Session:
+    """A finished session on disk."""
+
+    root: Path
+    manifest: dict[str, Any]
+
+    @property
+    def streams(self) -> list[str]:
+        return sorted(self.manifest["streams"])
+
+    def files(self, stream: str) -> list[Path]:
+        return sorted(self.root / rel for rel in self.manifest["files"] if rel.split("/", 1)[0] == stream)
+
+    def read_table(self, stream: str) -> pa.Table:
+        files = self.files(stream)
+        schema = STREAMS[stream].schema
+        if not files:
+            return schema.empty_table()
+        return pa.concat_tables([pq.read_table(f, schema=schema) for f in files])
+
+    def read_events(self, stream: str) -> list[Any]:
+        return table_to_events(self.read_table(stream), stream)
+
+    def verify(self) -> None:
+        """Check every file's sha256 against the manifest."""
+        for rel, meta in self.manifest["files"].items():
+            p = self.root / rel
+            if not p.exists():
+                raise SessionError(f"{p} is listed in the manifest but missing")
+            if sha256_file(p) != meta["sha256"]:
+                raise SessionError(f"{p} does not match its manifest sha256")
+
+    def digest(self) -> str:
+        """One hash over the manifest's file hashes: identifies the session's content."""
+        h = hashlib.sha256()
+        for rel, meta in sorted(self.manifest["files"].items()):
+            h.update(f"{rel}\t{meta['sha256']}\n".encode())
+        return h.hexdigest()
+
+
+def open_session(root: Path | str) -> Session:
+    root = Path(root)
+    mpath = root / MANIFEST
+    if not mpath.exists():
+        raise SessionError(
+            f"{root} is not a finished session (no {MANIFEST}); "
+            "an interrupted recording can be finished with `dualhub recover`"
+        )
+    try:
+        manifest = orjson.loads(mpath.read_bytes())
+    except orjson.JSONDecodeError as e:
+        raise SessionError(f"{mpath} is not valid JSON: {e}") from None
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise SessionError(
+            f"{root}: schema version {manifest.get('schema_version')} != supported {SCHEMA_VERSION}"
+        )
+    return Session(root, manifest)
+
+
+def iter_parts(root: Path, stream: str) -> Iterator[Path]:
+    """Finished part files of a stream, ignoring ``*.tmp`` leftovers of a crash."""
+    yield from sorted((root / stream).glob("part-*.parquet"))
