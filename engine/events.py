@@ -82,6 +82,20 @@ class Quarantined:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Gap:
+    """A window where data for ``symbol``/``channel`` is known to be missing (disconnect, seq gap)."""
+
+    ts_event: Nanos
+    ts_recv: Nanos
+    seq: int
+    symbol: str
+    channel: str
+    start_ns: Nanos
+    end_ns: Nanos
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LabelEvent:
     """Laya's classification of one book snapshot (``book_seq``); visible at ``ts_recv``."""
 
@@ -230,6 +244,7 @@ Event: TypeAlias = (
     BookSnapshot
     | Trade
     | Quarantined
+    | Gap
     | LabelEvent
     | KevQueueEvent
     | KevRequest
@@ -284,6 +299,7 @@ STREAMS: Final[dict[str, StreamSpec]] = {
         _spec("books15", BookSnapshot, 10),
         _spec("trade", Trade, 20),
         _spec("quarantine", Quarantined, 30),
+        _spec("gap", Gap, 35),
         _spec("label", LabelEvent, 40),
         _spec("kev_queue", KevQueueEvent, 50),
         _spec("kev_request", KevRequest, 51),
