@@ -143,7 +143,11 @@ class KevRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KevResponse:
-    """Kev's answer; ``ok`` false carries ``error``. ``lag_ns`` is request-to-response time."""
+    """Kev's answer; ``ok`` false carries ``error``. ``lag_ns`` is request-to-response time.
+
+    ``key`` identifies the request (prompt template, input, model, parameters) for cassettes; ``raw``
+    is the advisor's JSON text; server timings are 0 where the advisor has none.
+    """
 
     ts_event: Nanos
     ts_recv: Nanos
@@ -153,6 +157,12 @@ class KevResponse:
     error: str
     lag_ns: Nanos
     advisor: str
+    key: str
+    raw: str
+    prompt_ms: float
+    predicted_ms: float
+    prompt_tokens: int
+    completion_tokens: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

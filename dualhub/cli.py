@@ -1,0 +1,65 @@
+"""``dualhub``: one console command, one subcommand per job.
+
+Each package contributes its subcommands through a ``register(subparsers)`` function, so this module
+only wires them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# Modules providing ``register(subparsers)``; a module that does not exist yet is skipped.
+COMMAND_MODULES = (
+    "replay.cli",
+    "recorder.cli",
+    "replay.kev_cli",
+    "dualhub.doctor",
+)
+
+
+class UserError(Exception):
+    """An error to show the user as one clear line (no traceback)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dualhub",
+        description="Record Bitget USDT-M markets, replay them deterministically through Laya (fast ONNX "
+        "classifier), Kev (slow LLM advisor) and the risk gateway, and analyse the event log in DuckDB.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"dualhub {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"dualhub {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
