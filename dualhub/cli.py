@@ -21,8 +21,7 @@ COMMAND_MODULES = (
 )
 
 
-class UserError(Exception):
-    """An error to show the user as one clear line (no traceback)."""
+from engine.errors import DualhubError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except UserError as e:
+    except DualhubError as e:
         print(f"dualhub {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -23,12 +23,13 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from engine.errors import DualhubError
 from engine.events import SCHEMA_VERSION, STREAMS, events_to_table, stream_of, table_to_events
 
 MANIFEST = "manifest.json"
 
 
-class SessionError(RuntimeError):
+class SessionError(DualhubError):
     """A session directory that is missing, incomplete or fails its hash check."""
 
 
