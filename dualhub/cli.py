@@ -12,6 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from engine.errors import DualhubError
+
 # Modules providing ``register(subparsers)``; a module that does not exist yet is skipped.
 COMMAND_MODULES = (
     "replay.cli",
@@ -19,9 +21,6 @@ COMMAND_MODULES = (
     "replay.kev_cli",
     "dualhub.doctor",
 )
-
-
-from engine.errors import DualhubError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -86,4 +86,6 @@ def validate_command(obj: Any) -> CommandFields | str:
     if len(reason) > MAX_REASON_CHARS:
         return f"reason has {len(reason)} chars, limit {MAX_REASON_CHARS}"
     assert isinstance(tp, float) and isinstance(hr, float) and isinstance(ms, float)
-    return CommandFields(action=action, target_position=tp, hedge_ratio=hr, max_slippage_bps=ms, reason=reason)
+    return CommandFields(
+        action=action, target_position=tp, hedge_ratio=hr, max_slippage_bps=ms, reason=reason
+    )

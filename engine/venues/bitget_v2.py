@@ -154,9 +154,7 @@ def _ts_ms(v: Any, what: str) -> int:
     raise FrameError(f"{what} {v!r} is not an integer millisecond timestamp")
 
 
-def parse_books15(
-    frame: Mapping[str, Any], ts_recv: Nanos, counters: StreamCounters
-) -> list[BookSnapshot]:
+def parse_books15(frame: Mapping[str, Any], ts_recv: Nanos, counters: StreamCounters) -> list[BookSnapshot]:
     symbol = frame["arg"]["instId"]
     out = []
     for d in _data(frame):
@@ -271,7 +269,11 @@ def decode(
         # Some doc versions acknowledge an unsubscribe as {"op":"unsubscribe","args":[...]}.
         return [Control(str(frame["op"]), {"args": frame["args"]})]
     a = frame.get("arg")
-    if not isinstance(a, dict) or not isinstance(a.get("channel"), str) or not isinstance(a.get("instId"), str):
+    if (
+        not isinstance(a, dict)
+        or not isinstance(a.get("channel"), str)
+        or not isinstance(a.get("instId"), str)
+    ):
         return quarantine("frame has no arg.channel/arg.instId")
     parser = PARSERS.get(a["channel"])
     if parser is None:
