@@ -37,6 +37,7 @@ class KevReply:
     raw: dict[str, Any] | None
     error: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    key: str = ""  # request key for cassettes (prompt template, input, model, params); "" = none
 
 
 class KevAdvisor(Protocol):

@@ -1,0 +1,521 @@
+"""The engine: one tick path shared by replay and live.
+
+Market data comes in (``on_book``, ``on_trade``); Laya's label becomes an event after its compute
+latency; non-HOLD labels go onto the Kev queue without blocking; Kev's replies become portfolio
+commands; the strategy turns labels and commands into order intents; every intent passes the risk
+gateway; execution reports come back through ``on_ack``/``on_fill``/... Everything the engine decides
+is emitted to the :class:`EventLog`. Time comes only from the clock it is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Protocol
+
+import numpy as np
+import orjson
+
+from engine.book import imbalance
+from engine.clock import Clock
+from engine.contract import ContractConfig
+from engine.eventlog import EventLog
+from engine.events import (
+    BookSnapshot,
+    Fill,
+    KevQueueEvent,
+    KevRequest,
+    KevResponse,
+    Label,
+    LabelEvent,
+    LatencySpan,
+    Nanos,
+    OrderEvent,
+    PortfolioCommand,
+    RiskDecision,
+    Trade,
+)
+from engine.kev.advisor import KevContext, KevReply
+from engine.kev.command import CommandFields, validate_command
+from engine.kev.queue import KevQueue, QueueNote
+from engine.portfolio import Portfolio
+from engine.risk import OrderIntent, RiskLimits, RiskState, check
+from engine.strategy import QuoteConfig, desired_quotes
+
+# Timer priorities: ties at one timestamp resolve market data (10, 20) first, then these in order.
+PRIO_LABEL = 40
+PRIO_KEV = 52
+PRIO_EXCH_IN = 61
+PRIO_EXCH_OUT = 62
+
+Labeler = Callable[[BookSnapshot], tuple[int, np.ndarray]]
+KevDone = Callable[[KevContext, KevReply, Nanos], None]
+
+
+class KevBackend(Protocol):
+    """Runs one Kev request off the tick path and calls ``done`` when the reply is due."""
+
+    def start(self, ctx: KevContext, now_ns: Nanos, done: KevDone) -> None: ...
+
+
+class ExecutionClient(Protocol):
+    """Where accepted orders go: the simulated exchange in replay, Bitget's API in live mode."""
+
+    def submit(self, intent: OrderIntent, now_ns: Nanos) -> None: ...
+
+    def cancel(self, client_oid: str, symbol: str, now_ns: Nanos) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    symbol: str = "BTCUSDT"
+    contract: ContractConfig = field(default_factory=ContractConfig)
+    risk: RiskLimits = field(default_factory=RiskLimits)
+    quotes: QuoteConfig = field(default_factory=QuoteConfig)
+    laya_latency_ns: Nanos = 200_000
+    kev_queue_max: int = 4
+    kev_stale_after_ns: Nanos = 1_000_000_000
+    kev_advice_ttl_ns: Nanos = 5_000_000_000
+    kev_min_interval_ns: Nanos = 0  # 0: every non-HOLD label is offered to Kev
+
+
+@dataclass
+class _Order:
+    client_oid: str
+    side: str
+    order_type: str
+    px: float
+    qty: float
+    sent_ns: Nanos
+    status: str = "pending_new"  # pending_new | live | pending_cancel | done
+    filled: float = 0.0
+
+    @property
+    def working(self) -> bool:
+        return self.status != "done"
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        clock: Clock,
+        log: EventLog,
+        labeler: Labeler,
+        kev: KevBackend,
+        execution: ExecutionClient,
+        advisor_name: str,
+    ) -> None:
+        self.cfg = config
+        self.clock = clock
+        self.log = log
+        self.labeler = labeler
+        self.kev = kev
+        self.execution = execution
+        self.advisor_name = advisor_name
+        self.portfolio = Portfolio()
+        self.queue = KevQueue(maxsize=config.kev_queue_max, stale_after_ns=config.kev_stale_after_ns)
+        self.book: BookSnapshot | None = None
+        self.label = "HOLD"
+        self.command: PortfolioCommand | None = None
+        self.kill_switch = False
+        self._orders: dict[str, _Order] = {}
+        self._oid = 0
+        self._request_id = 0
+        self._command_id = 0
+        self._kev_busy = False
+        self._last_kev_offer_ns = -(1 << 62)
+        self._emergency_until = -(1 << 62)
+        self._last_requote_ns = -(1 << 62)
+        self._last_rebalance_ns = -(1 << 62)
+        self._recent_orders: list[Nanos] = []
+
+    # ------------------------------------------------------------ market data
+
+    def on_book(self, book: BookSnapshot) -> None:
+        self.book = book
+        label_id, probs = self.labeler(book)
+        due = book.ts_recv + self.cfg.laya_latency_ns
+        self.clock.schedule(due, PRIO_LABEL, partial(self._on_label, book, label_id, probs))
+
+    def on_trade(self, trade: Trade) -> None:
+        """Public trades reach the engine for context; fills are driven by the execution side."""
+
+    # ------------------------------------------------------------ Laya
+
+    def _on_label(self, book: BookSnapshot, label_id: int, probs: np.ndarray) -> None:
+        now = self.clock.now_ns()
+        name = Label(label_id).name
+        self.label = name
+        p = [float(x) for x in probs]
+        self.log.emit(
+            LabelEvent,
+            ts_event=book.ts_event,
+            ts_recv=now,
+            symbol=book.symbol,
+            book_seq=book.seq,
+            label=name,
+            p_hold=p[0],
+            p_lean_buy=p[1],
+            p_lean_sell=p[2],
+            p_emergency=p[3],
+        )
+        self._span("laya", f"book:{book.seq}", book.ts_recv, now)
+        if name == "EMERGENCY":
+            # Pull quotes at once: EMERGENCY never waits for Kev.
+            self._emergency_until = now + self.cfg.quotes.emergency_hold_ns
+            self._cancel_all(book.ts_recv)
+        if name != "HOLD" and now - self._last_kev_offer_ns >= self.cfg.kev_min_interval_ns:
+            self._offer_kev(book, name, p[label_id], now)
+        self._requote(book.ts_recv)
+        self._rebalance(book.ts_recv)
+
+    # ------------------------------------------------------------ Kev
+
+    def _offer_kev(self, book: BookSnapshot, label: str, p_label: float, now: Nanos) -> None:
+        self._last_kev_offer_ns = now
+        self._request_id += 1
+        ctx = KevContext(
+            request_id=self._request_id,
+            ts_ns=now,
+            symbol=book.symbol,
+            label=label,
+            label_seq=self.log.next_seq("label") - 1,
+            p_label=round(p_label, 6),
+            mid=book.mid,
+            spread=round(book.ask_px[0] - book.bid_px[0], 10),
+            imbalance=round(imbalance(book), 6),
+            position=float(self.portfolio.position),
+            max_position=self.cfg.risk.max_position,
+        )
+        self._queue_notes(self.queue.offer(ctx), now)
+        self._kev_pump()
+
+    def _queue_notes(self, notes: list[QueueNote], now: Nanos) -> None:
+        for n in notes:
+            self.log.emit(
+                KevQueueEvent, ts_event=now, ts_recv=now, request_id=n.request_id, kind=n.kind, depth=n.depth
+            )
+
+    def _kev_pump(self) -> None:
+        if self._kev_busy:
+            return
+        now = self.clock.now_ns()
+        ctx, notes = self.queue.take(now)
+        self._queue_notes(notes, now)
+        if ctx is None:
+            return
+        self._kev_busy = True
+        self.log.emit(
+            KevRequest,
+            ts_event=ctx.ts_ns,
+            ts_recv=now,
+            request_id=ctx.request_id,
+            symbol=ctx.symbol,
+            label=ctx.label,
+            label_seq=ctx.label_seq,
+            mid=ctx.mid,
+            spread=ctx.spread,
+            imbalance=ctx.imbalance,
+            position=ctx.position,
+            queue_wait_ns=now - ctx.ts_ns,
+        )
+        self._span("kev_queue", f"kev:{ctx.request_id}", ctx.ts_ns, now)
+        self.kev.start(ctx, now, self._on_kev_done)
+
+    def _on_kev_done(self, ctx: KevContext, reply: KevReply, lag_ns: Nanos) -> None:
+        now = self.clock.now_ns()
+        self._kev_busy = False
+        verdict: CommandFields | str = (
+            validate_command(reply.raw) if reply.raw is not None else (reply.error or "no reply")
+        )
+        ok = isinstance(verdict, CommandFields)
+        raw = orjson.dumps(reply.raw, option=orjson.OPT_SORT_KEYS).decode() if reply.raw is not None else ""
+        t = reply.timings
+        self.log.emit(
+            KevResponse,
+            ts_event=now,
+            ts_recv=now,
+            request_id=ctx.request_id,
+            ok=ok,
+            error="" if ok else str(verdict),
+            lag_ns=lag_ns,
+            advisor=self.advisor_name,
+            key=reply.key or _context_key(ctx),
+            raw=raw,
+            prompt_ms=float(t.get("prompt_ms", 0.0)),
+            predicted_ms=float(t.get("predicted_ms", 0.0)),
+            prompt_tokens=int(t.get("prompt_tokens", 0)),
+            completion_tokens=int(t.get("completion_tokens", 0)),
+        )
+        self._span("kev", f"kev:{ctx.request_id}", now - lag_ns, now)
+        if isinstance(verdict, CommandFields):
+            self._command_id += 1
+            self.command = self.log.emit(
+                PortfolioCommand,
+                ts_event=ctx.ts_ns,
+                ts_recv=now,
+                command_id=self._command_id,
+                request_id=ctx.request_id,
+                symbol=ctx.symbol,
+                action=verdict.action,
+                target_position=verdict.target_position,
+                hedge_ratio=verdict.hedge_ratio,
+                max_slippage_bps=verdict.max_slippage_bps,
+                reason=verdict.reason,
+                valid_until=now + self.cfg.kev_advice_ttl_ns,
+            )
+            self._rebalance(ctx.ts_ns)
+        self._kev_pump()
+
+    def _target(self, now: Nanos) -> float:
+        """Kev's target while its advice is fresh; flat otherwise (a market maker's neutral)."""
+        c = self.command
+        if c is None or now > c.valid_until:
+            return 0.0
+        if c.action == "EMERGENCY_FLATTEN":
+            return 0.0
+        return max(-self.cfg.risk.max_position, min(self.cfg.risk.max_position, c.target_position))
+
+    # ------------------------------------------------------------ strategy
+
+    def _requote(self, origin_ns: Nanos, *, force: bool = False) -> None:
+        now = self.clock.now_ns()
+        book = self.book
+        if book is None or (not force and now - self._last_requote_ns < self.cfg.quotes.requote_min_ns):
+            return
+        self._last_requote_ns = now
+        if now < self._emergency_until or self.kill_switch:
+            self._cancel_all(origin_ns)
+            return
+        position = float(self.portfolio.position)
+        want = {
+            q.side: q
+            for q in desired_quotes(
+                self.cfg.quotes,
+                self.cfg.contract,
+                book,
+                label=self.label,
+                position=position,
+                target=self._target(now),
+                max_position=self.cfg.risk.max_position,
+            )
+        }
+        half_tick = self.cfg.contract.tick / 2
+        for side in ("buy", "sell"):
+            working = [
+                o for o in self._orders.values() if o.working and o.side == side and o.order_type == "limit"
+            ]
+            q = want.get(side)
+            keep = q is not None and any(abs(o.px - q.px) < half_tick for o in working)
+            for o in working:
+                if not keep and o.status in ("pending_new", "live"):
+                    self._send_cancel(o, origin_ns)
+            if q is not None and not working:
+                self._send_new(side, "limit", q.px, q.qty, origin_ns)
+
+    def _rebalance(self, origin_ns: Nanos) -> None:
+        """Market orders towards Kev's target (or flat on EMERGENCY_FLATTEN), spaced and risk-checked."""
+        now = self.clock.now_ns()
+        c = self.command
+        if c is None or now > c.valid_until or self.book is None:
+            return
+        if now - self._last_rebalance_ns < self.cfg.quotes.rebalance_min_ns:
+            return
+        position = float(self.portfolio.position)
+        diff = self._target(now) - position
+        if abs(diff) < self.cfg.quotes.quote_qty - 1e-12:
+            return
+        if any(o.working and o.order_type == "market" for o in self._orders.values()):
+            return
+        qty = self.cfg.contract.round_qty(min(abs(diff), self.cfg.risk.max_order_qty))
+        if qty < self.cfg.contract.min_qty:
+            return
+        self._last_rebalance_ns = now
+        side = "buy" if diff > 0 else "sell"
+        reduce_only = c.action == "EMERGENCY_FLATTEN"
+        self._send_new(side, "market", math.nan, qty, origin_ns, c.max_slippage_bps, reduce_only)
+
+    def kill(self) -> None:
+        """Kill switch: no new orders from now on; working orders are cancelled."""
+        self.kill_switch = True
+        self._cancel_all(self.clock.now_ns())
+
+    # ------------------------------------------------------------ orders and risk
+
+    def _risk_state(self, now: Nanos) -> RiskState:
+        cutoff = now - 1_000_000_000
+        self._recent_orders = [t for t in self._recent_orders if t > cutoff]
+        book = self.book
+        mark = book.mid if book is not None else 0.0
+        return RiskState(
+            position=float(self.portfolio.position),
+            open_buy_qty=sum(
+                o.qty - o.filled for o in self._orders.values() if o.working and o.side == "buy"
+            ),
+            open_sell_qty=sum(
+                o.qty - o.filled for o in self._orders.values() if o.working and o.side == "sell"
+            ),
+            pnl_usd=float(self.portfolio.pnl(mark)) if book is not None else 0.0,
+            recent_order_ns=tuple(self._recent_orders),
+            kill_switch=self.kill_switch,
+        )
+
+    def _decide(self, intent: OrderIntent) -> bool:
+        now = self.clock.now_ns()
+        ok, reason = check(self.cfg.risk, self._risk_state(now), intent, self.book, now)
+        self.log.emit(
+            RiskDecision,
+            ts_event=now,
+            ts_recv=now,
+            client_oid=intent.client_oid,
+            symbol=intent.symbol,
+            intent=intent.intent,
+            side=intent.side,
+            order_type=intent.order_type,
+            px=intent.px,
+            qty=intent.qty,
+            accepted=ok,
+            reason=reason,
+        )
+        return ok
+
+    def _send_new(
+        self,
+        side: str,
+        order_type: str,
+        px: float,
+        qty: float,
+        origin_ns: Nanos,
+        max_slippage_bps: float | None = None,
+        reduce_only: bool = False,
+    ) -> None:
+        self._oid += 1
+        oid = f"dh-{self._oid}"
+        intent = OrderIntent(
+            client_oid=oid,
+            symbol=self.cfg.symbol,
+            intent="new",
+            side=side,
+            order_type=order_type,
+            px=px,
+            qty=qty,
+            reduce_only=reduce_only,
+            max_slippage_bps=max_slippage_bps,
+        )
+        if not self._decide(intent):
+            return
+        now = self.clock.now_ns()
+        self._recent_orders.append(now)
+        self._orders[oid] = _Order(oid, side, order_type, px, qty, now)
+        self._order_event(oid, "new", now, now, "")
+        self._span("tick_to_order", oid, origin_ns, now)
+        self.execution.submit(intent, now)
+
+    def _send_cancel(self, order: _Order, origin_ns: Nanos) -> None:
+        intent = OrderIntent(
+            client_oid=order.client_oid,
+            symbol=self.cfg.symbol,
+            intent="cancel",
+            side=order.side,
+            order_type=order.order_type,
+            px=order.px,
+            qty=order.qty - order.filled,
+        )
+        if not self._decide(intent):
+            return
+        now = self.clock.now_ns()
+        order.status = "pending_cancel"
+        self._order_event(order.client_oid, "cancel", now, now, "")
+        self.execution.cancel(order.client_oid, self.cfg.symbol, now)
+
+    def _cancel_all(self, origin_ns: Nanos) -> None:
+        for o in list(self._orders.values()):
+            if o.status in ("pending_new", "live"):
+                self._send_cancel(o, origin_ns)
+
+    def _order_event(self, oid: str, kind: str, ts_event: Nanos, ts_recv: Nanos, reason: str) -> None:
+        o = self._orders[oid]
+        self.log.emit(
+            OrderEvent,
+            ts_event=ts_event,
+            ts_recv=ts_recv,
+            client_oid=oid,
+            symbol=self.cfg.symbol,
+            kind=kind,
+            side=o.side,
+            order_type=o.order_type,
+            px=o.px,
+            qty=o.qty,
+            reason=reason,
+        )
+
+    def _span(self, name: str, ref: str, start: Nanos, end: Nanos) -> None:
+        self.log.emit(
+            LatencySpan,
+            ts_event=start,
+            ts_recv=end,
+            name=name,
+            ref=ref,
+            start_ns=start,
+            end_ns=end,
+            dur_ns=end - start,
+        )
+
+    # ------------------------------------------------------------ execution reports
+
+    def on_ack(self, client_oid: str, ts_event: Nanos) -> None:
+        o = self._orders[client_oid]
+        now = self.clock.now_ns()
+        if o.status == "pending_new":
+            o.status = "live"
+        self._order_event(client_oid, "ack", ts_event, now, "")
+        self._span("order_entry", client_oid, o.sent_ns, now)
+
+    def on_reject(self, client_oid: str, reason: str, ts_event: Nanos) -> None:
+        self._orders[client_oid].status = "done"
+        self._order_event(client_oid, "reject", ts_event, self.clock.now_ns(), reason)
+
+    def on_cancel_ack(self, client_oid: str, ts_event: Nanos) -> None:
+        self._orders[client_oid].status = "done"
+        now = self.clock.now_ns()
+        self._order_event(client_oid, "cancel_ack", ts_event, now, "")
+        self._requote(now, force=True)  # the replacement quote goes out as soon as the old one is gone
+
+    def on_done(self, client_oid: str, reason: str, ts_event: Nanos) -> None:
+        """The exchange finished an order (fully filled, or an IOC remainder expired)."""
+        self._orders[client_oid].status = "done"
+        self._order_event(client_oid, "done", ts_event, self.clock.now_ns(), reason)
+
+    def on_fill(self, client_oid: str, px: float, qty: float, liquidity: str, ts_event: Nanos) -> None:
+        o = self._orders[client_oid]
+        rate = self.cfg.contract.maker_fee_rate if liquidity == "maker" else self.cfg.contract.taker_fee_rate
+        notional, fee = self.portfolio.apply_fill(o.side, px, qty, rate)
+        o.filled += qty
+        self.log.emit(
+            Fill,
+            ts_event=ts_event,
+            ts_recv=self.clock.now_ns(),
+            client_oid=client_oid,
+            symbol=self.cfg.symbol,
+            side=o.side,
+            px=px,
+            qty=qty,
+            liquidity=liquidity,
+            notional=notional,
+            fee=fee,
+            position_after=float(self.portfolio.position),
+        )
+
+
+def _context_key(ctx: KevContext) -> str:
+    """Key of a request for advisors that have none of their own: the context minus ids and times."""
+    body = {
+        k: getattr(ctx, k)
+        for k in ("symbol", "label", "p_label", "mid", "spread", "imbalance", "position", "max_position")
+    }
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()

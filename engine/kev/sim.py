@@ -1,0 +1,37 @@
+"""Replay-mode Kev worker: asks the advisor, delivers the reply after a modelled lag on the clock.
+
+The advisor runs to completion at request time (on a private event loop, so async advisors such as
+an HTTP client work too), but its reply only becomes visible at ``now + lag``: the replay never
+waits on Kev, exactly as the tick path never waits on it live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+from engine.clock import Clock
+from engine.core import PRIO_KEV, KevDone
+from engine.events import Nanos
+from engine.kev.advisor import KevAdvisor, KevContext
+from engine.latency import LatencyModel
+
+
+class SimKevBackend:
+    def __init__(self, advisor: KevAdvisor, lag: LatencyModel, clock: Clock) -> None:
+        self.advisor = advisor
+        self.lag = lag
+        self.clock = clock
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, ctx: KevContext, now_ns: Nanos, done: KevDone) -> None:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        reply = self._loop.run_until_complete(self.advisor.advise(ctx))
+        lag_ns = self.lag.sample_ns(now_ns)
+        self.clock.schedule(now_ns + lag_ns, PRIO_KEV, partial(done, ctx, reply, lag_ns))
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None

@@ -1,0 +1,38 @@
+"""Exact portfolio accounting: position, cash and fees as Decimals (never float-accumulated)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+
+def dec(x: float) -> Decimal:
+    """A float parsed from an exchange string back to that exact decimal (shortest repr round-trips)."""
+    return Decimal(repr(x))
+
+
+@dataclass
+class Portfolio:
+    position: Decimal = Decimal(0)
+    cash: Decimal = Decimal(0)
+    fees: Decimal = Decimal(0)
+    volume: Decimal = Decimal(0)
+    fills: int = 0
+    _marks: list[Decimal] = field(default_factory=list)
+
+    def apply_fill(self, side: str, px: float, qty: float, fee_rate: Decimal) -> tuple[Decimal, Decimal]:
+        """Book a fill; returns its (notional, fee)."""
+        q = dec(qty)
+        notional = dec(px) * q
+        fee = (notional * fee_rate).quantize(Decimal("1e-12"))
+        self.position += q if side == "buy" else -q
+        self.cash += -notional if side == "buy" else notional
+        self.cash -= fee
+        self.fees += fee
+        self.volume += notional
+        self.fills += 1
+        return notional, fee
+
+    def pnl(self, mark: float) -> Decimal:
+        """Cash plus the position marked at ``mark`` (mid), net of fees."""
+        return self.cash + self.position * dec(mark)

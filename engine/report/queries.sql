@@ -1,0 +1,60 @@
+-- Report queries over a run's event log. Each block starts with "-- name: <id> | <title>".
+-- Views available: label, kev_queue, kev_request, kev_response, command, risk, "order", fill,
+-- latency (the run's events) and books15 (the replayed session's books).
+
+-- name: labels | Laya labels
+SELECT label, count(*) AS n, round(100.0 * count(*) / sum(count(*)) OVER (), 2) AS pct
+FROM label GROUP BY label ORDER BY n DESC, label;
+
+-- name: kev | Kev requests, lag and queue
+SELECT
+    (SELECT count(*) FROM kev_request) AS requests,
+    (SELECT count(*) FROM kev_response WHERE ok) AS ok,
+    (SELECT count(*) FROM kev_response WHERE NOT ok) AS rejected,
+    (SELECT count(*) FROM kev_queue WHERE kind = 'dropped_overflow') AS dropped_overflow,
+    (SELECT count(*) FROM kev_queue WHERE kind = 'dropped_stale') AS dropped_stale,
+    (SELECT round(quantile_cont(lag_ns, 0.05) / 1e6, 1) FROM kev_response) AS lag_p5_ms,
+    (SELECT round(quantile_cont(lag_ns, 0.50) / 1e6, 1) FROM kev_response) AS lag_p50_ms,
+    (SELECT round(quantile_cont(lag_ns, 0.95) / 1e6, 1) FROM kev_response) AS lag_p95_ms,
+    (SELECT round(quantile_cont(queue_wait_ns, 0.95) / 1e6, 1) FROM kev_request) AS queue_wait_p95_ms;
+
+-- name: commands | Portfolio commands by action
+SELECT action, count(*) AS n, round(avg(target_position), 4) AS avg_target
+FROM command GROUP BY action ORDER BY n DESC, action;
+
+-- name: risk | Risk decisions by reason
+SELECT intent, reason, accepted, count(*) AS n
+FROM risk GROUP BY intent, reason, accepted ORDER BY accepted, n DESC, reason;
+
+-- name: orders | Orders by lifecycle step
+SELECT kind, order_type, count(*) AS n FROM "order" GROUP BY kind, order_type ORDER BY order_type, kind;
+
+-- name: fills | Fills
+SELECT liquidity, side, count(*) AS n, round(sum(qty), 6) AS qty,
+       CAST(sum(notional) AS DECIMAL(18, 2)) AS notional_usdt, CAST(sum(fee) AS DECIMAL(18, 6)) AS fees_usdt
+FROM fill GROUP BY liquidity, side ORDER BY liquidity, side;
+
+-- name: pnl | PnL (exact decimals, position marked at the last mid)
+WITH f AS (
+    SELECT
+        coalesce(sum(CASE WHEN side = 'buy' THEN qty ELSE -qty END), 0) AS position,
+        coalesce(sum(CASE WHEN side = 'sell' THEN notional ELSE -notional END), 0) AS trading_cash,
+        coalesce(sum(fee), 0) AS fees
+    FROM fill
+),
+m AS (SELECT (bid_px_0 + ask_px_0) / 2 AS mark FROM books15 ORDER BY ts_recv DESC, seq DESC LIMIT 1)
+SELECT
+    round(f.position, 6) AS position,
+    m.mark AS mark_px,
+    CAST(f.trading_cash AS DECIMAL(18, 4)) AS trading_cash_usdt,
+    CAST(f.fees AS DECIMAL(18, 4)) AS fees_usdt,
+    CAST(f.trading_cash - f.fees + CAST(f.position * m.mark AS DECIMAL(38, 12)) AS DECIMAL(18, 4)) AS pnl_usdt
+FROM f, m;
+
+-- name: latency | Per-decision latency (ms)
+SELECT name, count(*) AS n,
+       round(quantile_cont(dur_ns, 0.50) / 1e6, 3) AS p50_ms,
+       round(quantile_cont(dur_ns, 0.90) / 1e6, 3) AS p90_ms,
+       round(quantile_cont(dur_ns, 0.99) / 1e6, 3) AS p99_ms,
+       round(max(dur_ns) / 1e6, 3) AS max_ms
+FROM latency GROUP BY name ORDER BY name;

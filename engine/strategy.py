@@ -1,0 +1,53 @@
+"""Baseline strategy: quote around mid, lean with Laya's label and Kev's target. Pure functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.contract import ContractConfig
+from engine.events import BookSnapshot, Nanos
+
+SIGNAL = {"HOLD": 0, "LEAN_BUY": 1, "LEAN_SELL": -1, "EMERGENCY": 0}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuoteConfig:
+    quote_qty: float = 0.002
+    offset_ticks: int = 1  # distance behind the touch when neutral
+    label_skew_ticks: int = 2  # quotes shift towards the label's side by this much
+    inventory_skew_ticks: float = 4.0  # shift per max_position of (position - target)
+    emergency_hold_ns: Nanos = 2_000_000_000  # quotes stay pulled this long after EMERGENCY
+    requote_min_ns: Nanos = 250_000_000
+    rebalance_min_ns: Nanos = 1_000_000_000  # min spacing of market orders towards Kev's target
+
+
+@dataclass(frozen=True, slots=True)
+class Quote:
+    side: str
+    px: float
+    qty: float
+
+
+def desired_quotes(
+    cfg: QuoteConfig,
+    contract: ContractConfig,
+    book: BookSnapshot,
+    *,
+    label: str,
+    position: float,
+    target: float,
+    max_position: float,
+) -> list[Quote]:
+    """The bid and ask we want resting now (possibly none on a side that would breach the limit)."""
+    tick = contract.tick
+    inv = (position - target) / max_position if max_position > 0 else 0.0
+    shift = SIGNAL.get(label, 0) * cfg.label_skew_ticks - inv * cfg.inventory_skew_ticks
+    best_bid, best_ask = book.bid_px[0], book.ask_px[0]
+    bid = min(best_bid + (shift - cfg.offset_ticks) * tick, best_ask - tick)
+    ask = max(best_ask + (shift + cfg.offset_ticks) * tick, best_bid + tick)
+    out = []
+    if position + cfg.quote_qty <= max_position + 1e-12:
+        out.append(Quote("buy", contract.round_px(bid), cfg.quote_qty))
+    if position - cfg.quote_qty >= -max_position - 1e-12:
+        out.append(Quote("sell", contract.round_px(ask), cfg.quote_qty))
+    return out

@@ -1,0 +1,124 @@
+"""Subcommands ``simulate``, ``replay``, ``report`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from engine.errors import DualhubError
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "simulate",
+        help="write a simulated Bitget v2 session (books15 + trade) to Parquet",
+        description="Generate a deterministic (seeded) BTCUSDT-like market as Bitget v2 books15/trade push "
+        "frames and normalise them into a session directory through the recorder's codec.",
+    )
+    p.add_argument("--out", type=Path, required=True, help="session directory to create")
+    p.add_argument("--symbol", default="BTCUSDT")
+    p.add_argument("--minutes", type=float, default=10.0, help="simulated duration (default 10)")
+    p.add_argument("--seed", type=int, default=7)
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser(
+        "replay",
+        help="replay a session through Laya, the Kev queue, the risk gateway and the simulated exchange",
+        description="Deterministic replay on a virtual clock. Writes the run's event log (Parquet) and a "
+        "manifest with the run digest; the same inputs always give the same digest.",
+    )
+    p.add_argument("session", type=Path, help="session directory (has manifest.json)")
+    p.add_argument("--out", type=Path, help="run directory (default SESSION/runs/run-<config hash>)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    p.add_argument("--seed", type=int, default=1, help="seed for every component's RNG")
+    p.add_argument("--model", type=Path, help="Laya ONNX model (default data/models/laya-v0.onnx)")
+    p.add_argument("--provider", choices=("auto", "cuda", "cpu"), default="auto", help="Laya provider")
+    p.add_argument("--laya-mode", choices=("batch", "tick"), default="batch")
+    p.add_argument("--kev-lag-p5-ms", type=float, default=200.0)
+    p.add_argument("--kev-lag-p95-ms", type=float, default=350.0)
+    p.add_argument("--fill-model", choices=("touch", "through"), default="touch")
+    p.add_argument("--report", action="store_true", help="print the report after the run")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser(
+        "report",
+        help="DuckDB report over a run: labels, Kev lag and drops, risk rejections, fills, PnL, latency",
+    )
+    p.add_argument("run", type=Path, help="run directory written by `dualhub replay`")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "demo",
+        help="simulate a 10-minute BTCUSDT session, replay it and print the report",
+    )
+    p.add_argument("--out", type=Path, default=Path("data/sessions/demo"), help="session directory")
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=7)
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from replay.simulator import simulate_session
+
+    if (args.out / "manifest.json").exists():
+        raise DualhubError(f"{args.out} already holds a session; choose another --out")
+    simulate_session(args.out, symbol=args.symbol, minutes=args.minutes, seed=args.seed, progress=True)
+    print(f"session written: {args.out}")
+    return 0
+
+
+def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from replay.driver import DEFAULT_MODEL, ReplayConfig
+
+    return ReplayConfig(
+        seed=args.seed,
+        model_path=args.model or DEFAULT_MODEL,
+        laya_provider=args.provider,
+        laya_mode=args.laya_mode,
+        kev_lag_p5_ms=args.kev_lag_p5_ms,
+        kev_lag_p95_ms=args.kev_lag_p95_ms,
+        fill_model=args.fill_model,
+    )
+
+
+def _print_result(res) -> None:  # type: ignore[no-untyped-def]
+    lay = res.laya
+    print(
+        f"replayed {res.books} snapshots + {res.trades} trades in {res.wall_s:.2f} s "
+        f"({res.snapshots_per_s:,.0f} snapshots/s); Laya on {lay['active_provider']}"
+        + (f" ({lay['fallback_reason']})" if lay.get("fallback_reason") else "")
+    )
+    print(f"run: {res.run_dir}")
+    print(f"digest: {res.digest}")
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from engine.report.report import print_report
+    from replay.driver import run_replay
+
+    res = run_replay(args.session, _config(args), out_dir=args.out, overwrite=args.overwrite, progress=True)
+    _print_result(res)
+    if args.report:
+        print_report(res.run_dir)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from engine.report.report import print_report
+
+    print_report(args.run)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from engine.report.report import print_report
+    from replay.driver import ReplayConfig, run_replay
+    from replay.simulator import simulate_session
+
+    if not (args.out / "manifest.json").exists():
+        print(f"simulating {args.minutes:g} minutes of BTCUSDT (seed {args.seed}) into {args.out}")
+        simulate_session(args.out, minutes=args.minutes, seed=args.seed, progress=True)
+    res = run_replay(args.out, ReplayConfig(), overwrite=True, progress=True)
+    _print_result(res)
+    print_report(res.run_dir)
+    return 0

@@ -1,0 +1,300 @@
+"""Replay driver: a recorded session through the same engine that trades live, on a virtual clock.
+
+Market streams are merged in the stable total order ``(ts_recv, stream priority, seq)``; timers on
+the replay clock (Laya labels, Kev replies, exchange reports) interleave by the same kind of key.
+Nothing here reads the wall clock except to report how long the run took.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import heapq
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from engine.clock import ReplayClock
+from engine.contract import ContractConfig
+from engine.core import Engine, EngineConfig
+from engine.errors import DualhubError
+from engine.eventlog import EventLog
+from engine.events import STREAMS, BookSnapshot, Nanos, Trade, table_to_events
+from engine.fills import FILL_MODELS
+from engine.kev.rules import RuleKev
+from engine.kev.sim import SimKevBackend
+from engine.latency import ConstantLatency, LognormalLatency
+from engine.laya.features import FEATURE_VERSION, features_v0, features_v0_batch
+from engine.laya.model import Laya, LayaConfig
+from engine.risk import RiskLimits
+from engine.store import SessionError, open_session, write_json
+from engine.strategy import QuoteConfig
+from replay.sim_exchange import SimExchange
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "laya-v0.onnx"
+RUN_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayConfig:
+    """Everything that determines a replay's output. Its sha256 is part of the run manifest."""
+
+    seed: int = 1
+    symbol: str = "BTCUSDT"
+    model_path: Path = DEFAULT_MODEL
+    laya_provider: str = "auto"
+    laya_mode: str = "batch"  # "batch": features+inference over the whole session; "tick": per snapshot
+    laya_latency_us: int = 200
+    kev_lag_p5_ms: float = 200.0
+    kev_lag_p95_ms: float = 350.0
+    kev_queue_max: int = 4
+    kev_stale_after_ms: int = 1000
+    kev_advice_ttl_ms: int = 5000
+    order_entry_latency_ms: float = 5.0
+    order_response_latency_ms: float = 5.0
+    fill_model: str = "touch"
+    risk: RiskLimits = field(default_factory=RiskLimits)
+    quotes: QuoteConfig = field(default_factory=QuoteConfig)
+    contract: ContractConfig = field(default_factory=ContractConfig)
+
+    def __post_init__(self) -> None:
+        if self.laya_mode not in ("batch", "tick"):
+            raise DualhubError(f"laya_mode must be 'batch' or 'tick', not {self.laya_mode!r}")
+        if self.fill_model not in FILL_MODELS:
+            raise DualhubError(f"unknown fill model {self.fill_model!r}; known: {', '.join(FILL_MODELS)}")
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["model_path"] = Path(self.model_path).name  # identity is the model's sha256, not where it lives
+        return orjson.loads(orjson.dumps(d, default=str))
+
+    def sha256(self) -> str:
+        return hashlib.sha256(orjson.dumps(self.to_json(), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    digest: str
+    counts: dict[str, int]
+    books: int
+    trades: int
+    wall_s: float
+    laya: dict[str, Any]
+
+    @property
+    def snapshots_per_s(self) -> float:
+        return self.books / self.wall_s if self.wall_s > 0 else float("inf")
+
+
+def _rng(seed: int, component: int) -> np.random.Generator:
+    """One independent stream per component, so adding a component never shifts another's draws."""
+    return np.random.default_rng([seed, component])
+
+
+class _BatchLabeler:
+    """Labels for a whole session computed up front (features and inference over all rows at once)."""
+
+    def __init__(self, first_seq: int, labels: np.ndarray, probs: np.ndarray) -> None:
+        self.first_seq, self.labels, self.probs = first_seq, labels, probs
+
+    def __call__(self, book: BookSnapshot) -> tuple[int, np.ndarray]:
+        i = book.seq - self.first_seq
+        return int(self.labels[i]), self.probs[i]
+
+
+def _tick_labeler(laya: Laya) -> Callable[[BookSnapshot], tuple[int, np.ndarray]]:
+    def label(book: BookSnapshot) -> tuple[int, np.ndarray]:
+        return laya.predict(features_v0(book))
+
+    return label
+
+
+def _merged(books: list[BookSnapshot], trades: list[Trade]) -> Iterator[tuple[tuple[Nanos, int, int], Any]]:
+    """Both market streams in ``(ts_recv, stream priority, seq)`` order; keys are unique, so stable."""
+    pb, pt = STREAMS["books15"].priority, STREAMS["trade"].priority
+    b = sorted(((e.ts_recv, pb, e.seq), e) for e in books)
+    t = sorted(((e.ts_recv, pt, e.seq), e) for e in trades)
+    return heapq.merge(b, t, key=itemgetter(0))
+
+
+def run_replay(
+    session_dir: Path | str,
+    config: ReplayConfig | None = None,
+    *,
+    out_dir: Path | str | None = None,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> RunResult:
+    """Replay ``session_dir`` and write the run (events + manifest) to ``out_dir``."""
+    cfg = config or ReplayConfig()
+    t0 = time.perf_counter()
+    session = open_session(session_dir)
+    session.verify()
+    if "books15" not in session.manifest["streams"]:
+        raise SessionError(f"{session.root} has no books15 stream to replay")
+    book_table = session.read_table("books15")
+    book_table = book_table.filter(book_table.column("symbol").to_numpy(zero_copy_only=False) == cfg.symbol)
+    if book_table.num_rows == 0:
+        raise DualhubError(f"{session.root} has no books15 rows for {cfg.symbol}")
+    books = table_to_events(book_table, "books15")
+    trades = (
+        [t for t in session.read_events("trade") if t.symbol == cfg.symbol]
+        if "trade" in session.streams
+        else []
+    )
+
+    laya = Laya(LayaConfig(model_path=Path(cfg.model_path), provider=cfg.laya_provider))
+    if laya.feature_version != FEATURE_VERSION:
+        raise DualhubError(
+            f"model {cfg.model_path} uses features {laya.feature_version}, "
+            f"this engine computes {FEATURE_VERSION}"
+        )
+    if cfg.laya_mode == "batch":
+        labels, probs = laya.predict_batch(features_v0_batch(book_table))
+        labeler: Callable[[BookSnapshot], tuple[int, np.ndarray]] = _BatchLabeler(books[0].seq, labels, probs)
+    else:
+        labeler = _tick_labeler(laya)
+
+    clock = ReplayClock(start_ns=min(books[0].ts_recv, trades[0].ts_recv if trades else books[0].ts_recv))
+    log = EventLog()
+    advisor = RuleKev()
+    kev = SimKevBackend(
+        advisor,
+        LognormalLatency(p5_ms=cfg.kev_lag_p5_ms, p95_ms=cfg.kev_lag_p95_ms, rng=_rng(cfg.seed, 1)),
+        clock,
+    )
+    exchange = SimExchange(
+        clock,
+        fill_model=FILL_MODELS[cfg.fill_model](),
+        entry_latency=ConstantLatency(int(cfg.order_entry_latency_ms * 1e6)),
+        response_latency=ConstantLatency(int(cfg.order_response_latency_ms * 1e6)),
+    )
+    engine = Engine(
+        EngineConfig(
+            symbol=cfg.symbol,
+            contract=cfg.contract,
+            risk=cfg.risk,
+            quotes=cfg.quotes,
+            laya_latency_ns=cfg.laya_latency_us * 1000,
+            kev_queue_max=cfg.kev_queue_max,
+            kev_stale_after_ns=cfg.kev_stale_after_ms * 1_000_000,
+            kev_advice_ttl_ns=cfg.kev_advice_ttl_ms * 1_000_000,
+        ),
+        clock=clock,
+        log=log,
+        labeler=labeler,
+        kev=kev,
+        execution=exchange,
+        advisor_name=advisor.name,
+    )
+    exchange.engine = engine
+
+    bar = _progress(progress, len(books) + len(trades))
+    try:
+        for i, (key, ev) in enumerate(_merged(books, trades)):
+            while (tk := clock.next_key()) is not None and tuple(tk) < key:
+                _, fire = clock.pop_next()
+                fire()
+            clock.advance_to(ev.ts_recv)
+            if isinstance(ev, BookSnapshot):
+                exchange.on_book(ev)
+                engine.on_book(ev)
+            else:
+                exchange.on_trade(ev)
+                engine.on_trade(ev)
+            if bar is not None and i % 2000 == 0:
+                bar.update(i)
+        while clock.next_key() is not None:
+            _, fire = clock.pop_next()
+            fire()
+    finally:
+        kev.close()
+        if bar is not None:
+            bar.close()
+    wall = time.perf_counter() - t0
+
+    run_dir = Path(out_dir) if out_dir is not None else session.root / "runs" / f"run-{cfg.sha256()[:12]}"
+    _write_run(run_dir, overwrite, log, session, cfg, laya, len(books), len(trades))
+    return RunResult(run_dir, log.digest, log.counts(), len(books), len(trades), wall, laya.describe())
+
+
+def _write_run(
+    run_dir: Path,
+    overwrite: bool,
+    log: EventLog,
+    session: Any,
+    cfg: ReplayConfig,
+    laya: Laya,
+    n_books: int,
+    n_trades: int,
+) -> None:
+    """Write into ``<run>.tmp`` and rename, so a half-written run never looks finished."""
+    if run_dir.exists() and not overwrite:
+        raise DualhubError(f"{run_dir} exists; pass --overwrite (or another --out) to replace it")
+    tmp = run_dir.with_name(run_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "events").mkdir(parents=True)
+    files = log.write(tmp / "events")
+    info = laya.describe()
+    manifest = {
+        "run_schema_version": RUN_SCHEMA_VERSION,
+        "digest": log.digest,
+        "session": {
+            "path": str(session.root.resolve()),
+            "digest": session.digest(),
+            "files": session.manifest["files"],
+        },
+        "inputs": {"books15": n_books, "trade": n_trades},
+        "model": {
+            "file": Path(cfg.model_path).name,
+            "sha256": info["model_sha256"],
+            "feature_version": info["feature_version"],
+        },
+        "seeds": {"replay": cfg.seed, "kev_lag": [cfg.seed, 1]},
+        "config": cfg.to_json(),
+        "config_sha256": cfg.sha256(),
+        "advisor": "rules",
+        "counts": log.counts(),
+        "files": files,
+    }
+    write_json(tmp / "manifest.json", manifest)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(run_dir)
+    # The provider is a fact about this machine, not about the run's inputs: kept beside the manifest.
+    write_json(
+        run_dir / "runtime.json",
+        {k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
+    )
+
+
+def _progress(enabled: bool, total: int) -> Any:
+    if not enabled:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    class _Bar:
+        def __init__(self) -> None:
+            self.p = Progress(
+                "[bold]replay", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True
+            )
+            self.p.start()
+            self.task = self.p.add_task("replay", total=total)
+
+        def update(self, n: int) -> None:
+            self.p.update(self.task, completed=n)
+
+        def close(self) -> None:
+            self.p.update(self.task, completed=total)
+            self.p.stop()
+
+    return _Bar()
