@@ -76,7 +76,7 @@ class EngineConfig:
     risk: RiskLimits = field(default_factory=RiskLimits)
     quotes: QuoteConfig = field(default_factory=QuoteConfig)
     laya_latency_ns: Nanos = 200_000
-    kev_queue_max: int = 4
+    kev_queue_max: int = 2
     kev_stale_after_ns: Nanos = 1_000_000_000
     kev_advice_ttl_ns: Nanos = 5_000_000_000
     kev_min_interval_ns: Nanos = 0  # 0: every non-HOLD label is offered to Kev
@@ -434,8 +434,9 @@ class Engine:
         self.execution.cancel(order.client_oid, self.cfg.symbol, now)
 
     def _cancel_all(self, origin_ns: Nanos) -> None:
+        """Cancel every working limit order (market orders are IOC: there is nothing to pull)."""
         for o in list(self._orders.values()):
-            if o.status in ("pending_new", "live"):
+            if o.order_type == "limit" and o.status in ("pending_new", "live"):
                 self._send_cancel(o, origin_ns)
 
     def _order_event(self, oid: str, kind: str, ts_event: Nanos, ts_recv: Nanos, reason: str) -> None:

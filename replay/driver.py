@@ -54,7 +54,7 @@ class ReplayConfig:
     laya_latency_us: int = 200
     kev_lag_p5_ms: float = 200.0
     kev_lag_p95_ms: float = 350.0
-    kev_queue_max: int = 4
+    kev_queue_max: int = 2
     kev_stale_after_ms: int = 1000
     kev_advice_ttl_ms: int = 5000
     order_entry_latency_ms: float = 5.0

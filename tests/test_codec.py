@@ -46,18 +46,21 @@ def test_encode_roundtrip():
     assert frame["data"][0]["checksum"] == 0 and frame["data"][0]["ts"] == "5" and frame["ts"] == 6
     [b] = decode(raw, 1, StreamCounters())
     assert b.symbol == "ETHUSDT" and b.bid_px[0] == 10.0
-    t = encode_trades("ETHUSDT", [{"ts": "5", "price": "10.1", "size": "0.5", "side": "buy", "tradeId": "1"}],
-                      push_ts_ms=6)
+    t = encode_trades(
+        "ETHUSDT", [{"ts": "5", "price": "10.1", "size": "0.5", "side": "buy", "tradeId": "1"}], push_ts_ms=6
+    )
     assert decode(t, 1, StreamCounters())[0].sz == 0.5
 
 
 def _book(bids, asks):
-    return orjson.dumps({
-        "action": "snapshot",
-        "arg": {"instType": "USDT-FUTURES", "channel": "books15", "instId": "BTCUSDT"},
-        "data": [{"asks": asks, "bids": bids, "checksum": 0, "seq": 1, "ts": "1"}],
-        "ts": 1,
-    })
+    return orjson.dumps(
+        {
+            "action": "snapshot",
+            "arg": {"instType": "USDT-FUTURES", "channel": "books15", "instId": "BTCUSDT"},
+            "data": [{"asks": asks, "bids": bids, "checksum": 0, "seq": 1, "ts": "1"}],
+            "ts": 1,
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -65,7 +68,10 @@ def _book(bids, asks):
     [
         (b"{not json", "not JSON"),
         (b"[1,2]", "not a JSON object"),
-        (b'{"action":"snapshot","arg":{"channel":"books50","instId":"BTCUSDT"},"data":[{}]}', "unknown channel"),
+        (
+            b'{"action":"snapshot","arg":{"channel":"books50","instId":"BTCUSDT"},"data":[{}]}',
+            "unknown channel",
+        ),
         (b'{"action":"snapshot","data":[]}', "no arg.channel"),
         (_book([["100.0", "1"]], [["99.0", "1"]]), "crossed book"),
         (_book([["100.0", "NaN"]], [["101.0", "1"]]), "not finite"),
@@ -88,10 +94,16 @@ def test_bad_frames_are_quarantined_with_a_reason(raw, reason):
 def test_control_frames():
     c = StreamCounters()
     assert decode(b"pong", 1, c) == [Control("pong")]
-    [ack] = decode(b'{"event":"subscribe","arg":{"instType":"USDT-FUTURES","channel":"books15","instId":"BTCUSDT"}}', 1, c)
+    [ack] = decode(
+        b'{"event":"subscribe","arg":{"instType":"USDT-FUTURES","channel":"books15","instId":"BTCUSDT"}}',
+        1,
+        c,
+    )
     assert ack.kind == "subscribe" and ack.arg["instId"] == "BTCUSDT"
     for code in (b"30001", b'"30001"'):
-        [err] = decode(b'{"event":"error","code":' + code + b',"msg":"doesn\'t exist","op":"subscribe"}', 1, c)
+        [err] = decode(
+            b'{"event":"error","code":' + code + b',"msg":"doesn\'t exist","op":"subscribe"}', 1, c
+        )
         assert err.kind == "error" and err.code == 30001
     [unsub] = decode(b'{"op":"unsubscribe","args":[{"channel":"trade"}]}', 1, c)
     assert unsub.kind == "unsubscribe"

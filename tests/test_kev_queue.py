@@ -11,8 +11,19 @@ from engine.latency import ConstantLatency, LognormalLatency
 
 
 def ctx(rid, ts=0, label="LEAN_BUY", p=0.9, imbalance=0.3, position=0.0):
-    return KevContext(request_id=rid, ts_ns=ts, symbol="BTCUSDT", label=label, label_seq=rid, p_label=p,
-                      mid=100.0, spread=0.1, imbalance=imbalance, position=position, max_position=0.05)
+    return KevContext(
+        request_id=rid,
+        ts_ns=ts,
+        symbol="BTCUSDT",
+        label=label,
+        label_seq=rid,
+        p_label=p,
+        mid=100.0,
+        spread=0.1,
+        imbalance=imbalance,
+        position=position,
+        max_position=0.05,
+    )
 
 
 def test_offer_never_blocks_and_keeps_latest():
@@ -60,12 +71,55 @@ def test_rules_produce_valid_commands_for_every_label():
     [
         ("x", "expected object"),
         ({"action": "BUY"}, "missing fields"),
-        ({"action": "YOLO", "target_position": 0, "hedge_ratio": 0, "max_slippage_bps": 1, "reason": ""}, "not one of"),
-        ({"action": "HOLD", "target_position": 1e15, "hedge_ratio": 0, "max_slippage_bps": 1, "reason": ""}, "outside"),
-        ({"action": "HOLD", "target_position": "1", "hedge_ratio": 0, "max_slippage_bps": 1, "reason": ""}, "expected number"),
-        ({"action": "HOLD", "target_position": 0, "hedge_ratio": 0, "max_slippage_bps": 1, "reason": "x" * 121}, "limit 120"),
-        ({"action": "HOLD", "target_position": 0, "hedge_ratio": 0, "max_slippage_bps": 1, "reason": "", "z": 1}, "unexpected"),
-        ({"action": "HOLD", "target_position": float("nan"), "hedge_ratio": 0, "max_slippage_bps": 1, "reason": ""}, "not finite"),
+        (
+            {"action": "YOLO", "target_position": 0, "hedge_ratio": 0, "max_slippage_bps": 1, "reason": ""},
+            "not one of",
+        ),
+        (
+            {
+                "action": "HOLD",
+                "target_position": 1e15,
+                "hedge_ratio": 0,
+                "max_slippage_bps": 1,
+                "reason": "",
+            },
+            "outside",
+        ),
+        (
+            {"action": "HOLD", "target_position": "1", "hedge_ratio": 0, "max_slippage_bps": 1, "reason": ""},
+            "expected number",
+        ),
+        (
+            {
+                "action": "HOLD",
+                "target_position": 0,
+                "hedge_ratio": 0,
+                "max_slippage_bps": 1,
+                "reason": "x" * 121,
+            },
+            "limit 120",
+        ),
+        (
+            {
+                "action": "HOLD",
+                "target_position": 0,
+                "hedge_ratio": 0,
+                "max_slippage_bps": 1,
+                "reason": "",
+                "z": 1,
+            },
+            "unexpected",
+        ),
+        (
+            {
+                "action": "HOLD",
+                "target_position": float("nan"),
+                "hedge_ratio": 0,
+                "max_slippage_bps": 1,
+                "reason": "",
+            },
+            "not finite",
+        ),
     ],
 )
 def test_invalid_commands_are_rejected_with_a_reason(obj, reason):

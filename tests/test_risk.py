@@ -8,17 +8,36 @@ from engine.risk import OrderIntent, RiskLimits, RiskState, check
 from tests.helpers import make_book
 
 NOW = 1_000_000_000
-LIMITS = RiskLimits(max_position=0.05, max_net_delta_usd=4.0, max_order_qty=0.02, max_slippage_bps=50.0,
-                    price_band_bps=50.0, max_orders_per_s=3, stale_book_ns=2_000_000_000, daily_loss_stop_usd=10.0)
+LIMITS = RiskLimits(
+    max_position=0.05,
+    max_net_delta_usd=4.0,
+    max_order_qty=0.02,
+    max_slippage_bps=50.0,
+    price_band_bps=50.0,
+    max_orders_per_s=3,
+    stale_book_ns=2_000_000_000,
+    daily_loss_stop_usd=10.0,
+)
 BOOK = make_book(100.0, 100.1, ts=NOW, size=0.01)
 
 
 def limit(side="buy", px=100.0, qty=0.01, **kw):
-    return OrderIntent(client_oid="o", symbol="BTCUSDT", intent="new", side=side, order_type="limit", px=px, qty=qty, **kw)
+    return OrderIntent(
+        client_oid="o", symbol="BTCUSDT", intent="new", side=side, order_type="limit", px=px, qty=qty, **kw
+    )
 
 
 def market(side="buy", qty=0.01, **kw):
-    return OrderIntent(client_oid="o", symbol="BTCUSDT", intent="new", side=side, order_type="market", px=math.nan, qty=qty, **kw)
+    return OrderIntent(
+        client_oid="o",
+        symbol="BTCUSDT",
+        intent="new",
+        side=side,
+        order_type="market",
+        px=math.nan,
+        qty=qty,
+        **kw,
+    )
 
 
 def test_plain_order_is_accepted():

@@ -10,7 +10,9 @@ from tests.helpers import make_book
 
 
 def _trade(i):
-    return Trade(ts_event=i, ts_recv=i + 1, seq=i, symbol="BTCUSDT", trade_id=str(i), px=100.0 + i, sz=0.5, side="buy")
+    return Trade(
+        ts_event=i, ts_recv=i + 1, seq=i, symbol="BTCUSDT", trade_id=str(i), px=100.0 + i, sz=0.5, side="buy"
+    )
 
 
 def test_session_roundtrip_with_rotation_and_manifest(tmp_path):

@@ -1,4 +1,4 @@
--- Report queries over a run's event log. Each block starts with "-- name: <id> | <title>".
+-- Report queries over a run's event log. Each block starts with a "name:" comment line (id | title).
 -- Views available: label, kev_queue, kev_request, kev_response, command, risk, "order", fill,
 -- latency (the run's events) and books15 (the replayed session's books).
 

@@ -64,9 +64,8 @@ def run_report(run_dir: Path | str) -> list[Section]:
     try:
         sections = []
         for name, title, sql in load_queries():
-            cur = con.execute(sql)
-            cols = [d[0] for d in cur.description]
-            sections.append(Section(name, title, cols, cur.fetchall()))
+            rel = con.sql(sql)
+            sections.append(Section(name, title, list(rel.columns), rel.fetchall()))
         return sections
     finally:
         con.close()

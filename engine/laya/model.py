@@ -1,0 +1,364 @@
+"""Laya, the fast model: an ONNX classifier run on every book snapshot.
+
+:class:`Laya` loads an ONNX file, checks that it fits this engine (input float32 ``[N, 128]``, a
+label output and a 4-class probability output, ``feature_version`` and ``label_map`` metadata),
+creates the ONNX Runtime session on the provider asked for, reports the provider that is actually
+active, and warms up. Every problem with the file is a :class:`LayaModelError` with a message that
+names it, never a raw ONNX Runtime traceback.
+
+Providers. ``onnxruntime.get_available_providers()`` lists what was compiled in, not what can load
+(``shared/docs/onnxruntime-gpu.md``): a CPU-only machine with ``onnxruntime-gpu`` lists CUDA and
+still runs on CPU. So only ``session.get_providers()`` is trusted. ``provider="auto"`` asks for CUDA
+then CPU and accepts CPU with a warning and a ``fallback_reason``; ``provider="cuda"`` asks the same
+but refuses to run on CPU; ``provider="cpu"`` asks for CPU only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import json
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import onnxruntime as ort
+
+from engine.errors import DualhubError
+from engine.events import Label
+from engine.laya.features import FEATURE_VERSION, N_FEATURES
+
+log = logging.getLogger(__name__)
+
+CUDA: Final = "CUDAExecutionProvider"
+CPU: Final = "CPUExecutionProvider"
+PROVIDER_CHOICES: Final = ("auto", "cuda", "cpu")
+N_CLASSES: Final = len(Label)
+EXPECTED_LABEL_MAP: Final = {int(lab): lab.name for lab in Label}
+# predict_batch runs at most this many rows at a time: ONNX Runtime's CPU GEMM changes kernel for
+# large inputs (seen from 4096 rows here), which would change the last bits of the probabilities.
+BATCH_CHUNK_ROWS: Final = 1024
+_LABEL_OUTPUT_NAMES: Final = ("label", "output_label")
+_PROBS_OUTPUT_NAMES: Final = ("probabilities", "output_probability", "probs")
+
+
+class LayaModelError(DualhubError, ValueError):
+    """The model file or its runtime setup does not fit Laya; the message says what and why."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayaConfig:
+    """How to load Laya.
+
+    ``provider``: ``"auto"`` (CUDA if it loads, else CPU with a warning), ``"cuda"`` (CUDA or
+    :class:`LayaModelError`), ``"cpu"``. ``gpu_mem_limit_bytes`` caps the CUDA arena.
+    ``intra_op_threads``: ONNX Runtime threads per run (1 suits a tiny per-tick model).
+    ``warmup_runs``: tick-path runs on load; the first is timed apart from the rest.
+    """
+
+    model_path: Path
+    provider: str = "auto"
+    gpu_mem_limit_bytes: int = 2 << 30
+    intra_op_threads: int = 1
+    warmup_runs: int = 20
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDER_CHOICES:
+            raise ValueError(f"provider must be one of {PROVIDER_CHOICES}, got {self.provider!r}")
+        if self.gpu_mem_limit_bytes <= 0:
+            raise ValueError(f"gpu_mem_limit_bytes must be > 0, got {self.gpu_mem_limit_bytes}")
+        if self.intra_op_threads < 1:
+            raise ValueError(f"intra_op_threads must be >= 1, got {self.intra_op_threads}")
+        if self.warmup_runs < 1:
+            raise ValueError(f"warmup_runs must be >= 1, got {self.warmup_runs}")
+
+
+@functools.cache
+def _preload_cuda_libraries() -> str:
+    """Load CUDA/cuDNN from the nvidia pip wheels if present (``onnxruntime.preload_dlls``, ORT >= 1.21).
+
+    Process-wide and idempotent, so done once. Returns what it printed (names of libraries that
+    failed to load), which goes into the fallback reason if CUDA does not come up.
+    """
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return ""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            preload()
+    except Exception as e:  # a diagnostic aid only: never fatal
+        buf.write(f"preload_dlls failed: {e}")
+    return buf.getvalue()
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shape_str(shape: list[Any]) -> str:
+    return "[" + ", ".join("None" if not isinstance(d, int) else str(d) for d in shape) + "]"
+
+
+class Laya:
+    """A loaded, validated, warmed-up Laya model. Not thread-safe: one instance per tick loop."""
+
+    def __init__(self, config: LayaConfig) -> None:
+        self.config = config
+        path = Path(config.model_path)
+        self.model_path = path
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise LayaModelError(
+                f"Laya model not found: {path} (build the default with `python -m replay.make_default_model`)"
+            ) from None
+        except OSError as e:
+            raise LayaModelError(f"cannot read Laya model {path}: {e.strerror or e}") from None
+        self.model_sha256: str = hashlib.sha256(data).hexdigest()
+
+        self.requested_providers: list[str] = [CPU] if config.provider == "cpu" else [CUDA, CPU]
+        compiled_in = ort.get_available_providers()
+        provider_args: list[Any] = []
+        preload_note = ""
+        for name in self.requested_providers:
+            if name not in compiled_in:
+                continue  # asking ORT for a provider it lacks only produces its own warning
+            if name == CUDA:
+                preload_note = _preload_cuda_libraries()
+                provider_args.append(
+                    (
+                        CUDA,
+                        {
+                            "gpu_mem_limit": str(config.gpu_mem_limit_bytes),
+                            "arena_extend_strategy": "kSameAsRequested",
+                        },
+                    )
+                )
+            else:
+                provider_args.append(name)
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = config.intra_op_threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.use_deterministic_compute = True
+        so.log_severity_level = 3  # errors only (a failed CUDA load is logged by ORT at error level)
+        try:
+            self._session = ort.InferenceSession(data, sess_options=so, providers=provider_args)
+        except Exception as e:  # ORT raises several pybind exception types for bad files
+            raise LayaModelError(f"{path} is not a loadable ONNX model: {_short(e)}") from None
+
+        self.active_providers: list[str] = list(self._session.get_providers())
+        self.active_provider: str = self.active_providers[0]
+        self.fallback_reason: str = ""
+        if self.active_provider != self.requested_providers[0]:
+            why = self._why_no_cuda(compiled_in, preload_note)
+            if config.provider == "cuda":
+                raise LayaModelError(
+                    f"provider='cuda' but onnxruntime could only start {self.active_provider}: {why}. "
+                    "Run `dualhub doctor`, or use provider='auto' to accept CPU"
+                )
+            self.fallback_reason = (
+                f"CUDA was requested but onnxruntime fell back to {self.active_provider}: {why}. "
+                "Run `dualhub doctor` for details"
+            )
+            log.warning("Laya %s: %s", path.name, self.fallback_reason)
+
+        self._validate_io()
+        meta = self._session.get_modelmeta()
+        self.metadata: dict[str, str] = dict(meta.custom_metadata_map)
+        self.feature_version: str = self._validate_feature_version()
+        self.label_map: dict[int, str] = self._validate_label_map()
+
+        # The tick path feeds two rows (the features, then zeros) and keeps row 0: ONNX Runtime's
+        # CPU GEMM takes a different kernel for a single row, whose results differ from a batch's
+        # in the last bits; with two rows (and batches cut at BATCH_CHUNK_ROWS), predict() is
+        # bit-identical to predict_batch() on CPU (checked in tests/test_laya.py), so tick and
+        # batch replays agree. Costs ~0.6 us per tick.
+        self._x = np.zeros((2, N_FEATURES), dtype=np.float32)
+        self._feeds = {self._input_name: self._x}
+        self._run = self._session.run
+        self.warmup_first_ms, self.warmup_steady_ms = self._warm_up(config.warmup_runs)
+
+    # -- loading ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _why_no_cuda(compiled_in: list[str], preload_note: str) -> str:
+        if CUDA not in compiled_in:
+            return (
+                f"this onnxruntime build ({ort.__version__}, {ort.get_device()}) has no {CUDA} "
+                "(is the plain `onnxruntime` package installed instead of, or beside, `onnxruntime-gpu`?)"
+            )
+        missing = [ln.strip() for ln in preload_note.splitlines() if "Failed to load" in ln]
+        return (
+            f"onnxruntime {ort.__version__} could not start {CUDA} (no GPU, or the CUDA/cuDNN libraries "
+            "it needs are missing or of the wrong major version"
+            + (f"; {missing[0]}" if missing else "")
+            + ")"
+        )
+
+    def _validate_io(self) -> None:
+        inputs = self._session.get_inputs()
+        if len(inputs) != 1:
+            names = [i.name for i in inputs]
+            raise LayaModelError(f"model has {len(inputs)} inputs {names}; Laya feeds exactly one")
+        inp = inputs[0]
+        if inp.type != "tensor(float)":
+            raise LayaModelError(
+                f"model input {inp.name!r} is {inp.type}; features {FEATURE_VERSION} are float32"
+            )
+        shape = list(inp.shape)
+        if len(shape) != 2 or shape[1] != N_FEATURES:
+            raise LayaModelError(
+                f"model input shape {_shape_str(shape)} does not match "
+                f"features {FEATURE_VERSION} ({N_FEATURES})"
+            )
+        if isinstance(shape[0], int):
+            raise LayaModelError(
+                f"model input shape {_shape_str(shape)} has a fixed batch dimension; "
+                f"Laya needs [None, {N_FEATURES}]"
+            )
+        self._input_name: str = inp.name
+
+        outputs = self._session.get_outputs()
+        by_name = {o.name: o for o in outputs}
+        label = next((by_name[n] for n in _LABEL_OUTPUT_NAMES if n in by_name), None)
+        if label is None:
+            label = next((o for o in outputs if o.type == "tensor(int64)" and len(o.shape) == 1), None)
+        probs = next((by_name[n] for n in _PROBS_OUTPUT_NAMES if n in by_name), None)
+        if probs is None:
+            probs = next((o for o in outputs if o.type == "tensor(float)" and len(o.shape) == 2), None)
+        found = [f"{o.name}: {o.type} {_shape_str(list(o.shape))}" for o in outputs]
+        if label is None or label.type != "tensor(int64)":
+            raise LayaModelError(f"model has no int64 label output (outputs: {found})")
+        if probs is None or probs.type != "tensor(float)" or len(probs.shape) != 2:
+            raise LayaModelError(
+                f"model has no float32 [N, {N_CLASSES}] probabilities output (outputs: {found}); "
+                "export sklearn classifiers with zipmap disabled"
+            )
+        if isinstance(probs.shape[1], int) and probs.shape[1] != N_CLASSES:
+            raise LayaModelError(
+                f"model probabilities output {probs.name!r} has {probs.shape[1]} classes; "
+                f"Laya has {N_CLASSES} "
+                f"({', '.join(EXPECTED_LABEL_MAP.values())})"
+            )
+        self._label_name: str = label.name
+        self._probs_name: str = probs.name
+        self._output_names = [label.name, probs.name]
+
+    def _validate_feature_version(self) -> str:
+        version = self.metadata.get("feature_version")
+        if version is None:
+            raise LayaModelError(
+                f"model metadata has no 'feature_version' (this engine computes features {FEATURE_VERSION})"
+            )
+        if version != FEATURE_VERSION:
+            raise LayaModelError(
+                f"model was trained on features {version!r} but this engine computes {FEATURE_VERSION!r}"
+            )
+        return version
+
+    def _validate_label_map(self) -> dict[int, str]:
+        raw = self.metadata.get("label_map")
+        if raw is None:
+            raise LayaModelError('model metadata has no \'label_map\' (JSON like {"0": "HOLD", ...})')
+        try:
+            parsed = json.loads(raw)
+            label_map = {int(k): str(v) for k, v in parsed.items()}
+        except (ValueError, TypeError, AttributeError):
+            raise LayaModelError(
+                f"model metadata 'label_map' is not a JSON object of class ids: {raw[:200]!r}"
+            ) from None
+        if label_map != EXPECTED_LABEL_MAP:
+            raise LayaModelError(
+                f"model label_map {label_map} does not match engine labels {EXPECTED_LABEL_MAP}"
+            )
+        return label_map
+
+    def _warm_up(self, runs: int) -> tuple[float, float]:
+        times_ms: list[float] = []
+        try:
+            for _ in range(runs):
+                t0 = time.perf_counter_ns()
+                label, probs = self._run(self._output_names, self._feeds)
+                times_ms.append((time.perf_counter_ns() - t0) / 1e6)
+            batch_labels, batch_probs = self._run(
+                self._output_names, {self._input_name: np.zeros((3, N_FEATURES), dtype=np.float32)}
+            )
+        except Exception as e:
+            raise LayaModelError(f"model failed on a warm-up run: {_short(e)}") from None
+        if label.shape != (2,) or probs.shape != (2, N_CLASSES) or probs.dtype != np.float32:
+            raise LayaModelError(
+                f"model outputs label {label.shape} and probabilities {probs.shape} {probs.dtype} "
+                f"for two rows; expected (2,) and (2, {N_CLASSES}) float32"
+            )
+        if batch_labels.shape != (3,) or batch_probs.shape != (3, N_CLASSES):
+            raise LayaModelError(
+                f"model outputs {batch_labels.shape} / {batch_probs.shape} for 3 rows; "
+                "it must handle any batch size"
+            )
+        steady = statistics.median(times_ms[1:]) if len(times_ms) > 1 else times_ms[0]
+        return times_ms[0], steady
+
+    # -- inference ----------------------------------------------------------------------------
+
+    def predict(self, features: np.ndarray) -> tuple[int, np.ndarray]:
+        """One feature row ``(128,)`` -> (label id, probabilities ``(4,)`` float32). The tick path."""
+        if features.shape != (N_FEATURES,):
+            raise ValueError(f"features must have shape ({N_FEATURES},), got {features.shape}")
+        self._x[0] = features
+        label, probs = self._run(self._output_names, self._feeds)
+        return int(label[0]), probs[0]
+
+    def predict_batch(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``(n, 128)`` -> (labels int64 ``(n,)``, probabilities ``(n, 4)`` float32)."""
+        if X.ndim != 2 or X.shape[1] != N_FEATURES:
+            raise ValueError(f"X must have shape (n, {N_FEATURES}), got {X.shape}")
+        if X.shape[0] == 0:
+            return np.empty(0, dtype=np.int64), np.empty((0, N_CLASSES), dtype=np.float32)
+        x = np.ascontiguousarray(X, dtype=np.float32)
+        n = x.shape[0]
+        labels = np.empty(n, dtype=np.int64)
+        probs = np.empty((n, N_CLASSES), dtype=np.float32)
+        for start in range(0, n, BATCH_CHUNK_ROWS):
+            stop = min(start + BATCH_CHUNK_ROWS, n)
+            lab, pr = self._run(self._output_names, {self._input_name: x[start:stop]})
+            labels[start:stop] = lab
+            probs[start:stop] = pr
+        return labels, probs
+
+    def label_name(self, label: int) -> str:
+        return self.label_map[label]
+
+    def describe(self) -> dict[str, Any]:
+        """Provider and model facts for run manifests and ``dualhub doctor``."""
+        return {
+            "model_path": str(self.model_path),
+            "model_sha256": self.model_sha256,
+            "feature_version": self.feature_version,
+            "n_features": N_FEATURES,
+            "label_map": {str(k): v for k, v in self.label_map.items()},
+            "provider_config": self.config.provider,
+            "requested_providers": list(self.requested_providers),
+            "active_provider": self.active_provider,
+            "active_providers": list(self.active_providers),
+            "fallback_reason": self.fallback_reason,
+            "compiled_in_providers": ort.get_available_providers(),
+            "onnxruntime_version": ort.__version__,
+            "gpu_mem_limit_bytes": self.config.gpu_mem_limit_bytes,
+            "intra_op_threads": self.config.intra_op_threads,
+            "warmup_runs": self.config.warmup_runs,
+            "warmup_first_ms": self.warmup_first_ms,
+            "warmup_steady_ms": self.warmup_steady_ms,
+            "input_name": self._input_name,
+            "output_names": list(self._output_names),
+            "metadata": dict(sorted(self.metadata.items())),
+        }
