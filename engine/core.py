@@ -93,10 +93,6 @@ class _Order:
     status: str = "pending_new"  # pending_new | live | pending_cancel | done
     filled: float = 0.0
 
-    @property
-    def working(self) -> bool:
-        return self.status != "done"
-
 
 class Engine:
     def __init__(
@@ -123,7 +119,8 @@ class Engine:
         self.label = "HOLD"
         self.command: PortfolioCommand | None = None
         self.kill_switch = False
-        self._orders: dict[str, _Order] = {}
+        self._orders: dict[str, _Order] = {}  # every order this engine sent, by client oid
+        self._working: dict[str, _Order] = {}  # the subset not done yet (scanned on every decision)
         self._oid = 0
         self._request_id = 0
         self._command_id = 0
@@ -307,9 +304,7 @@ class Engine:
         }
         half_tick = self.cfg.contract.tick / 2
         for side in ("buy", "sell"):
-            working = [
-                o for o in self._orders.values() if o.working and o.side == side and o.order_type == "limit"
-            ]
+            working = [o for o in self._working.values() if o.side == side and o.order_type == "limit"]
             q = want.get(side)
             keep = q is not None and any(abs(o.px - q.px) < half_tick for o in working)
             for o in working:
@@ -330,7 +325,7 @@ class Engine:
         diff = self._target(now) - position
         if abs(diff) < self.cfg.quotes.quote_qty - 1e-12:
             return
-        if any(o.working and o.order_type == "market" for o in self._orders.values()):
+        if any(o.order_type == "market" for o in self._working.values()):
             return
         qty = self.cfg.contract.round_qty(min(abs(diff), self.cfg.risk.max_order_qty))
         if qty < self.cfg.contract.min_qty:
@@ -354,12 +349,8 @@ class Engine:
         mark = book.mid if book is not None else 0.0
         return RiskState(
             position=float(self.portfolio.position),
-            open_buy_qty=sum(
-                o.qty - o.filled for o in self._orders.values() if o.working and o.side == "buy"
-            ),
-            open_sell_qty=sum(
-                o.qty - o.filled for o in self._orders.values() if o.working and o.side == "sell"
-            ),
+            open_buy_qty=sum(o.qty - o.filled for o in self._working.values() if o.side == "buy"),
+            open_sell_qty=sum(o.qty - o.filled for o in self._working.values() if o.side == "sell"),
             pnl_usd=float(self.portfolio.pnl(mark)) if book is not None else 0.0,
             recent_order_ns=tuple(self._recent_orders),
             kill_switch=self.kill_switch,
@@ -411,7 +402,7 @@ class Engine:
             return
         now = self.clock.now_ns()
         self._recent_orders.append(now)
-        self._orders[oid] = _Order(oid, side, order_type, px, qty, now)
+        self._orders[oid] = self._working[oid] = _Order(oid, side, order_type, px, qty, now)
         self._order_event(oid, "new", now, now, "")
         self._span("tick_to_order", oid, origin_ns, now)
         self.execution.submit(intent, now)
@@ -435,7 +426,7 @@ class Engine:
 
     def _cancel_all(self, origin_ns: Nanos) -> None:
         """Cancel every working limit order (market orders are IOC: there is nothing to pull)."""
-        for o in list(self._orders.values()):
+        for o in list(self._working.values()):
             if o.order_type == "limit" and o.status in ("pending_new", "live"):
                 self._send_cancel(o, origin_ns)
 
@@ -477,19 +468,23 @@ class Engine:
         self._order_event(client_oid, "ack", ts_event, now, "")
         self._span("order_entry", client_oid, o.sent_ns, now)
 
-    def on_reject(self, client_oid: str, reason: str, ts_event: Nanos) -> None:
+    def _finish(self, client_oid: str) -> None:
         self._orders[client_oid].status = "done"
+        self._working.pop(client_oid, None)
+
+    def on_reject(self, client_oid: str, reason: str, ts_event: Nanos) -> None:
+        self._finish(client_oid)
         self._order_event(client_oid, "reject", ts_event, self.clock.now_ns(), reason)
 
     def on_cancel_ack(self, client_oid: str, ts_event: Nanos) -> None:
-        self._orders[client_oid].status = "done"
+        self._finish(client_oid)
         now = self.clock.now_ns()
         self._order_event(client_oid, "cancel_ack", ts_event, now, "")
         self._requote(now, force=True)  # the replacement quote goes out as soon as the old one is gone
 
     def on_done(self, client_oid: str, reason: str, ts_event: Nanos) -> None:
         """The exchange finished an order (fully filled, or an IOC remainder expired)."""
-        self._orders[client_oid].status = "done"
+        self._finish(client_oid)
         self._order_event(client_oid, "done", ts_event, self.clock.now_ns(), reason)
 
     def on_fill(self, client_oid: str, px: float, qty: float, liquidity: str, ts_event: Nanos) -> None:

@@ -19,6 +19,10 @@ class RuleKev:
         self.min_prob = min_prob
 
     async def advise(self, ctx: KevContext) -> KevReply:
+        return self.advise_now(ctx)
+
+    def advise_now(self, ctx: KevContext) -> KevReply:
+        """Synchronous form, for the replay backend (no event loop needed)."""
         return KevReply(raw=self.decide(ctx))
 
     def decide(self, ctx: KevContext) -> dict[str, object]:

@@ -25,9 +25,13 @@ class SimKevBackend:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, ctx: KevContext, now_ns: Nanos, done: KevDone) -> None:
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        reply = self._loop.run_until_complete(self.advisor.advise(ctx))
+        advise_now = getattr(self.advisor, "advise_now", None)
+        if advise_now is not None:  # synchronous advisors skip the event loop round trip
+            reply = advise_now(ctx)
+        else:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            reply = self._loop.run_until_complete(self.advisor.advise(ctx))
         lag_ns = self.lag.sample_ns(now_ns)
         self.clock.schedule(now_ns + lag_ns, PRIO_KEV, partial(done, ctx, reply, lag_ns))
 
