@@ -94,6 +94,9 @@ class SessionWriter:
         self.symbols = sorted(set(symbols))
         self.rows_per_part = rows_per_part
         self.extra = extra or {}
+        reserved = {"schema_version", "source", "symbols", "streams", "ts_recv_min", "ts_recv_max", "files"}
+        if clash := sorted(reserved & set(self.extra)):
+            raise ValueError(f"manifest extra keys {clash} would overwrite core manifest fields")
         self._buf: dict[str, list[Any]] = {}
         self._parts: dict[str, int] = {}
         self._files: dict[str, dict[str, Any]] = {}

@@ -107,3 +107,9 @@ def test_control_frames():
         assert err.kind == "error" and err.code == 30001
     [unsub] = decode(b'{"op":"unsubscribe","args":[{"channel":"trade"}]}', 1, c)
     assert unsub.kind == "unsubscribe"
+
+
+def test_trade_without_trade_id_is_quarantined():
+    raw = encode_trades("BTCUSDT", [{"ts": "5", "price": "10.1", "size": "0.5", "side": "buy"}], push_ts_ms=6)
+    [q] = decode(raw, 1, StreamCounters())
+    assert isinstance(q, Quarantined) and "tradeId" in q.reason

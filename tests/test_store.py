@@ -75,3 +75,8 @@ def test_every_stream_schema_roundtrips_an_empty_and_a_full_table():
         assert table_to_events(spec.schema.empty_table(), name) == []
     t = events_to_table([_trade(3)], "trade")
     assert table_to_events(t, "trade") == [_trade(3)]
+
+
+def test_extra_manifest_keys_cannot_overwrite_core_fields(tmp_path):
+    with pytest.raises(ValueError, match="files"):
+        SessionWriter(tmp_path / "s", source="t", symbols=[], extra={"files": {}})

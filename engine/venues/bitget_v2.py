@@ -194,7 +194,10 @@ def parse_trade(frame: Mapping[str, Any], ts_recv: Nanos, counters: StreamCounte
         sz = _num(d.get("size"), "trade size")
         if px <= 0 or sz <= 0:
             raise FrameError(f"trade price/size not positive: {d.get('price')!r}/{d.get('size')!r}")
-        rows.append((_ts_ms(d.get("ts"), "trade ts"), str(d.get("tradeId", "")), px, sz, side))
+        tid = d.get("tradeId")
+        if not isinstance(tid, str) or not tid:
+            raise FrameError(f"tradeId {tid!r} is not a non-empty string")
+        rows.append((_ts_ms(d.get("ts"), "trade ts"), tid, px, sz, side))
     # Bitget sends newest first; events go out oldest first. Stable sort keeps equal-ts order.
     rows.reverse()
     rows.sort(key=lambda r: r[0])
@@ -262,8 +265,6 @@ def decode(
         return quarantine("frame is not a JSON object")
     event = frame.get("event")
     if event is not None:
-        if event == "error":
-            return [Control("error", frame.get("arg"), _code(frame.get("code")), str(frame.get("msg", "")))]
         return [Control(str(event), frame.get("arg"), _code(frame.get("code")), str(frame.get("msg", "")))]
     if frame.get("op") in ("subscribe", "unsubscribe") and "args" in frame:
         # Some doc versions acknowledge an unsubscribe as {"op":"unsubscribe","args":[...]}.
