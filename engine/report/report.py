@@ -78,7 +78,8 @@ def print_report(run_dir: Path | str, console: Any = None) -> list[Section]:
     console = console or Console()
     sections = run_report(run_dir)
     manifest = orjson.loads((Path(run_dir) / "manifest.json").read_bytes())
-    console.print(f"[bold]run[/] {run_dir}   [bold]digest[/] {manifest['digest']}")
+    console.print(f"[bold]run[/]    {run_dir}")
+    console.print(f"[bold]digest[/] {manifest['digest']}")
     for s in sections:
         t = Table(title=s.title, title_justify="left")
         for c in s.columns:
