@@ -37,6 +37,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--kev-lag-p5-ms", type=float, default=200.0)
     p.add_argument("--kev-lag-p95-ms", type=float, default=350.0)
     p.add_argument("--fill-model", choices=("touch", "through"), default="touch")
+    p.add_argument(
+        "--kev-mode",
+        choices=("sim", "cassette", "llm"),
+        default="sim",
+        help="sim: rule advisor + lag model; cassette: recorded replies at their recorded lag; "
+        "llm: ask a running llama-server (cached by key), lag from the model",
+    )
+    p.add_argument("--kev-cassette", default="", help="cassette.parquet or a run directory (cassette mode)")
+    p.add_argument("--kev-miss", choices=("fail", "sim", "live"), default="fail", help="cassette miss policy")
+    p.add_argument("--kev-url", default="", help="llama-server URL, e.g. http://127.0.0.1:8080")
+    p.add_argument("--kev-lag-fit", default="", help="lag.json from `dualhub kev fit-lag` (measured lag)")
+    p.add_argument("--kev-min-interval-ms", type=int, default=0, help="min spacing of Kev requests")
     p.add_argument("--report", action="store_true", help="print the report after the run")
     p.set_defaults(func=cmd_replay)
 
@@ -78,6 +90,12 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         kev_lag_p5_ms=args.kev_lag_p5_ms,
         kev_lag_p95_ms=args.kev_lag_p95_ms,
         fill_model=args.fill_model,
+        kev_mode=args.kev_mode,
+        kev_cassette=args.kev_cassette,
+        kev_miss_policy=args.kev_miss,
+        kev_url=args.kev_url,
+        kev_lag_fit=args.kev_lag_fit,
+        kev_min_interval_ms=args.kev_min_interval_ms,
     )
 
 
@@ -88,6 +106,8 @@ def _print_result(res) -> None:  # type: ignore[no-untyped-def]
         f"({res.snapshots_per_s:,.0f} snapshots/s); Laya on {lay['active_provider']}"
         + (f" ({lay['fallback_reason']})" if lay.get("fallback_reason") else "")
     )
+    kev = res.kev
+    print(f"Kev: {kev['mode']} ({kev['name']})" + ("" if kev["deterministic"] else ", NOT deterministic"))
     print(f"run: {res.run_dir}")
     print(f"digest: {res.digest}")
 

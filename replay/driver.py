@@ -28,9 +28,12 @@ from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, BookSnapshot, Nanos, Trade, table_to_events
 from engine.fills import FILL_MODELS
+from engine.kev.cassette import Cassette, CassetteAdvisor
+from engine.kev.lag import EmpiricalLag
+from engine.kev.llama import LlamaAdvisor, LlamaConfig
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
-from engine.latency import ConstantLatency, LognormalLatency
+from engine.latency import ConstantLatency, LatencyModel, LognormalLatency
 from engine.laya.features import FEATURE_VERSION, features_v0, features_v0_batch
 from engine.laya.model import Laya, LayaConfig
 from engine.risk import RiskLimits
@@ -40,6 +43,7 @@ from replay.sim_exchange import SimExchange
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "laya-v0.onnx"
 RUN_SCHEMA_VERSION = 1
+KEV_MODES = ("sim", "cassette", "llm")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +61,13 @@ class ReplayConfig:
     kev_queue_max: int = 2
     kev_stale_after_ms: int = 1000
     kev_advice_ttl_ms: int = 5000
+    kev_min_interval_ms: int = 0  # spacing of Kev requests; 0 = every non-HOLD label is offered
+    kev_mode: str = "sim"  # "sim": rule advisor + lag model; "cassette": recorded replies and lags;
+    #                        "llm": a running llama-server, cached by key, lag from the model
+    kev_cassette: str = ""  # cassette.parquet or a run directory (cassette mode)
+    kev_miss_policy: str = "fail"  # cassette miss: "fail", "sim" (rules + lag model) or "live" (llm)
+    kev_url: str = ""  # llama-server base URL (llm mode, and live misses)
+    kev_lag_fit: str = ""  # lag.json from `dualhub kev fit-lag`: measured lag instead of lognormal
     order_entry_latency_ms: float = 5.0
     order_response_latency_ms: float = 5.0
     fill_model: str = "touch"
@@ -69,6 +80,12 @@ class ReplayConfig:
             raise DualhubError(f"laya_mode must be 'batch' or 'tick', not {self.laya_mode!r}")
         if self.fill_model not in FILL_MODELS:
             raise DualhubError(f"unknown fill model {self.fill_model!r}; known: {', '.join(FILL_MODELS)}")
+        if self.kev_mode not in KEV_MODES:
+            raise DualhubError(f"unknown Kev mode {self.kev_mode!r}; known: {', '.join(KEV_MODES)}")
+        if self.kev_mode == "cassette" and not self.kev_cassette:
+            raise DualhubError("Kev cassette mode needs a cassette (--kev-cassette FILE_OR_RUN)")
+        if (self.kev_mode == "llm" or self.kev_miss_policy == "live") and not self.kev_url:
+            raise DualhubError("Kev llm mode and the live miss policy need a llama-server URL (--kev-url)")
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -88,6 +105,7 @@ class RunResult:
     trades: int
     wall_s: float
     laya: dict[str, Any]
+    kev: dict[str, Any]
 
     @property
     def snapshots_per_s(self) -> float:
@@ -123,6 +141,68 @@ def _merged(books: list[BookSnapshot], trades: list[Trade]) -> Iterator[tuple[tu
     b = sorted(((e.ts_recv, pb, e.seq), e) for e in books)
     t = sorted(((e.ts_recv, pt, e.seq), e) for e in trades)
     return heapq.merge(b, t, key=itemgetter(0))
+
+
+def _lag_model(cfg: ReplayConfig) -> LatencyModel:
+    rng = _rng(cfg.seed, 1)
+    if cfg.kev_lag_fit:
+        path = Path(cfg.kev_lag_fit)
+        try:
+            fit = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as e:
+            raise DualhubError(f"cannot read Kev lag fit {path}: {e}") from None
+        try:
+            return EmpiricalLag.from_fit(fit, rng=rng)
+        except ValueError as e:
+            raise DualhubError(f"{path}: {e}") from None
+    return LognormalLatency(p5_ms=cfg.kev_lag_p5_ms, p95_ms=cfg.kev_lag_p95_ms, rng=rng)
+
+
+def _load_cassette(spec: str) -> Cassette:
+    path = Path(spec)
+    try:
+        return Cassette.from_run(path) if path.is_dir() else Cassette.read(path)
+    except OSError as e:
+        raise DualhubError(f"cannot read Kev cassette {path}: {e}") from None
+
+
+def _kev_backend(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBackend]:
+    """The advisor for the configured Kev mode and the replay backend that delivers its replies."""
+    lag = _lag_model(cfg)
+    rules = RuleKev()
+    llama_cfg = LlamaConfig(base_url=cfg.kev_url) if cfg.kev_url else None
+    if cfg.kev_mode == "sim":
+        return rules, SimKevBackend(rules, lag, clock)
+    if cfg.kev_mode == "llm":
+        assert llama_cfg is not None
+        llm = LlamaAdvisor(llama_cfg)
+        # Cache by key: a request seen before in this run is answered without asking the server again.
+        cached = CassetteAdvisor(
+            Cassette(), key_fn=llama_cfg.key, miss_policy="live", fallback=llm, record_misses=True
+        )
+        cached.name = llm.name
+        return cached, SimKevBackend(cached, lag, clock)
+    cassette = _load_cassette(cfg.kev_cassette)
+    recorded_by = {e.advisor for entries in cassette.entries.values() for e in entries}
+    if recorded_by <= {rules.name}:
+        key_fn = rules.key
+    elif recorded_by <= {"llm"}:
+        key_fn = (llama_cfg or LlamaConfig(base_url="http://127.0.0.1:1")).key
+    else:
+        raise DualhubError(f"cassette mixes advisors {sorted(recorded_by)}; cannot tell how to key requests")
+    fallback: Any = None
+    if cfg.kev_miss_policy == "sim":
+        fallback = rules
+    elif cfg.kev_miss_policy == "live":
+        assert llama_cfg is not None
+        fallback = LlamaAdvisor(llama_cfg)
+    advisor = CassetteAdvisor(
+        cassette,
+        key_fn=key_fn,
+        miss_policy=cfg.kev_miss_policy,  # type: ignore[arg-type]
+        fallback=fallback,
+    )
+    return advisor, SimKevBackend(advisor, lag, clock, use_recorded_lag=True)
 
 
 def run_replay(
@@ -165,12 +245,7 @@ def run_replay(
 
     clock = ReplayClock(start_ns=min(books[0].ts_recv, trades[0].ts_recv if trades else books[0].ts_recv))
     log = EventLog()
-    advisor = RuleKev()
-    kev = SimKevBackend(
-        advisor,
-        LognormalLatency(p5_ms=cfg.kev_lag_p5_ms, p95_ms=cfg.kev_lag_p95_ms, rng=_rng(cfg.seed, 1)),
-        clock,
-    )
+    advisor, kev = _kev_backend(cfg, clock)
     exchange = SimExchange(
         clock,
         fill_model=FILL_MODELS[cfg.fill_model](),
@@ -187,6 +262,7 @@ def run_replay(
             kev_queue_max=cfg.kev_queue_max,
             kev_stale_after_ns=cfg.kev_stale_after_ms * 1_000_000,
             kev_advice_ttl_ns=cfg.kev_advice_ttl_ms * 1_000_000,
+            kev_min_interval_ns=cfg.kev_min_interval_ms * 1_000_000,
         ),
         clock=clock,
         log=log,
@@ -222,8 +298,16 @@ def run_replay(
     wall = time.perf_counter() - t0
 
     run_dir = Path(out_dir) if out_dir is not None else session.root / "runs" / f"run-{cfg.sha256()[:12]}"
-    _write_run(run_dir, overwrite, log, session, cfg, laya, len(books), len(trades))
-    return RunResult(run_dir, log.digest, log.counts(), len(books), len(trades), wall, laya.describe())
+    advisor_info = {
+        "mode": cfg.kev_mode,
+        "name": advisor.name,
+        "deterministic": bool(getattr(advisor, "deterministic", True)),
+        **{k: getattr(advisor, k) for k in ("hits", "misses", "live_calls") if hasattr(advisor, k)},
+    }
+    _write_run(run_dir, overwrite, log, session, cfg, laya, len(books), len(trades), advisor_info)
+    return RunResult(
+        run_dir, log.digest, log.counts(), len(books), len(trades), wall, laya.describe(), advisor_info
+    )
 
 
 def _write_run(
@@ -235,6 +319,7 @@ def _write_run(
     laya: Laya,
     n_books: int,
     n_trades: int,
+    advisor_info: dict[str, Any],
 ) -> None:
     """Write into ``<run>.tmp`` and rename, so a half-written run never looks finished."""
     if run_dir.exists() and not overwrite:
@@ -261,7 +346,7 @@ def _write_run(
         "seeds": {"replay": cfg.seed, "kev_lag": [cfg.seed, 1]},
         "config": cfg.to_json(),
         "config_sha256": cfg.sha256(),
-        "advisor": "rules",
+        "advisor": advisor_info,
         "counts": log.counts(),
         "files": files,
     }

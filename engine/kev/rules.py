@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+
+import orjson
+
 from engine.kev.advisor import KevContext, KevReply
+
+RULES_VERSION = "rules-v1"
 
 
 class RuleKev:
@@ -23,7 +29,28 @@ class RuleKev:
 
     def advise_now(self, ctx: KevContext) -> KevReply:
         """Synchronous form, for the replay backend (no event loop needed)."""
-        return KevReply(raw=self.decide(ctx))
+        return KevReply(raw=self.decide(ctx), key=self.key(ctx))
+
+    def key(self, ctx: KevContext) -> str:
+        """Request key: the rule version, its parameters and the context minus ids and times."""
+        body = {
+            "rules": RULES_VERSION,
+            "params": [self.step_fraction, self.min_prob],
+            **{
+                k: getattr(ctx, k)
+                for k in (
+                    "symbol",
+                    "label",
+                    "p_label",
+                    "mid",
+                    "spread",
+                    "imbalance",
+                    "position",
+                    "max_position",
+                )
+            },
+        }
+        return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
     def decide(self, ctx: KevContext) -> dict[str, object]:
         step = ctx.max_position * self.step_fraction

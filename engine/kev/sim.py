@@ -18,10 +18,14 @@ from engine.latency import LatencyModel
 
 
 class SimKevBackend:
-    def __init__(self, advisor: KevAdvisor, lag: LatencyModel, clock: Clock) -> None:
+    def __init__(
+        self, advisor: KevAdvisor, lag: LatencyModel, clock: Clock, *, use_recorded_lag: bool = False
+    ) -> None:
         self.advisor = advisor
         self.lag = lag
         self.clock = clock
+        # Cassette replies carry the lag they were recorded with; replaying it reproduces the timing.
+        self.use_recorded_lag = use_recorded_lag
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, ctx: KevContext, now_ns: Nanos, done: KevDone) -> None:
@@ -32,10 +36,17 @@ class SimKevBackend:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
             reply = self._loop.run_until_complete(self.advisor.advise(ctx))
-        lag_ns = self.lag.sample_ns(now_ns)
+        recorded = reply.timings.get("lag_ns") if self.use_recorded_lag else None
+        lag_ns = int(recorded) if recorded is not None else self.lag.sample_ns(now_ns)
         self.clock.schedule(now_ns + lag_ns, PRIO_KEV, partial(done, ctx, reply, lag_ns))
 
     def close(self) -> None:
-        if self._loop is not None:
-            self._loop.close()
-            self._loop = None
+        """Close HTTP clients (the advisor's and its fallback's) on the loop they ran on, then the loop."""
+        if self._loop is None:
+            return
+        for obj in (self.advisor, getattr(self.advisor, "fallback", None)):
+            aclose = getattr(obj, "aclose", None)
+            if aclose is not None:
+                self._loop.run_until_complete(aclose())
+        self._loop.close()
+        self._loop = None

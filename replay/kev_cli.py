@@ -1,0 +1,270 @@
+"""``dualhub kev ...``: fit Kev's lag from recorded runs, benchmark a real llama-server.
+
+``dualhub kev fit-lag SESSIONS_OR_RUNS... [--out lag.json]`` reads ``events/kev_response.parquet``
+and ``events/kev_request.parquet`` of each run (a session directory means all of its ``runs/*``),
+separates queue wait from service time and writes the fitted distribution.
+
+``dualhub kev bench [--url URL] [-n 20] [--out bench.json]`` makes N real calls against a running
+llama-server (or starts one from the LLM venv) and prints p50/p90/p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from engine.errors import DualhubError
+from engine.kev.advisor import KevContext
+from engine.kev.command import validate_command
+from engine.kev.lag import fit_lag, summarize_ns
+from engine.store import write_json
+
+RESPONSE_FILE = Path("events") / "kev_response.parquet"
+REQUEST_FILE = Path("events") / "kev_request.parquet"
+
+
+# ---------------------------------------------------------------------------------------------------
+# fit-lag
+
+
+def find_runs(path: Path) -> list[Path]:
+    """Run directories under ``path``: ``path`` itself, or ``path/runs/*`` for a session."""
+    if (path / RESPONSE_FILE).exists():
+        return [path]
+    runs = sorted(p.parent.parent for p in path.glob(f"runs/*/{RESPONSE_FILE}"))
+    if not runs:
+        if not path.exists():
+            raise DualhubError(f"{path} does not exist")
+        raise DualhubError(
+            f"{path} has no Kev responses: expected {RESPONSE_FILE} (a run) or runs/*/{RESPONSE_FILE} "
+            "(a session)"
+        )
+    return runs
+
+
+def load_lags(run: Path, *, include_errors: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(lag_ns, queue_wait_ns, unmatched)`` of one run; responses without a request get wait 0."""
+    resp = pq.read_table(run / RESPONSE_FILE, columns=["request_id", "ok", "lag_ns"])
+    ids = resp.column("request_id").to_numpy()
+    ok = resp.column("ok").to_numpy(zero_copy_only=False).astype(bool)
+    lag = resp.column("lag_ns").to_numpy()
+    if not include_errors:
+        ids, lag = ids[ok], lag[ok]
+    wait_by_id: dict[int, int] = {}
+    if (run / REQUEST_FILE).exists():
+        req = pq.read_table(run / REQUEST_FILE, columns=["request_id", "queue_wait_ns"])
+        wait_by_id = dict(
+            zip(req.column("request_id").to_pylist(), req.column("queue_wait_ns").to_pylist(), strict=True)
+        )
+    wait = np.array([wait_by_id.get(int(i), -1) for i in ids], dtype=np.int64)
+    unmatched = int(np.count_nonzero(wait < 0))
+    wait[wait < 0] = 0
+    return lag.astype(np.int64), wait, unmatched
+
+
+def fit_runs(
+    paths: list[Path], *, include_errors: bool = False, lag_includes_queue: bool = False
+) -> dict[str, Any]:
+    runs = [r for p in paths for r in find_runs(p)]
+    lags, waits, unmatched = [], [], 0
+    for run in runs:
+        lag, wait, um = load_lags(run, include_errors=include_errors)
+        lags.append(lag)
+        waits.append(wait)
+        unmatched += um
+    lag_all = np.concatenate(lags) if lags else np.zeros(0, dtype=np.int64)
+    if lag_all.size == 0:
+        what = "responses" if include_errors else "ok responses (try --include-errors)"
+        raise DualhubError(f"no Kev {what} in {', '.join(map(str, runs))}")
+    return {
+        "kind": "dualhub.kev_lag",
+        "version": 1,
+        "runs": [str(r) for r in runs],
+        "include_errors": include_errors,
+        "unmatched_requests": unmatched,
+        "fit": fit_lag(lag_all, np.concatenate(waits), lag_includes_queue=lag_includes_queue),
+    }
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:9.1f}"
+
+
+def lag_table(fit: dict[str, Any]) -> str:
+    lines = [f"{'component':<14}{'n':>6}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}{'max ms':>10}"]
+    for comp in ("service_ns", "queue_wait_ns", "total_ns"):
+        s = fit[comp]
+        lines.append(f"{comp:<14}{s['n']:>6} {_ms(s['p50'])} {_ms(s['p90'])} {_ms(s['p99'])} {_ms(s['max'])}")
+    return "\n".join(lines)
+
+
+def cmd_fit_lag(args: argparse.Namespace) -> int:
+    result = fit_runs(
+        [Path(p) for p in args.paths],
+        include_errors=args.include_errors,
+        lag_includes_queue=args.lag_includes_queue,
+    )
+    print(lag_table(result["fit"]))
+    print(f"queue share {result['fit']['queue_share']:.1%}; {len(result['runs'])} run(s)")
+    if result["unmatched_requests"]:
+        print(f"warning: {result['unmatched_requests']} responses had no kev_request (queue wait taken as 0)")
+    if result["fit"]["negative_service"]:
+        print(
+            f"warning: {result['fit']['negative_service']} responses waited longer than their lag (clipped)"
+        )
+    if args.out:
+        write_json(Path(args.out), result)
+        print(f"wrote {args.out}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# bench
+
+
+def bench_contexts(n: int, seed: int = 0) -> list[KevContext]:
+    """``n`` varied, reproducible contexts (symbols, labels, prices, imbalance, positions)."""
+    rng = np.random.default_rng(seed)
+    symbols = (("BTCUSDT", 67000.0), ("ETHUSDT", 3400.0), ("SOLUSDT", 145.0))
+    labels = ("LEAN_BUY", "LEAN_SELL", "EMERGENCY")
+    out = []
+    for i in range(n):
+        sym, px = symbols[i % len(symbols)]
+        out.append(
+            KevContext(
+                request_id=i,
+                ts_ns=i * 1_000_000_000,
+                symbol=sym,
+                label=labels[(i // len(symbols)) % len(labels)],
+                label_seq=i,
+                p_label=round(float(rng.uniform(0.5, 0.99)), 3),
+                mid=round(px * float(rng.uniform(0.97, 1.03)), 2),
+                spread=round(px * 1e-5 * float(rng.uniform(0.5, 3.0)), 4),
+                imbalance=round(float(rng.uniform(-1.0, 1.0)), 3),
+                position=round(float(rng.uniform(-1.0, 1.0)), 2),
+                max_position=1.0,
+            )
+        )
+    return out
+
+
+async def run_bench(url: str, n: int, *, warmup: int = 1, timeout_s: float = 60.0) -> dict[str, Any]:
+    """``n`` sequential real calls (after ``warmup`` unmeasured ones); latency percentiles in ms."""
+    from engine.kev.llama import LlamaAdvisor, LlamaConfig
+
+    cfg = LlamaConfig(base_url=url, timeout_s=timeout_s, retries=0, breaker_failures=1_000_000)
+    walls, prompt_ms, predicted_ms, ptok, ctok = [], [], [], [], []
+    ok = valid = 0
+    errors: list[str] = []
+    async with LlamaAdvisor(cfg) as kev:
+        for ctx in bench_contexts(warmup, seed=1):
+            await kev.advise(ctx)
+        for ctx in bench_contexts(n):
+            t0 = time.perf_counter_ns()
+            reply = await kev.advise(ctx)
+            walls.append(time.perf_counter_ns() - t0)
+            if reply.raw is None:
+                errors.append(reply.error)
+                continue
+            ok += 1
+            valid += not isinstance(validate_command(reply.raw), str)
+            t = reply.timings
+            prompt_ms.append(t.get("prompt_ms", 0.0))
+            predicted_ms.append(t.get("predicted_ms", 0.0))
+            ptok.append(t.get("prompt_tokens", 0.0))
+            ctok.append(t.get("completion_tokens", 0.0))
+        props = await kev.props()
+
+    def pct(values: list[float], scale: float = 1.0) -> dict[str, float]:
+        if not values:
+            return {}
+        a = np.asarray(values, dtype=np.float64) * scale
+        return {f"p{p}": round(float(np.percentile(a, p)), 1) for p in (50, 90, 99)} | {
+            "max": round(float(a.max()), 1)
+        }
+
+    return {
+        "kind": "dualhub.kev_bench",
+        "url": url,
+        "n": n,
+        "ok": ok,
+        "schema_valid": valid,
+        "errors": errors[:5],
+        "model": props.get("model_alias") or props.get("model_path", ""),
+        "model_path": props.get("model_path", ""),
+        "total_slots": props.get("total_slots"),
+        "build_info": props.get("build_info", ""),
+        "wall_ms": pct(walls, 1e-6),
+        "prompt_ms": pct(prompt_ms),
+        "predicted_ms": pct(predicted_ms),
+        "prompt_tokens": pct(ptok),
+        "completion_tokens": pct(ctok),
+        "wall_ns_summary": summarize_ns(walls) if walls else {},
+    }
+
+
+def bench_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"Kev latency: {result['n']} sequential calls, {result['ok']} answered, "
+        f"{result['schema_valid']} schema-valid; model {Path(result['model_path']).name or result['model']}",
+        f"{'metric':<20}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}",
+    ]
+    for name in ("wall_ms", "prompt_ms", "predicted_ms", "prompt_tokens", "completion_tokens"):
+        s = result[name]
+        if s:
+            lines.append(f"{name:<20}{s['p50']:>9.1f}{s['p90']:>9.1f}{s['p99']:>9.1f}{s['max']:>9.1f}")
+    return "\n".join(lines)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.n < 1:
+        raise DualhubError("-n must be at least 1")
+    if args.url:
+        result = asyncio.run(run_bench(args.url, args.n, warmup=args.warmup))
+    else:
+        from engine.kev.server import LlamaServer
+
+        with LlamaServer() as srv:
+            print(f"started {srv} in {srv.startup_s:.2f} s", file=sys.stderr)
+            result = asyncio.run(run_bench(srv.url, args.n, warmup=args.warmup))
+    print(bench_table(result))
+    if args.out:
+        write_json(Path(args.out), result)
+        print(f"wrote {args.out}")
+    return 0 if result["ok"] else 1
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def register(subparsers: Any) -> None:
+    kev = subparsers.add_parser("kev", help="Kev, the LLM advisor: fit its lag, benchmark llama-server")
+    sub = kev.add_subparsers(dest="kev_command", metavar="KEV_COMMAND", required=True)
+
+    fit = sub.add_parser(
+        "fit-lag",
+        help="fit Kev's lag distribution (queueing separated from service time) from recorded runs",
+    )
+    fit.add_argument("paths", nargs="+", metavar="SESSIONS_OR_RUNS", help="run or session directories")
+    fit.add_argument("--out", metavar="LAG_JSON", help="write the fit as JSON (e.g. lag.json)")
+    fit.add_argument("--include-errors", action="store_true", help="also fit failed responses' lag")
+    fit.add_argument(
+        "--lag-includes-queue",
+        action="store_true",
+        help="recorded lag_ns counts from enqueue, not pick-up (service = lag - queue wait)",
+    )
+    fit.set_defaults(func=cmd_fit_lag)
+
+    bench = sub.add_parser("bench", help="N real calls against llama-server; prints p50/p90/p99")
+    bench.add_argument("--url", help="a running llama-server (default: start one from the LLM venv)")
+    bench.add_argument("-n", type=int, default=20, help="measured calls (default 20)")
+    bench.add_argument("--warmup", type=int, default=1, help="unmeasured calls first (default 1)")
+    bench.add_argument("--out", metavar="BENCH_JSON", help="write the figures as JSON")
+    bench.set_defaults(func=cmd_bench)

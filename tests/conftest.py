@@ -1,0 +1,21 @@
+import pytest
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory):
+    """A real llama-server (SmolLM2-135M, deterministic flags) for the whole test session.
+
+    Fails, never skips, when the binary or model is missing: run `bash .ci/ensure-llama-server.sh`.
+    """
+    from engine.kev.server import LlamaNotInstalled, LlamaServer, ServerError
+
+    try:
+        server = LlamaServer(log_path=tmp_path_factory.mktemp("llama") / "llama-server.log")
+    except LlamaNotInstalled as e:
+        pytest.fail(f"llama-server is not installed: {e}\nRun `bash .ci/ensure-llama-server.sh` first.")
+    try:
+        server.start()
+    except ServerError as e:
+        pytest.fail(f"llama-server did not start: {e}")
+    yield server
+    server.stop()
