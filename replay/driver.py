@@ -120,11 +120,13 @@ def _rng(seed: int, component: int) -> np.random.Generator:
 class _BatchLabeler:
     """Labels for a whole session computed up front (features and inference over all rows at once)."""
 
-    def __init__(self, first_seq: int, labels: np.ndarray, probs: np.ndarray) -> None:
-        self.first_seq, self.labels, self.probs = first_seq, labels, probs
+    def __init__(self, seqs: list[int], labels: np.ndarray, probs: np.ndarray) -> None:
+        # Book seqs are per stream across symbols, so one symbol's seqs can skip: look rows up by seq.
+        self.row = {s: i for i, s in enumerate(seqs)}
+        self.labels, self.probs = labels, probs
 
     def __call__(self, book: BookSnapshot) -> tuple[int, np.ndarray]:
-        i = book.seq - self.first_seq
+        i = self.row[book.seq]
         return int(self.labels[i]), self.probs[i]
 
 
@@ -239,7 +241,9 @@ def run_replay(
         )
     if cfg.laya_mode == "batch":
         labels, probs = laya.predict_batch(features_v0_batch(book_table))
-        labeler: Callable[[BookSnapshot], tuple[int, np.ndarray]] = _BatchLabeler(books[0].seq, labels, probs)
+        labeler: Callable[[BookSnapshot], tuple[int, np.ndarray]] = _BatchLabeler(
+            [b.seq for b in books], labels, probs
+        )
     else:
         labeler = _tick_labeler(laya)
 

@@ -35,6 +35,7 @@ LABEL_MAP: Final = {str(int(lab)): lab.name for lab in Label}
 RESERVED_METADATA: Final = frozenset(
     {
         "feature_version",
+        "class_weighting",
         "label_map",
         "horizon_ns",
         "thresholds",
@@ -161,6 +162,26 @@ def _meta_str(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def class_weights(y: np.ndarray, scheme: str) -> dict[int, float] | None:
+    """Per-class weights. ``balanced`` is n/(k*count); ``sqrt_balanced`` its square root.
+
+    Fully balanced weights make a rare class (EMERGENCY, ~0.5% of rows) as heavy as HOLD, and with
+    weak features the model then calls it on a fifth of all ticks; the square root keeps rare classes
+    visible while leaving EMERGENCY rare, which is what its meaning (pull everything now) demands.
+    """
+    if scheme == "none":
+        return None
+    classes, counts = np.unique(y, return_counts=True)
+    w = len(y) / (len(classes) * counts.astype(np.float64))
+    if scheme == "balanced":
+        pass
+    elif scheme == "sqrt_balanced":
+        w = np.sqrt(w)
+    else:
+        raise ValueError(f"unknown class weighting {scheme!r}: none, balanced or sqrt_balanced")
+    return {int(c): float(x) for c, x in zip(classes, w, strict=True)}
+
+
 def train_model(
     tables: list[pa.Table],
     *,
@@ -170,6 +191,7 @@ def train_model(
     horizon_ns: int = DEFAULT_HORIZON_NS,
     lean_bps: float = DEFAULT_LEAN_BPS,
     emergency_bps: float = DEFAULT_EMERGENCY_BPS,
+    class_weighting: str = "sqrt_balanced",
 ) -> dict[str, Any]:
     """Fit StandardScaler + multinomial LogisticRegression on ``tables`` (books15) and write the ONNX
     model to ``out_path`` atomically. ``metadata`` values (str, or JSON-encoded) go into the model's
@@ -204,7 +226,9 @@ def train_model(
             f"training data has no rows of class(es) {missing}; use more data or lower thresholds"
         )
 
-    clf = LogisticRegression(C=1.0, class_weight="balanced", max_iter=2000, random_state=seed)
+    clf = LogisticRegression(
+        C=1.0, class_weight=class_weights(y, class_weighting), max_iter=2000, random_state=seed
+    )
     pipe = Pipeline([("scaler", StandardScaler()), ("clf", clf)])
     # One BLAS/OpenMP thread: the fit's float results (and lbfgs's iteration count) depend on the
     # thread count, and several threads on a busy 2-core machine were ~100x slower.
@@ -231,6 +255,7 @@ def train_model(
             "thresholds": json.dumps({"emergency_bps": emergency_bps, "lean_bps": lean_bps}, sort_keys=True),
             "training_data_sha256": data_sha,
             "seed": str(int(seed)),
+            "class_weighting": class_weighting,
             "n_train_rows": str(int(len(y))),
             "trainer": f"scikit-learn {sklearn.__version__}, skl2onnx {skl2onnx.__version__}",
         }
