@@ -41,6 +41,7 @@ from engine.events import (
 from engine.kev.advisor import KevContext, KevReply
 from engine.kev.command import CommandFields, validate_command
 from engine.kev.queue import KevQueue, QueueNote
+from engine.latency import ConstantLatency, LatencyModel
 from engine.portfolio import Portfolio
 from engine.risk import OrderIntent, RiskLimits, RiskState, check
 from engine.strategy import QuoteConfig, desired_quotes
@@ -80,6 +81,9 @@ class EngineConfig:
     kev_stale_after_ns: Nanos = 1_000_000_000
     kev_advice_ttl_ns: Nanos = 5_000_000_000
     kev_min_interval_ns: Nanos = 0  # 0: every non-HOLD label is offered to Kev
+    kev_queue_policy: str = "drop_oldest"
+    kev_max_in_flight: int = 1  # Kev requests in flight at once (llama-server slots)
+    kev_timeout_ns: Nanos = 2_000_000_000  # no reply by then: "no advice", the slot is freed
 
 
 @dataclass
@@ -105,6 +109,7 @@ class Engine:
         kev: KevBackend,
         execution: ExecutionClient,
         advisor_name: str,
+        laya_latency: LatencyModel | None = None,
     ) -> None:
         self.cfg = config
         self.clock = clock
@@ -114,7 +119,12 @@ class Engine:
         self.execution = execution
         self.advisor_name = advisor_name
         self.portfolio = Portfolio()
-        self.queue = KevQueue(maxsize=config.kev_queue_max, stale_after_ns=config.kev_stale_after_ns)
+        self.laya_latency = laya_latency or ConstantLatency(config.laya_latency_ns)
+        self.queue = KevQueue(
+            maxsize=config.kev_queue_max,
+            stale_after_ns=config.kev_stale_after_ns,
+            policy=config.kev_queue_policy,
+        )
         self.book: BookSnapshot | None = None
         self.label = "HOLD"
         self.command: PortfolioCommand | None = None
@@ -124,7 +134,7 @@ class Engine:
         self._oid = 0
         self._request_id = 0
         self._command_id = 0
-        self._kev_busy = False
+        self._kev_in_flight: dict[int, KevContext] = {}  # request id -> context, until reply or timeout
         self._last_kev_offer_ns = -(1 << 62)
         self._emergency_until = -(1 << 62)
         self._last_requote_ns = -(1 << 62)
@@ -136,7 +146,7 @@ class Engine:
     def on_book(self, book: BookSnapshot) -> None:
         self.book = book
         label_id, probs = self.labeler(book)
-        due = book.ts_recv + self.cfg.laya_latency_ns
+        due = book.ts_recv + self.laya_latency.sample_ns(book.ts_recv)
         self.clock.schedule(due, PRIO_LABEL, partial(self._on_label, book, label_id, probs))
 
     def on_trade(self, trade: Trade) -> None:
@@ -199,14 +209,16 @@ class Engine:
             )
 
     def _kev_pump(self) -> None:
-        if self._kev_busy:
-            return
+        while len(self._kev_in_flight) < self.cfg.kev_max_in_flight and self._kev_start_next():
+            pass
+
+    def _kev_start_next(self) -> bool:
         now = self.clock.now_ns()
         ctx, notes = self.queue.take(now)
         self._queue_notes(notes, now)
         if ctx is None:
-            return
-        self._kev_busy = True
+            return False
+        self._kev_in_flight[ctx.request_id] = ctx
         self.log.emit(
             KevRequest,
             ts_event=ctx.ts_ns,
@@ -222,11 +234,39 @@ class Engine:
             queue_wait_ns=now - ctx.ts_ns,
         )
         self._span("kev_queue", f"kev:{ctx.request_id}", ctx.ts_ns, now)
+        self.clock.schedule(now + self.cfg.kev_timeout_ns, PRIO_KEV, partial(self._on_kev_timeout, ctx, now))
         self.kev.start(ctx, now, self._on_kev_done)
+        return True
+
+    def _on_kev_timeout(self, ctx: KevContext, started_ns: Nanos) -> None:
+        if self._kev_in_flight.pop(ctx.request_id, None) is None:
+            return  # answered in time
+        now = self.clock.now_ns()
+        self._queue_notes([QueueNote(ctx.request_id, "timeout", len(self.queue))], now)
+        self.log.emit(
+            KevResponse,
+            ts_event=now,
+            ts_recv=now,
+            request_id=ctx.request_id,
+            ok=False,
+            error=f"timeout after {self.cfg.kev_timeout_ns / 1e6:.0f} ms: no advice",
+            lag_ns=now - started_ns,
+            advisor=self.advisor_name,
+            key="",
+            raw="",
+            prompt_ms=0.0,
+            predicted_ms=0.0,
+            prompt_tokens=0,
+            completion_tokens=0,
+        )
+        self._kev_pump()
 
     def _on_kev_done(self, ctx: KevContext, reply: KevReply, lag_ns: Nanos) -> None:
         now = self.clock.now_ns()
-        self._kev_busy = False
+        if self._kev_in_flight.pop(ctx.request_id, None) is None:
+            # Its timeout already fired: the engine moved on without this advice.
+            self._queue_notes([QueueNote(ctx.request_id, "late_reply", len(self.queue))], now)
+            return
         verdict: CommandFields | str = (
             validate_command(reply.raw) if reply.raw is not None else (reply.error or "no reply")
         )
@@ -333,7 +373,17 @@ class Engine:
         self._last_rebalance_ns = now
         side = "buy" if diff > 0 else "sell"
         reduce_only = c.action == "EMERGENCY_FLATTEN"
-        self._send_new(side, "market", math.nan, qty, origin_ns, c.max_slippage_bps, reduce_only)
+        self._send_new(
+            side,
+            "market",
+            math.nan,
+            qty,
+            origin_ns,
+            c.max_slippage_bps,
+            reduce_only,
+            source="flatten" if reduce_only else "kev",
+            advice_age_ns=now - c.ts_recv,
+        )
 
     def kill(self) -> None:
         """Kill switch: no new orders from now on; working orders are cancelled."""
@@ -370,6 +420,8 @@ class Engine:
             order_type=intent.order_type,
             px=intent.px,
             qty=intent.qty,
+            source=intent.source,
+            advice_age_ns=intent.advice_age_ns,
             accepted=ok,
             reason=reason,
         )
@@ -384,6 +436,9 @@ class Engine:
         origin_ns: Nanos,
         max_slippage_bps: float | None = None,
         reduce_only: bool = False,
+        *,
+        source: str = "quote",
+        advice_age_ns: Nanos = -1,
     ) -> None:
         self._oid += 1
         oid = f"dh-{self._oid}"
@@ -397,6 +452,8 @@ class Engine:
             qty=qty,
             reduce_only=reduce_only,
             max_slippage_bps=max_slippage_bps,
+            source=source,
+            advice_age_ns=advice_age_ns,
         )
         if not self._decide(intent):
             return
@@ -416,6 +473,7 @@ class Engine:
             order_type=order.order_type,
             px=order.px,
             qty=order.qty - order.filled,
+            source="cancel",
         )
         if not self._decide(intent):
             return

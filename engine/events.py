@@ -113,7 +113,9 @@ class LabelEvent:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KevQueueEvent:
-    """Something happened to the Kev queue: ``enqueued``, ``dropped_overflow`` or ``dropped_stale``."""
+    """Something happened to the Kev queue or its worker: ``enqueued``, ``dropped_overflow``,
+    ``dropped_stale``, ``dropped_conflated``, ``timeout`` (no reply in time) or ``late_reply`` (a reply
+    after its timeout, discarded)."""
 
     ts_event: Nanos
     ts_recv: Nanos
@@ -185,7 +187,11 @@ class PortfolioCommand:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RiskDecision:
-    """The gateway's verdict on one order intent; every intent gets exactly one."""
+    """The gateway's verdict on one order intent; every intent gets exactly one.
+
+    ``source`` says what asked for the order (``quote``, ``kev``, ``flatten``, ``cancel``);
+    ``advice_age_ns`` is the age of the Kev command it acts on (-1 when none).
+    """
 
     ts_event: Nanos
     ts_recv: Nanos
@@ -197,6 +203,8 @@ class RiskDecision:
     order_type: str
     px: float
     qty: float
+    source: str
+    advice_age_ns: Nanos
     accepted: bool
     reason: str
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from engine.events import Nanos
 
@@ -46,3 +48,125 @@ class LognormalLatency:
 
     def sample_ns(self, ts_ns: Nanos) -> Nanos:
         return int(round(self._rng.lognormal(self.mu, self.sigma) * 1e6))
+
+
+def _as_ns_array(values: npt.ArrayLike, name: str) -> npt.NDArray[np.float64]:
+    a = np.asarray(values, dtype=np.float64).ravel()
+    if a.size == 0:
+        raise ValueError(f"{name}: no samples")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name}: non-finite samples")
+    return a
+
+
+class EmpiricalLatency:
+    """A latency distribution given by recorded samples (or a quantile grid); sampling is inverse-CDF
+    with linear interpolation between order statistics, driven by the ``rng`` passed in. Never negative.
+
+    Implements :class:`engine.latency.LatencyModel` (:meth:`sample_ns`), so the replay's Kev backend
+    can use it in place of the lognormal default.
+    """
+
+    def __init__(self, samples_ns: npt.ArrayLike, *, rng: np.random.Generator) -> None:
+        a = _as_ns_array(samples_ns, "samples_ns")
+        if np.any(a < 0):
+            raise ValueError(f"samples_ns: negative lag {a.min()}")
+        self._sorted = np.sort(a)
+        self._q = np.linspace(0.0, 1.0, self._sorted.size) if self._sorted.size > 1 else np.zeros(1)
+        self._rng = rng
+
+    @classmethod
+    def from_fit(
+        cls, fit: Mapping[str, Any], *, rng: np.random.Generator, component: str = "service_ns"
+    ) -> EmpiricalLatency:
+        """From :func:`fit_lag`'s output (or ``dualhub kev fit-lag``'s JSON, which nests it under ``fit``)."""
+        body = fit.get("fit", fit)
+        try:
+            grid = body[component]["quantiles_ns"]
+        except (KeyError, TypeError):
+            raise ValueError(f"no {component}.quantiles_ns in the lag fit") from None
+        return cls(grid, rng=rng)
+
+    @property
+    def n(self) -> int:
+        return int(self._sorted.size)
+
+    def quantile(self, q: float) -> Nanos:
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q={q} outside [0, 1]")
+        if self._sorted.size == 1:
+            return int(round(float(self._sorted[0])))
+        return int(round(float(np.interp(q, self._q, self._sorted))))
+
+    def sample(self) -> Nanos:
+        return self.quantile(float(self._rng.random()))
+
+    def sample_many(self, n: int) -> npt.NDArray[np.int64]:
+        """``n`` samples at once; the same values as ``n`` calls of :meth:`sample` on the same rng."""
+        u = self._rng.random(n)
+        if self._sorted.size == 1:
+            return np.full(n, int(round(float(self._sorted[0]))), dtype=np.int64)
+        return np.rint(np.interp(u, self._q, self._sorted)).astype(np.int64)
+
+    def sample_ns(self, ts_ns: Nanos) -> Nanos:
+        """:class:`engine.latency.LatencyModel`: the lag of an answer to a request picked up at ``ts_ns``."""
+        return self.sample()
+
+
+class ScaledLatency:
+    """Another model's latency times ``factor``: the what-if knob (``--scale-latency kev=2``)."""
+
+    def __init__(self, inner: LatencyModel, factor: float) -> None:
+        if not (factor >= 0 and math.isfinite(factor)):
+            raise ValueError(f"latency scale must be a finite number >= 0, got {factor}")
+        self.inner, self.factor = inner, factor
+
+    def sample_ns(self, ts_ns: Nanos) -> Nanos:
+        return int(round(self.inner.sample_ns(ts_ns) * self.factor))
+
+
+_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+def parse_duration_ns(text: str) -> Nanos:
+    """``"5ms"``, ``"200us"``, ``"1.5s"``, ``"700ns"`` -> integer nanoseconds."""
+    t = text.strip()
+    for unit in ("ns", "us", "ms", "s"):
+        if t.endswith(unit):
+            try:
+                v = float(t[: -len(unit)])
+            except ValueError:
+                break
+            if v < 0 or not math.isfinite(v):
+                break
+            return int(round(v * _UNITS[unit]))
+    raise ValueError(f"bad duration {text!r}: use a number with ns, us, ms or s (e.g. 5ms)")
+
+
+def parse_latency(spec: str, rng: np.random.Generator) -> LatencyModel:
+    """A latency model from a spec string.
+
+    - ``const:5ms``
+    - ``lognormal:p5=2ms,p95=8ms``
+    - ``empirical:PATH`` (a JSON list of samples in ns, or a fit with ``quantiles_ns``)
+    """
+    kind, _, arg = spec.partition(":")
+    try:
+        if kind == "const":
+            return ConstantLatency(parse_duration_ns(arg))
+        if kind == "lognormal":
+            kv = dict(part.split("=", 1) for part in arg.split(","))
+            return LognormalLatency(
+                p5_ms=parse_duration_ns(kv["p5"]) / 1e6, p95_ms=parse_duration_ns(kv["p95"]) / 1e6, rng=rng
+            )
+        if kind == "empirical":
+            import orjson
+
+            with open(arg, "rb") as f:
+                data = orjson.loads(f.read())
+            if isinstance(data, list):
+                return EmpiricalLatency(data, rng=rng)
+            return EmpiricalLatency.from_fit(data, rng=rng)
+    except (KeyError, ValueError, OSError) as e:
+        raise ValueError(f"bad latency spec {spec!r}: {e}") from None
+    raise ValueError(f"bad latency spec {spec!r}: kind must be const, lognormal or empirical")

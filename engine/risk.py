@@ -27,6 +27,7 @@ REASONS: Final = (
     "max_slippage",
     "order_rate",
     "loss_stop",
+    "stale_advice",
 )
 
 
@@ -42,6 +43,7 @@ class RiskLimits:
     max_orders_per_s: int = 10
     stale_book_ns: Nanos = 2_000_000_000
     daily_loss_stop_usd: float = 100.0
+    max_advice_age_ns: Nanos = 3_000_000_000  # orders acting on older Kev advice are refused
 
     def __post_init__(self) -> None:
         for name in ("max_position", "max_net_delta_usd", "max_order_qty", "max_slippage_bps"):
@@ -64,6 +66,8 @@ class OrderIntent:
     qty: float
     reduce_only: bool = False
     max_slippage_bps: float | None = None  # a command may tighten the gateway's limit, never widen it
+    source: str = "quote"  # "quote" (strategy), "kev" (acting on a Kev command), "flatten"
+    advice_age_ns: Nanos = -1  # age of the Kev command this order acts on; -1 when none
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +103,8 @@ def check(
         return False, "bad_order"
     if state.kill_switch:
         return False, "kill_switch"
+    if intent.source == "kev" and intent.advice_age_ns > limits.max_advice_age_ns:
+        return False, "stale_advice"
     if book is None:
         return False, "no_book"
     if now_ns - book.ts_recv > limits.stale_book_ns:

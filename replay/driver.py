@@ -9,31 +9,33 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import heapq
+import math
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine.clock import ReplayClock
 from engine.contract import ContractConfig
 from engine.core import Engine, EngineConfig
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
-from engine.events import STREAMS, BookSnapshot, Nanos, Trade, table_to_events
+from engine.events import STREAMS, BookSnapshot, Trade
 from engine.fills import FILL_MODELS
 from engine.kev.cassette import Cassette, CassetteAdvisor
 from engine.kev.lag import EmpiricalLag
 from engine.kev.llama import LlamaAdvisor, LlamaConfig
+from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
-from engine.latency import ConstantLatency, LatencyModel, LognormalLatency
+from engine.latency import LatencyModel, LognormalLatency, ScaledLatency, parse_latency
 from engine.laya.features import FEATURE_VERSION, features_v0, features_v0_batch
 from engine.laya.model import Laya, LayaConfig
 from engine.risk import RiskLimits
@@ -45,6 +47,17 @@ DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "la
 RUN_SCHEMA_VERSION = 1
 KEV_MODES = ("sim", "cassette", "llm")
 
+# Merge priorities at one timestamp: the exchange sees market data before the engine does.
+PRIO_EXCH_BOOK, PRIO_EXCH_TRADE = 5, 6
+PRIO_LOCAL_BOOK, PRIO_LOCAL_TRADE = STREAMS["books15"].priority, STREAMS["trade"].priority
+
+
+def _checked_latency(spec: str, rng: np.random.Generator, name: str) -> LatencyModel:
+    try:
+        return parse_latency(spec, rng)
+    except ValueError as e:
+        raise DualhubError(f"{name}: {e}") from None
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplayConfig:
@@ -55,22 +68,33 @@ class ReplayConfig:
     model_path: Path = DEFAULT_MODEL
     laya_provider: str = "auto"
     laya_mode: str = "batch"  # "batch": features+inference over the whole session; "tick": per snapshot
-    laya_latency_us: int = 200
+    # Latency models: "const:5ms", "lognormal:p5=2ms,p95=8ms" or "empirical:PATH" (see engine.latency).
+    latency_laya: str = "const:200us"  # Laya compute: the label is an event at book receipt + this
+    latency_order_entry: str = "const:5ms"  # local send -> exchange accepts
+    latency_order_response: str = "const:5ms"  # exchange -> local (acks, fills, rejects)
+    latency_cancel: str = "const:5ms"  # local cancel -> exchange
+    latency_feed: str = "recorded"  # exchange -> local market data: the recorded ts_recv, or a model
     kev_lag_p5_ms: float = 200.0
     kev_lag_p95_ms: float = 350.0
     kev_queue_max: int = 2
     kev_stale_after_ms: int = 1000
     kev_advice_ttl_ms: int = 5000
     kev_min_interval_ms: int = 0  # spacing of Kev requests; 0 = every non-HOLD label is offered
+    kev_queue_policy: str = "drop_oldest"  # "drop_oldest", "fifo" (refuse new when full), "conflate"
+    kev_max_in_flight: int = 1
+    kev_timeout_ms: int = 2000
     kev_mode: str = "sim"  # "sim": rule advisor + lag model; "cassette": recorded replies and lags;
     #                        "llm": a running llama-server, cached by key, lag from the model
     kev_cassette: str = ""  # cassette.parquet or a run directory (cassette mode)
     kev_miss_policy: str = "fail"  # cassette miss: "fail", "sim" (rules + lag model) or "live" (llm)
     kev_url: str = ""  # llama-server base URL (llm mode, and live misses)
     kev_lag_fit: str = ""  # lag.json from `dualhub kev fit-lag`: measured lag instead of lognormal
-    order_entry_latency_ms: float = 5.0
-    order_response_latency_ms: float = 5.0
     fill_model: str = "touch"
+    # What-if multipliers on modelled latencies (``--scale-latency kev=2,laya=1,order=0.5,feed=1``).
+    scale_kev: float = 1.0
+    scale_laya: float = 1.0
+    scale_order: float = 1.0
+    scale_feed: float = 1.0
     risk: RiskLimits = field(default_factory=RiskLimits)
     quotes: QuoteConfig = field(default_factory=QuoteConfig)
     contract: ContractConfig = field(default_factory=ContractConfig)
@@ -86,6 +110,19 @@ class ReplayConfig:
             raise DualhubError("Kev cassette mode needs a cassette (--kev-cassette FILE_OR_RUN)")
         if (self.kev_mode == "llm" or self.kev_miss_policy == "live") and not self.kev_url:
             raise DualhubError("Kev llm mode and the live miss policy need a llama-server URL (--kev-url)")
+        if self.kev_queue_policy not in POLICIES:
+            raise DualhubError(
+                f"unknown Kev queue policy {self.kev_queue_policy!r}; known: {', '.join(POLICIES)}"
+            )
+        for name in ("scale_kev", "scale_laya", "scale_order", "scale_feed"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise DualhubError(f"{name} must be a finite number >= 0, got {v}")
+        rng = np.random.default_rng(0)
+        for name in ("latency_laya", "latency_order_entry", "latency_order_response", "latency_cancel"):
+            _checked_latency(getattr(self, name), rng, name)
+        if self.latency_feed != "recorded":
+            _checked_latency(self.latency_feed, rng, "latency_feed")
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -118,31 +155,127 @@ def _rng(seed: int, component: int) -> np.random.Generator:
 
 
 class _BatchLabeler:
-    """Labels for a whole session computed up front (features and inference over all rows at once)."""
+    """Labels for a whole session computed up front (features and inference over all rows at once).
 
-    def __init__(self, seqs: list[int], labels: np.ndarray, probs: np.ndarray) -> None:
+    It answers only for a book the engine has already received (``ts_recv <= now``): precomputed
+    labels of future books exist in memory, and this guard is what keeps them unreadable.
+    """
+
+    def __init__(self, seqs: np.ndarray, labels: np.ndarray, probs: np.ndarray, clock: ReplayClock) -> None:
         # Book seqs are per stream across symbols, so one symbol's seqs can skip: look rows up by seq.
-        self.row = {s: i for i, s in enumerate(seqs)}
-        self.labels, self.probs = labels, probs
+        self.row = {int(s): i for i, s in enumerate(seqs.tolist())}
+        self.labels, self.probs, self.clock = labels, probs, clock
 
     def __call__(self, book: BookSnapshot) -> tuple[int, np.ndarray]:
+        if book.ts_recv > self.clock.now_ns():
+            raise LookAheadError(
+                f"label of book seq {book.seq} asked at {self.clock.now_ns()} < {book.ts_recv}"
+            )
         i = self.row[book.seq]
         return int(self.labels[i]), self.probs[i]
 
 
+class LookAheadError(RuntimeError):
+    """A component asked for data it could not have seen yet (``ts_recv > now``)."""
+
+
 def _tick_labeler(laya: Laya) -> Callable[[BookSnapshot], tuple[int, np.ndarray]]:
+    buf = np.zeros(128, dtype=np.float32)
+
     def label(book: BookSnapshot) -> tuple[int, np.ndarray]:
-        return laya.predict(features_v0(book))
+        return laya.predict(features_v0(book, out=buf))
 
     return label
 
 
-def _merged(books: list[BookSnapshot], trades: list[Trade]) -> Iterator[tuple[tuple[Nanos, int, int], Any]]:
-    """Both market streams in ``(ts_recv, stream priority, seq)`` order; keys are unique, so stable."""
-    pb, pt = STREAMS["books15"].priority, STREAMS["trade"].priority
-    b = sorted(((e.ts_recv, pb, e.seq), e) for e in books)
-    t = sorted(((e.ts_recv, pt, e.seq), e) for e in trades)
-    return heapq.merge(b, t, key=itemgetter(0))
+def _col(table: pa.Table, name: str, dtype: str = "float64") -> np.ndarray:
+    return table.column(name).to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+
+class _Tape:
+    """A session's market data as columns, with both timelines: exchange time and local time.
+
+    Events are built lazily while the replay walks the merged order, so memory holds columns, not
+    millions of objects.
+    """
+
+    def __init__(
+        self, books: pa.Table, trades: pa.Table, feed: LatencyModel | None, scale_feed: float
+    ) -> None:
+        self.symbol = books.column("symbol")[0].as_py()
+        self.b_seq = _col(books, "seq", "int64")
+        self.b_evt = _col(books, "ts_event", "int64")
+        self.b_exch_seq = _col(books, "exch_seq", "int64")
+        self.sides = [
+            np.column_stack([_col(books, f"{side}_{i}") for i in range(15)])
+            for side in ("bid_px", "bid_sz", "ask_px", "ask_sz")
+        ]
+        self.t_seq = _col(trades, "seq", "int64")
+        self.t_evt = _col(trades, "ts_event", "int64")
+        self.t_px = _col(trades, "px")
+        self.t_sz = _col(trades, "sz")
+        self.t_side = trades.column("side").to_pylist()
+        self.t_id = trades.column("trade_id").to_pylist()
+        self.b_loc = self._local(_col(books, "ts_recv", "int64"), self.b_evt, feed, scale_feed)
+        self.t_loc = self._local(_col(trades, "ts_recv", "int64"), self.t_evt, feed, scale_feed)
+        # The exchange cannot see a print after we do (local clocks can run behind the exchange's).
+        self.b_exch = np.minimum(self.b_evt, self.b_loc)
+        self.t_exch = np.minimum(self.t_evt, self.t_loc)
+
+    @staticmethod
+    def _local(recv: np.ndarray, evt: np.ndarray, feed: LatencyModel | None, scale: float) -> np.ndarray:
+        if feed is not None:
+            recv = evt + np.array([feed.sample_ns(int(t)) for t in evt.tolist()], dtype=np.int64)
+        if scale != 1.0:
+            recv = evt + np.rint((recv - evt) * scale).astype(np.int64)
+        return recv
+
+    def order(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        """The merged walk: (ts, priority, kind, row), sorted by (ts, priority, stream seq).
+
+        kind 0/1 = book/trade at the exchange, 2/3 = book/trade at the engine.
+        """
+        nb, nt = len(self.b_seq), len(self.t_seq)
+        ts = np.concatenate([self.b_exch, self.t_exch, self.b_loc, self.t_loc])
+        prio = np.concatenate(
+            [
+                np.full(nb, PRIO_EXCH_BOOK),
+                np.full(nt, PRIO_EXCH_TRADE),
+                np.full(nb, PRIO_LOCAL_BOOK),
+                np.full(nt, PRIO_LOCAL_TRADE),
+            ]
+        )
+        seq = np.concatenate([self.b_seq, self.t_seq, self.b_seq, self.t_seq])
+        kind = np.concatenate([np.zeros(nb), np.ones(nt), np.full(nb, 2), np.full(nt, 3)]).astype(np.int64)
+        row = np.concatenate([np.arange(nb), np.arange(nt), np.arange(nb), np.arange(nt)])
+        o = np.lexsort((seq, prio, ts))
+        return ts[o].tolist(), prio[o].tolist(), kind[o].tolist(), row[o].tolist()
+
+    def book(self, i: int) -> BookSnapshot:
+        bp, bs, ap, as_ = self.sides
+        return BookSnapshot(
+            ts_event=int(self.b_evt[i]),
+            ts_recv=int(self.b_loc[i]),
+            seq=int(self.b_seq[i]),
+            symbol=self.symbol,
+            exch_seq=int(self.b_exch_seq[i]),
+            bid_px=tuple(bp[i].tolist()),
+            bid_sz=tuple(bs[i].tolist()),
+            ask_px=tuple(ap[i].tolist()),
+            ask_sz=tuple(as_[i].tolist()),
+        )
+
+    def trade(self, i: int) -> Trade:
+        return Trade(
+            ts_event=int(self.t_evt[i]),
+            ts_recv=int(self.t_loc[i]),
+            seq=int(self.t_seq[i]),
+            symbol=self.symbol,
+            trade_id=self.t_id[i],
+            px=float(self.t_px[i]),
+            sz=float(self.t_sz[i]),
+            side=self.t_side[i],
+        )
 
 
 def _lag_model(cfg: ReplayConfig) -> LatencyModel:
@@ -207,6 +340,10 @@ def _kev_backend(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBack
     return advisor, SimKevBackend(advisor, lag, clock, use_recorded_lag=True)
 
 
+def _for_symbol(table: pa.Table, symbol: str) -> pa.Table:
+    return table.filter(pc.equal(table.column("symbol"), symbol))
+
+
 def run_replay(
     session_dir: Path | str,
     config: ReplayConfig | None = None,
@@ -222,16 +359,21 @@ def run_replay(
     session.verify()
     if "books15" not in session.manifest["streams"]:
         raise SessionError(f"{session.root} has no books15 stream to replay")
-    book_table = session.read_table("books15")
-    book_table = book_table.filter(book_table.column("symbol").to_numpy(zero_copy_only=False) == cfg.symbol)
+    book_table = _for_symbol(session.read_table("books15"), cfg.symbol)
     if book_table.num_rows == 0:
         raise DualhubError(f"{session.root} has no books15 rows for {cfg.symbol}")
-    books = table_to_events(book_table, "books15")
-    trades = (
-        [t for t in session.read_events("trade") if t.symbol == cfg.symbol]
-        if "trade" in session.streams
-        else []
+    trade_table = _for_symbol(
+        session.read_table("trade") if "trade" in session.streams else STREAMS["trade"].schema.empty_table(),
+        cfg.symbol,
     )
+    rng_feed, rng_laya, rng_order = _rng(cfg.seed, 2), _rng(cfg.seed, 3), _rng(cfg.seed, 4)
+    feed = (
+        None
+        if cfg.latency_feed == "recorded"
+        else _checked_latency(cfg.latency_feed, rng_feed, "latency_feed")
+    )
+    tape = _Tape(book_table, trade_table, feed, cfg.scale_feed)
+    n_books, n_trades = book_table.num_rows, trade_table.num_rows
 
     laya = Laya(LayaConfig(model_path=Path(cfg.model_path), provider=cfg.laya_provider))
     if laya.feature_version != FEATURE_VERSION:
@@ -239,22 +381,31 @@ def run_replay(
             f"model {cfg.model_path} uses features {laya.feature_version}, "
             f"this engine computes {FEATURE_VERSION}"
         )
+    ts, prio, kind, row = tape.order()
+    clock = ReplayClock(start_ns=ts[0])
     if cfg.laya_mode == "batch":
         labels, probs = laya.predict_batch(features_v0_batch(book_table))
         labeler: Callable[[BookSnapshot], tuple[int, np.ndarray]] = _BatchLabeler(
-            [b.seq for b in books], labels, probs
+            tape.b_seq, labels, probs, clock
         )
     else:
         labeler = _tick_labeler(laya)
+    del book_table, trade_table
 
-    clock = ReplayClock(start_ns=min(books[0].ts_recv, trades[0].ts_recv if trades else books[0].ts_recv))
+    def latency(spec: str, rng: np.random.Generator, scale: float, name: str) -> LatencyModel:
+        model = _checked_latency(spec, rng, name)
+        return model if scale == 1.0 else ScaledLatency(model, scale)
+
     log = EventLog()
     advisor, kev = _kev_backend(cfg, clock)
     exchange = SimExchange(
         clock,
         fill_model=FILL_MODELS[cfg.fill_model](),
-        entry_latency=ConstantLatency(int(cfg.order_entry_latency_ms * 1e6)),
-        response_latency=ConstantLatency(int(cfg.order_response_latency_ms * 1e6)),
+        entry_latency=latency(cfg.latency_order_entry, rng_order, cfg.scale_order, "order entry"),
+        response_latency=latency(
+            cfg.latency_order_response, rng_order, cfg.scale_order, "latency_order_response"
+        ),
+        cancel_latency=latency(cfg.latency_cancel, rng_order, cfg.scale_order, "latency_cancel"),
     )
     engine = Engine(
         EngineConfig(
@@ -262,8 +413,10 @@ def run_replay(
             contract=cfg.contract,
             risk=cfg.risk,
             quotes=cfg.quotes,
-            laya_latency_ns=cfg.laya_latency_us * 1000,
             kev_queue_max=cfg.kev_queue_max,
+            kev_queue_policy=cfg.kev_queue_policy,
+            kev_max_in_flight=cfg.kev_max_in_flight,
+            kev_timeout_ns=cfg.kev_timeout_ms * 1_000_000,
             kev_stale_after_ns=cfg.kev_stale_after_ms * 1_000_000,
             kev_advice_ttl_ns=cfg.kev_advice_ttl_ms * 1_000_000,
             kev_min_interval_ns=cfg.kev_min_interval_ms * 1_000_000,
@@ -274,27 +427,35 @@ def run_replay(
         kev=kev,
         execution=exchange,
         advisor_name=advisor.name,
+        laya_latency=latency(cfg.latency_laya, rng_laya, cfg.scale_laya, "latency_laya"),
     )
     exchange.engine = engine
 
-    bar = _progress(progress, len(books) + len(trades))
+    bar = _progress(progress, len(ts))
+    books_in_flight: dict[int, BookSnapshot] = {}  # seen by the exchange, not yet by the engine
+    trades_in_flight: dict[int, Trade] = {}
+    next_key = clock.next_key
+    pop_next = clock.pop_next
     try:
-        for i, (key, ev) in enumerate(_merged(books, trades)):
-            while (tk := clock.next_key()) is not None and tuple(tk) < key:
-                _, fire = clock.pop_next()
-                fire()
-            clock.advance_to(ev.ts_recv)
-            if isinstance(ev, BookSnapshot):
-                exchange.on_book(ev)
-                engine.on_book(ev)
+        for j, (t, p, k, i) in enumerate(zip(ts, prio, kind, row, strict=True)):
+            # Timers (priority >= 40) at the same timestamp come after market data (priority < 40).
+            while (tk := next_key()) is not None and (tk[0] < t or (tk[0] == t and tk[1] < p)):
+                pop_next()[1]()
+            clock.advance_to(t)
+            if k == 0:
+                book = books_in_flight[i] = tape.book(i)
+                exchange.on_book(book)
+            elif k == 1:
+                trade = trades_in_flight[i] = tape.trade(i)
+                exchange.on_trade(trade)
+            elif k == 2:
+                engine.on_book(books_in_flight.pop(i))
             else:
-                exchange.on_trade(ev)
-                engine.on_trade(ev)
-            if bar is not None and i % 2000 == 0:
-                bar.update(i)
-        while clock.next_key() is not None:
-            _, fire = clock.pop_next()
-            fire()
+                engine.on_trade(trades_in_flight.pop(i))
+            if bar is not None and j % 5000 == 0:
+                bar.update(j)
+        while next_key() is not None:
+            pop_next()[1]()
     finally:
         kev.close()
         if bar is not None:
@@ -308,9 +469,9 @@ def run_replay(
         "deterministic": bool(getattr(advisor, "deterministic", True)),
         **{k: getattr(advisor, k) for k in ("hits", "misses", "live_calls") if hasattr(advisor, k)},
     }
-    _write_run(run_dir, overwrite, log, session, cfg, laya, len(books), len(trades), advisor_info)
+    _write_run(run_dir, overwrite, log, session, cfg, laya, n_books, n_trades, advisor_info)
     return RunResult(
-        run_dir, log.digest, log.counts(), len(books), len(trades), wall, laya.describe(), advisor_info
+        run_dir, log.digest, log.counts(), n_books, n_trades, wall, laya.describe(), advisor_info
     )
 
 

@@ -1,14 +1,14 @@
-"""Simulated exchange for replay: order entry/response latency, resting limit orders filled by public
-trades through a :class:`FillModel`, market (and marketable limit) orders walking the book.
+"""Simulated exchange for replay: order entry, cancel and response latency; resting limit orders
+filled through a :class:`FillModel` (queue position on L2 snapshots); market and marketable limit
+orders walking the book (taker, with slippage).
 
-The exchange's view of the market advances at each event's receive time (a feed-latency model that
-separates the two is the realism issue's job). Reports reach the engine after the response latency.
+The exchange sees market data at exchange time (``ts_event``), the engine at local receive time;
+the driver feeds both. Reports reach the engine after the response latency.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -16,18 +16,9 @@ from engine.book import walk_book
 from engine.clock import ReplayClock
 from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
-from engine.fills import FillModel
+from engine.fills import EPS, FillModel, QueueState
 from engine.latency import LatencyModel
 from engine.risk import OrderIntent
-
-
-@dataclass
-class _Resting:
-    client_oid: str
-    side: str
-    px: float
-    qty: float
-    filled: float = 0.0
 
 
 class SimExchange:
@@ -38,15 +29,16 @@ class SimExchange:
         fill_model: FillModel,
         entry_latency: LatencyModel,
         response_latency: LatencyModel,
+        cancel_latency: LatencyModel | None = None,
     ) -> None:
         self.clock = clock
         self.fill_model = fill_model
         self.entry_latency = entry_latency
         self.response_latency = response_latency
+        self.cancel_latency = cancel_latency or entry_latency
         self.engine: Any = None  # set by the driver: receives on_ack/on_fill/...
         self.book: BookSnapshot | None = None
-        self._resting: dict[str, _Resting] = {}
-        self._known: set[str] = set()
+        self._resting: dict[str, QueueState] = {}
 
     # ---------------------------------------------------------- engine -> exchange
 
@@ -55,24 +47,32 @@ class SimExchange:
         self.clock.schedule(at, PRIO_EXCH_IN, partial(self._arrive, intent))
 
     def cancel(self, client_oid: str, symbol: str, now_ns: Nanos) -> None:
-        at = now_ns + self.entry_latency.sample_ns(now_ns)
+        at = now_ns + self.cancel_latency.sample_ns(now_ns)
         self.clock.schedule(at, PRIO_EXCH_IN, partial(self._arrive_cancel, client_oid))
 
     # ---------------------------------------------------------- market data
 
     def on_book(self, book: BookSnapshot) -> None:
         self.book = book
+        if not self._resting:
+            return
+        for st in list(self._resting.values()):
+            self.fill_model.on_depth(st, book)
+            # The book trading through a resting order means the aggressors took it: a maker fill.
+            crossed = book.ask_px[0] <= st.px if st.side == "buy" else book.bid_px[0] >= st.px
+            if crossed:
+                self._fill(st, st.px, st.remaining, "maker")
 
     def on_trade(self, trade: Trade) -> None:
         left = trade.sz
         # Deterministic order: resting orders in arrival order (dict keeps insertion order).
-        for r in list(self._resting.values()):
-            if left <= 1e-12:
+        for st in list(self._resting.values()):
+            if left <= EPS:
                 break
-            q = self.fill_model.fill_qty(r.side, r.px, r.qty - r.filled, trade, left)
-            if q > 1e-12:
+            q = min(self.fill_model.on_trade(st, trade), left)
+            if q > EPS:
                 left -= q
-                self._fill(r, r.px, q, "maker")
+                self._fill(st, st.px, q, "maker")
 
     # ---------------------------------------------------------- matching
 
@@ -82,7 +82,6 @@ class SimExchange:
         self.clock.schedule(at, PRIO_EXCH_OUT, partial(getattr(self.engine, method), *args, now))
 
     def _arrive(self, intent: OrderIntent) -> None:
-        self._known.add(intent.client_oid)
         book = self.book
         if book is None:
             self._report("on_reject", intent.client_oid, "no_market")
@@ -106,7 +105,9 @@ class SimExchange:
         elif remaining <= 1e-12:
             self._report("on_done", intent.client_oid, "filled")
         else:
-            self._resting[intent.client_oid] = _Resting(intent.client_oid, intent.side, intent.px, remaining)
+            st = QueueState(intent.client_oid, intent.side, intent.px, intent.qty, filled=filled)
+            self.fill_model.on_new(st, book)
+            self._resting[intent.client_oid] = st
 
     def _arrive_cancel(self, client_oid: str) -> None:
         r = self._resting.pop(client_oid, None)
@@ -116,9 +117,10 @@ class SimExchange:
             return
         self._report("on_cancel_ack", client_oid)
 
-    def _fill(self, r: _Resting, px: float, qty: float, liquidity: str) -> None:
-        r.filled += qty
-        self._report("on_fill", r.client_oid, px, qty, liquidity)
-        if r.qty - r.filled <= 1e-12:
-            del self._resting[r.client_oid]
-            self._report("on_done", r.client_oid, "filled")
+    def _fill(self, st: QueueState, px: float, qty: float, liquidity: str) -> None:
+        qty = round(qty, 12)
+        st.filled += qty
+        self._report("on_fill", st.client_oid, px, qty, liquidity)
+        if st.remaining <= EPS:
+            del self._resting[st.client_oid]
+            self._report("on_done", st.client_oid, "filled")

@@ -47,7 +47,7 @@ def test_stale_requests_are_dropped_on_take():
 
 def test_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="policy"):
-        KevQueue(policy="fifo_forever")
+        KevQueue(policy="keep_forever")
 
 
 def test_rules_produce_valid_commands_for_every_label():

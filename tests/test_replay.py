@@ -68,7 +68,7 @@ def test_every_snapshot_is_labelled_after_laya_latency(session, run_a):
     labels = _events(run_a, "label")
     assert labels.num_rows == books.num_rows
     assert labels.column("book_seq").to_pylist() == books.column("seq").to_pylist()
-    lat = ReplayConfig().laya_latency_us * 1000
+    lat = 200_000  # ReplayConfig().latency_laya = "const:200us"
     recv = dict(zip(books.column("seq").to_pylist(), books.column("ts_recv").to_pylist(), strict=True))
     assert all(
         t == recv[s] + lat

@@ -12,26 +12,19 @@ Recordings whose ``lag_ns`` already includes the queue wait are fitted with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from engine.events import Nanos
+from engine.latency import EmpiricalLatency, _as_ns_array
+
+# The Kev lag model is the generic empirical latency model; the old name stays for callers.
+EmpiricalLag = EmpiricalLatency
 
 # The fitted distribution is stored as this many evenly spaced quantiles (q = 0, 0.01, ..., 1).
 QUANTILE_POINTS: Final = 101
 PERCENTILES: Final = (50, 90, 95, 99)
-
-
-def _as_ns_array(values: npt.ArrayLike, name: str) -> npt.NDArray[np.float64]:
-    a = np.asarray(values, dtype=np.float64).ravel()
-    if a.size == 0:
-        raise ValueError(f"{name}: no samples")
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{name}: non-finite samples")
-    return a
 
 
 def summarize_ns(values: npt.ArrayLike) -> dict[str, Any]:
@@ -44,60 +37,6 @@ def summarize_ns(values: npt.ArrayLike) -> dict[str, Any]:
     out["max"] = int(a.max())
     out["quantiles_ns"] = [int(round(float(v))) for v in grid]
     return out
-
-
-class EmpiricalLag:
-    """A lag distribution given by samples (or a quantile grid); sampling is inverse-CDF with linear
-    interpolation between order statistics, driven by the ``rng`` passed in. Never negative.
-
-    Implements :class:`engine.latency.LatencyModel` (:meth:`sample_ns`), so the replay's Kev backend
-    can use it in place of the lognormal default.
-    """
-
-    def __init__(self, samples_ns: npt.ArrayLike, *, rng: np.random.Generator) -> None:
-        a = _as_ns_array(samples_ns, "samples_ns")
-        if np.any(a < 0):
-            raise ValueError(f"samples_ns: negative lag {a.min()}")
-        self._sorted = np.sort(a)
-        self._q = np.linspace(0.0, 1.0, self._sorted.size) if self._sorted.size > 1 else np.zeros(1)
-        self._rng = rng
-
-    @classmethod
-    def from_fit(
-        cls, fit: Mapping[str, Any], *, rng: np.random.Generator, component: str = "service_ns"
-    ) -> EmpiricalLag:
-        """From :func:`fit_lag`'s output (or ``dualhub kev fit-lag``'s JSON, which nests it under ``fit``)."""
-        body = fit.get("fit", fit)
-        try:
-            grid = body[component]["quantiles_ns"]
-        except (KeyError, TypeError):
-            raise ValueError(f"no {component}.quantiles_ns in the lag fit") from None
-        return cls(grid, rng=rng)
-
-    @property
-    def n(self) -> int:
-        return int(self._sorted.size)
-
-    def quantile(self, q: float) -> Nanos:
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(f"q={q} outside [0, 1]")
-        if self._sorted.size == 1:
-            return int(round(float(self._sorted[0])))
-        return int(round(float(np.interp(q, self._q, self._sorted))))
-
-    def sample(self) -> Nanos:
-        return self.quantile(float(self._rng.random()))
-
-    def sample_many(self, n: int) -> npt.NDArray[np.int64]:
-        """``n`` samples at once; the same values as ``n`` calls of :meth:`sample` on the same rng."""
-        u = self._rng.random(n)
-        if self._sorted.size == 1:
-            return np.full(n, int(round(float(self._sorted[0]))), dtype=np.int64)
-        return np.rint(np.interp(u, self._q, self._sorted)).astype(np.int64)
-
-    def sample_ns(self, ts_ns: Nanos) -> Nanos:
-        """:class:`engine.latency.LatencyModel`: the lag of an answer to a request picked up at ``ts_ns``."""
-        return self.sample()
 
 
 def fit_lag(

@@ -1,8 +1,14 @@
 """The bounded Kev queue and its explicit policy. Pure: no I/O, no clock reads.
 
-Policy ``keep_latest``: when full, the oldest waiting request is dropped (``dropped_overflow``);
-when the worker takes a request, waiting requests older than ``stale_after_ns`` are dropped
-(``dropped_stale``). Every drop is reported back so the caller can log it as an event.
+Policies, when a request arrives and the queue is full:
+
+- ``drop_oldest`` (default): the oldest waiting request is dropped (``dropped_overflow``);
+- ``fifo``: the new request is refused (``dropped_overflow`` of the new one), order kept;
+- ``conflate``: only the latest snapshot waits; a new one replaces it (``dropped_conflated``),
+  whatever ``maxsize`` says.
+
+In every policy, when a worker takes a request, waiting requests older than ``stale_after_ns`` are
+dropped (``dropped_stale``). Every drop is reported so the caller can log it as an event.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Final
 from engine.events import Nanos
 from engine.kev.advisor import KevContext
 
-POLICIES: Final = ("keep_latest",)
+POLICIES: Final = ("drop_oldest", "fifo", "conflate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +36,11 @@ class QueueNote:
 class KevQueue:
     maxsize: int = 4
     stale_after_ns: Nanos = 1_000_000_000
-    policy: str = "keep_latest"
+    policy: str = "drop_oldest"
     _items: deque[KevContext] = field(default_factory=deque)
-    drops: dict[str, int] = field(default_factory=lambda: {"dropped_overflow": 0, "dropped_stale": 0})
+    drops: dict[str, int] = field(
+        default_factory=lambda: {"dropped_overflow": 0, "dropped_stale": 0, "dropped_conflated": 0}
+    )
 
     def __post_init__(self) -> None:
         if self.maxsize < 1:
@@ -46,7 +54,15 @@ class KevQueue:
     def offer(self, ctx: KevContext) -> list[QueueNote]:
         """Enqueue without ever blocking; returns what happened (drops first)."""
         notes = []
-        if len(self._items) >= self.maxsize:
+        if self.policy == "conflate":
+            while self._items:
+                old = self._items.popleft()
+                self.drops["dropped_conflated"] += 1
+                notes.append(QueueNote(old.request_id, "dropped_conflated", len(self._items)))
+        elif len(self._items) >= self.maxsize:
+            if self.policy == "fifo":
+                self.drops["dropped_overflow"] += 1
+                return [QueueNote(ctx.request_id, "dropped_overflow", len(self._items))]
             old = self._items.popleft()
             self.drops["dropped_overflow"] += 1
             notes.append(QueueNote(old.request_id, "dropped_overflow", len(self._items)))

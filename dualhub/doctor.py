@@ -1,0 +1,126 @@
+"""``dualhub doctor``: can this machine run the stack, and how to fix what it cannot.
+
+One row per check (ok / warn / fail, the evidence, the fix) as a table, or ``--json`` for scripts. The
+exit code is 1 when any check fails (a warning alone is 0), 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.errors import DualhubError
+
+STATUS_STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from engine.diagnostics.checks import DEFAULT_KEV_URL, DEFAULT_RECORD_RATE_MB_PER_H, DEFAULT_SESSION_DIR
+
+    p = sub.add_parser(
+        "doctor",
+        help="check that this machine can run the stack (ONNX Runtime/CUDA, Laya, Kev, exchange, machine)",
+        description="Check ONNX Runtime and CUDA (package, missing libraries, active provider, warm-up), "
+        "Kev's llama-server (health, props, one schema-constrained request, determinism), the Bitget "
+        "endpoint (reachability, clock skew, contract, API keys with --live) and the machine (disk, "
+        "clock source, open files, CPUs). Prints one row per check with the evidence and the fix. "
+        "Exit code 1 when any check fails.",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--model", type=Path, help="Laya ONNX model (default data/models/laya-v0.onnx)")
+    p.add_argument("--kev-url", help=f"llama-server URL (default {DEFAULT_KEV_URL}; not answering = warn)")
+    p.add_argument(
+        "--exchange-url",
+        help="Bitget REST base URL (default https://api.bitget.com; not answering = warn); "
+        "e.g. the local exchange from replay.bitget_rest",
+    )
+    p.add_argument("--symbol", default="BTCUSDT", help="contract to look up (default BTCUSDT)")
+    p.add_argument(
+        "--live", action="store_true", help="also require the BITGET_API_* keys in the environment"
+    )
+    p.add_argument(
+        "--session-dir",
+        type=Path,
+        default=DEFAULT_SESSION_DIR,
+        help=f"where sessions are recorded (default {DEFAULT_SESSION_DIR})",
+    )
+    p.add_argument(
+        "--record-rate-mb-per-h",
+        type=float,
+        default=DEFAULT_RECORD_RATE_MB_PER_H,
+        metavar="N",
+        help=f"expected recording volume for the disk check (default {DEFAULT_RECORD_RATE_MB_PER_H:g})",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="compute threads the stack is configured to use (default: llama-server -t + Laya intra-op)",
+    )
+    p.add_argument("--gpu-mem-limit-mib", type=int, default=2048, help="Laya's CUDA arena cap (default 2048)")
+    p.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(a: argparse.Namespace) -> int:
+    from engine.diagnostics.checks import DoctorConfig, exit_code, run_all, summary, worst
+
+    try:
+        cfg = DoctorConfig(
+            model_path=a.model,
+            gpu_mem_limit_bytes=a.gpu_mem_limit_mib << 20,
+            kev_url=a.kev_url,
+            exchange_url=a.exchange_url,
+            symbol=a.symbol,
+            live=a.live,
+            session_dir=a.session_dir,
+            record_rate_mb_per_h=a.record_rate_mb_per_h,
+            threads=a.threads,
+        )
+    except ValueError as e:
+        raise DualhubError(str(e)) from None
+    checks = run_all(cfg)
+    code = exit_code(checks)
+    if a.json:
+        report: dict[str, Any] = {
+            "status": worst(checks),
+            "summary": summary(checks),
+            "exit_code": code,
+            "checks": [c.to_json() for c in checks],
+        }
+        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+    else:
+        print_table(checks)
+    return code
+
+
+def print_table(checks: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from engine.diagnostics.checks import summary, worst
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    table = Table(title="dualhub doctor", show_lines=True, expand=False)
+    table.add_column("check", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("evidence", overflow="fold", ratio=3)
+    table.add_column("fix", overflow="fold", ratio=2)
+    for c in checks:
+        # Text(), not markup: evidence quotes library output with [brackets].
+        table.add_row(
+            Text(f"{c.area}: {c.name}"),
+            Text(c.status, style=STATUS_STYLE[c.status]),
+            Text(c.evidence),
+            Text(c.fix),
+        )
+    console.print(table)
+    s = summary(checks)
+    overall = worst(checks)
+    console.print(
+        Text(f"{s['ok']} ok, {s['warn']} warn, {s['fail']} fail: ", style="bold")
+        + Text(overall, style=STATUS_STYLE[overall])
+    )
