@@ -279,6 +279,11 @@ class _Tape:
 
 
 def _lag_model(cfg: ReplayConfig) -> LatencyModel:
+    model = _unscaled_lag_model(cfg)
+    return model if cfg.scale_kev == 1.0 else ScaledLatency(model, cfg.scale_kev)
+
+
+def _unscaled_lag_model(cfg: ReplayConfig) -> LatencyModel:
     rng = _rng(cfg.seed, 1)
     if cfg.kev_lag_fit:
         path = Path(cfg.kev_lag_fit)
@@ -337,7 +342,9 @@ def _kev_backend(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBack
         miss_policy=cfg.kev_miss_policy,  # type: ignore[arg-type]
         fallback=fallback,
     )
-    return advisor, SimKevBackend(advisor, lag, clock, use_recorded_lag=True)
+    return advisor, SimKevBackend(
+        advisor, lag, clock, use_recorded_lag=True, recorded_lag_scale=cfg.scale_kev
+    )
 
 
 def _for_symbol(table: pa.Table, symbol: str) -> pa.Table:

@@ -19,13 +19,20 @@ from engine.latency import LatencyModel
 
 class SimKevBackend:
     def __init__(
-        self, advisor: KevAdvisor, lag: LatencyModel, clock: Clock, *, use_recorded_lag: bool = False
+        self,
+        advisor: KevAdvisor,
+        lag: LatencyModel,
+        clock: Clock,
+        *,
+        use_recorded_lag: bool = False,
+        recorded_lag_scale: float = 1.0,
     ) -> None:
         self.advisor = advisor
         self.lag = lag
         self.clock = clock
         # Cassette replies carry the lag they were recorded with; replaying it reproduces the timing.
         self.use_recorded_lag = use_recorded_lag
+        self.recorded_lag_scale = recorded_lag_scale  # what-if on a recorded tape (--scale-latency kev=2)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, ctx: KevContext, now_ns: Nanos, done: KevDone) -> None:
@@ -37,7 +44,10 @@ class SimKevBackend:
                 self._loop = asyncio.new_event_loop()
             reply = self._loop.run_until_complete(self.advisor.advise(ctx))
         recorded = reply.timings.get("lag_ns") if self.use_recorded_lag else None
-        lag_ns = int(recorded) if recorded is not None else self.lag.sample_ns(now_ns)
+        if recorded is not None:
+            lag_ns = int(round(recorded * self.recorded_lag_scale))
+        else:
+            lag_ns = self.lag.sample_ns(now_ns)
         self.clock.schedule(now_ns + lag_ns, PRIO_KEV, partial(done, ctx, reply, lag_ns))
 
     def close(self) -> None:
