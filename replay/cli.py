@@ -50,6 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--kev-lag-fit", default="", help="lag.json from `dualhub kev fit-lag` (measured lag)")
     p.add_argument("--kev-min-interval-ms", type=int, default=0, help="min spacing of Kev requests")
     p.add_argument("--report", action="store_true", help="print the report after the run")
+    p.add_argument(
+        "--scale-latency",
+        default="",
+        metavar="SPEC",
+        help="what-if multipliers on modelled latencies, e.g. kev=2,laya=1,order=0.5,feed=1",
+    )
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser(
@@ -81,8 +87,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from replay.driver import DEFAULT_MODEL, ReplayConfig
+    from replay.sweep import apply_scales, parse_scale_latency
 
-    return ReplayConfig(
+    cfg = ReplayConfig(
         seed=args.seed,
         model_path=args.model or DEFAULT_MODEL,
         laya_provider=args.provider,
@@ -97,6 +104,8 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         kev_lag_fit=args.kev_lag_fit,
         kev_min_interval_ms=args.kev_min_interval_ms,
     )
+    spec = getattr(args, "scale_latency", "")
+    return apply_scales(cfg, parse_scale_latency(spec)) if spec else cfg
 
 
 def _print_result(res) -> None:  # type: ignore[no-untyped-def]

@@ -403,7 +403,9 @@ def run_replay(
         model = _checked_latency(spec, rng, name)
         return model if scale == 1.0 else ScaledLatency(model, scale)
 
-    log = EventLog()
+    run_dir = Path(out_dir) if out_dir is not None else session.root / "runs" / f"run-{cfg.sha256()[:12]}"
+    tmp = _start_run_dir(run_dir, overwrite)
+    log = EventLog(tmp / "events")
     advisor, kev = _kev_backend(cfg, clock)
     exchange = SimExchange(
         clock,
@@ -469,22 +471,32 @@ def run_replay(
             bar.close()
     wall = time.perf_counter() - t0
 
-    run_dir = Path(out_dir) if out_dir is not None else session.root / "runs" / f"run-{cfg.sha256()[:12]}"
     advisor_info = {
         "mode": cfg.kev_mode,
         "name": advisor.name,
         "deterministic": bool(getattr(advisor, "deterministic", True)),
         **{k: getattr(advisor, k) for k in ("hits", "misses", "live_calls") if hasattr(advisor, k)},
     }
-    _write_run(run_dir, overwrite, log, session, cfg, laya, n_books, n_trades, advisor_info)
+    _finish_run(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor_info)
     return RunResult(
         run_dir, log.digest, log.counts(), n_books, n_trades, wall, laya.describe(), advisor_info
     )
 
 
-def _write_run(
+def _start_run_dir(run_dir: Path, overwrite: bool) -> Path:
+    """The run is written into ``<run>.tmp`` and renamed at the end: a half-written run never looks
+    finished."""
+    if run_dir.exists() and not overwrite:
+        raise DualhubError(f"{run_dir} exists; pass --overwrite (or another --out) to replace it")
+    tmp = run_dir.with_name(run_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "events").mkdir(parents=True)
+    return tmp
+
+
+def _finish_run(
+    tmp: Path,
     run_dir: Path,
-    overwrite: bool,
     log: EventLog,
     session: Any,
     cfg: ReplayConfig,
@@ -493,13 +505,7 @@ def _write_run(
     n_trades: int,
     advisor_info: dict[str, Any],
 ) -> None:
-    """Write into ``<run>.tmp`` and rename, so a half-written run never looks finished."""
-    if run_dir.exists() and not overwrite:
-        raise DualhubError(f"{run_dir} exists; pass --overwrite (or another --out) to replace it")
-    tmp = run_dir.with_name(run_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "events").mkdir(parents=True)
-    files = log.write(tmp / "events")
+    files = log.write()
     info = laya.describe()
     manifest = {
         "run_schema_version": RUN_SCHEMA_VERSION,

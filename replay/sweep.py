@@ -1,0 +1,531 @@
+"""What-if sweeps: the same tapes replayed over a grid of configs, one results row per run.
+
+``--scale-latency kev=2,laya=1,order=0.5,feed=1`` (:func:`parse_scale_latency`, :func:`apply_scales`)
+multiplies the modelled latencies of one replay. ``dualhub sweep GRID.toml --sessions GLOB`` runs a
+grid::
+
+    [base]                      # applied to every run (ReplayConfig fields; dotted names reach into
+    seed = 1                    # risk.*, quotes.*, contract.*)
+    [grid]                      # axes: the cartesian product, axes sorted by name, values in listed order
+    scale_kev = [0.5, 1, 2]
+    fill_model = ["touch", "through"]
+    "risk.max_position" = [0.02, 0.05]
+    scale_latency = ["kev=1", "kev=2,order=0.5"]   # the --scale-latency spec works as a key too
+
+Every (session, parameter set) is one call of :func:`run_one`, a top-level function of plain
+arguments that returns a plain row dict (no globals, nothing shared between calls), so it can be
+shipped to worker processes or Ray tasks unchanged. A run that raises becomes a row with ``error``
+set. Rows go to a Parquet table (rewritten atomically after every run, so an interrupted sweep keeps
+what it finished); ``--resume`` skips every (session digest, param hash, code version) that already
+has a row without an error. Each run's event log lands in ``<results dir>/runs/<key>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import itertools
+import math
+import os
+import resource
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.errors import DualhubError
+from engine.events import Label
+from engine.store import atomic_write_parquet, open_session
+from replay.driver import ReplayConfig, run_replay
+
+SCALE_KEYS: Final = ("kev", "laya", "order", "feed")
+SCALE_LATENCY_KEY: Final = "scale_latency"  # grid/base key taking a --scale-latency spec
+PARAM_PREFIX: Final = "p_"  # results column of parameter "risk.max_position": "p_risk_max_position"
+
+# ---------------------------------------------------------------------------------------------------
+# --scale-latency
+
+
+def parse_scale_latency(spec: str) -> dict[str, float]:
+    """``"kev=2,laya=1,order=0.5,feed=1"`` -> ``{"kev": 2.0, ...}``; keys from :data:`SCALE_KEYS`.
+
+    Multipliers must be finite and >= 0 (0 models an instantaneous component). Keys left out keep
+    the config's value.
+    """
+    out: dict[str, float] = {}
+    if not spec.strip():
+        raise DualhubError(
+            f"empty latency scale spec; expected e.g. 'kev=2,order=0.5' ({', '.join(SCALE_KEYS)})"
+        )
+    for part in spec.split(","):
+        key, sep, value = (x.strip() for x in part.partition("="))
+        if not sep or not key:
+            raise DualhubError(f"latency scale {part.strip()!r} is not KEY=NUMBER (e.g. kev=2)")
+        if key not in SCALE_KEYS:
+            raise DualhubError(f"unknown latency {key!r} in {spec!r}; known: {', '.join(SCALE_KEYS)}")
+        if key in out:
+            raise DualhubError(f"latency {key!r} given twice in {spec!r}")
+        try:
+            x = float(value)
+        except ValueError:
+            raise DualhubError(f"latency scale {key}={value!r} is not a number") from None
+        if not math.isfinite(x) or x < 0:
+            raise DualhubError(f"latency scale {key}={value} must be a finite number >= 0")
+        out[key] = x
+    return out
+
+
+def apply_scales(cfg: ReplayConfig, scales: Mapping[str, float]) -> ReplayConfig:
+    """``cfg`` with ``scale_<key>`` set from ``scales`` (as returned by :func:`parse_scale_latency`)."""
+    unknown = sorted(set(scales) - set(SCALE_KEYS))
+    if unknown:
+        raise DualhubError(f"unknown latency {unknown}; known: {', '.join(SCALE_KEYS)}")
+    return dataclasses.replace(cfg, **{f"scale_{k}": float(v) for k, v in scales.items()})  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------
+# parameters -> ReplayConfig
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _nested() -> dict[str, type]:
+    """ReplayConfig fields that are dataclasses themselves (``risk``, ``quotes``, ``contract``)."""
+    out = {}
+    for name, f in _fields(ReplayConfig).items():
+        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            value = f.default_factory()  # type: ignore[misc]
+            if dataclasses.is_dataclass(value):
+                out[name] = type(value)
+    return out
+
+
+def check_param_name(name: str) -> None:
+    """Raise :class:`DualhubError` unless ``name`` is a settable ReplayConfig field (dotted for nested)."""
+    if name == SCALE_LATENCY_KEY:
+        return
+    nested = _nested()
+    head, dot, leaf = name.partition(".")
+    top = _fields(ReplayConfig)
+    if not dot:
+        if name not in top:
+            raise DualhubError(f"unknown parameter {name!r}; ReplayConfig fields: {', '.join(top)}")
+        if name in nested:
+            raise DualhubError(f"parameter {name!r} is a group; set its fields ({name}.FIELD)")
+        return
+    if head not in nested:
+        raise DualhubError(f"unknown parameter group {head!r} in {name!r}; groups: {', '.join(nested)}")
+    if leaf not in _fields(nested[head]):
+        raise DualhubError(f"unknown parameter {name!r}; {head} fields: {', '.join(_fields(nested[head]))}")
+
+
+def _type_name(f: dataclasses.Field[Any]) -> str:
+    t = f.type
+    return t if isinstance(t, str) else getattr(t, "__name__", str(t))
+
+
+def _coerce(name: str, f: dataclasses.Field[Any], v: Any) -> Any:
+    """TOML values to the field's type: ints for floats, strings for paths, exact decimals."""
+    t = _type_name(f)
+    ok: bool
+    if t == "float":
+        ok = isinstance(v, int | float) and not isinstance(v, bool)
+        v = float(v) if ok else v
+    elif t in ("int", "Nanos"):
+        ok = isinstance(v, int) and not isinstance(v, bool)
+    elif t == "bool":
+        ok = isinstance(v, bool)
+    elif t == "str":
+        ok = isinstance(v, str)
+    elif t == "Path":
+        ok = isinstance(v, str | Path)
+        v = Path(v) if ok else v
+    elif t == "Decimal":
+        ok = isinstance(v, int | float | str | Decimal) and not isinstance(v, bool)
+        v = Decimal(str(v)) if ok else v
+    else:
+        ok = True
+    if not ok:
+        raise DualhubError(f"parameter {name} = {v!r} is not a valid {t}")
+    return v
+
+
+def build_config(params: Mapping[str, Any], base: ReplayConfig | None = None) -> ReplayConfig:
+    """A ReplayConfig from flat parameters (``{"seed": 1, "risk.max_position": 0.02, ...}``)."""
+    top_fields, nested = _fields(ReplayConfig), _nested()
+    top: dict[str, Any] = {}
+    groups: dict[str, dict[str, Any]] = {}
+    scales: dict[str, float] = {}
+    for name, value in params.items():
+        check_param_name(name)
+        if name == SCALE_LATENCY_KEY:
+            if not isinstance(value, str):
+                raise DualhubError(f"{SCALE_LATENCY_KEY} = {value!r} must be a spec string like 'kev=2'")
+            scales = parse_scale_latency(value)
+            continue
+        head, dot, leaf = name.partition(".")
+        if dot:
+            groups.setdefault(head, {})[leaf] = _coerce(name, _fields(nested[head])[leaf], value)
+        else:
+            top[name] = _coerce(name, top_fields[name], value)
+    cfg = base or ReplayConfig()
+    for head, values in groups.items():
+        top[head] = dataclasses.replace(getattr(cfg, head), **values)
+    cfg = dataclasses.replace(cfg, **top)
+    return apply_scales(cfg, scales) if scales else cfg
+
+
+# ---------------------------------------------------------------------------------------------------
+# grid
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        name = f"{prefix}.{k}" if prefix else k
+        out.update(_flatten(v, name) if isinstance(v, dict) else {name: v})
+    return out
+
+
+@dataclass(frozen=True)
+class Grid:
+    base: dict[str, Any]
+    axes: dict[str, list[Any]]  # sorted by name
+
+    def points(self) -> list[dict[str, Any]]:
+        """Full parameter sets (base, then the axes' values), in a stable order."""
+        names = list(self.axes)
+        return [
+            {**self.base, **dict(zip(names, values, strict=True))}
+            for values in itertools.product(*(self.axes[n] for n in names))
+        ]
+
+
+def parse_grid(doc: Mapping[str, Any], source: str = "grid") -> Grid:
+    unknown = sorted(set(doc) - {"base", "grid"})
+    if unknown:
+        raise DualhubError(f"{source}: unknown tables {unknown}; expected [base] and [grid]")
+    base, axes = _flatten(doc.get("base", {})), _flatten(doc.get("grid", {}))
+    if not axes:
+        raise DualhubError(f"{source}: [grid] has no axes (e.g. scale_kev = [0.5, 1, 2])")
+    for name in (*base, *axes):
+        try:
+            check_param_name(name)
+        except DualhubError as e:
+            raise DualhubError(f"{source}: {e}") from None
+    for name, values in axes.items():
+        if not isinstance(values, list) or not values:
+            raise DualhubError(f"{source}: grid axis {name!r} must be a non-empty list of values")
+    both = sorted(set(base) & set(axes))
+    if both:
+        raise DualhubError(f"{source}: {both} set in both [base] and [grid]")
+    return Grid(base=base, axes={n: axes[n] for n in sorted(axes)})
+
+
+def load_grid(path: Path | str) -> Grid:
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise DualhubError(f"cannot read grid {path}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise DualhubError(f"{path} is not valid TOML: {e}") from None
+    return parse_grid(doc, str(path))
+
+
+def param_json(params: Mapping[str, Any]) -> str:
+    return orjson.dumps(dict(params), option=orjson.OPT_SORT_KEYS, default=str).decode()
+
+
+def param_hash(params: Mapping[str, Any]) -> str:
+    return hashlib.sha256(param_json(params).encode()).hexdigest()
+
+
+def param_column(name: str) -> str:
+    return PARAM_PREFIX + name.replace(".", "_")
+
+
+def code_version() -> str:
+    try:
+        return metadata.version("dualhub")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+# ---------------------------------------------------------------------------------------------------
+# one run -> one row
+
+LABEL_COLUMNS: Final = {lab.name: f"labels_{lab.name.lower()}" for lab in Label}
+RESULT_SCHEMA: Final = pa.schema(
+    [
+        ("session", pa.string()),
+        ("session_digest", pa.string()),
+        ("code_version", pa.string()),
+        ("param_hash", pa.string()),
+        ("params", pa.string()),
+        ("run_dir", pa.string()),
+        ("digest", pa.string()),
+        ("config_sha256", pa.string()),
+        ("books", pa.int64()),
+        ("trades", pa.int64()),
+        ("orders", pa.int64()),
+        ("fills", pa.int64()),
+        *((c, pa.int64()) for c in LABEL_COLUMNS.values()),
+        ("kev_requests", pa.int64()),
+        ("kev_drops", pa.int64()),
+        ("risk_rejections", pa.int64()),
+        ("position", pa.float64()),
+        ("fees_usdt", pa.decimal128(18, 4)),
+        ("pnl_usdt", pa.decimal128(18, 4)),
+        ("wall_s", pa.float64()),
+        ("peak_rss_mb", pa.float64()),
+        ("error", pa.string()),
+    ]
+)
+
+_STATS_SQL: Final = """
+SELECT
+    (SELECT count(*) FROM "order" WHERE kind = 'new') AS orders,
+    (SELECT count(*) FROM kev_request) AS kev_requests,
+    (SELECT count(*) FROM kev_queue WHERE kind LIKE 'dropped%') AS kev_drops,
+    (SELECT count(*) FROM risk WHERE NOT accepted) AS risk_rejections
+"""
+
+
+def run_stats(run_dir: Path | str) -> dict[str, Any]:
+    """Counts and PnL of a finished run, by DuckDB over its event log (PnL: the report's own query)."""
+    from engine.report.report import connect, load_queries
+
+    con = connect(run_dir)
+    try:
+        rel = con.sql(_STATS_SQL)
+        out = dict(zip(rel.columns, rel.fetchall()[0], strict=True))
+        labels = dict(con.sql("SELECT label, count(*) FROM label GROUP BY label").fetchall())
+        out.update({col: int(labels.get(name, 0)) for name, col in LABEL_COLUMNS.items()})
+        pnl_sql = next(sql for name, _, sql in load_queries() if name == "pnl")
+        rel = con.sql(pnl_sql)
+        pnl = dict(zip(rel.columns, rel.fetchall()[0], strict=True))
+        out.update(position=float(pnl["position"]), fees_usdt=pnl["fees_usdt"], pnl_usdt=pnl["pnl_usdt"])
+        return out
+    finally:
+        con.close()
+
+
+def _peak_rss_mb() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+def run_key(session_digest: str, phash: str) -> str:
+    return f"{session_digest[:16]}-{phash[:16]}"
+
+
+def run_one(session: str, params: Mapping[str, Any], *, runs_dir: str, version: str = "") -> dict[str, Any]:
+    """Replay ``session`` with ``params`` into ``runs_dir/<key>``; return its results row.
+
+    Never raises for a failed run (an ``Exception`` becomes the row's ``error``). ``peak_rss_mb`` is
+    the process's peak resident set so far (in a serial sweep: the largest run up to this one).
+    """
+    t0 = time.perf_counter()
+    row: dict[str, Any] = {c: None for c in RESULT_SCHEMA.names}
+    row.update(
+        session=str(Path(session).resolve()),
+        session_digest="",
+        code_version=version or code_version(),
+        param_hash=param_hash(params),
+        params=param_json(params),
+        error="",
+    )
+    row.update({param_column(k): v for k, v in params.items()})
+    try:
+        row["session_digest"] = open_session(session).digest()
+        cfg = build_config(params)
+        row["config_sha256"] = cfg.sha256()
+        run_dir = Path(runs_dir) / run_key(row["session_digest"], row["param_hash"])
+        res = run_replay(session, cfg, out_dir=run_dir, overwrite=True)
+        row.update(
+            run_dir=str(res.run_dir),
+            digest=res.digest,
+            books=res.books,
+            trades=res.trades,
+            fills=res.counts.get("fill", 0),
+        )
+        row.update(run_stats(res.run_dir))
+    except Exception as e:  # a failed run is a result, not a crashed sweep
+        row["error"] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    row["wall_s"] = time.perf_counter() - t0
+    row["peak_rss_mb"] = _peak_rss_mb()
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------
+# results table
+
+
+def _column_type(values: Sequence[Any]) -> pa.DataType:
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, bool) for v in present):
+        return pa.bool_()
+    if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return pa.int64()
+    if present and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present):
+        return pa.float64()
+    return pa.string()
+
+
+def _cell(v: Any, typ: pa.DataType) -> Any:
+    if v is None or typ != pa.string() or isinstance(v, str):
+        return float(v) if typ == pa.float64() and v is not None else v
+    return orjson.dumps(v, default=str).decode()
+
+
+def results_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """Fixed columns (:data:`RESULT_SCHEMA`) plus one typed column per parameter (``p_...``)."""
+    pcols = sorted({k for r in rows for k in r if k.startswith(PARAM_PREFIX)})
+    fields = list(RESULT_SCHEMA)
+    pos = RESULT_SCHEMA.get_field_index("params") + 1
+    arrays = {f.name: pa.array([r.get(f.name) for r in rows], f.type) for f in fields}
+    for c in pcols:
+        values = [r.get(c) for r in rows]
+        typ = _column_type(values)
+        arrays[c] = pa.array([_cell(v, typ) for v in values], typ)
+    names = [f.name for f in fields[:pos]] + pcols + [f.name for f in fields[pos:]]
+    return pa.table({n: arrays[n] for n in names})
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    try:
+        return pq.read_table(path).to_pylist()
+    except (OSError, pa.ArrowInvalid) as e:
+        raise DualhubError(f"cannot read results {path}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# sweep
+
+
+def find_sessions(patterns: Iterable[str]) -> list[Path]:
+    found: dict[Path, None] = {}
+    for pattern in patterns:
+        for p in sorted(glob.glob(os.path.expanduser(pattern))):
+            if (Path(p) / "manifest.json").is_file():
+                found[Path(p)] = None
+    if not found:
+        raise DualhubError(f"no session directory (with manifest.json) matches {', '.join(patterns)}")
+    return list(found)
+
+
+def _session_digest(session: Path | str) -> str:
+    try:
+        return open_session(session).digest()
+    except DualhubError:
+        return ""  # unreadable: its runs fail in run_one and become error rows
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    out: Path
+    ran: int
+    skipped: int
+    failed: int
+    rows: int
+
+
+def sweep(
+    grid: Grid,
+    sessions: Sequence[Path | str],
+    out: Path | str,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    runner: Callable[..., dict[str, Any]] = run_one,
+) -> SweepSummary:
+    """Run every (session, grid point) serially in this process; write the results table."""
+    out = Path(out)
+    if out.exists() and not (resume or overwrite):
+        raise DualhubError(f"{out} exists; pass --resume to continue that sweep or --overwrite to replace it")
+    version = code_version()
+    rows = read_results(out) if out.exists() and resume else []
+    index = {(r["session_digest"], r["param_hash"], r["code_version"]): i for i, r in enumerate(rows)}
+    done = {k for k, i in index.items() if not rows[i]["error"]}
+    runs_dir = out.parent / "runs"
+    points = grid.points()
+    jobs = [(s, p) for s in sessions for p in points]
+    digests = {s: _session_digest(s) for s in sessions}
+
+    ran = skipped = failed = 0
+    bar = _Progress(len(jobs)) if progress else None
+    try:
+        for session, params in jobs:
+            key = (digests[session], param_hash(params), version)
+            if key in done:
+                skipped += 1
+                if bar:
+                    bar.advance(f"skip {Path(session).name}")
+                continue
+            if bar:
+                bar.describe(f"{Path(session).name} {param_json({k: params[k] for k in grid.axes})}")
+            row = runner(str(session), params, runs_dir=str(runs_dir), version=version)
+            ran += 1
+            if row["error"]:
+                failed += 1
+                if bar:
+                    bar.note(f"[red]failed[/] {Path(session).name} {row['params']}: {row['error']}")
+            k = (row["session_digest"] or key[0], row["param_hash"], row["code_version"])
+            if k in index:
+                rows[index[k]] = row
+            else:
+                index[k] = len(rows)
+                rows.append(row)
+            atomic_write_parquet(results_table(rows), out)  # after every run: an interrupt keeps them
+            if bar:
+                bar.advance()
+    finally:
+        if bar:
+            bar.close()
+    if not out.exists():  # everything skipped and nothing to rewrite, or an empty grid
+        atomic_write_parquet(results_table(rows), out)
+    return SweepSummary(out=out, ran=ran, skipped=skipped, failed=failed, rows=len(rows))
+
+
+class _Progress:
+    def __init__(self, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.p = Progress(
+            "[bold]sweep",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.description}"),
+        )
+        self.p.start()
+        self.task = self.p.add_task("", total=total)
+
+    def describe(self, text: str) -> None:
+        self.p.update(self.task, description=text)
+
+    def advance(self, text: str | None = None) -> None:
+        if text:
+            self.p.update(self.task, description=text)
+        self.p.update(self.task, advance=1)
+
+    def note(self, text: str) -> None:
+        self.p.console.print(text)
+
+    def close(self) -> None:
+        self.p.update(self.task, description="")
+        self.p.stop()
