@@ -165,13 +165,13 @@ class Engine:
             ts_recv=now,
             symbol=book.symbol,
             book_seq=book.seq,
+            book_ts_recv=book.ts_recv,
             label=name,
             p_hold=p[0],
             p_lean_buy=p[1],
             p_lean_sell=p[2],
             p_emergency=p[3],
         )
-        self._span("laya", f"book:{book.seq}", book.ts_recv, now)
         if name == "EMERGENCY":
             # Pull quotes at once: EMERGENCY never waits for Kev.
             self._emergency_until = now + self.cfg.quotes.emergency_hold_ns

@@ -1,8 +1,8 @@
 """The engine's event log: per-stream sequence numbers, a running digest, streamed Parquet output.
 
-The digest is sha256 over every emitted event in emit order (stream name plus the event's values
-as canonical JSON), so two runs agree on it exactly when they produced the same events in the same
-order. Events are buffered per stream and written as Parquet row groups every ``flush_rows`` events,
+The digest is sha256 over every emitted event in emit order (stream name, seq, and the event's
+fields as canonical JSON with sorted keys), so two runs agree on it exactly when they produced the
+same events in the same order. Events are buffered per stream and written as Parquet row groups every ``flush_rows`` events,
 so memory stays flat however long the run; flush points depend only on counts, so the bytes of the
 output files are as deterministic as the events.
 """
@@ -18,7 +18,7 @@ from typing import Any, Final
 import orjson
 import pyarrow.parquet as pq
 
-from engine.events import STREAM_OF_TYPE, STREAMS, event_values, events_to_table
+from engine.events import STREAM_OF_TYPE, STREAMS, events_to_table
 from engine.store import sha256_file
 
 OUTPUT_STREAMS: Final = (
@@ -59,12 +59,13 @@ class EventLog:
     def emit(self, event_type: type, **fields: Any) -> Any:
         """Build an event with its stream's next ``seq``, record it and return it."""
         stream = STREAM_OF_TYPE[event_type]
-        event = event_type(seq=self._n[stream], **fields)
-        self._n[stream] += 1
+        seq = self._n[stream]
+        event = event_type(seq=seq, **fields)
+        self._n[stream] = seq + 1
         buf = self._buf[stream]
         buf.append(event)
-        self._hash.update(stream.encode())
-        self._hash.update(orjson.dumps(event_values(event), default=_default))
+        self._hash.update(b"%s\t%d\t" % (stream.encode(), seq))
+        self._hash.update(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS, default=_default))
         self.count += 1
         if self._dir is not None and len(buf) >= self._flush_rows:
             self._flush(stream)

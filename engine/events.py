@@ -11,6 +11,7 @@ stored as wide typed columns (``bid_px_0..14`` ...), never list columns.
 from __future__ import annotations
 
 import dataclasses
+from operator import attrgetter
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import IntEnum
@@ -97,13 +98,15 @@ class Gap:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LabelEvent:
-    """Laya's classification of one book snapshot (``book_seq``); visible at ``ts_recv``."""
+    """Laya's classification of one book snapshot (``book_seq``, seen at ``book_ts_recv``); visible at
+    ``ts_recv``, so ``ts_recv - book_ts_recv`` is Laya's compute latency."""
 
     ts_event: Nanos
     ts_recv: Nanos
     seq: int
     symbol: str
     book_seq: int
+    book_ts_recv: Nanos
     label: str
     p_hold: float
     p_lean_buy: float
@@ -349,7 +352,7 @@ def events_to_table(events: list[Any], stream: str) -> pa.Table:
     spec = STREAMS[stream]
     cols: dict[str, list[Any]] = {}
     for name in _FIELD_NAMES[spec.event_type]:
-        values = [getattr(e, name) for e in events]
+        values = list(map(attrgetter(name), events))
         if name in _BOOK_SIDES:
             for i in range(BOOK_LEVELS):
                 cols[f"{name}_{i}"] = [None if v[i] != v[i] else v[i] for v in values]

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.errors import DualhubError
@@ -109,6 +110,22 @@ class SessionWriter:
         buf.append(event)
         if len(buf) >= self.rows_per_part:
             self._flush_stream(stream)
+
+    def add_table(self, stream: str, table: pa.Table) -> None:
+        """Add already-columnar rows (importers, converters): cast to the stream's schema, then written
+        like any other part."""
+        self._flush_stream(stream)
+        table = table.select(STREAMS[stream].schema.names).cast(STREAMS[stream].schema)
+        part = self._parts.get(stream, 0)
+        rel = f"{stream}/part-{part:05d}.parquet"
+        path = self.root / rel
+        atomic_write_parquet(table, path)
+        self._parts[stream] = part + 1
+        self._counts[stream] = self._counts.get(stream, 0) + table.num_rows
+        if table.num_rows:
+            recv = table.column("ts_recv")
+            self._span.extend((pc.min(recv).as_py(), pc.max(recv).as_py()))
+        self._files[rel] = {"rows": table.num_rows, "sha256": sha256_file(path)}
 
     def add_all(self, events: Iterable[Any]) -> None:
         for e in events:

@@ -52,9 +52,14 @@ SELECT
 FROM f, m;
 
 -- name: latency | Per-decision latency (ms)
+WITH spans AS (
+    SELECT name, dur_ns FROM latency
+    UNION ALL SELECT 'laya', ts_recv - book_ts_recv FROM label
+    UNION ALL SELECT 'feed_recorded', ts_recv - ts_event FROM books15
+)
 SELECT name, count(*) AS n,
        round(quantile_cont(dur_ns, 0.50) / 1e6, 3) AS p50_ms,
        round(quantile_cont(dur_ns, 0.90) / 1e6, 3) AS p90_ms,
        round(quantile_cont(dur_ns, 0.99) / 1e6, 3) AS p99_ms,
        round(max(dur_ns) / 1e6, 3) AS max_ms
-FROM latency GROUP BY name ORDER BY name;
+FROM spans GROUP BY name ORDER BY name;

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""1M-snapshot replay throughput, side by side with hftbacktest on the same data.
+
+Data: ``../shared/bench/gen_books.py -n 1000000 --out DIR`` (Bitget-like books15 snapshots and
+trades, seeded). This script turns ``books_wide.parquet`` and ``trades.parquet`` into a dualhub
+session (columnar, untimed), then times ``run_replay`` end to end (Parquet in -> event log out) with
+Laya labelling every snapshot, the Kev queue, the risk gateway and the queue-aware fill model, and
+reports peak RSS. Pass ``--hbt-python`` (a venv with hftbacktest 2.4.4) to run the reference in the
+same script, alternating, and print the ratio of medians.
+
+    python bench/bench_replay_1m.py --data /tmp/gb1m --repeat 3 \
+        --hbt-python ~/.cache/dualhub/hbt-venv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from engine.store import SessionWriter
+
+SHARED_BENCH = Path(__file__).resolve().parents[2] / "shared" / "bench"
+
+
+def session_from_gen_books(data: Path, out: Path, n: int | None) -> Path:
+    books = pq.read_table(data / "books_wide.parquet")
+    trades = pq.read_table(data / "trades.parquet")
+    if n:
+        books = books.slice(0, n)
+        last = books.column("ts")[-1].as_py()
+        trades = trades.filter(pc.less_equal(trades.column("ts"), last))
+    ms = 1_000_000
+    b = books.rename_columns(["ts_event", "ts_recv", "exch_seq", *books.column_names[3:]])
+    b = b.set_column(0, "ts_event", pc.multiply(b.column("ts_event"), ms))
+    b = b.set_column(1, "ts_recv", pc.multiply(b.column("ts_recv"), ms))
+    b = b.append_column("seq", pa.array(range(b.num_rows), pa.int64()))
+    b = b.append_column("symbol", pa.array(["BTCUSDT"] * b.num_rows))
+    t = pa.table(
+        {
+            "ts_event": pc.multiply(trades.column("ts"), ms),
+            "ts_recv": pc.multiply(trades.column("recv_ts"), ms),
+            "seq": pa.array(range(trades.num_rows), pa.int64()),
+            "symbol": pa.array(["BTCUSDT"] * trades.num_rows),
+            "trade_id": pc.cast(trades.column("trade_id"), pa.string()),
+            "px": trades.column("price"),
+            "sz": trades.column("size"),
+            "side": pc.cast(trades.column("side"), pa.string()),
+        }
+    )
+    w = SessionWriter(out, source=f"gen_books:{data}", symbols=["BTCUSDT"])
+    w.add_table("books15", b)
+    w.add_table("trade", t)
+    w.close()
+    return out
+
+
+def run_dualhub(session: Path, out: Path, fill_model: str) -> tuple[float, float, int, str]:
+    """One replay in a fresh process, so peak RSS is this run's."""
+    code = (
+        "import re, sys\n"
+        "from replay.driver import ReplayConfig, run_replay\n"
+        f"r = run_replay({str(session)!r}, ReplayConfig(fill_model={fill_model!r}), out_dir={str(out)!r}, overwrite=True)\n"
+        # VmHWM is this process's peak (ru_maxrss would carry the parent's peak across exec).
+        "rss = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"
+        "print(r.wall_s, r.snapshots_per_s, rss, sum(r.counts.values()), r.digest)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    wall, rate, rss, events, digest = p.stdout.split()[-5:]
+    return float(wall), float(rate), float(rss), int(events), digest
+
+
+def run_hbt(python: str, data: Path) -> float | None:
+    script = SHARED_BENCH / "bench_hftbacktest.py"
+    p = subprocess.run(
+        [python, str(script), "--runs", "1"],
+        capture_output=True,
+        text=True,
+        env={"BENCH_DIR": str(data.parent), "PATH": "/usr/bin:/bin"},
+    )
+    out = p.stdout + p.stderr
+    m = re.search(r"end to end[^\n]*?([\d,]+)\s*snapshots/s", out)
+    if not m:
+        print(out[-2000:])
+        return None
+    return float(m.group(1).replace(",", ""))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="gen_books.py output directory")
+    ap.add_argument("-n", type=int, default=0, help="use the first n snapshots (0 = all)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--fill-model", default="queue_power2")
+    ap.add_argument("--hbt-python", help="python of a venv with hftbacktest 2.4.4")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as td:
+        session = session_from_gen_books(args.data, Path(td) / "s", args.n or None)
+        ours, theirs, digests = [], [], set()
+        for i in range(args.repeat):
+            wall, rate, rss, events, digest = run_dualhub(session, Path(td) / "run", args.fill_model)
+            ours.append(rate)
+            digests.add(digest)
+            print(
+                f"dualhub run {i}: {wall:.1f} s, {rate:,.0f} snapshots/s, peak RSS {rss:,.0f} MB, {events:,} events out"
+            )
+            if args.hbt_python:
+                r = run_hbt(args.hbt_python, args.data)
+                if r:
+                    theirs.append(r)
+                    print(f"hftbacktest run {i}: {r:,.0f} snapshots/s end to end")
+        med = statistics.median(ours)
+        print(
+            f"dualhub median: {med:,.0f} snapshots/s (fill model {args.fill_model}); digests identical: {len(digests) == 1}"
+        )
+        if theirs:
+            ref = statistics.median(theirs)
+            print(f"hftbacktest median: {ref:,.0f} snapshots/s; ratio dualhub/hftbacktest = {med / ref:.3f}")
+        print(f"this process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
