@@ -69,7 +69,8 @@ def run_dualhub(session: Path, out: Path, fill_model: str) -> tuple[float, float
     code = (
         "import re, sys\n"
         "from replay.driver import ReplayConfig, run_replay\n"
-        f"r = run_replay({str(session)!r}, ReplayConfig(fill_model={fill_model!r}), out_dir={str(out)!r}, overwrite=True)\n"
+        f"cfg = ReplayConfig(fill_model={fill_model!r})\n"
+        f"r = run_replay({str(session)!r}, cfg, out_dir={str(out)!r}, overwrite=True)\n"
         # VmHWM is this process's peak (ru_maxrss would carry the parent's peak across exec).
         "rss = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"
         "print(r.wall_s, r.snapshots_per_s, rss, sum(r.counts.values()), r.digest)\n"
@@ -111,7 +112,8 @@ def main() -> None:
             ours.append(rate)
             digests.add(digest)
             print(
-                f"dualhub run {i}: {wall:.1f} s, {rate:,.0f} snapshots/s, peak RSS {rss:,.0f} MB, {events:,} events out"
+                f"dualhub run {i}: {wall:.1f} s, {rate:,.0f} snapshots/s, "
+                f"peak RSS {rss:,.0f} MB, {events:,} events out"
             )
             if args.hbt_python:
                 r = run_hbt(args.hbt_python, args.data)
@@ -120,7 +122,8 @@ def main() -> None:
                     print(f"hftbacktest run {i}: {r:,.0f} snapshots/s end to end")
         med = statistics.median(ours)
         print(
-            f"dualhub median: {med:,.0f} snapshots/s (fill model {args.fill_model}); digests identical: {len(digests) == 1}"
+            f"dualhub median: {med:,.0f} snapshots/s (fill model {args.fill_model}); "
+            f"digests identical: {len(digests) == 1}"
         )
         if theirs:
             ref = statistics.median(theirs)

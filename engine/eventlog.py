@@ -2,9 +2,9 @@
 
 The digest is sha256 over every emitted event in emit order (stream name, seq, and the event's
 fields as canonical JSON with sorted keys), so two runs agree on it exactly when they produced the
-same events in the same order. Events are buffered per stream and written as Parquet row groups every ``flush_rows`` events,
-so memory stays flat however long the run; flush points depend only on counts, so the bytes of the
-output files are as deterministic as the events.
+same events in the same order. Events are buffered per stream and written as Parquet row groups
+every ``flush_rows`` events, so memory stays flat however long the run; flush points depend only on
+counts, so the bytes of the output files are as deterministic as the events.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ stored as wide typed columns (``bid_px_0..14`` ...), never list columns.
 from __future__ import annotations
 
 import dataclasses
-from operator import attrgetter
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import IntEnum
+from operator import attrgetter
 from typing import Any, Final, TypeAlias
 
 import numpy as np
