@@ -83,10 +83,10 @@ def run_dualhub(session: Path, out: Path, fill_model: str) -> tuple[float, float
 def run_hbt(python: str, data: Path) -> float | None:
     script = SHARED_BENCH / "bench_hftbacktest.py"
     p = subprocess.run(
-        [python, str(script), "--runs", "1"],
+        [python, str(script), "--runs", "1", "--data", str(data)],
         capture_output=True,
         text=True,
-        env={"BENCH_DIR": str(data.parent), "PATH": "/usr/bin:/bin"},
+        env={"BENCH_DIR": str(data.parent), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
     )
     out = p.stdout + p.stderr
     m = re.search(r"end to end[^\n]*?([\d,]+)\s*snapshots/s", out)

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "replay.cli",
     "recorder.cli",
     "replay.kev_cli",
+    "replay.train_cli",
     "replay.tools_cli",
     "dualhub.doctor",
 )

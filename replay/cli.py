@@ -34,6 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", type=Path, help="Laya ONNX model (default data/models/laya-v0.onnx)")
     p.add_argument("--provider", choices=("auto", "cuda", "cpu"), default="auto", help="Laya provider")
     p.add_argument("--laya-mode", choices=("batch", "tick"), default="batch")
+    p.add_argument(
+        "--features",
+        choices=("v0", "v1"),
+        default="v0",
+        help="Laya features to compute: v0 (books15) or v1 (books15 + trades); the model must match",
+    )
     p.add_argument("--kev-lag-p5-ms", type=float, default=200.0)
     p.add_argument("--kev-lag-p95-ms", type=float, default=350.0)
     p.add_argument("--fill-model", choices=("touch", "through"), default="touch")
@@ -63,6 +69,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="DuckDB report over a run: labels, Kev lag and drops, risk rejections, fills, PnL, latency",
     )
     p.add_argument("run", type=Path, help="run directory written by `dualhub replay`")
+    p.add_argument(
+        "--html",
+        type=Path,
+        metavar="OUT.html",
+        help="also write the key plots and tables to one self-contained HTML file",
+    )
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser(
@@ -94,6 +106,7 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         model_path=args.model or DEFAULT_MODEL,
         laya_provider=args.provider,
         laya_mode=args.laya_mode,
+        laya_features=getattr(args, "features", "v0"),
         kev_lag_p5_ms=args.kev_lag_p5_ms,
         kev_lag_p95_ms=args.kev_lag_p95_ms,
         fill_model=args.fill_model,
@@ -136,6 +149,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from engine.report.report import print_report
 
     print_report(args.run)
+    if getattr(args, "html", None):
+        from engine.report.html import write_html
+
+        print(f"html report: {write_html(args.run, args.html)}")
     return 0
 
 

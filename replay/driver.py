@@ -12,7 +12,7 @@ import hashlib
 import math
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
 from engine.latency import LatencyModel, LognormalLatency, ScaledLatency, parse_latency
 from engine.laya.features import FEATURE_VERSION, features_v0, features_v0_batch
+from engine.laya.features_v1 import FeaturesV1, features_v1_batch
 from engine.laya.model import Laya, LayaConfig
 from engine.risk import RiskLimits
 from engine.store import SessionError, open_session, write_json
@@ -68,6 +69,7 @@ class ReplayConfig:
     model_path: Path = DEFAULT_MODEL
     laya_provider: str = "auto"
     laya_mode: str = "batch"  # "batch": features+inference over the whole session; "tick": per snapshot
+    laya_features: str = FEATURE_VERSION  # "v0" (books15) or "v1" (books15 + trades); the model must match
     # Latency models: "const:5ms", "lognormal:p5=2ms,p95=8ms" or "empirical:PATH" (see engine.latency).
     latency_laya: str = "const:200us"  # Laya compute: the label is an event at book receipt + this
     latency_order_entry: str = "const:5ms"  # local send -> exchange accepts
@@ -102,6 +104,8 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         if self.laya_mode not in ("batch", "tick"):
             raise DualhubError(f"laya_mode must be 'batch' or 'tick', not {self.laya_mode!r}")
+        if self.laya_features not in ("v0", "v1"):
+            raise DualhubError(f"laya_features must be 'v0' or 'v1', not {self.laya_features!r}")
         if self.fill_model not in FILL_MODELS:
             raise DualhubError(f"unknown fill model {self.fill_model!r}; known: {', '.join(FILL_MODELS)}")
         if self.kev_mode not in KEV_MODES:
@@ -162,8 +166,11 @@ class _BatchLabeler:
     """
 
     def __init__(self, seqs: np.ndarray, labels: np.ndarray, probs: np.ndarray, clock: ReplayClock) -> None:
-        # Book seqs are per stream across symbols, so one symbol's seqs can skip: look rows up by seq.
-        self.row = {int(s): i for i, s in enumerate(seqs.tolist())}
+        # Book seqs are per stream across symbols, so one symbol's seqs can skip: look rows up by seq
+        # (binary search over the sorted seqs; a dict of a million ints would cost ~100 MB).
+        if len(seqs) > 1 and not bool(np.all(np.diff(seqs) > 0)):
+            raise ValueError("book seqs must be strictly increasing within a session stream")
+        self.seqs = np.asarray(seqs, dtype=np.int64)
         self.labels, self.probs, self.clock = labels, probs, clock
 
     def __call__(self, book: BookSnapshot) -> tuple[int, np.ndarray]:
@@ -171,7 +178,9 @@ class _BatchLabeler:
             raise LookAheadError(
                 f"label of book seq {book.seq} asked at {self.clock.now_ns()} < {book.ts_recv}"
             )
-        i = self.row[book.seq]
+        i = int(np.searchsorted(self.seqs, book.seq))
+        if i >= len(self.seqs) or self.seqs[i] != book.seq:
+            raise KeyError(f"book seq {book.seq} is not in this session")
         return int(self.labels[i]), self.probs[i]
 
 
@@ -179,11 +188,44 @@ class LookAheadError(RuntimeError):
     """A component asked for data it could not have seen yet (``ts_recv > now``)."""
 
 
+def _batch_v0(laya: Laya, books: pa.Table, chunk_rows: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
+    """Features v0 and inference over the session in chunks, so only labels and probabilities stay in
+    memory (a 1M-row feature matrix alone would be 512 MB)."""
+    labels, probs = [], []
+    for start in range(0, books.num_rows, chunk_rows):
+        lab, pr = laya.predict_batch(features_v0_batch(books.slice(start, chunk_rows)))
+        labels.append(lab.astype(np.int8))
+        probs.append(pr.astype(np.float32))
+    return np.concatenate(labels), np.concatenate(probs)
+
+
 def _tick_labeler(laya: Laya) -> Callable[[BookSnapshot], tuple[int, np.ndarray]]:
     buf = np.zeros(128, dtype=np.float32)
 
     def label(book: BookSnapshot) -> tuple[int, np.ndarray]:
         return laya.predict(features_v0(book, out=buf))
+
+    return label
+
+
+def _v1_labeler(
+    laya: Laya, mode: str, books: pa.Table, trades: pa.Table, tape: _Tape, clock: ReplayClock
+) -> Callable[[BookSnapshot], tuple[int, np.ndarray]]:
+    """Features v1 (books15 + the trades received strictly before each book, on the replay's local
+    timeline): all at once (batch) or per snapshot (tick); bit-identical either way."""
+    if mode == "batch":
+        x = features_v1_batch(books, trades, book_ts_recv=tape.b_loc, trade_ts_recv=tape.t_loc)
+        labels, probs = laya.predict_batch(x)
+        return _BatchLabeler(tape.b_seq, labels, probs, clock)
+    order = np.lexsort((tape.t_seq, tape.t_loc)).tolist()  # the order the engine receives trades in
+    state, buf, fed = FeaturesV1(), np.zeros(laya.n_features, dtype=np.float32), 0
+
+    def label(book: BookSnapshot) -> tuple[int, np.ndarray]:
+        nonlocal fed
+        while fed < len(order) and tape.t_loc[order[fed]] < book.ts_recv:
+            state.on_trade(tape.trade(order[fed]))
+            fed += 1
+        return laya.predict(state.features(book, out=buf))
 
     return label
 
@@ -206,10 +248,11 @@ class _Tape:
         self.b_seq = _col(books, "seq", "int64")
         self.b_evt = _col(books, "ts_event", "int64")
         self.b_exch_seq = _col(books, "exch_seq", "int64")
-        self.sides = [
-            np.column_stack([_col(books, f"{side}_{i}") for i in range(15)])
-            for side in ("bid_px", "bid_sz", "ask_px", "ask_sz")
-        ]
+        # Book levels stay in the Arrow table; (chunk x 15) arrays per side are built on demand.
+        self._books = books.select(
+            [f"{s}_{i}" for s in ("bid_px", "bid_sz", "ask_px", "ask_sz") for i in range(15)]
+        )
+        self._chunks: dict[int, list[np.ndarray]] = {}
         self.t_seq = _col(trades, "seq", "int64")
         self.t_evt = _col(trades, "ts_event", "int64")
         self.t_px = _col(trades, "px")
@@ -230,7 +273,7 @@ class _Tape:
             recv = evt + np.rint((recv - evt) * scale).astype(np.int64)
         return recv
 
-    def order(self) -> tuple[list[int], list[int], list[int], list[int]]:
+    def order(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The merged walk: (ts, priority, kind, row), sorted by (ts, priority, stream seq).
 
         kind 0/1 = book/trade at the exchange, 2/3 = book/trade at the engine.
@@ -249,20 +292,37 @@ class _Tape:
         kind = np.concatenate([np.zeros(nb), np.ones(nt), np.full(nb, 2), np.full(nt, 3)]).astype(np.int64)
         row = np.concatenate([np.arange(nb), np.arange(nt), np.arange(nb), np.arange(nt)])
         o = np.lexsort((seq, prio, ts))
-        return ts[o].tolist(), prio[o].tolist(), kind[o].tolist(), row[o].tolist()
+        return ts[o], prio[o].astype(np.int8), kind[o].astype(np.int8), row[o]
+
+    _CHUNK_BITS = 14  # 16 384 books per chunk
+
+    def _sides(self, i: int) -> list[np.ndarray]:
+        c = i >> self._CHUNK_BITS
+        sides = self._chunks.get(c)
+        if sides is None:
+            if len(self._chunks) >= 4:  # the walk moves forward: drop the oldest chunk
+                del self._chunks[min(self._chunks)]
+            size = 1 << self._CHUNK_BITS
+            part = self._books.slice(c * size, size)
+            sides = self._chunks[c] = [
+                np.column_stack([_col(part, f"{side}_{k}") for k in range(15)])
+                for side in ("bid_px", "bid_sz", "ask_px", "ask_sz")
+            ]
+        return sides
 
     def book(self, i: int) -> BookSnapshot:
-        bp, bs, ap, as_ = self.sides
+        bp, bs, ap, as_ = self._sides(i)
+        j = i & ((1 << self._CHUNK_BITS) - 1)
         return BookSnapshot(
             ts_event=int(self.b_evt[i]),
             ts_recv=int(self.b_loc[i]),
             seq=int(self.b_seq[i]),
             symbol=self.symbol,
             exch_seq=int(self.b_exch_seq[i]),
-            bid_px=tuple(bp[i].tolist()),
-            bid_sz=tuple(bs[i].tolist()),
-            ask_px=tuple(ap[i].tolist()),
-            ask_sz=tuple(as_[i].tolist()),
+            bid_px=tuple(bp[j].tolist()),
+            bid_sz=tuple(bs[j].tolist()),
+            ask_px=tuple(ap[j].tolist()),
+            ask_sz=tuple(as_[j].tolist()),
         )
 
     def trade(self, i: int) -> Trade:
@@ -347,8 +407,17 @@ def _kev_backend(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBack
     )
 
 
+def _walk(*cols: np.ndarray, chunk: int = 65_536) -> Iterator[tuple[int, ...]]:
+    """Rows of the merge order as Python ints, converted a chunk at a time (flat memory)."""
+    for start in range(0, len(cols[0]), chunk):
+        yield from zip(*(c[start : start + chunk].tolist() for c in cols), strict=True)
+
+
 def _for_symbol(table: pa.Table, symbol: str) -> pa.Table:
-    return table.filter(pc.equal(table.column("symbol"), symbol))
+    mask = pc.equal(table.column("symbol"), symbol)
+    if pc.all(mask).as_py() is not False:  # one-symbol session: no copy (a 1M-book filter is ~500 MB)
+        return table
+    return table.filter(mask)
 
 
 def run_replay(
@@ -382,19 +451,21 @@ def run_replay(
     tape = _Tape(book_table, trade_table, feed, cfg.scale_feed)
     n_books, n_trades = book_table.num_rows, trade_table.num_rows
 
-    laya = Laya(LayaConfig(model_path=Path(cfg.model_path), provider=cfg.laya_provider))
-    if laya.feature_version != FEATURE_VERSION:
-        raise DualhubError(
-            f"model {cfg.model_path} uses features {laya.feature_version}, "
-            f"this engine computes {FEATURE_VERSION}"
+    # Laya refuses a model trained on other features than the replay computes (cfg.laya_features).
+    laya = Laya(
+        LayaConfig(
+            model_path=Path(cfg.model_path), provider=cfg.laya_provider, feature_version=cfg.laya_features
         )
+    )
     ts, prio, kind, row = tape.order()
-    clock = ReplayClock(start_ns=ts[0])
-    if cfg.laya_mode == "batch":
-        labels, probs = laya.predict_batch(features_v0_batch(book_table))
-        labeler: Callable[[BookSnapshot], tuple[int, np.ndarray]] = _BatchLabeler(
-            tape.b_seq, labels, probs, clock
+    clock = ReplayClock(start_ns=int(ts[0]))
+    if cfg.laya_features == "v1":
+        labeler: Callable[[BookSnapshot], tuple[int, np.ndarray]] = _v1_labeler(
+            laya, cfg.laya_mode, book_table, trade_table, tape, clock
         )
+    elif cfg.laya_mode == "batch":
+        labels, probs = _batch_v0(laya, book_table)
+        labeler = _BatchLabeler(tape.b_seq, labels, probs, clock)
     else:
         labeler = _tick_labeler(laya)
     del book_table, trade_table
@@ -446,7 +517,7 @@ def run_replay(
     next_key = clock.next_key
     pop_next = clock.pop_next
     try:
-        for j, (t, p, k, i) in enumerate(zip(ts, prio, kind, row, strict=True)):
+        for j, (t, p, k, i) in enumerate(_walk(ts, prio, kind, row)):
             # Timers (priority >= 40) at the same timestamp come after market data (priority < 40).
             while (tk := next_key()) is not None and (tk[0] < t or (tk[0] == t and tk[1] < p)):
                 pop_next()[1]()

@@ -1,7 +1,8 @@
 """Laya, the fast model: an ONNX classifier run on every book snapshot.
 
-:class:`Laya` loads an ONNX file, checks that it fits this engine (input float32 ``[N, 128]``, a
-label output and a 4-class probability output, ``feature_version`` and ``label_map`` metadata),
+:class:`Laya` loads an ONNX file, checks that it fits this engine (``feature_version`` metadata equal
+to the version the caller computes, input float32 ``[N, n_features]`` of that version (v0: 128,
+v1: 36), a label output and a 4-class probability output, ``label_map`` metadata),
 creates the ONNX Runtime session on the provider asked for, reports the provider that is actually
 active, and warms up. Every problem with the file is a :class:`LayaModelError` with a message that
 names it, never a raw ONNX Runtime traceback.
@@ -32,6 +33,7 @@ import onnxruntime as ort
 
 from engine.errors import DualhubError
 from engine.events import Label
+from engine.laya import features_v1
 from engine.laya.features import FEATURE_VERSION, N_FEATURES
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ EXPECTED_LABEL_MAP: Final = {int(lab): lab.name for lab in Label}
 BATCH_CHUNK_ROWS: Final = 1024
 _LABEL_OUTPUT_NAMES: Final = ("label", "output_label")
 _PROBS_OUTPUT_NAMES: Final = ("probabilities", "output_probability", "probs")
+# Feature versions this engine can compute, and their row width.
+FEATURE_SIZES: Final = {FEATURE_VERSION: N_FEATURES, features_v1.FEATURE_VERSION: features_v1.N_FEATURES}
 
 
 class LayaModelError(DualhubError, ValueError):
@@ -60,6 +64,8 @@ class LayaConfig:
     :class:`LayaModelError`), ``"cpu"``. ``gpu_mem_limit_bytes`` caps the CUDA arena.
     ``intra_op_threads``: ONNX Runtime threads per run (1 suits a tiny per-tick model).
     ``warmup_runs``: tick-path runs on load; the first is timed apart from the rest.
+    ``feature_version``: the features the caller computes (:data:`FEATURE_SIZES`); a model trained
+    on any other version is refused.
     """
 
     model_path: Path
@@ -67,6 +73,7 @@ class LayaConfig:
     gpu_mem_limit_bytes: int = 2 << 30
     intra_op_threads: int = 1
     warmup_runs: int = 20
+    feature_version: str = FEATURE_VERSION
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDER_CHOICES:
@@ -77,6 +84,10 @@ class LayaConfig:
             raise ValueError(f"intra_op_threads must be >= 1, got {self.intra_op_threads}")
         if self.warmup_runs < 1:
             raise ValueError(f"warmup_runs must be >= 1, got {self.warmup_runs}")
+        if self.feature_version not in FEATURE_SIZES:
+            raise ValueError(
+                f"feature_version must be one of {sorted(FEATURE_SIZES)}, got {self.feature_version!r}"
+            )
 
 
 @functools.cache
@@ -172,10 +183,11 @@ class Laya:
             )
             log.warning("Laya %s: %s", path.name, self.fallback_reason)
 
-        self._validate_io()
         meta = self._session.get_modelmeta()
         self.metadata: dict[str, str] = dict(meta.custom_metadata_map)
         self.feature_version: str = self._validate_feature_version()
+        self.n_features: int = FEATURE_SIZES[self.feature_version]
+        self._validate_io()
         self.label_map: dict[int, str] = self._validate_label_map()
 
         # The tick path feeds two rows (the features, then zeros) and keeps row 0: ONNX Runtime's
@@ -183,7 +195,7 @@ class Laya:
         # in the last bits; with two rows (and batches cut at BATCH_CHUNK_ROWS), predict() is
         # bit-identical to predict_batch() on CPU (checked in tests/test_laya.py), so tick and
         # batch replays agree. Costs ~0.6 us per tick.
-        self._x = np.zeros((2, N_FEATURES), dtype=np.float32)
+        self._x = np.zeros((2, self.n_features), dtype=np.float32)
         self._feeds = {self._input_name: self._x}
         self._run = self._session.run
         self.warmup_first_ms, self.warmup_steady_ms = self._warm_up(config.warmup_runs)
@@ -213,18 +225,18 @@ class Laya:
         inp = inputs[0]
         if inp.type != "tensor(float)":
             raise LayaModelError(
-                f"model input {inp.name!r} is {inp.type}; features {FEATURE_VERSION} are float32"
+                f"model input {inp.name!r} is {inp.type}; features {self.feature_version} are float32"
             )
         shape = list(inp.shape)
-        if len(shape) != 2 or shape[1] != N_FEATURES:
+        if len(shape) != 2 or shape[1] != self.n_features:
             raise LayaModelError(
                 f"model input shape {_shape_str(shape)} does not match "
-                f"features {FEATURE_VERSION} ({N_FEATURES})"
+                f"features {self.feature_version} ({self.n_features})"
             )
         if isinstance(shape[0], int):
             raise LayaModelError(
                 f"model input shape {_shape_str(shape)} has a fixed batch dimension; "
-                f"Laya needs [None, {N_FEATURES}]"
+                f"Laya needs [None, {self.n_features}]"
             )
         self._input_name: str = inp.name
 
@@ -258,11 +270,18 @@ class Laya:
         version = self.metadata.get("feature_version")
         if version is None:
             raise LayaModelError(
-                f"model metadata has no 'feature_version' (this engine computes features {FEATURE_VERSION})"
+                "model metadata has no 'feature_version' "
+                f"(this engine computes features {self.config.feature_version})"
             )
-        if version != FEATURE_VERSION:
+        if version != self.config.feature_version:
+            hint = (
+                f" (compute {version} instead: `dualhub replay --features {version}`)"
+                if version in FEATURE_SIZES
+                else f" (known feature versions: {', '.join(sorted(FEATURE_SIZES))})"
+            )
             raise LayaModelError(
-                f"model was trained on features {version!r} but this engine computes {FEATURE_VERSION!r}"
+                f"model was trained on features {version!r} but this engine computes "
+                f"{self.config.feature_version!r}{hint}"
             )
         return version
 
@@ -291,7 +310,7 @@ class Laya:
                 label, probs = self._run(self._output_names, self._feeds)
                 times_ms.append((time.perf_counter_ns() - t0) / 1e6)
             batch_labels, batch_probs = self._run(
-                self._output_names, {self._input_name: np.zeros((3, N_FEATURES), dtype=np.float32)}
+                self._output_names, {self._input_name: np.zeros((3, self.n_features), dtype=np.float32)}
             )
         except Exception as e:
             raise LayaModelError(f"model failed on a warm-up run: {_short(e)}") from None
@@ -311,17 +330,17 @@ class Laya:
     # -- inference ----------------------------------------------------------------------------
 
     def predict(self, features: np.ndarray) -> tuple[int, np.ndarray]:
-        """One feature row ``(128,)`` -> (label id, probabilities ``(4,)`` float32). The tick path."""
-        if features.shape != (N_FEATURES,):
-            raise ValueError(f"features must have shape ({N_FEATURES},), got {features.shape}")
+        """One feature row ``(n_features,)`` -> (label id, probabilities ``(4,)`` float32). The tick path."""
+        if features.shape != (self.n_features,):
+            raise ValueError(f"features must have shape ({self.n_features},), got {features.shape}")
         self._x[0] = features
         label, probs = self._run(self._output_names, self._feeds)
         return int(label[0]), probs[0]
 
     def predict_batch(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows ``(n, 128)`` -> (labels int64 ``(n,)``, probabilities ``(n, 4)`` float32)."""
-        if X.ndim != 2 or X.shape[1] != N_FEATURES:
-            raise ValueError(f"X must have shape (n, {N_FEATURES}), got {X.shape}")
+        """Rows ``(n, n_features)`` -> (labels int64 ``(n,)``, probabilities ``(n, 4)`` float32)."""
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise ValueError(f"X must have shape (n, {self.n_features}), got {X.shape}")
         if X.shape[0] == 0:
             return np.empty(0, dtype=np.int64), np.empty((0, N_CLASSES), dtype=np.float32)
         x = np.ascontiguousarray(X, dtype=np.float32)
@@ -344,7 +363,7 @@ class Laya:
             "model_path": str(self.model_path),
             "model_sha256": self.model_sha256,
             "feature_version": self.feature_version,
-            "n_features": N_FEATURES,
+            "n_features": self.n_features,
             "label_map": {str(k): v for k, v in self.label_map.items()},
             "provider_config": self.config.provider,
             "requested_providers": list(self.requested_providers),

@@ -197,23 +197,68 @@ def train_model(
     model to ``out_path`` atomically. ``metadata`` values (str, or JSON-encoded) go into the model's
     ``metadata_props`` beside the reserved keys (:data:`RESERVED_METADATA`). Returns training metrics.
     """
-    import onnx
-    import onnxruntime as ort
-    import skl2onnx
-    import sklearn
-    from skl2onnx import convert_sklearn
-    from skl2onnx.common.data_types import FloatTensorType
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import Pipeline
-    from sklearn.preprocessing import StandardScaler
-    from threadpoolctl import threadpool_limits
-
     clash = RESERVED_METADATA & set(metadata)
     if clash:
         raise ValueError(f"metadata keys {sorted(clash)} are written by train_model and cannot be set")
     X, y, excluded = build_training_set(
         tables, horizon_ns=horizon_ns, lean_bps=lean_bps, emergency_bps=emergency_bps
     )
+    return fit_export(
+        X,
+        y,
+        seed=seed,
+        out_path=out_path,
+        metadata=metadata,
+        feature_version=FEATURE_VERSION,
+        horizon_ns=horizon_ns,
+        thresholds={"emergency_bps": emergency_bps, "lean_bps": lean_bps},
+        class_weighting=class_weighting,
+        n_excluded=excluded,
+    )
+
+
+def make_classifier(y: np.ndarray, *, seed: int, class_weighting: str = "sqrt_balanced") -> Any:
+    """The estimator Laya is trained as: StandardScaler + multinomial lbfgs LogisticRegression, class
+    weights from ``y`` (:func:`class_weights`). Fit it under ``threadpool_limits(1)`` (see below)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    clf = LogisticRegression(
+        C=1.0, class_weight=class_weights(y, class_weighting), max_iter=2000, random_state=seed
+    )
+    return Pipeline([("scaler", StandardScaler()), ("clf", clf)])
+
+
+def fit_export(
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    seed: int,
+    out_path: Path,
+    metadata: dict[str, Any],
+    feature_version: str,
+    horizon_ns: int,
+    thresholds: dict[str, float],
+    class_weighting: str = "sqrt_balanced",
+    n_excluded: int = 0,
+) -> dict[str, Any]:
+    """Fit :func:`make_classifier` on features ``X`` (any width; ``feature_version`` names them) and
+    labels ``y``, export to ONNX with the reserved metadata (``thresholds`` is stored as given),
+    write ``out_path`` atomically. Returns in-sample metrics measured on the exported model."""
+    import onnx
+    import onnxruntime as ort
+    import skl2onnx
+    import sklearn
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType
+    from threadpoolctl import threadpool_limits
+
+    clash = RESERVED_METADATA & set(metadata)
+    if clash:
+        raise ValueError(f"metadata keys {sorted(clash)} are written by train_model and cannot be set")
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    y = np.asarray(y, dtype=np.int64)
     present = sorted(set(y.tolist()))
     if len(present) < 2:
         raise ValueError(
@@ -226,20 +271,19 @@ def train_model(
             f"training data has no rows of class(es) {missing}; use more data or lower thresholds"
         )
 
-    clf = LogisticRegression(
-        C=1.0, class_weight=class_weights(y, class_weighting), max_iter=2000, random_state=seed
-    )
-    pipe = Pipeline([("scaler", StandardScaler()), ("clf", clf)])
+    pipe = make_classifier(y, seed=seed, class_weighting=class_weighting)
+    clf = pipe.named_steps["clf"]
     # One BLAS/OpenMP thread: the fit's float results (and lbfgs's iteration count) depend on the
     # thread count, and several threads on a busy 2-core machine were ~100x slower.
     with threadpool_limits(limits=1):
         pipe.fit(X.astype(np.float64), y)
         sk_labels = pipe.predict(X.astype(np.float64))
 
+    n_features = int(X.shape[1])
     onx = convert_sklearn(
         pipe,
-        name=GRAPH_NAME,
-        initial_types=[(INPUT_NAME, FloatTensorType([None, N_FEATURES]))],
+        name=f"laya_{feature_version}",
+        initial_types=[(INPUT_NAME, FloatTensorType([None, n_features]))],
         target_opset=TARGET_OPSET,
         options={id(clf): {"zipmap": False}},
     )
@@ -248,11 +292,11 @@ def train_model(
     props.setdefault("producer", "engine.laya.training")
     props.update(
         {
-            "feature_version": FEATURE_VERSION,
-            "n_features": str(N_FEATURES),
+            "feature_version": feature_version,
+            "n_features": str(n_features),
             "label_map": json.dumps(LABEL_MAP, sort_keys=True),
             "horizon_ns": str(int(horizon_ns)),
-            "thresholds": json.dumps({"emergency_bps": emergency_bps, "lean_bps": lean_bps}, sort_keys=True),
+            "thresholds": json.dumps(thresholds, sort_keys=True),
             "training_data_sha256": data_sha,
             "seed": str(int(seed)),
             "class_weighting": class_weighting,
@@ -261,7 +305,8 @@ def train_model(
         }
     )
     onnx.helper.set_model_props(onx, dict(sorted(props.items())))
-    onx.doc_string = "Laya v0: books15 features -> HOLD/LEAN_BUY/LEAN_SELL/EMERGENCY"
+    inputs = "books15 features" if feature_version == FEATURE_VERSION else "books15 + trade features"
+    onx.doc_string = f"Laya {feature_version}: {inputs} -> HOLD/LEAN_BUY/LEAN_SELL/EMERGENCY"
     data = onx.SerializeToString(deterministic=True)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -278,7 +323,7 @@ def train_model(
     }
     return {
         "n_rows": int(len(y)),
-        "n_excluded_no_horizon": excluded,
+        "n_excluded_no_horizon": n_excluded,
         "class_counts": counts,
         "predicted_counts": predicted,
         "accuracy": float((onnx_labels == y).mean()),

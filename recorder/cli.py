@@ -1,0 +1,233 @@
+"""CLI: ``dualhub record``, ``dualhub recover``, ``dualhub serve`` and ``dualhub import``.
+
+``python -m recorder.cli ...`` runs the same subcommands without the rest of ``dualhub``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from engine.errors import DualhubError
+from engine.venues.bitget_v2 import INST_TYPE, WS_PUBLIC_URL
+
+
+def _csv(s: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in s.split(",") if x.strip())
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "record",
+        help="record Bitget v2 public channels into a session (raw journal first, then Parquet)",
+        description="Record Bitget v2 public WebSocket channels. Every frame goes to a compressed raw "
+        "journal first; Parquet is produced on rotation and at shutdown. Ctrl-C / SIGTERM stop cleanly.",
+    )
+    p.add_argument("--symbols", type=_csv, required=True, help="comma-separated, e.g. BTCUSDT,ETHUSDT")
+    p.add_argument("--channels", type=_csv, default=("books15", "trade"), help="default books15,trade")
+    p.add_argument("--out", required=True, help="session directory to create")
+    p.add_argument("--url", default=WS_PUBLIC_URL, help=f"default {WS_PUBLIC_URL}")
+    p.add_argument("--inst-type", default=INST_TYPE)
+    p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--flush-ms", type=int, default=200, help="journal flush interval (ms)")
+    p.add_argument("--rotate-s", type=float, default=900.0, help="journal segment age limit (s)")
+    p.add_argument("--rotate-mb", type=float, default=64.0, help="journal segment size limit (MB)")
+    p.add_argument("--ping-s", type=float, default=25.0, help="text ping interval (s)")
+    p.add_argument("--pong-timeout-s", type=float, default=10.0)
+    p.add_argument("--silence-s", type=float, default=30.0, help="drop a connection silent this long (s)")
+    p.add_argument("--silent-after-s", type=float, default=60.0, help="flag an acked arg with no data (s)")
+    p.add_argument("--max-channels", type=int, default=50, help="channels per connection (<= 50)")
+    p.add_argument("--backoff-s", type=float, default=1.0, help="initial reconnect backoff (s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the backoff jitter")
+    p.add_argument("--no-status", action="store_true", help="no live status line")
+    p.set_defaults(func=cmd_record)
+
+    p = subparsers.add_parser(
+        "recover", help="turn an interrupted recording's journal into a finished session"
+    )
+    p.add_argument("dir")
+    p.set_defaults(func=cmd_recover)
+
+    p = subparsers.add_parser(
+        "serve",
+        help="run the local Bitget v2 protocol server (from a session, the simulator or a toy feed)",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--session", help="stream a stored session's books15/trade")
+    src.add_argument("--simulate", action="store_true", help="stream replay.simulator frames")
+    src.add_argument("--toy", type=int, metavar="N", help="stream N steps of a built-in toy feed")
+    p.add_argument("--symbols", type=_csv, default=("BTCUSDT",))
+    p.add_argument("--minutes", type=float, default=5.0, help="simulator length")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--speed", type=float, default=1.0, help="time acceleration; 0 = as fast as read")
+    p.add_argument("--port", type=int, default=0, help="0 = any free port (printed)")
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="kind[@frame][:conn=N|all][:duration=S][:count=N][:code=X], repeatable",
+    )
+    p.add_argument("--no-checksum", action="store_true", help="books without checksum (as v2 futures)")
+    p.add_argument("--exit-when-done", action="store_true", help="exit once the source is exhausted")
+    p.set_defaults(func=cmd_serve)
+
+    p = subparsers.add_parser("import", help="import real recorded data into a session")
+    isub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
+    q = isub.add_parser("binance-futures", help="Binance USD-M raw feed (<local_ts_ns> <json> lines, .gz ok)")
+    q.add_argument("file")
+    q.add_argument("--out", required=True)
+    q.add_argument("--interval-ms", type=int, default=100, help="book snapshot interval (exchange time)")
+    q.set_defaults(func=cmd_import_binance)
+    q = isub.add_parser("bitget-v1", help="Bitget v1 websocket capture (cryptofeed sample format)")
+    q.add_argument("file")
+    q.add_argument("--out", required=True)
+    q.set_defaults(func=cmd_import_bitget_v1)
+
+
+def cmd_record(a: argparse.Namespace) -> int:
+    from recorder.connection import ConnectionConfig
+    from recorder.record import RecordConfig, print_summary, run_record
+
+    try:
+        cfg = RecordConfig(
+            out=a.out,
+            symbols=a.symbols,
+            channels=a.channels,
+            inst_type=a.inst_type,
+            duration_s=a.duration,
+            flush_interval_ms=a.flush_ms,
+            rotate_s=a.rotate_s,
+            rotate_bytes=int(a.rotate_mb * (1 << 20)),
+            max_channels_per_conn=a.max_channels,
+            seed=a.seed,
+            status=not a.no_status and sys.stderr.isatty(),
+            connection=ConnectionConfig(
+                url=a.url,
+                ping_interval_s=a.ping_s,
+                pong_timeout_s=a.pong_timeout_s,
+                silence_limit_s=a.silence_s,
+                silent_after_s=a.silent_after_s,
+                backoff_initial_s=a.backoff_s,
+                watchdog_tick_s=min(0.5, a.silence_s / 4, a.pong_timeout_s / 4),
+            ),
+        )
+    except ValueError as e:
+        raise DualhubError(str(e)) from None
+    manifest = run_record(cfg)
+    print_summary(manifest)
+    print(a.out)
+    return 0
+
+
+def cmd_recover(a: argparse.Namespace) -> int:
+    from recorder.record import print_summary
+    from recorder.recover import recover
+
+    manifest = recover(a.dir)
+    print_summary(manifest)
+    print(a.dir)
+    return 0
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from replay.bitget_server import BitgetServer, Fault, session_frames, simulator_frames, toy_frames
+
+    try:
+        faults = [Fault.parse(s) for s in a.fault]
+    except ValueError as e:
+        raise DualhubError(f"bad --fault: {e}") from None
+    symbols: set[str] | None = set(a.symbols)
+    if a.session:
+        source: Any = session_frames(a.session)
+        symbols = None
+    elif a.simulate:
+        source = simulator_frames(a.symbols, minutes=a.minutes, seed=a.seed)
+    else:
+        source = toy_frames(a.symbols, n=a.toy, seed=a.seed)
+
+    async def main() -> None:
+        srv = BitgetServer(
+            source,
+            speed=a.speed,
+            faults=faults,
+            symbols=symbols,
+            port=a.port,
+            books_checksum=not a.no_checksum,
+            seed=a.seed,
+            keep_frames=False,
+        )
+        await srv.start()
+        print(f"listening {srv.url}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        waits = [asyncio.create_task(stop.wait())]
+        if a.exit_when_done:
+            waits.append(asyncio.create_task(srv.finished.wait()))
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        await srv.stop()
+        print(f"sent {srv.sent_count} frames on {srv.connections} connections", file=sys.stderr)
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_import_binance(a: argparse.Namespace) -> int:
+    from recorder.importers.binance_usdm import import_binance_usdm
+
+    m = import_binance_usdm(a.file, a.out, interval_ms=a.interval_ms)
+    imp = m["import"]
+    streams = ", ".join(f"{k} {v['rows']}" for k, v in m["streams"].items())
+    print(f"imported {streams}; gaps {imp['gaps']}; crossed books {imp['crossed']}", file=sys.stderr)
+    print(a.out)
+    return 0
+
+
+def cmd_import_bitget_v1(a: argparse.Namespace) -> int:
+    from recorder.importers.bitget_v1 import import_bitget_v1
+
+    m = import_bitget_v1(a.file, a.out)
+    streams = ", ".join(f"{k} {v['rows']}" for k, v in m["streams"].items())
+    imp = m["import"]
+    print(
+        f"imported {streams}; checksums verified {imp['checksums_verified']};"
+        f" book faults {len(imp['book_faults'])}",
+        file=sys.stderr,
+    )
+    print(a.out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m recorder.cli``: these subcommands alone (same behaviour as under ``dualhub``)."""
+    import logging
+
+    parser = argparse.ArgumentParser(prog="recorder")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args) or 0)
+    except DualhubError as e:
+        print(f"{args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

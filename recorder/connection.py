@@ -1,0 +1,592 @@
+"""One Bitget v2 public WebSocket connection that survives the network.
+
+* Connect/reconnect is the ``websockets`` iterator (``async for ws in connect(...)``) with our own
+  pure retry policy :func:`retryable` and our own backoff generator (:func:`backoff_delays`, jitter
+  from a seeded ``random.Random``). The library's backoff only covers failed connects; a dropped
+  connection reconnects at once unless it lived less than ``min_stable_s``, in which case it waits a
+  backoff delay too. Every attempt counts against Bitget's 300 connection attempts per 5 minutes
+  (:class:`SlidingWindow`).
+* Keepalive is Bitget's text ``ping`` every ``ping_interval_s`` (protocol pings are off); ``pong``
+  is checked before any JSON parsing. A monotonic-clock watchdog drops the connection when nothing
+  at all arrives for ``silence_limit_s`` or a ``pong`` is ``pong_timeout_s`` late.
+* Raw first: every received frame goes to the journal with its receive time before it is looked at.
+* Our own sends are rate limited (``max_msgs_per_s`` per sliding ``send_window_s``), subscribe args
+  are split into requests of at most 4096 bytes, and every disconnect opens a gap (journal ``META``
+  ``gap_open``) for each subscribed arg, closed by the arg's next subscribe ack (``gap_close``).
+* ``books``: the local book is applied live (``seq``/``pseq`` and the checksum where present); a
+  broken book opens a gap and resubscribes that arg (unsubscribe + subscribe -> a fresh snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+import websockets
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
+
+from engine.venues.bitget_v2 import PONG, subscribe_request
+from engine.venues.bitget_v2_books import BookError, BooksState
+from recorder.journal import JournalWriter
+
+log = logging.getLogger(__name__)
+
+MAX_SUBSCRIBE_ARGS_BYTES: Final = 4096
+MAX_CHANNELS_PER_CONNECTION: Final = 50
+REJECTING_CODES: Final = frozenset({30001, 30016})  # the arg itself is wrong: do not resubscribe it
+
+ArgKey = tuple[str, str]  # (channel, instId)
+
+
+# ---------------------------------------------------------------- pure policy pieces
+
+
+def retryable(exc: BaseException) -> bool:
+    """True if a failed connect is worth retrying (network trouble, 5xx, 429); False if fatal."""
+    if isinstance(exc, InvalidStatus):
+        status = exc.response.status_code
+        return status >= 500 or status in (408, 429)
+    if isinstance(exc, InvalidURI):
+        return False
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return False
+    if isinstance(exc, OSError | EOFError | TimeoutError | asyncio.TimeoutError):
+        return True
+    if isinstance(exc, websockets.ConnectionClosed | InvalidHandshake):
+        return True  # InvalidMessage (peer hung up during the handshake), bad headers from a proxy
+    return False
+
+
+def backoff_delays(
+    rng: random.Random, *, initial_s: float = 1.0, max_s: float = 60.0, factor: float = 2.0
+) -> Iterator[float]:
+    """Exponential backoff with "equal jitter": the k-th delay is uniform in [d/2, d], d = initial * factor^k
+    (capped at ``max_s``). Seeded by the caller's ``rng``, so a run's delays are reproducible."""
+    d = initial_s
+    while True:
+        yield rng.uniform(d / 2, d)
+        d = min(max_s, d * factor)
+
+
+class SlidingWindow:
+    """At most ``limit`` events in any ``window_s``; pure (the caller passes the time)."""
+
+    def __init__(self, limit: int, window_s: float) -> None:
+        if limit < 1 or window_s <= 0:
+            raise ValueError(f"limit {limit} and window_s {window_s} must be positive")
+        self.limit = limit
+        self.window_s = window_s
+        self._times: deque[float] = deque()
+
+    def wait_s(self, now_s: float) -> float:
+        """Seconds to wait before one more event is allowed at ``now_s``."""
+        while self._times and now_s - self._times[0] >= self.window_s:
+            self._times.popleft()
+        if len(self._times) < self.limit:
+            return 0.0
+        return self._times[0] + self.window_s - now_s
+
+    def record(self, now_s: float) -> None:
+        self._times.append(now_s)
+
+    async def acquire(self, clock: Callable[[], float] = time.monotonic) -> None:
+        while (w := self.wait_s(clock())) > 0:
+            await asyncio.sleep(w)
+        self.record(clock())
+
+
+def shard_args(
+    args: Sequence[Mapping[str, str]], max_per_conn: int = MAX_CHANNELS_PER_CONNECTION
+) -> list[list[dict[str, str]]]:  # noqa: E501
+    """Split args over connections, at most ``max_per_conn`` each, keeping a symbol's channels together
+    where possible (args are grouped by instId, then packed in order)."""
+    if max_per_conn < 1:
+        raise ValueError("max_per_conn must be >= 1")
+    ordered = sorted((dict(a) for a in args), key=lambda a: (a["instId"], a["channel"]))
+    return [ordered[i : i + max_per_conn] for i in range(0, len(ordered), max_per_conn)]
+
+
+def chunk_subscribe(
+    args: Sequence[Mapping[str, str]], max_args_bytes: int = MAX_SUBSCRIBE_ARGS_BYTES
+) -> list[list[dict[str, str]]]:
+    """Group args into requests whose serialised ``args`` stay within ``max_args_bytes``."""
+    out: list[list[dict[str, str]]] = []
+    cur: list[dict[str, str]] = []
+    size = 2  # "[]"
+    for a in args:
+        n = len(orjson.dumps(a)) + 1
+        if cur and size + n > max_args_bytes:
+            out.append(cur)
+            cur, size = [], 2
+        cur.append(dict(a))
+        size += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def arg_key(a: Mapping[str, Any]) -> ArgKey:
+    return (str(a.get("channel", "")), str(a.get("instId", "")))
+
+
+def peek_arg(raw: bytes) -> dict[str, Any] | None:
+    """The ``arg`` object of a data push without parsing the whole frame (``arg`` has no nesting)."""
+    i = raw.find(b'"arg":')
+    if i < 0 or i > 64:
+        return None
+    j = raw.find(b"}", i)
+    if j < 0:
+        return None
+    try:
+        a = orjson.loads(raw[i + 6 : j + 1])
+    except orjson.JSONDecodeError:
+        return None
+    return a if isinstance(a, dict) else None
+
+
+# ---------------------------------------------------------------- config and state
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionConfig:
+    url: str
+    ping_interval_s: float = 25.0
+    pong_timeout_s: float = 10.0
+    silence_limit_s: float = 30.0
+    watchdog_tick_s: float = 0.5
+    open_timeout_s: float = 10.0
+    close_timeout_s: float = 2.0
+    max_msgs_per_s: int = 10
+    send_window_s: float = 1.1  # a little over 1 s so the server's window never sees 11
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    backoff_factor: float = 2.0
+    min_stable_s: float = 5.0
+    max_connect_attempts: int = 300
+    max_subscriptions_per_hour: int = 240
+    connect_window_s: float = 300.0
+    silent_after_s: float = 60.0
+    max_frame_bytes: int = 16 << 20
+    max_queue: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in (
+            "ping_interval_s",
+            "pong_timeout_s",
+            "silence_limit_s",
+            "watchdog_tick_s",
+            "send_window_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(slots=True)
+class ArgState:
+    arg: dict[str, str]
+    acked_ns: int = 0
+    frames: int = 0
+    first_ns: int = 0
+    last_ns: int = 0
+    rejected: str = ""  # error code/msg when the exchange refused the arg
+    silent_flagged: bool = False
+
+
+@dataclass(slots=True)
+class ConnStats:
+    frames: int = 0
+    bytes: int = 0
+    by_channel: dict[str, int] = field(default_factory=dict)
+    connects: int = 0
+    failed_connects: int = 0
+    disconnects: int = 0
+    gaps: int = 0
+    book_faults: int = 0
+    quarantined_live: int = 0
+    errors: int = 0
+    up: bool = False
+    fatal: str = ""
+
+
+class Connection:
+    """One shard of args on one WebSocket, reconnecting until :meth:`stop`."""
+
+    def __init__(
+        self,
+        conn_id: int,
+        args: Sequence[Mapping[str, str]],
+        journal: JournalWriter,
+        config: ConnectionConfig,
+        *,
+        rng: random.Random,
+        attempts: SlidingWindow,
+        wall_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        if len(args) > MAX_CHANNELS_PER_CONNECTION:
+            raise ValueError(f"{len(args)} args on one connection; Bitget recommends < 50 (shard them)")
+        self.conn_id = conn_id
+        self.cfg = config
+        self.journal = journal
+        self.rng = rng
+        self.attempts = attempts
+        self.wall_ns = wall_ns
+        self.args: dict[ArgKey, ArgState] = {arg_key(a): ArgState(dict(a)) for a in args}
+        self.stats = ConnStats()
+        self.open_gaps: dict[ArgKey, tuple[int, str]] = {}
+        self._stopping = False
+        self._ws: ClientConnection | None = None
+        self._limiter = SlidingWindow(config.max_msgs_per_s, config.send_window_s)
+        self._sub_budget = SlidingWindow(config.max_subscriptions_per_hour, 3600.0)
+        self._drop_delays: Iterator[float] | None = None
+        self._books = BooksState()
+        self._last_rx_ns = 0
+        self._last_rx_mono = 0.0
+        self._ping_sent_mono: float | None = None
+        self._close_reason = ""
+        self._send_tasks: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------ journal helpers
+
+    def _meta(self, obj: dict[str, Any], ts_ns: int | None = None) -> None:
+        self.journal.meta(self.wall_ns() if ts_ns is None else ts_ns, self.conn_id, obj)
+
+    def open_gap(self, key: ArgKey, start_ns: int, reason: str) -> None:
+        if key in self.open_gaps:
+            return
+        self.open_gaps[key] = (start_ns, reason)
+        self.stats.gaps += 1
+        self._meta(
+            {"t": "gap_open", "channel": key[0], "instId": key[1], "start_ns": start_ns, "reason": reason}
+        )
+
+    def close_gap(self, key: ArgKey, end_ns: int, how: str = "resubscribed") -> None:
+        if self.open_gaps.pop(key, None) is None:
+            return
+        self._meta({"t": "gap_close", "channel": key[0], "instId": key[1], "end_ns": end_ns, "how": how})
+
+    # ------------------------------------------------------------ retry plumbing
+
+    def _process_exception(self, exc: Exception) -> Exception | None:
+        self.attempts.record(time.monotonic())
+        self.stats.failed_connects += 1
+        ok = retryable(exc)
+        self._meta({"t": "connect_failed", "error": f"{type(exc).__name__}: {exc}"[:300], "retry": ok})
+        log.info("conn %d: connect failed (%s): %s", self.conn_id, "retry" if ok else "fatal", exc)
+        return None if ok else exc
+
+    def _reconnect_delays(self) -> Generator[float, None, None]:
+        for d in backoff_delays(
+            self.rng,
+            initial_s=self.cfg.backoff_initial_s,
+            max_s=self.cfg.backoff_max_s,
+            factor=self.cfg.backoff_factor,
+        ):
+            yield max(d, self.attempts.wait_s(time.monotonic()))
+
+    # ------------------------------------------------------------ main loop
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._ws is not None:
+            self._close_reason = self._close_reason or "stop"
+            self._ws.transport.abort()
+
+    async def run(self) -> None:
+        """Connect, subscribe, read; reconnect on any drop until stopped. Never raises for network faults."""
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a fatal (non-retryable) connect error: reported, not hidden
+            self.stats.fatal = f"{type(e).__name__}: {e}"
+            self._meta({"t": "fatal", "error": self.stats.fatal[:300]})
+            log.error("conn %d: giving up: %s", self.conn_id, e)
+
+    async def _run(self) -> None:
+        connector = connect(
+            self.cfg.url,
+            compression=None,
+            ping_interval=None,  # Bitget wants a text "ping"; that is our own task
+            proxy=None,
+            open_timeout=self.cfg.open_timeout_s,
+            close_timeout=self.cfg.close_timeout_s,
+            max_size=self.cfg.max_frame_bytes,
+            max_queue=self.cfg.max_queue,
+            process_exception=self._process_exception,
+            reconnect_delays=self._reconnect_delays,
+        )
+        async for ws in connector:
+            self.attempts.record(time.monotonic())
+            if self._stopping:
+                break
+            opened = time.monotonic()
+            await self._session(ws)
+            if self._stopping:
+                break
+            lived_s = time.monotonic() - opened
+            if lived_s < self.cfg.min_stable_s:
+                if self._drop_delays is None:
+                    self._drop_delays = backoff_delays(
+                        self.rng,
+                        initial_s=self.cfg.backoff_initial_s,
+                        max_s=self.cfg.backoff_max_s,
+                        factor=self.cfg.backoff_factor,
+                    )
+                delay = next(self._drop_delays)
+            else:
+                self._drop_delays = None
+                delay = 0.0
+            delay = max(delay, self.attempts.wait_s(time.monotonic()))
+            if delay > 0:
+                self._meta({"t": "reconnect_wait", "delay_s": round(delay, 3)})
+                await asyncio.sleep(delay)
+            if self._stopping:
+                break
+
+    async def _session(self, ws: ClientConnection) -> None:
+        self._ws = ws
+        self._close_reason = ""
+        self._books = BooksState()
+        self._sub_budget = SlidingWindow(self.cfg.max_subscriptions_per_hour, 3600.0)  # per connection
+        now_ns = self.wall_ns()
+        self._last_rx_ns = now_ns
+        self._last_rx_mono = time.monotonic()
+        self._ping_sent_mono = None
+        for st in self.args.values():
+            st.acked_ns = 0
+        self.stats.connects += 1
+        self.stats.up = True
+        self._meta({"t": "connect", "url": self.cfg.url, "args": [s.arg for s in self.args.values()]}, now_ns)
+        tasks = [
+            asyncio.create_task(self._subscribe_all(), name=f"conn{self.conn_id}-subscribe"),
+            asyncio.create_task(self._pinger(), name=f"conn{self.conn_id}-ping"),
+            asyncio.create_task(self._watchdog(), name=f"conn{self.conn_id}-watchdog"),
+        ]
+        try:
+            await self._reader(ws)
+        finally:
+            for t in tasks + list(self._send_tasks):
+                t.cancel()
+            for t in tasks + list(self._send_tasks):
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):
+                    pass
+            self._send_tasks.clear()
+            self._ws = None
+            self.stats.up = False
+            self.stats.disconnects += 1
+            reason = self._close_reason or self._closed_reason(ws)
+            end_ns = self.wall_ns()
+            self._meta({"t": "disconnect", "reason": reason, "last_rx_ns": self._last_rx_ns}, end_ns)
+            if not self._stopping:
+                for key, st in self.args.items():
+                    if not st.rejected:
+                        self.open_gap(key, self._last_rx_ns, f"disconnect:{reason}")
+            ws.transport.abort()
+
+    @staticmethod
+    def _closed_reason(ws: ClientConnection) -> str:
+        rcvd = ws.protocol.close_rcvd
+        if rcvd is not None:
+            return f"closed_by_server:{rcvd.code}"
+        return "connection_lost"
+
+    async def _reader(self, ws: ClientConnection) -> None:
+        append = self.journal.append
+        wall = self.wall_ns
+        cid = self.conn_id
+        stats = self.stats
+        try:
+            while True:
+                raw = await ws.recv(decode=False)
+                ts = wall()
+                append(ts, cid, raw)  # raw first: before anything looks at it
+                self._last_rx_ns = ts
+                self._last_rx_mono = time.monotonic()
+                stats.frames += 1
+                stats.bytes += len(raw)
+                if raw == PONG:
+                    self._ping_sent_mono = None
+                    continue
+                self._inspect(raw, ts)
+        except websockets.ConnectionClosed:
+            return
+
+    # ------------------------------------------------------------ frame inspection (live)
+
+    def _inspect(self, raw: bytes, ts: int) -> None:
+        a = peek_arg(raw) if raw.startswith(b'{"action"') else None
+        if a is not None:
+            key = arg_key(a)
+            prev_ns = self._count_data(key, ts)
+            if key[0] == "books":
+                self._check_books(raw, key, ts, prev_ns)
+            return
+        try:
+            frame = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            self.stats.quarantined_live += 1
+            return
+        if not isinstance(frame, dict):
+            self.stats.quarantined_live += 1
+            return
+        event = frame.get("event")
+        if event == "subscribe":
+            self._on_ack(frame.get("arg") or {}, ts)
+        elif event == "error":
+            self._on_error(frame, ts)
+        elif event is None and "arg" in frame and isinstance(frame["arg"], dict) and "data" in frame:
+            # a data push in an unusual key order: count it like any other
+            key = arg_key(frame["arg"])
+            prev_ns = self._count_data(key, ts)
+            if key[0] == "books":
+                self._check_books(raw, key, ts, prev_ns, frame)
+
+    def _count_data(self, key: ArgKey, ts: int) -> int:
+        """Count a data push; returns the receive time of the arg's previous push (or ``ts``)."""
+        by = self.stats.by_channel
+        by[key[0]] = by.get(key[0], 0) + 1
+        st = self.args.get(key)
+        if st is None:
+            return ts
+        prev = st.last_ns or ts
+        st.frames += 1
+        st.last_ns = ts
+        if not st.first_ns:
+            st.first_ns = ts
+        return prev
+
+    def _on_ack(self, a: Mapping[str, Any], ts: int) -> None:
+        key = arg_key(a)
+        st = self.args.get(key)
+        if st is None:
+            return
+        st.acked_ns = ts
+        self.close_gap(key, ts)
+
+    def _on_error(self, frame: Mapping[str, Any], ts: int) -> None:
+        self.stats.errors += 1
+        try:
+            code: int | None = int(frame.get("code"))  # type: ignore[arg-type]  # number or string
+        except (TypeError, ValueError):
+            code = None
+        a = frame.get("arg")
+        if isinstance(a, dict):
+            st = self.args.get(arg_key(a))
+            if st is not None and code in REJECTING_CODES:
+                # not asked again; a gap already open for it (refused after a reconnect) stays open
+                st.rejected = f"{code}: {frame.get('msg', '')}"
+        log.warning("conn %d: error event code=%s msg=%s arg=%s", self.conn_id, code, frame.get("msg"), a)
+
+    def _check_books(self, raw: bytes, key: ArgKey, ts: int, prev_ns: int, frame: Any = None) -> None:
+        """Apply a ``books`` push to the live book; a break opens a gap from the previous push."""
+        if frame is None:
+            try:
+                frame = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                self.stats.quarantined_live += 1
+                self._book_fault(key, prev_ns, "malformed")
+                return
+        data = frame.get("data")
+        if not isinstance(data, list) or not data:
+            self._book_fault(key, prev_ns, "malformed")
+            return
+        try:
+            for d in data:
+                if not isinstance(d, dict):
+                    raise BookError("malformed", "data element is not an object")
+                self._books.apply(key[1], frame.get("action"), d)
+        except BookError as e:
+            self._book_fault(key, prev_ns, e.reason)
+
+    def _book_fault(self, key: ArgKey, start_ns: int, reason: str) -> None:
+        self.stats.book_faults += 1
+        if key in self.open_gaps:
+            return  # already resyncing
+        self.open_gap(key, start_ns, f"books_{reason}")
+        st = self.args.get(key)
+        if st is None or self._ws is None:
+            return
+        t = asyncio.create_task(self._resubscribe(st.arg), name=f"conn{self.conn_id}-resub")
+        self._send_tasks.add(t)
+        t.add_done_callback(self._send_tasks.discard)
+
+    # ------------------------------------------------------------ sending
+
+    async def _send(self, text: str | bytes, *, subscription: bool = False) -> None:
+        ws = self._ws
+        if ws is None:
+            raise websockets.ConnectionClosedError(None, None)
+        if subscription:  # Bitget: 240 subscription requests per hour per connection
+            await self._sub_budget.acquire()
+        await self._limiter.acquire()
+        payload = text if isinstance(text, bytes) else text.encode()
+        self.journal.sent(self.wall_ns(), self.conn_id, payload)
+        await ws.send(payload, text=True)
+
+    async def _subscribe_all(self) -> None:
+        args = [st.arg for st in self.args.values() if not st.rejected]
+        try:
+            for chunk in chunk_subscribe(args):
+                await self._send(subscribe_request(chunk), subscription=True)
+        except websockets.ConnectionClosed:
+            return
+
+    async def _resubscribe(self, a: dict[str, str]) -> None:
+        try:
+            self._meta({"t": "resubscribe", "arg": a})
+            await self._send(subscribe_request([a], op="unsubscribe"), subscription=True)
+            await self._send(subscribe_request([a]), subscription=True)
+        except websockets.ConnectionClosed:
+            return
+
+    async def _pinger(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(self.cfg.ping_interval_s)
+                await self._send(b"ping")
+                if self._ping_sent_mono is None:
+                    self._ping_sent_mono = time.monotonic()
+        except websockets.ConnectionClosed:
+            return
+
+    def _drop(self, reason: str) -> None:
+        if self._ws is not None and not self._close_reason:
+            self._close_reason = reason
+            log.info("conn %d: dropping connection: %s", self.conn_id, reason)
+            self._ws.transport.abort()
+
+    async def _watchdog(self) -> None:
+        cfg = self.cfg
+        while True:
+            await asyncio.sleep(cfg.watchdog_tick_s)
+            now = time.monotonic()
+            if now - self._last_rx_mono > cfg.silence_limit_s:
+                self._drop("silence")
+                return
+            if self._ping_sent_mono is not None and now - self._ping_sent_mono > cfg.pong_timeout_s:
+                self._drop("pong_timeout")
+                return
+            wall = self.wall_ns()
+            for key, st in self.args.items():
+                if (
+                    st.acked_ns
+                    and not st.frames
+                    and not st.silent_flagged
+                    and (wall - st.acked_ns) / 1e9 > cfg.silent_after_s
+                ):
+                    st.silent_flagged = True
+                    self._meta({"t": "silent", "channel": key[0], "instId": key[1], "acked_ns": st.acked_ns})
+                    log.warning(
+                        "conn %d: %s/%s acked but silent for %.0fs", self.conn_id, *key, cfg.silent_after_s
+                    )
