@@ -116,7 +116,36 @@ def _num(s: Any, what: str) -> float:
     return v
 
 
+_STR = {str}
+
+
 def _levels(raw: Any, side: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Fast path for well-formed levels; anything unusual goes through :func:`_levels_checked`, which
+    finds the precise reason (the recorder decodes every frame, so the common case must be cheap)."""
+    if type(raw) is list and 0 < len(raw) <= BOOK_LEVELS:
+        try:
+            ps = [lvl[0] for lvl in raw]
+            qs = [lvl[1] for lvl in raw]
+            if set(map(type, ps)) == _STR and set(map(type, qs)) == _STR:
+                px = list(map(float, ps))
+                sz = list(map(float, qs))
+                # C-level checks: finite (fsum is nan/inf otherwise), positive, strictly ordered.
+                if (
+                    math.isfinite(math.fsum(px))
+                    and math.isfinite(math.fsum(sz))
+                    and min(px) > 0
+                    and min(sz) > 0
+                    and len(set(px)) == len(px)
+                    and px == sorted(px, reverse=side == "bids")
+                ):
+                    pad = (math.nan,) * (BOOK_LEVELS - len(px))
+                    return tuple(px) + pad, tuple(sz) + pad
+        except (ValueError, IndexError, TypeError):
+            pass
+    return _levels_checked(raw, side)
+
+
+def _levels_checked(raw: Any, side: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     if not isinstance(raw, list):
         raise FrameError(f"{side} is not a list")
     if len(raw) > BOOK_LEVELS:
