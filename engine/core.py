@@ -38,7 +38,7 @@ from engine.events import (
     RiskDecision,
     Trade,
 )
-from engine.kev.advisor import KevContext, KevReply
+from engine.kev.advisor import KevContext, KevReply, context_body
 from engine.kev.command import CommandFields, validate_command
 from engine.kev.queue import KevQueue, QueueNote
 from engine.latency import ConstantLatency, LatencyModel
@@ -243,23 +243,30 @@ class Engine:
             return  # answered in time
         now = self.clock.now_ns()
         self._queue_notes([QueueNote(ctx.request_id, "timeout", len(self.queue))], now)
+        error = f"timeout after {self.cfg.kev_timeout_ns / 1e6:.0f} ms: no advice"
+        self._kev_response(ctx, now, error=error, lag_ns=now - started_ns, key="", raw="", timings={})
+        self._kev_pump()
+
+    def _kev_response(
+        self, ctx: KevContext, now: Nanos, *, error: str, lag_ns: Nanos, key: str, raw: str, timings: dict
+    ) -> None:
+        """One KevResponse event; ``error`` empty means a valid command follows."""
         self.log.emit(
             KevResponse,
             ts_event=now,
             ts_recv=now,
             request_id=ctx.request_id,
-            ok=False,
-            error=f"timeout after {self.cfg.kev_timeout_ns / 1e6:.0f} ms: no advice",
-            lag_ns=now - started_ns,
+            ok=not error,
+            error=error,
+            lag_ns=lag_ns,
             advisor=self.advisor_name,
-            key="",
-            raw="",
-            prompt_ms=0.0,
-            predicted_ms=0.0,
-            prompt_tokens=0,
-            completion_tokens=0,
+            key=key,
+            raw=raw,
+            prompt_ms=float(timings.get("prompt_ms", 0.0)),
+            predicted_ms=float(timings.get("predicted_ms", 0.0)),
+            prompt_tokens=int(timings.get("prompt_tokens", 0)),
+            completion_tokens=int(timings.get("completion_tokens", 0)),
         )
-        self._kev_pump()
 
     def _on_kev_done(self, ctx: KevContext, reply: KevReply, lag_ns: Nanos) -> None:
         now = self.clock.now_ns()
@@ -272,22 +279,14 @@ class Engine:
         )
         ok = isinstance(verdict, CommandFields)
         raw = orjson.dumps(reply.raw, option=orjson.OPT_SORT_KEYS).decode() if reply.raw is not None else ""
-        t = reply.timings
-        self.log.emit(
-            KevResponse,
-            ts_event=now,
-            ts_recv=now,
-            request_id=ctx.request_id,
-            ok=ok,
-            error="" if ok else str(verdict),
+        self._kev_response(
+            ctx,
+            now,
+            error="" if ok else str(verdict) or "invalid",
             lag_ns=lag_ns,
-            advisor=self.advisor_name,
             key=reply.key or _context_key(ctx),
             raw=raw,
-            prompt_ms=float(t.get("prompt_ms", 0.0)),
-            predicted_ms=float(t.get("predicted_ms", 0.0)),
-            prompt_tokens=int(t.get("prompt_tokens", 0)),
-            completion_tokens=int(t.get("completion_tokens", 0)),
+            timings=reply.timings,
         )
         self._span("kev", f"kev:{ctx.request_id}", now - lag_ns, now)
         if isinstance(verdict, CommandFields):
@@ -568,8 +567,4 @@ class Engine:
 
 def _context_key(ctx: KevContext) -> str:
     """Key of a request for advisors that have none of their own: the context minus ids and times."""
-    body = {
-        k: getattr(ctx, k)
-        for k in ("symbol", "label", "p_label", "mid", "spread", "imbalance", "position", "max_position")
-    }
-    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return hashlib.sha256(orjson.dumps(context_body(ctx), option=orjson.OPT_SORT_KEYS)).hexdigest()

@@ -38,6 +38,8 @@ from typing import Any, Final
 import orjson
 import pyarrow as pa
 
+from engine.store import fsync_dir
+
 RECV: Final = 0
 SENT: Final = 1
 META: Final = 2
@@ -210,7 +212,7 @@ class JournalWriter:
         os.close(self._fd)
         final = self._path.with_name(segment_name(self._index))
         os.replace(self._path, final)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self._fd = None
         self._path = None
         self.finished.append(final)
@@ -228,14 +230,6 @@ class JournalWriter:
         if self._fd is None:
             return None
         return self._finish()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------- reading
@@ -326,7 +320,7 @@ def finalise_dangling(directory: Path | str) -> list[SegmentScan]:
         if final.exists():
             raise JournalError(f"{final} exists next to {path.name}; refusing to overwrite")
         os.replace(path, final)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         scan.path = final
         out.append(scan)
     return out

@@ -25,6 +25,24 @@ class KevContext:
     max_position: float
 
 
+# The fields that describe the market and the position (no ids, no times): what a prompt shows and
+# what request keys hash.
+CONTEXT_FIELDS: tuple[str, ...] = (
+    "symbol",
+    "label",
+    "p_label",
+    "mid",
+    "spread",
+    "imbalance",
+    "position",
+    "max_position",
+)
+
+
+def context_body(ctx: KevContext) -> dict[str, Any]:
+    return {k: getattr(ctx, k) for k in CONTEXT_FIELDS}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KevReply:
     """What an advisor returns: the raw JSON object it produced, or an error.

@@ -30,7 +30,7 @@ from typing import Any, Final, Literal
 import httpx
 import orjson
 
-from engine.kev.advisor import KevContext, KevReply
+from engine.kev.advisor import CONTEXT_FIELDS, KevContext, KevReply
 from engine.kev.command import (
     ACTIONS,
     COMMAND_SCHEMA,
@@ -69,16 +69,7 @@ USER_TEMPLATE: Final = (
     "position: {position} (limit {max_position})"
 )
 # The KevContext fields the prompt shows; the request key hashes exactly these.
-PROMPT_FIELDS: Final = (
-    "symbol",
-    "label",
-    "p_label",
-    "mid",
-    "spread",
-    "imbalance",
-    "position",
-    "max_position",
-)
+PROMPT_FIELDS: Final = CONTEXT_FIELDS
 
 
 def _canonical(obj: Any) -> bytes:

@@ -6,7 +6,7 @@ import hashlib
 
 import orjson
 
-from engine.kev.advisor import KevContext, KevReply
+from engine.kev.advisor import KevContext, KevReply, context_body
 
 RULES_VERSION = "rules-v1"
 
@@ -36,19 +36,7 @@ class RuleKev:
         body = {
             "rules": RULES_VERSION,
             "params": [self.step_fraction, self.min_prob],
-            **{
-                k: getattr(ctx, k)
-                for k in (
-                    "symbol",
-                    "label",
-                    "p_label",
-                    "mid",
-                    "spread",
-                    "imbalance",
-                    "position",
-                    "max_position",
-                )
-            },
+            **context_body(ctx),
         }
         return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
