@@ -18,21 +18,27 @@ shipped to worker processes or Ray tasks unchanged. A run that raises becomes a 
 set. Rows go to a Parquet table (rewritten atomically after every run, so an interrupted sweep keeps
 what it finished); ``--resume`` skips every (session digest, param hash, code version) that already
 has a row without an error. Each run's event log lands in ``<results dir>/runs/<key>``.
+
+``dualhub sweep`` runs each call as a Ray task (:mod:`replay.ray_sweep`, docs/SCALE.md); :func:`sweep`
+here is the serial path (``--serial``).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import glob
 import hashlib
 import itertools
 import math
 import os
 import resource
+import socket
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from importlib import metadata
@@ -257,11 +263,69 @@ def param_column(name: str) -> str:
     return PARAM_PREFIX + name.replace(".", "_")
 
 
+CODE_ROOTS: Final = ("replay.sweep",)  # the code version covers these and what they import, transitively
+_PACKAGES: Final = ("engine", "replay")
+
+
+def _module_file(root: Path, name: str) -> Path | None:
+    base = root.joinpath(*name.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def _imported(tree: ast.AST) -> Iterator[str]:
+    """Every module an ``import``/``from`` statement anywhere in ``tree`` may load (lazy ones too)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module
+            yield from (f"{node.module}.{a.name}" for a in node.names)  # `from engine import store`
+
+
+def code_sources(root: Path | None = None) -> list[Path]:
+    """The files a replay's result depends on: the modules of ``engine``/``replay`` that
+    :data:`CODE_ROOTS` import (transitively, by reading their ``import`` statements, so a module
+    nobody on the replay path imports, e.g. live trading, is not part of it), with their packages'
+    ``__init__``, the report's SQL and the bundled default Laya model."""
+    root = root or Path(__file__).resolve().parent.parent
+    files: set[Path] = set()
+    todo = list(CODE_ROOTS)
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name.split(".")[0] not in _PACKAGES:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # parent packages run on import
+        path = _module_file(root, name)
+        if path is None or path in files:
+            continue
+        files.add(path)
+        todo.extend(_imported(ast.parse(path.read_bytes(), str(path))))
+    files.update(root.glob("engine/report/*.sql"))
+    files.update(root.glob("data/models/*.onnx"))
+    return sorted(files)
+
+
+@functools.cache
 def code_version() -> str:
+    """``<dualhub version>+<12 hex>``: the package version and a sha256 over :func:`code_sources`
+    (relative path and content). Part of every run's key, so results of other code are never
+    reused by ``--resume``; cached per process, because a process keeps running the code it loaded."""
     try:
-        return metadata.version("dualhub")
+        version = metadata.version("dualhub")
     except metadata.PackageNotFoundError:
-        return "0+unknown"
+        version = "0+unknown"
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in code_sources(root):
+        h.update(f"{path.relative_to(root).as_posix()}\0".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return f"{version}+{h.hexdigest()[:12]}"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -291,6 +355,8 @@ RESULT_SCHEMA: Final = pa.schema(
         ("pnl_usdt", pa.decimal128(18, 4)),
         ("wall_s", pa.float64()),
         ("peak_rss_mb", pa.float64()),
+        ("peak_rss_scope", pa.string()),  # "process": peak so far of the process; "task": of this run
+        ("worker", pa.string()),  # host:pid that ran it
         ("error", pa.string()),
     ]
 )
@@ -367,6 +433,8 @@ def run_one(session: str, params: Mapping[str, Any], *, runs_dir: str, version: 
         row["error"] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     row["wall_s"] = time.perf_counter() - t0
     row["peak_rss_mb"] = _peak_rss_mb()
+    row["peak_rss_scope"] = "process"
+    row["worker"] = f"{socket.gethostname()}:{os.getpid()}"
     return row
 
 
@@ -436,7 +504,7 @@ def _session_digest(session: Path | str) -> str:
 
 @dataclass(frozen=True)
 class SweepSummary:
-    out: Path
+    out: Path | str  # a path, or a filesystem URL (Ray sweeps)
     ran: int
     skipped: int
     failed: int

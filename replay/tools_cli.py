@@ -38,7 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="GRID.toml has [base] (settings for every run) and [grid] (axes: lists of values; the "
         "cartesian product runs, axes sorted by name). Keys are ReplayConfig fields, dotted for risk.*, "
         "quotes.*, contract.*, or scale_latency (a --scale-latency spec). Runs go to OUT_DIR/runs/<key>; "
-        "a failed run is a row with its error. Exit status 1 when any run failed.",
+        "a failed run is a row with its error. Each run is a Ray task: on a local Ray instance sized to the "
+        "machine, or on the cluster at --ray (docs/SCALE.md); --serial runs them one by one in this process. "
+        "Exit status 1 when any run failed.",
     )
     p.add_argument("grid", type=Path, metavar="GRID.toml")
     p.add_argument(
@@ -46,12 +48,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="append",
         required=True,
         metavar="GLOB",
-        help="session directories (glob, quote it; repeatable)",
+        help="session directories (glob, quote it; repeatable); or a filesystem URL glob (s3://, file://)",
     )
-    p.add_argument("--out", type=Path, default=Path("results.parquet"), help="results table")
+    p.add_argument("--out", default="results.parquet", help="results table: a path or a filesystem URL")
     p.add_argument("--resume", action="store_true", help="skip runs already in --out without an error")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--serial", action="store_true", help="no Ray: run one by one in this process")
+    p.add_argument(
+        "--ray", metavar="ADDRESS", help="join this Ray cluster (ray://HEAD:10001, HEAD:6379 or auto)"
+    )
+    p.add_argument(
+        "--workers", type=int, help="local Ray instance size (default: all cores); with --ray: tasks at once"
+    )
+    p.add_argument(
+        "--memory-mb", type=int, default=2048, help="memory declared per run to Ray (default 2048)"
+    )
+    p.add_argument(
+        "--max-retries", type=int, default=1, help="retries of a run whose worker or node died (default 1)"
+    )
     p.set_defaults(func=cmd_sweep)
 
 
@@ -72,17 +87,43 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    import importlib.util
+
     from replay.sweep import find_sessions, load_grid, sweep
 
     if args.resume and args.overwrite:
         raise DualhubError("--resume and --overwrite exclude each other")
     grid = load_grid(args.grid)
-    sessions = find_sessions(args.sessions)
+    serial = args.serial
+    if not serial and not args.ray and importlib.util.find_spec("ray") is None:
+        print("sweep: Ray is not installed (pip install 'dualhub[scale]'); running serially", file=sys.stderr)
+        serial = True
+    if serial:
+        if "://" in args.out or any("://" in s for s in args.sessions):
+            raise DualhubError("--serial reads and writes local paths only; URLs need Ray")
+        sessions: list[Path] | list[str] = find_sessions(args.sessions)
+    else:
+        from replay.ray_sweep import discover_sessions
+
+        sessions = discover_sessions(args.sessions)
     n = len(grid.points()) * len(sessions)
     print(f"sweep: {len(sessions)} session(s) x {len(grid.points())} parameter set(s) = {n} runs")
-    res = sweep(
-        grid, sessions, args.out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress
-    )
+    common = {"resume": args.resume, "overwrite": args.overwrite, "progress": not args.no_progress}
+    if serial:
+        res = sweep(grid, sessions, Path(args.out), **common)
+    else:
+        from replay.ray_sweep import ray_sweep
+
+        res = ray_sweep(
+            grid,
+            sessions,
+            args.out,
+            address=args.ray,
+            workers=args.workers,
+            memory_mb=args.memory_mb,
+            max_retries=args.max_retries,
+            **common,
+        )
     print(
         f"{res.ran} run, {res.skipped} skipped (--resume), {res.failed} failed; {res.rows} rows in {res.out}"
     )

@@ -102,7 +102,15 @@ def test_grid_expansion_is_stable_and_checked():
 def test_sweep_grid_rows_match_direct_runs_and_resume_skips(session, tmp_path, capsys):
     (tmp_path / "grid.toml").write_text(GRID)
     out = tmp_path / "sweep" / "results.parquet"
-    cmd = ["sweep", str(tmp_path / "grid.toml"), "--sessions", str(session.parent / "*"), "--out", str(out)]
+    cmd = [
+        "sweep",
+        str(tmp_path / "grid.toml"),
+        "--sessions",
+        str(session.parent / "*"),
+        "--out",
+        str(out),
+        "--serial",
+    ]
     assert main([*cmd, "--no-progress"]) == 0
     rows = pq.read_table(out).to_pylist()
     assert len(rows) == 4
@@ -154,7 +162,7 @@ def test_invalid_parameter_becomes_error_rows_not_a_crash(session, tmp_path, cap
     grid = tmp_path / "grid.toml"
     grid.write_text('[base]\nlaya_provider = "cpu"\n[grid]\nfill_model = ["touch", "nope"]\n')
     out = tmp_path / "results.parquet"
-    cmd = ["sweep", str(grid), "--sessions", str(session), "--out", str(out), "--no-progress"]
+    cmd = ["sweep", str(grid), "--sessions", str(session), "--out", str(out), "--no-progress", "--serial"]
     assert main(cmd) == 1
     rows = pq.read_table(out).to_pylist()
     assert [r["p_fill_model"] for r in rows] == ["touch", "nope"]
