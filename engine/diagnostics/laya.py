@@ -46,8 +46,7 @@ def laya_checks(cfg: DoctorConfig, gpu: GpuInfo) -> list[Check]:
     import onnxruntime as ort
 
     from engine.laya.features import N_FEATURES
-    from engine.laya.model import CUDA, Laya, LayaConfig, LayaModelError
-    from replay.driver import DEFAULT_MODEL
+    from engine.laya.model import CUDA, DEFAULT_MODEL, Laya, LayaConfig, LayaModelError
 
     model = Path(cfg.model_path) if cfg.model_path is not None else DEFAULT_MODEL
     try:

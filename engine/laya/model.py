@@ -38,6 +38,8 @@ from engine.laya.features import FEATURE_VERSION, N_FEATURES
 
 log = logging.getLogger(__name__)
 
+# The default Laya model shipped with the project (rebuilt by `python -m replay.make_default_model`).
+DEFAULT_MODEL: Final = Path(__file__).resolve().parents[2] / "data" / "models" / "laya-v0.onnx"
 CUDA: Final = "CUDAExecutionProvider"
 CPU: Final = "CPUExecutionProvider"
 PROVIDER_CHOICES: Final = ("auto", "cuda", "cpu")
