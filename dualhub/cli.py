@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "replay.train_cli",
     "replay.tools_cli",
     "dualhub.doctor",
+    "live.cli",
 )
 
 

@@ -261,6 +261,24 @@ class LatencySpan:
     dur_ns: Nanos
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReconcileEvent:
+    """Live mode: a difference between the exchange (REST, after a private WebSocket reconnect) and the
+    engine's view. ``kind``: ``missed_fill``, ``missed_done``, ``missing_on_exchange``,
+    ``unknown_order``, ``foreign_order``, ``position_mismatch``; ``action`` what was done about it."""
+
+    ts_event: Nanos
+    ts_recv: Nanos
+    seq: int
+    symbol: str
+    kind: str
+    client_oid: str
+    order_id: str
+    engine_value: float
+    exchange_value: float
+    action: str
+
+
 Event: TypeAlias = (
     BookSnapshot
     | Trade
@@ -275,6 +293,7 @@ Event: TypeAlias = (
     | OrderEvent
     | Fill
     | LatencySpan
+    | ReconcileEvent
 )
 
 _PA_TYPES: Final[dict[Any, pa.DataType]] = {
@@ -330,6 +349,7 @@ STREAMS: Final[dict[str, StreamSpec]] = {
         _spec("order", OrderEvent, 61),
         _spec("fill", Fill, 62),
         _spec("latency", LatencySpan, 70),
+        _spec("reconcile", ReconcileEvent, 75),  # live mode only; written beside the engine's log
     )
 }
 STREAM_OF_TYPE: Final[dict[type, str]] = {s.event_type: s.name for s in STREAMS.values()}

@@ -149,6 +149,8 @@ def parse_latency(spec: str, rng: np.random.Generator) -> LatencyModel:
     - ``const:5ms``
     - ``lognormal:p5=2ms,p95=8ms``
     - ``empirical:PATH`` (a JSON list of samples in ns, or a fit with ``quantiles_ns``)
+    - ``recorded:KIND@RUN_DIR`` (the delays a live run observed, replayed by key in order of occurrence;
+      KIND is laya, order_entry, order_response, cancel or kev: see :mod:`engine.recorded_latency`)
     """
     kind, _, arg = spec.partition(":")
     try:
@@ -167,6 +169,10 @@ def parse_latency(spec: str, rng: np.random.Generator) -> LatencyModel:
             if isinstance(data, list):
                 return EmpiricalLatency(data, rng=rng)
             return EmpiricalLatency.from_fit(data, rng=rng)
+        if kind == "recorded":
+            from engine.recorded_latency import parse_recorded
+
+            return parse_recorded(arg)
     except (KeyError, ValueError, OSError) as e:
         raise ValueError(f"bad latency spec {spec!r}: {e}") from None
-    raise ValueError(f"bad latency spec {spec!r}: kind must be const, lognormal or empirical")
+    raise ValueError(f"bad latency spec {spec!r}: kind must be const, lognormal, empirical or recorded")

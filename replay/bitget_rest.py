@@ -57,6 +57,7 @@ class Request:
     headers: Mapping[str, str]
     body: bytes
     ts_ms: int  # the server's (possibly skewed) clock when the request arrived
+    query_string: str = ""  # the raw query as sent (what a signature covers)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,6 +213,7 @@ class BitgetRestServer:
                     headers={k: v for k, v in self.headers.items()},
                     body=body,
                     ts_ms=ts_ms,
+                    query_string=parts.query,
                 )
                 resp = server.handle(req)
                 payload = orjson.dumps(resp.body)

@@ -32,7 +32,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -175,6 +175,7 @@ class BitgetServer:
         host: str = "127.0.0.1",
         port: int = 0,
         seed: int = 0,
+        path_handlers: Mapping[str, Callable[[ServerConnection], Awaitable[None]]] | None = None,
     ) -> None:
         if unsubscribe_ack not in ("event", "op"):
             raise ValueError("unsubscribe_ack is 'event' or 'op'")
@@ -193,6 +194,8 @@ class BitgetServer:
         self.host = host
         self._port = port
         self._rng = random.Random(seed)
+        # Other WebSocket paths served on the same port (the local exchange's /v2/ws/private).
+        self.path_handlers = dict(path_handlers or {})
         self.log: list[Sent] = []
         self.withheld: list[Withheld] = []
         self.sent_count = 0
@@ -437,6 +440,10 @@ class BitgetServer:
     # ------------------------------------------------------------ per-connection reader
 
     async def _handler(self, ws: ServerConnection) -> None:
+        other = self.path_handlers.get(ws.request.path if ws.request is not None else "")
+        if other is not None:
+            await other(ws)
+            return
         c = _Conn(index=self.connections, ws=ws)
         c.space.set()
         self.connections += 1

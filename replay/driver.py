@@ -38,13 +38,12 @@ from engine.kev.sim import SimKevBackend
 from engine.latency import LatencyModel, LognormalLatency, ScaledLatency, parse_latency
 from engine.laya.features import FEATURE_VERSION, features_v0, features_v0_batch
 from engine.laya.features_v1 import FeaturesV1, features_v1_batch
-from engine.laya.model import Laya, LayaConfig
+from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig
 from engine.risk import RiskLimits
 from engine.store import SessionError, open_session, write_json
 from engine.strategy import QuoteConfig
 from replay.sim_exchange import SimExchange
 
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "laya-v0.onnx"
 RUN_SCHEMA_VERSION = 1
 KEV_MODES = ("sim", "cassette", "llm")
 
@@ -76,6 +75,9 @@ class ReplayConfig:
     latency_order_response: str = "const:5ms"  # exchange -> local (acks, fills, rejects)
     latency_cancel: str = "const:5ms"  # local cancel -> exchange
     latency_feed: str = "recorded"  # exchange -> local market data: the recorded ts_recv, or a model
+    # When the simulated exchange sees market data: "event" (exchange time, as a venue does) or "local"
+    # (at local receipt, as live mode's paper exchange did: what replaying a paper run needs).
+    exchange_feed: str = "event"
     kev_lag_p5_ms: float = 200.0
     kev_lag_p95_ms: float = 350.0
     kev_queue_max: int = 2
@@ -108,6 +110,8 @@ class ReplayConfig:
             raise DualhubError(f"laya_features must be 'v0' or 'v1', not {self.laya_features!r}")
         if self.fill_model not in FILL_MODELS:
             raise DualhubError(f"unknown fill model {self.fill_model!r}; known: {', '.join(FILL_MODELS)}")
+        if self.exchange_feed not in ("event", "local"):
+            raise DualhubError(f"exchange_feed must be 'event' or 'local', not {self.exchange_feed!r}")
         if self.kev_mode not in KEV_MODES:
             raise DualhubError(f"unknown Kev mode {self.kev_mode!r}; known: {', '.join(KEV_MODES)}")
         if self.kev_mode == "cassette" and not self.kev_cassette:
@@ -131,6 +135,8 @@ class ReplayConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["model_path"] = Path(self.model_path).name  # identity is the model's sha256, not where it lives
+        if d["exchange_feed"] == "event":  # the default leaves earlier config hashes (run names) unchanged
+            del d["exchange_feed"]
         return orjson.loads(orjson.dumps(d, default=str))
 
     def sha256(self) -> str:
@@ -242,7 +248,12 @@ class _Tape:
     """
 
     def __init__(
-        self, books: pa.Table, trades: pa.Table, feed: LatencyModel | None, scale_feed: float
+        self,
+        books: pa.Table,
+        trades: pa.Table,
+        feed: LatencyModel | None,
+        scale_feed: float,
+        exchange_feed: str = "event",
     ) -> None:
         self.symbol = books.column("symbol")[0].as_py()
         self.b_seq = _col(books, "seq", "int64")
@@ -264,6 +275,8 @@ class _Tape:
         # The exchange cannot see a print after we do (local clocks can run behind the exchange's).
         self.b_exch = np.minimum(self.b_evt, self.b_loc)
         self.t_exch = np.minimum(self.t_evt, self.t_loc)
+        if exchange_feed == "local":  # a paper exchange sees the market when the engine does
+            self.b_exch, self.t_exch = self.b_loc, self.t_loc
 
     @staticmethod
     def _local(recv: np.ndarray, evt: np.ndarray, feed: LatencyModel | None, scale: float) -> np.ndarray:
@@ -448,7 +461,7 @@ def run_replay(
         if cfg.latency_feed == "recorded"
         else _checked_latency(cfg.latency_feed, rng_feed, "latency_feed")
     )
-    tape = _Tape(book_table, trade_table, feed, cfg.scale_feed)
+    tape = _Tape(book_table, trade_table, feed, cfg.scale_feed, cfg.exchange_feed)
     n_books, n_trades = book_table.num_rows, trade_table.num_rows
 
     # Laya refuses a model trained on other features than the replay computes (cfg.laya_features).

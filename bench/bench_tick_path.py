@@ -1,0 +1,292 @@
+"""Tick path of live mode: WebSocket frame read -> Laya label, and -> order sent, with Kev idle and busy.
+
+    .venv/bin/python bench/bench_tick_path.py [--books 3000] [--rounds 3] [--out tick.json]
+        [--kev-url http://127.0.0.1:8080]   # busy = a real llama-server instead of the stub
+
+What runs is the live runner's own path (:meth:`live.runner.LiveRunner.deliver`): the frame is
+stamped (the moment ``ws.recv`` returned), decoded by the shared codec, scheduled on the live clock,
+``Engine.on_book`` runs features v0 + ONNX inference, the label is due at receipt + measured compute,
+the strategy and the risk gateway run, and the paper exchange's ``submit`` is called. Frames come from
+the simulator (books15 + trade), fed with ``--gap-ms`` between them so the event loop has time for
+everything else (Kev's HTTP I/O, timers), as between real pushes.
+
+- **label**: stamp -> label computed (the Laya latency live mode records: decode, features, inference
+  and the engine's bookkeeping for the book);
+- **order**: stamp -> ``submit`` of an order decided on that frame (strategy + risk included).
+
+Kev **idle**: no request is ever in flight (Kev is never offered a label). Kev **busy**: every
+non-HOLD label is offered to an advisor that keeps a request in flight all the time: by default
+:class:`engine.kev.llama.LlamaAdvisor` against a stub llama-server in another process that answers
+after ``--kev-lag-ms`` (the tick path shares the event loop with Kev's HTTP client), or a real
+llama-server with ``--kev-url``. Rounds alternate idle/busy so drift hits both alike. Figures also
+break the label path into its parts (decode, features, inference) measured alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.events import BookSnapshot  # noqa: E402
+from engine.laya.features import features_v0  # noqa: E402
+from engine.venues.bitget_v2 import StreamCounters, decode  # noqa: E402
+from live.runner import LiveConfig, LiveRunner  # noqa: E402
+from replay.bitget_server import simulator_frames  # noqa: E402
+
+COMMAND = '{"action":"HOLD","target_position":0.0,"hedge_ratio":0.0,"max_slippage_bps":2.0,"reason":"stub"}'
+
+
+def _stub_llama(port_q: Any, lag_ms: float) -> None:
+    """A llama-server stand-in: /v1/chat/completions answers a valid command after ``lag_ms``."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = json.dumps(
+        {
+            "choices": [{"message": {"content": COMMAND}, "finish_reason": "stop"}],
+            "timings": {"prompt_ms": 1.0, "predicted_ms": lag_ms},
+            "usage": {"prompt_tokens": 10, "completion_tokens": 20},
+        }
+    ).encode()
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            time.sleep(lag_ms / 1000)
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:  # the bench cancelled the request at the end of a round
+                pass
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    port_q.put(srv.server_address[1])
+    srv.serve_forever()
+
+
+def _pct(xs: list[int], q: float) -> float:
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) / 1000.0  # ns -> us
+
+
+async def _round(
+    frames: list[bytes],
+    *,
+    busy: bool,
+    kev_url: str,
+    gap_s: float,
+    warmup: int,
+    provider: str,
+    spin: bool = False,
+) -> dict[str, Any]:
+    tmp = tempfile.mkdtemp(prefix="tick-")
+    cfg = LiveConfig(
+        out=str(Path(tmp) / "s"),
+        contract_defaults=True,
+        laya_provider=provider,
+        # idle: Kev is never asked (a minimum interval longer than the run); busy: every non-HOLD label
+        kev_min_interval_ms=0 if busy else 10**9,
+        kev_timeout_ms=60_000,
+        kev_url=kev_url if busy else "",
+    )
+    runner = LiveRunner(cfg)
+    runner._stop, runner._wake = asyncio.Event(), asyncio.Event()
+    runner._prepare_dirs()
+    runner._build({})
+    st = runner.syms["BTCUSDT"]
+    orders: list[int] = []
+    cur = {"ts": 0, "in": False}
+    submit = st.paper.submit  # type: ignore[union-attr]
+
+    def timed_submit(intent: Any, now_ns: int) -> None:
+        if cur["in"]:
+            orders.append(time.time_ns() - cur["ts"])
+        submit(intent, now_ns)
+
+    st.paper.submit = timed_submit  # type: ignore[union-attr,method-assign]
+    runner.feeding = True
+    pump = asyncio.create_task(runner._pump())
+    busy_frames = n_books = 0
+    for i, raw in enumerate(frames):
+        if i == warmup:
+            st.sink.kind.clear(), st.sink.ts.clear(), st.sink.dur.clear()
+            orders.clear()
+            busy_frames = n_books = 0
+        ts = runner.clock.stamp()  # ws.recv() just returned this frame
+        cur["ts"], cur["in"] = ts, True
+        runner.deliver(raw, ts)
+        cur["in"] = False
+        if raw.startswith(b'{"action":"snapshot","arg":{"instType":"USDT-FUTURES","channel":"books15"'):
+            n_books += 1
+            busy_frames += bool(runner.kev_tasks)
+        if spin:  # keep the core awake: run the loop without blocking until the next frame is due
+            until = time.perf_counter() + gap_s
+            while time.perf_counter() < until:
+                await asyncio.sleep(0)
+        else:
+            await asyncio.sleep(gap_s)
+    pump.cancel()
+    await asyncio.gather(pump, return_exceptions=True)
+    for t in list(runner.kev_tasks):
+        t.cancel()
+    await asyncio.gather(*runner.kev_tasks, return_exceptions=True)
+    inner = getattr(runner, "_advisor_inner", None)
+    if hasattr(inner, "aclose"):
+        await inner.aclose()
+    labels = [d for k, d in zip(st.sink.kind, st.sink.dur, strict=True) if k == "laya"]
+    return {
+        "labels": labels,
+        "orders": orders,
+        "kev_busy_fraction": busy_frames / max(1, n_books),
+        "kev_requests": st.engine.log.counts()["kev_request"],
+    }
+
+
+def _parts(frames: list[bytes], laya: Any, n: int = 2000) -> dict[str, float]:
+    """Median us of decode, features and inference alone, over books15 frames."""
+    books = [f for f in frames if b'"books15"' in f[:90]][:n]
+    counters = StreamCounters()
+    dec, feat, inf = [], [], []
+    buf = np.zeros(laya.n_features, dtype=np.float32)
+    for raw in books:
+        t0 = time.perf_counter_ns()
+        (book,) = decode(raw, 0, counters)
+        t1 = time.perf_counter_ns()
+        assert isinstance(book, BookSnapshot)
+        x = features_v0(book, out=buf)
+        t2 = time.perf_counter_ns()
+        laya.predict(x)
+        t3 = time.perf_counter_ns()
+        dec.append(t1 - t0)
+        feat.append(t2 - t1)
+        inf.append(t3 - t2)
+    return {
+        k: statistics.median(v) / 1000 for k, v in (("decode", dec), ("features", feat), ("inference", inf))
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--books", type=int, default=3000, help="books15 frames per round (default 3000)")
+    ap.add_argument("--rounds", type=int, default=3, help="idle/busy round pairs (default 3)")
+    ap.add_argument("--gap-ms", type=float, default=1.0, help="pause between frames (default 1 ms)")
+    ap.add_argument("--kev-lag-ms", type=float, default=300.0, help="stub llama-server answer time")
+    ap.add_argument("--kev-url", default="", help="a real llama-server for the busy rounds")
+    ap.add_argument("--warmup", type=int, default=300, help="frames not measured at the start of a round")
+    ap.add_argument(
+        "--spin", action="store_true", help="busy-poll between frames instead of sleeping (a hot core)"
+    )
+    ap.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu", help="Laya's provider")
+    ap.add_argument("--out", help="write the figures as JSON")
+    args = ap.parse_args(argv)
+
+    all_frames = [f for _, f in simulator_frames(["BTCUSDT"], minutes=60, seed=11)]
+    books_seen, frames = 0, []
+    for f in all_frames:
+        frames.append(f)
+        books_seen += b'"books15"' in f[:90]
+        if books_seen >= args.books + args.warmup:
+            break
+    proc = None
+    kev_url = args.kev_url
+    if not kev_url:
+        q: Any = mp.get_context("spawn").Queue()
+        proc = mp.get_context("spawn").Process(target=_stub_llama, args=(q, args.kev_lag_ms), daemon=True)
+        proc.start()
+        kev_url = f"http://127.0.0.1:{q.get(timeout=20)}"
+    try:
+        res: dict[str, dict[str, list[int]]] = {
+            "idle": {"labels": [], "orders": []},
+            "busy": {"labels": [], "orders": []},
+        }
+        busy_fraction: list[float] = []
+        kev_requests = 0
+        for _ in range(args.rounds):
+            for mode in ("idle", "busy"):
+                r = asyncio.run(
+                    _round(
+                        frames,
+                        busy=mode == "busy",
+                        kev_url=kev_url,
+                        gap_s=args.gap_ms / 1000,
+                        warmup=args.warmup,
+                        provider=args.provider,
+                        spin=args.spin,
+                    )
+                )
+                res[mode]["labels"] += r["labels"]
+                res[mode]["orders"] += r["orders"]
+                if mode == "busy":
+                    busy_fraction.append(r["kev_busy_fraction"])
+                    kev_requests += r["kev_requests"]
+    finally:
+        if proc is not None:
+            proc.terminate()
+    from engine.laya.model import Laya, LayaConfig
+    from live.runner import DEFAULT_MODEL
+
+    parts = _parts(frames, Laya(LayaConfig(model_path=DEFAULT_MODEL, provider=args.provider)))
+    out: dict[str, Any] = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "python": sys.version.split()[0],
+        "books_per_round": args.books,
+        "gap_ms": args.gap_ms,
+        "spin": args.spin,
+        "rounds": args.rounds,
+        "kev_busy": {
+            "server": args.kev_url or f"stub ({args.kev_lag_ms:.0f} ms)",
+            "fraction_of_books": busy_fraction,
+            "requests": kev_requests,
+        },
+        "parts_median_us": parts,
+    }
+    how = "busy-polling" if args.spin else "sleeping"
+    print(
+        f"tick path, {args.rounds} x {args.books} books per mode, {args.gap_ms} ms between frames "
+        f"({how}), {os.cpu_count()} cores"
+    )
+    print(f"{'':<6} {'path':<8} {'n':>6} {'p50 us':>8} {'p90 us':>8} {'p99 us':>8}")
+    for mode in ("idle", "busy"):
+        for path in ("labels", "orders"):
+            xs = res[mode][path]
+            if not xs:
+                continue
+            row = {"n": len(xs), "p50_us": _pct(xs, 50), "p90_us": _pct(xs, 90), "p99_us": _pct(xs, 99)}
+            out.setdefault(mode, {})[path] = row
+            p50, p90, p99 = row["p50_us"], row["p90_us"], row["p99_us"]
+            print(f"{mode:<6} {path:<8} {row['n']:>6} {p50:>8.1f} {p90:>8.1f} {p99:>8.1f}")
+    for path in ("labels", "orders"):
+        i, b = out.get("idle", {}).get(path), out.get("busy", {}).get(path)
+        if i and b:
+            out.setdefault("busy_vs_idle_p99", {})[path] = b["p99_us"] / i["p99_us"] - 1
+            print(f"Kev busy vs idle, {path} p99: {100 * (b['p99_us'] / i['p99_us'] - 1):+.1f}%")
+    frac = 100 * statistics.mean(busy_fraction)
+    print(f"Kev in flight for {frac:.0f}% of books in busy rounds ({kev_requests} requests)")
+    print("label path parts (median us, alone): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,2 @@
+"""Live mode: the replay engine on a real-time clock, fed by Bitget's WebSockets, trading on paper or
+through Bitget's signed REST API, recording everything into a session and run that replay."""

@@ -1,0 +1,204 @@
+"""Subcommands ``live``, ``serve-exchange`` and ``kill``.
+
+``dualhub live --symbols BTCUSDT [--paper | --live --i-understand-this-trades-real-money]
+[--exchange-url URL] [--ws-url URL] [--duration S] [--out SESSION_DIR] [--kev-url URL]``
+
+``dualhub serve-exchange SESSION [--realtime | --speed X] [--port P]``: a local Bitget (REST on P,
+public and private WebSockets on P + 1) replaying SESSION and matching orders against its books.
+
+``dualhub kill SESSION_DIR``: engage the kill switch of the ``dualhub live`` writing SESSION_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+
+from engine.errors import DualhubError
+from engine.venues.bitget_v2 import REST_BASE_URL
+
+CONFIRM_FLAG = "--i-understand-this-trades-real-money"
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "live",
+        help="run the engine live (paper by default) and record everything into a session that replays",
+        description="The replay engine on a real-time clock: live books15/trade, Laya on every tick, Kev "
+        "off the tick path, the risk gateway in front of every order. --paper (default) fills on the live "
+        "book with the replay fill model; --live sends real orders through Bitget's signed API (keys only "
+        "from BITGET_API_KEY, BITGET_API_SECRET, BITGET_API_PASSPHRASE). Kill switch: SIGUSR1, "
+        "`dualhub kill OUT` or the file OUT/KILL. The venue is cancel-all'ed on exit.",
+    )
+    p.add_argument("--symbols", default="BTCUSDT", help="comma-separated symbols (default BTCUSDT)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--paper", action="store_true", help="simulated fills on the live book (default)")
+    mode.add_argument("--live", action="store_true", help="real orders: needs keys and the confirmation flag")
+    p.add_argument(CONFIRM_FLAG, dest="confirm", action="store_true", help="required with --live")
+    p.add_argument("--exchange-url", default=REST_BASE_URL, help="REST base of a Bitget-protocol endpoint")
+    p.add_argument("--ws-url", default="", help="WebSocket base (default: derived from --exchange-url)")
+    p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument("--out", type=Path, help="session directory (default data/sessions/live-<UTC time>)")
+    p.add_argument("--kev-url", default="", help="llama-server URL (default: the rule advisor)")
+    p.add_argument("--model", type=Path, help="Laya ONNX model (default data/models/laya-v0.onnx)")
+    p.add_argument("--provider", choices=("auto", "cuda", "cpu"), default="auto", help="Laya provider")
+    p.add_argument("--fill-model", default="touch", help="paper fill model (as replay's)")
+    p.add_argument("--kill-file", default="", help="kill switch file (default OUT/KILL)")
+    p.add_argument(
+        "--contract-defaults", action="store_true", help="paper: do not ask the exchange for contracts"
+    )
+    p.add_argument("--seed", type=int, default=1)
+    p.set_defaults(func=cmd_live)
+
+    p = sub.add_parser(
+        "serve-exchange",
+        help="a local Bitget v2 exchange replaying a session: signed REST orders, private WS, matching",
+        description="Public books15/trade from SESSION (times rebased to now), signed REST order endpoints "
+        "with Bitget's error codes, the private WebSocket (login, orders, fill, positions) and matching "
+        "against its own book with the replay fill model: with `dualhub live --exchange-url`, a full dress "
+        "rehearsal on one machine. API keys: BITGET_API_* from the environment, else local-key/"
+        "local-secret/local-passphrase.",
+    )
+    p.add_argument("session", type=Path)
+    speed = p.add_mutually_exclusive_group()
+    speed.add_argument("--realtime", action="store_true", help="replay at recorded speed (default)")
+    speed.add_argument("--speed", type=float, help="speed factor (0 = as fast as clients read)")
+    p.add_argument("--port", type=int, default=0, help="REST port; the WebSockets use port + 1 (0: any)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--fill-model", default="touch")
+    p.add_argument("--symbols", default="", help="only these symbols (comma-separated)")
+    p.set_defaults(func=cmd_serve_exchange)
+
+    p = sub.add_parser("kill", help="engage the kill switch of a running `dualhub live`")
+    p.add_argument("out", type=Path, help="the session directory `dualhub live` is writing")
+    p.add_argument("--reason", default="cli", help="recorded with the kill (default: cli)")
+    p.set_defaults(func=cmd_kill)
+
+
+def _symbols(text: str) -> tuple[str, ...]:
+    return tuple(s.strip().upper() for s in text.split(",") if s.strip())
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    from live.runner import DEFAULT_MODEL, LiveConfig, LiveRunner, credentials_from_env
+
+    creds = credentials_from_env()
+    if args.confirm and not args.live:
+        raise DualhubError(f"{CONFIRM_FLAG} only goes with --live")
+    if args.live:
+        if not args.confirm:
+            raise DualhubError(f"--live sends real orders with real money: add {CONFIRM_FLAG} to confirm")
+        if creds is None:
+            raise DualhubError(
+                "--live needs API keys in the environment: BITGET_API_KEY, BITGET_API_SECRET and "
+                "BITGET_API_PASSPHRASE (never on the command line)"
+            )
+    out = args.out or Path("data/sessions") / time.strftime("live-%Y%m%dT%H%M%SZ", time.gmtime())
+    cfg = LiveConfig(
+        out=str(out),
+        symbols=_symbols(args.symbols),
+        mode="live" if args.live else "paper",
+        exchange_url=args.exchange_url,
+        ws_url=args.ws_url,
+        duration_s=args.duration,
+        model_path=str(args.model or DEFAULT_MODEL),
+        laya_provider=args.provider,
+        fill_model=args.fill_model,
+        kev_url=args.kev_url,
+        kill_file=args.kill_file,
+        contract_defaults=args.contract_defaults,
+        seed=args.seed,
+    )
+    runner = LiveRunner(cfg, credentials=creds if args.live else None, install_signals=True)
+    try:
+        result = asyncio.run(runner.run())
+    except DualhubError:
+        raise
+    except Exception as e:  # never a traceback that could carry request details; the message redacted
+        text = f"{type(e).__name__}: {e}"
+        print(f"dualhub live: failed: {creds.redact(text) if creds else text}", file=sys.stderr)
+        return 1
+    s = result.summary
+    print(f"dualhub live: {cfg.mode} run stopped by {result.stopped_by or '?'}", file=sys.stderr)
+    print(f"  session  {result.session_dir}", file=sys.stderr)
+    for sym, run in result.run_dirs.items():
+        c = result.counts.get(sym, {})
+        print(
+            f"  {sym:<10} {run}  labels {c.get('label', 0)}  orders {c.get('order', 0)}  "
+            f"fills {c.get('fill', 0)}  kev {c.get('kev_response', 0)}",
+            file=sys.stderr,
+        )
+    if result.killed:
+        print(f"  KILLED   {result.killed}", file=sys.stderr)
+    if s.get("crash"):
+        print(f"  CRASH    {s['crash']}", file=sys.stderr)
+    print(f"  shutdown {s.get('shutdown')}", file=sys.stderr)
+    return result.exit_code
+
+
+def cmd_serve_exchange(args: argparse.Namespace) -> int:
+    from engine.store import open_session
+    from live.runner import credentials_from_env
+    from replay.bitget_server import session_frames
+    from replay.local_exchange import DEFAULT_ACCOUNTS, LocalExchange
+
+    session = open_session(args.session)
+    want = _symbols(args.symbols) or None
+    frames = session_frames(args.session, symbols=want)
+    if not frames:
+        raise DualhubError(f"{args.session} has no books15/trade frames to serve")
+    creds = credentials_from_env()
+    accounts = {creds.api_key: (creds.secret, creds.passphrase)} if creds else dict(DEFAULT_ACCOUNTS)
+    speed = 1.0 if args.speed is None else args.speed
+    symbols = want or tuple(session.manifest.get("symbols") or ("BTCUSDT",))
+    ex = LocalExchange(
+        frames,
+        speed=speed,
+        fill_model=args.fill_model,
+        accounts=accounts,
+        symbols=symbols,
+        host=args.host,
+        rest_port=args.port,
+        ws_port=args.port + 1 if args.port else 0,
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with ex:
+            print(
+                f"serve-exchange: REST {ex.rest_url}  WS {ex.ws_url}  "
+                f"({len(frames)} frames at speed {speed})\n"
+                f"  dualhub live --exchange-url {ex.rest_url} --ws-url {ex.ws_url} ...",
+                flush=True,
+            )
+            if not creds:
+                print(f"  API key {next(iter(accounts))} (local defaults)", flush=True)
+            await stop.wait()
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    import orjson
+
+    from live.runner import KILL_FILE, LIVE_JSON
+
+    out: Path = args.out
+    info = {}
+    try:
+        info = orjson.loads((out / LIVE_JSON).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        raise DualhubError(f"{out} has no {LIVE_JSON}: not a `dualhub live` session directory") from None
+    kill_file = Path(info.get("kill_file") or out / KILL_FILE)
+    kill_file.write_text(args.reason + "\n")
+    state = "running" if info.get("running") else "not running (the kill file stays: remove it to trade)"
+    print(f"dualhub kill: wrote {kill_file}; live run {state}", file=sys.stderr)
+    return 0

@@ -1,0 +1,992 @@
+"""``dualhub live``: the replay engine on a real-time clock, trading on paper or through Bitget.
+
+One asyncio loop runs everything; nothing on the tick path waits for Kev or the network:
+
+- **public feed**: the recorder's :class:`~recorder.connection.Connection` (reconnect, keepalive,
+  rate limits, gaps) journals every frame raw first, then hands it to :meth:`LiveRunner.deliver`, which
+  decodes it with the shared codec and schedules ``exchange.on_book``/``engine.on_book`` (priorities
+  5/10, trades 6/20, as replay merges them) at the frame's receive stamp, then dispatches at once: the
+  label is computed inline and scheduled at ``receipt + measured compute time``;
+- **the clock** (:class:`~live.clock.LiveClock`): every input is stamped and pushed on the timer
+  heap, the heap is run in key order and each entry runs *at its own timestamp*; a pump task runs
+  timers as they fall due;
+- **Kev** (:class:`LiveKevBackend`): ``advisor.advise`` runs as an asyncio task; its reply is stamped
+  when it returns and delivered at that time (priority 52), ``lag = stamp - request``. The advisor is
+  wrapped in a :class:`~engine.kev.cassette.RecordingAdvisor`, so the run's ``kev_response`` events
+  are a cassette;
+- **execution**: ``paper`` is :class:`replay.sim_exchange.SimExchange` (the replay fill model) on the
+  live clock, fed the live book at receipt; ``live`` is
+  :class:`~live.gateway.GatewayExecution` (Bitget REST + private WebSocket, reconciliation after
+  every reconnect);
+- **recording**: market data goes into a session exactly as ``dualhub record`` writes one (journal,
+  then the recorder's normaliser, so ``dualhub recover`` finishes a crashed run); the engine's events
+  into ``<out>/runs/live-<SYMBOL>/`` with every delay the run observed (``latency_recorded.parquet``)
+  and the Kev cassette. :func:`live.parity.replay_config_for` gives the replay config that
+  reproduces the run.
+
+Safety: a kill switch (SIGUSR1, the kill file ``<out>/KILL`` that ``dualhub kill`` writes, or
+:meth:`LiveRunner.request_kill`) stops new orders, cancels working ones through the engine and
+cancel-alls at the venue; SIGINT/SIGTERM, ``duration_s`` or a crash stop the run, and the venue is
+always cancel-all'ed on the way out. Keys come only from the caller (the CLI reads the environment);
+nothing written or logged here contains them.
+
+Layering: ``live/`` is an application package beside ``replay/`` and ``recorder/``; it uses the
+recorder's connection and journal and replay's simulated exchange (paper mode) rather than copies,
+and ``engine/`` imports none of them (``tests/test_layout.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import os
+import random
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from functools import partial
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import orjson
+
+from engine.contract import ContractConfig
+from engine.core import PRIO_KEV, Engine, EngineConfig, KevDone
+from engine.errors import DualhubError
+from engine.eventlog import EventLog
+from engine.events import BookSnapshot, ReconcileEvent, Trade, events_to_table
+from engine.fills import FILL_MODELS
+from engine.kev.advisor import KevAdvisor, KevContext, KevReply
+from engine.kev.cassette import CASSETTE_FILE, Cassette, CassetteEntry, RecordingAdvisor
+from engine.kev.queue import POLICIES
+from engine.kev.rules import RuleKev
+from engine.latency import parse_latency
+from engine.laya.features import features_v0
+from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig  # DEFAULT_MODEL: re-exported for the CLI
+from engine.recorded_latency import RECORDED_FILE, LatencySink, RecordingLatency
+from engine.risk import RiskLimits
+from engine.store import MANIFEST, atomic_write_parquet, open_session, sha256_file, write_json
+from engine.strategy import QuoteConfig
+from engine.venues.bitget_v2 import INST_TYPE, REST_BASE_URL, StreamCounters, arg, decode
+from engine.venues.bitget_v2_rest import BitgetError, ContractSpec, Credentials
+from live.clock import ComputeLatency, LiveClock
+from live.gateway import BitgetGateway, GatewayExecution, GatewayTransportError, reconcile_event
+from live.private_ws import PrivateConfig, PrivateStream, describe
+from recorder.connection import Connection, ConnectionConfig, SlidingWindow
+from recorder.journal import RECV, JournalWriter
+from recorder.normalise import Normaliser
+from recorder.record import JOURNAL_DIR, RECORD_JSON, finish, new_writer, normalise_segment
+from replay.sim_exchange import SimExchange
+
+log = logging.getLogger(__name__)
+
+LIVE_JSON = "live.json"
+KILL_FILE = "KILL"
+RUN_SCHEMA_VERSION = 1
+# Inputs at one timestamp, as replay merges them: the exchange sees market data before the engine.
+PRIO_KILL, PRIO_EXCH_BOOK, PRIO_EXCH_TRADE, PRIO_BOOK, PRIO_TRADE = 0, 5, 6, 10, 20
+MODES = ("paper", "live")
+EXIT_OK, EXIT_KILLED, EXIT_FAILED = 0, 3, 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveConfig:
+    """Everything a live run needs (never the keys). Its sha256 goes into the manifests."""
+
+    out: str
+    symbols: tuple[str, ...] = ("BTCUSDT",)
+    mode: str = "paper"  # "paper": simulated fills on the live book; "live": real orders
+    exchange_url: str = REST_BASE_URL  # REST base of any Bitget-protocol endpoint
+    ws_url: str = ""  # WebSocket base; "" derives it from exchange_url (see endpoints())
+    duration_s: float | None = None
+    model_path: str = str(DEFAULT_MODEL)
+    laya_provider: str = "auto"
+    fill_model: str = "touch"  # paper execution: the replay fill model
+    latency_order_entry: str = "const:5ms"  # paper execution: modelled like replay (and recorded)
+    latency_order_response: str = "const:5ms"
+    latency_cancel: str = "const:5ms"
+    kev_url: str = ""  # llama-server; "" = the rule advisor
+    kev_queue_max: int = 2
+    kev_stale_after_ms: int = 1000
+    kev_advice_ttl_ms: int = 5000
+    kev_min_interval_ms: int = 0
+    kev_queue_policy: str = "drop_oldest"
+    kev_max_in_flight: int = 1
+    kev_timeout_ms: int = 2000
+    risk: RiskLimits = field(default_factory=RiskLimits)
+    quotes: QuoteConfig = field(default_factory=QuoteConfig)
+    contract_defaults: bool = False  # paper: skip the contracts request, use ContractConfig defaults
+    kill_file: str = ""  # "" = <out>/KILL
+    seed: int = 1
+    flush_interval_ms: int = 200
+    drain_timeout_s: float = 5.0
+    feed_silence_s: float = 30.0
+    ping_interval_s: float = 25.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise DualhubError(f"mode must be one of {MODES}, not {self.mode!r}")
+        if not self.symbols:
+            raise DualhubError("no symbols to trade")
+        if self.fill_model not in FILL_MODELS:
+            raise DualhubError(f"unknown fill model {self.fill_model!r}; known: {', '.join(FILL_MODELS)}")
+        if self.kev_queue_policy not in POLICIES:
+            raise DualhubError(f"unknown Kev queue policy {self.kev_queue_policy!r}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise DualhubError("duration_s must be > 0")
+        rng = np.random.default_rng(0)
+        for name in ("latency_order_entry", "latency_order_response", "latency_cancel"):
+            try:
+                parse_latency(getattr(self, name), rng)
+            except ValueError as e:
+                raise DualhubError(f"{name}: {e}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return orjson.loads(orjson.dumps(dataclasses.asdict(self), default=str))
+
+    def sha256(self) -> str:
+        return hashlib.sha256(orjson.dumps(self.to_json(), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def endpoints(exchange_url: str, ws_url: str = "") -> tuple[str, str, str]:
+    """``(rest, public WS, private WS)``. The WS base is ``ws_url`` when given; for Bitget's REST host
+    it is ``wss://ws.bitget.com``; otherwise the same host on the REST port + 1 (``dualhub
+    serve-exchange --port P`` serves REST on P and both WebSockets on P + 1)."""
+    rest = exchange_url.rstrip("/")
+    if ws_url:
+        base = ws_url.rstrip("/")
+        for suffix in ("/v2/ws/public", "/v2/ws/private"):
+            base = base.removesuffix(suffix)
+    else:
+        u = urlsplit(rest)
+        if u.hostname is None or u.scheme not in ("http", "https"):
+            raise DualhubError(f"exchange URL must be http(s)://host[:port], got {exchange_url!r}")
+        scheme = "wss" if u.scheme == "https" else "ws"
+        if u.hostname == "api.bitget.com":
+            base = "wss://ws.bitget.com"
+        elif u.port is not None:
+            base = f"{scheme}://{u.hostname}:{u.port + 1}"
+        else:
+            raise DualhubError(f"cannot derive the WebSocket URL from {exchange_url!r}: pass --ws-url")
+    return rest, base + "/v2/ws/public", base + "/v2/ws/private"
+
+
+class LiveKevBackend:
+    """Kev off the tick path: ``advise`` runs as a task; the reply is delivered when it returns.
+
+    Every answer is also kept as a cassette entry with the lag the engine saw (``stamp - request``),
+    in request order, late ones (after the engine's timeout) included: replayed, a late answer is
+    late again, at the same time.
+    """
+
+    def __init__(self, advisor: RecordingAdvisor, runner: LiveRunner, sink: LatencySink) -> None:
+        self.advisor = advisor
+        self.runner = runner
+        self.sink = sink
+        self._slots: list[CassetteEntry | None] = []  # one per request, in request order
+
+    def start(self, ctx: KevContext, now_ns: int, done: KevDone) -> None:
+        task = asyncio.get_running_loop().create_task(self.advisor.advise(ctx))
+        self.runner.kev_tasks.add(task)
+        self._slots.append(None)
+        task.add_done_callback(partial(self._finished, ctx, now_ns, done, len(self._slots) - 1))
+
+    def _finished(
+        self, ctx: KevContext, started: int, done: KevDone, slot: int, task: asyncio.Task[KevReply]
+    ) -> None:
+        self.runner.kev_tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        reply = (
+            task.result() if exc is None else KevReply(raw=None, error=f"kev failed: {type(exc).__name__}")
+        )
+        t = self.runner.clock.stamp()
+        lag = t - started
+        self.sink.add("kev", started, lag)
+        key = reply.key or self.advisor.key(ctx)
+        self._slots[slot] = CassetteEntry.from_reply(
+            key, reply, lag_ns=lag, request_id=ctx.request_id, advisor=self.advisor.name
+        )
+        self.runner.inject(PRIO_KEV, partial(done, ctx, reply, lag), ts=t)
+
+    def cassette(self) -> Cassette:
+        cas = Cassette(meta={"recorded_by": "dualhub live", "lag": "engine-observed"})
+        for e in self._slots:
+            if e is not None:
+                cas.add(e)
+        return cas
+
+
+class _GatedJournal:
+    """The journal, closed to received frames once the feed stops: the session holds exactly the
+    frames the engine saw."""
+
+    def __init__(self, inner: JournalWriter) -> None:
+        self.inner = inner
+        self.open = True
+
+    def append(self, ts_recv_ns: int, conn_id: int, payload: bytes, kind: int = RECV) -> None:
+        if kind == RECV and not self.open:
+            return
+        self.inner.append(ts_recv_ns, conn_id, payload, kind)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _FeedConnection(Connection):
+    """The recorder's connection, also handing every frame (after the journal) to the runner."""
+
+    def __init__(self, *args: Any, deliver: Callable[[bytes, int], None], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._deliver = deliver
+
+    def _inspect(self, raw: bytes, ts: int) -> None:
+        super()._inspect(raw, ts)
+        self._deliver(raw, ts)
+
+
+@dataclass
+class _Symbol:
+    symbol: str
+    contract: ContractConfig
+    run_dir: Path
+    tmp: Path
+    log: EventLog
+    sink: LatencySink
+    advisor: RecordingAdvisor
+    kev: LiveKevBackend
+    engine: Engine
+    paper: SimExchange | None
+    reconcile: list[ReconcileEvent] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LiveResult:
+    session_dir: Path
+    run_dirs: dict[str, Path]
+    stopped_by: str
+    killed: str
+    exit_code: int
+    counts: dict[str, dict[str, int]]
+    summary: dict[str, Any]
+
+
+def credentials_from_env(env: os._Environ[str] | dict[str, str] | None = None) -> Credentials | None:
+    """``BITGET_API_KEY``, ``BITGET_API_SECRET`` (or ``BITGET_SECRET``), ``BITGET_API_PASSPHRASE`` (or
+    ``BITGET_PASSPHRASE``); None unless all three are set."""
+    e = os.environ if env is None else env
+    key = e.get("BITGET_API_KEY", "")
+    secret = e.get("BITGET_API_SECRET", "") or e.get("BITGET_SECRET", "")
+    passphrase = e.get("BITGET_API_PASSPHRASE", "") or e.get("BITGET_PASSPHRASE", "")
+    if not (key and secret and passphrase):
+        return None
+    return Credentials(key, secret, passphrase)
+
+
+class LiveRunner:
+    def __init__(
+        self,
+        cfg: LiveConfig,
+        *,
+        credentials: Credentials | None = None,
+        advisor: KevAdvisor | None = None,
+        install_signals: bool = False,
+    ) -> None:
+        if cfg.mode == "live" and credentials is None:
+            raise DualhubError(
+                "live mode needs API keys (BITGET_API_KEY, BITGET_API_SECRET, BITGET_API_PASSPHRASE)"
+            )
+        self.cfg = cfg
+        self._creds = credentials if cfg.mode == "live" else None
+        self._inner_advisor = advisor
+        self.install_signals = install_signals
+        self.root = Path(cfg.out)
+        self.rest_url, self.public_url, self.private_url = endpoints(cfg.exchange_url, cfg.ws_url)
+        self.kill_file = Path(cfg.kill_file) if cfg.kill_file else self.root / KILL_FILE
+        self.clock = LiveClock()
+        self.counters = StreamCounters()
+        self.syms: dict[str, _Symbol] = {}
+        self.kev_tasks: set[asyncio.Task[Any]] = set()
+        self.stop_reason = ""
+        self.killed = ""
+        self.killed_at_ns = 0
+        self.crash: BaseException | None = None
+        self.feeding = False
+        self.frames = 0
+        self.books = 0
+        self.trades = 0
+        self.execution: GatewayExecution | None = None
+        self.gateway: BitgetGateway | None = None
+        self.private: PrivateStream | None = None
+        self.contract_source = "defaults"
+        self.shutdown_info: dict[str, Any] = {}
+        self.errors: list[str] = []
+        self._dispatching = False
+        self._stop: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._journal: _GatedJournal | None = None
+        self._feed: _FeedConnection | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._segments: list[Path] = []
+        self._norm: Normaliser | None = None
+        self._writer: Any = None
+        self._asked: dict[str, Any] = {}
+        self.started_ns = 0
+        self._kill_tasks: set[asyncio.Task[Any]] = set()
+        self._prepared = False
+        self._norm_task: asyncio.Future[Any] | None = None
+        self.feed_failed = ""
+
+    # ------------------------------------------------------------------ the clock and inputs
+
+    def inject(self, priority: int, fn: Callable[[], None], *, ts: int | None = None) -> int:
+        """Stamp an input (or use ``ts``, a stamp just taken), schedule it and run everything due."""
+        t = self.clock.stamp() if ts is None else ts
+        self.clock.schedule(t, priority, fn)
+        self.dispatch()
+        return t
+
+    def dispatch(self) -> None:
+        if self._dispatching:
+            return
+        self._dispatching = True
+        try:
+            while (item := self.clock.pop_next_due()) is not None:
+                item[1]()
+        except Exception as e:  # an engine bug: stop trading, cancel everything
+            self._fail(e)
+        finally:
+            self._dispatching = False
+        if self._wake is not None and self.clock.pending:
+            self._wake.set()
+
+    def deliver(self, raw: bytes, ts: int) -> None:
+        """A public frame, already journaled with its receive stamp ``ts``."""
+        if not self.feeding:
+            return
+        self.frames += 1
+        sched = self.clock.schedule
+        any_event = False
+        for ev in decode(raw, ts, self.counters):
+            if isinstance(ev, BookSnapshot):
+                st = self.syms.get(ev.symbol)
+                if st is None:
+                    continue
+                self.books += 1
+                if st.paper is not None:
+                    sched(ts, PRIO_EXCH_BOOK, partial(st.paper.on_book, ev))
+                sched(ts, PRIO_BOOK, partial(st.engine.on_book, ev))
+                any_event = True
+            elif isinstance(ev, Trade):
+                st = self.syms.get(ev.symbol)
+                if st is None:
+                    continue
+                self.trades += 1
+                if st.paper is not None:
+                    sched(ts, PRIO_EXCH_TRADE, partial(st.paper.on_trade, ev))
+                sched(ts, PRIO_TRADE, partial(st.engine.on_trade, ev))
+                any_event = True
+        if any_event:
+            self.dispatch()
+
+    def _fail(self, e: BaseException) -> None:
+        if self.crash is None:
+            self.crash = e
+            log.error("live run failed: %s: %s", type(e).__name__, self._redact(str(e)))
+        self.request_stop("crash")
+
+    def _redact(self, text: str) -> str:
+        return self._creds.redact(text) if self._creds is not None else text
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stop_reason:
+            self.stop_reason = reason
+        if self._stop is not None:
+            self._stop.set()
+
+    def request_kill(self, source: str) -> None:
+        """The kill switch: no new orders, working orders cancelled, the venue cancel-all'ed, stop."""
+        if self.killed:
+            return
+        self.killed = source
+        log.warning("kill switch: %s", source)
+        for st in self.syms.values():
+            t = self.inject(PRIO_KILL, st.engine.kill)
+            self.killed_at_ns = self.killed_at_ns or t
+        if self.execution is not None:
+            task = asyncio.get_running_loop().create_task(self.execution.cancel_everything())
+            self._kill_tasks.add(task)
+        self.request_stop(f"kill:{source}")
+
+    # ------------------------------------------------------------------ setup
+
+    def _prepare_dirs(self) -> None:
+        if (self.root / MANIFEST).exists():
+            raise DualhubError(f"{self.root} already holds a finished session")
+        if (self.root / RECORD_JSON).exists():
+            raise DualhubError(f"{self.root} holds an unfinished recording; `dualhub recover {self.root}` it")
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.kill_file.exists():
+            raise DualhubError(f"kill file {self.kill_file} exists: remove it to trade")
+        cfg_json = self.cfg.to_json()
+        self._asked = {
+            "url": self.public_url,
+            "inst_type": INST_TYPE,
+            "symbols": list(self.cfg.symbols),
+            "channels": ["books15", "trade"],
+            "connections": 1,
+            "config": cfg_json,
+            "config_sha256": self.cfg.sha256(),
+        }
+        self.started_ns = time.time_ns()
+        write_json(self.root / RECORD_JSON, {**self._asked, "started_ns": self.started_ns})
+        self._prepared = True
+        write_json(
+            self.root / LIVE_JSON,
+            {
+                "pid": os.getpid(),
+                "mode": self.cfg.mode,
+                "started_ns": self.started_ns,
+                "rest_url": self.rest_url,
+                "public_url": self.public_url,
+                "private_url": self.private_url if self.cfg.mode == "live" else "",
+                "kill_file": str(self.kill_file),
+                "running": True,
+            },
+        )
+
+    async def _contracts(self) -> dict[str, ContractSpec]:
+        cfg = self.cfg
+        if cfg.mode == "paper" and cfg.contract_defaults:
+            return {}
+        gw = self.gateway or BitgetGateway(self.rest_url, timeout_s=3.0)
+        try:
+            specs = {s.symbol: s for s in await gw.contracts()}
+        except (BitgetError, GatewayTransportError) as e:
+            if cfg.mode == "live":
+                raise DualhubError(f"cannot read contracts from {self.rest_url}: {e}") from None
+            log.warning("contracts unavailable (%s): using the engine's defaults", e)
+            self.errors.append(f"contracts: {e}")
+            return {}
+        finally:
+            if gw is not self.gateway:
+                await gw.aclose()
+        missing = [s for s in cfg.symbols if s not in specs]
+        if missing:
+            raise DualhubError(f"{self.rest_url} lists no contract for {missing}")
+        bad = [s for s in cfg.symbols if not specs[s].tradable]
+        if bad and cfg.mode == "live":
+            raise DualhubError(f"not tradable now: {[(s, specs[s].status) for s in bad]}")
+        self.contract_source = "exchange"
+        return {s: specs[s] for s in cfg.symbols}
+
+    async def _setup_gateway(self) -> None:
+        assert self._creds is not None
+        self.gateway = gw = BitgetGateway(self.rest_url, self._creds)
+        try:
+            await gw.sync_time()
+            positions = await gw.positions()  # the first signed call: are the keys good?
+        except BitgetError as e:
+            raise DualhubError(f"the exchange refused us at startup: {self._redact(str(e))}") from None
+        except GatewayTransportError as e:
+            raise DualhubError(f"exchange unreachable: {e}") from None
+        held = [(p.symbol, p.signed_size) for p in positions if p.symbol in self.cfg.symbols and p.total]
+        if held:
+            raise DualhubError(f"open positions {held}: the engine starts flat; close them first")
+
+    def _build(self, specs: dict[str, ContractSpec]) -> None:
+        cfg = self.cfg
+        laya = Laya(LayaConfig(model_path=Path(cfg.model_path), provider=cfg.laya_provider))
+        self.laya = laya
+        buf = np.zeros(laya.n_features, dtype=np.float32)
+
+        def labeler(book: BookSnapshot) -> tuple[int, np.ndarray]:
+            return laya.predict(features_v0(book, out=buf))
+
+        inner = self._inner_advisor
+        if inner is None:
+            if cfg.kev_url:
+                from engine.kev.llama import LlamaAdvisor, LlamaConfig
+
+                inner = LlamaAdvisor(LlamaConfig(base_url=cfg.kev_url))
+            else:
+                inner = RuleKev()
+        self._advisor_inner = inner
+        run_tag = f"dh{self.started_ns // 1_000_000 % 10**10:010d}-"
+        if cfg.mode == "live":
+            assert self.gateway is not None
+            self.execution = GatewayExecution(
+                self.gateway,
+                specs,
+                run_tag=run_tag,
+                inject=lambda prio, fn: self.inject(prio, fn),
+                now_ns=self.clock.now_ns,
+                record=self._record_exec,
+                on_reconcile=self._on_reconcile,
+                on_kill=self.request_kill,
+            )
+        rng_root = int(cfg.seed)
+        for i, symbol in enumerate(cfg.symbols):
+            spec = specs.get(symbol)
+            contract = spec.config() if spec is not None else ContractConfig(symbol=symbol)
+            run_dir = self.root / "runs" / f"live-{symbol}"
+            tmp = run_dir.with_name(run_dir.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / "events").mkdir(parents=True)
+            sink = LatencySink()
+            evlog = EventLog(tmp / "events")
+            advisor = RecordingAdvisor(inner)
+            paper = None
+            execution: Any = self.execution
+            if cfg.mode == "paper":
+                rng = np.random.default_rng([rng_root, 4, i])
+                paper = SimExchange(
+                    self.clock,  # type: ignore[arg-type]  # schedule/now_ns: the live clock fits
+                    fill_model=FILL_MODELS[cfg.fill_model](),
+                    entry_latency=RecordingLatency(
+                        parse_latency(cfg.latency_order_entry, rng), "order_entry", sink
+                    ),
+                    response_latency=RecordingLatency(
+                        parse_latency(cfg.latency_order_response, rng), "order_response", sink
+                    ),
+                    cancel_latency=RecordingLatency(parse_latency(cfg.latency_cancel, rng), "cancel", sink),
+                )
+                execution = paper
+            kev = LiveKevBackend(advisor, self, sink)
+            engine = Engine(
+                engine_config(cfg, symbol, contract),
+                clock=self.clock,
+                log=evlog,
+                labeler=labeler,
+                kev=kev,
+                execution=execution,
+                advisor_name=advisor.name,
+                laya_latency=RecordingLatency(ComputeLatency(self.clock), "laya", sink),
+            )
+            if paper is not None:
+                paper.engine = engine
+            if self.execution is not None:
+                self.execution.engines[symbol] = engine
+            self.syms[symbol] = _Symbol(
+                symbol, contract, run_dir, tmp, evlog, sink, advisor, kev, engine, paper
+            )
+
+    def _record_exec(self, symbol: str, kind: str, ts: int, dur: int) -> None:
+        st = self.syms.get(symbol)
+        if st is not None:
+            st.sink.add(kind, ts, dur)
+
+    def _on_reconcile(self, fields: dict[str, Any]) -> None:
+        st = self.syms.get(fields["symbol"]) or next(iter(self.syms.values()))
+        ts = self.clock.stamp()
+        st.reconcile.append(reconcile_event(fields, ts=ts, seq=len(st.reconcile)))
+        log.warning("reconcile: %s", fields)
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self) -> LiveResult:
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._prepare_dirs()
+        try:
+            if self.cfg.mode == "live":
+                await self._setup_gateway()
+            specs = await self._contracts()
+            self._build(specs)
+            if self.install_signals:
+                for sig, fn in (
+                    (signal.SIGINT, lambda: self.request_stop("signal:SIGINT")),
+                    (signal.SIGTERM, lambda: self.request_stop("signal:SIGTERM")),
+                    (signal.SIGUSR1, lambda: self.request_kill("signal:SIGUSR1")),
+                ):
+                    loop.add_signal_handler(sig, fn)
+            await self._start()
+            if not self._stop.is_set():
+                if self.cfg.duration_s is not None:
+                    try:
+                        async with asyncio.timeout(self.cfg.duration_s):
+                            await self._stop.wait()
+                    except TimeoutError:
+                        self.request_stop("duration")
+                else:
+                    await self._stop.wait()
+        except BaseException as e:
+            if not isinstance(e, asyncio.CancelledError | KeyboardInterrupt):
+                self._fail(e)
+            else:
+                self.request_stop("cancelled")
+            raise
+        finally:
+            try:
+                await self._shutdown()
+            finally:
+                if self.install_signals:
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+                        loop.remove_signal_handler(sig)
+        return self._result()
+
+    async def _start(self) -> None:
+        cfg = self.cfg
+        self._journal = _GatedJournal(
+            JournalWriter(self.root / JOURNAL_DIR, rotate_s=900.0, rotate_bytes=64 << 20)
+        )
+        self._norm = Normaliser(self._asked)
+        self._writer = new_writer(self.root, self._asked)
+        self._journal.meta(time.time_ns(), 0xFFFF, {"t": "start", "asked": self._asked})
+        if cfg.mode == "live":
+            assert self._creds is not None and self.gateway is not None and self.execution is not None
+            gw = self.gateway
+            self.private = PrivateStream(
+                PrivateConfig(url=self.private_url, ping_interval_s=cfg.ping_interval_s),
+                self._creds,
+                on_item=lambda item, ts: self.execution.on_private(item),  # type: ignore[union-attr]
+                on_connected=self._on_private_connected,
+                on_fatal=lambda why: self.request_kill(f"private_ws:{why}"),
+                server_s=lambda: gw.now_ms() // 1000,
+                stamp=time.time_ns,
+            )
+            self._tasks.append(asyncio.create_task(self.private.run(), name="private-ws"))
+            try:
+                async with asyncio.timeout(10.0):
+                    await self.private.connected.wait()
+            except TimeoutError:
+                raise DualhubError(
+                    f"private WebSocket {self.private_url} did not log in: {self.private.fatal or 'timeout'}"
+                ) from None
+        conn_cfg = ConnectionConfig(
+            url=self.public_url, silence_limit_s=cfg.feed_silence_s, ping_interval_s=cfg.ping_interval_s
+        )
+        args = [arg(ch, s) for s in cfg.symbols for ch in ("books15", "trade")]
+        self._feed = _FeedConnection(
+            0,
+            args,
+            self._journal,  # type: ignore[arg-type]
+            conn_cfg,
+            rng=random.Random(cfg.seed),
+            attempts=SlidingWindow(conn_cfg.max_connect_attempts, conn_cfg.connect_window_s),
+            wall_ns=self.clock.stamp,
+            deliver=self.deliver,
+        )
+        self.feeding = True
+        feed_task = asyncio.create_task(self._feed.run(), name="public-feed")
+        feed_task.add_done_callback(self._feed_ended)
+        self._tasks += [
+            feed_task,
+            asyncio.create_task(self._pump(), name="timer-pump"),
+            asyncio.create_task(self._flusher(), name="journal-flush"),
+            asyncio.create_task(self._kill_watch(), name="kill-file"),
+        ]
+
+    def _feed_ended(self, task: asyncio.Task[Any]) -> None:
+        if not self.feeding:
+            return  # we stopped it
+        self.feed_failed = (self._feed.stats.fatal if self._feed is not None else "") or "ended"
+        self.errors.append(f"public feed: {self.feed_failed}")
+        self.request_stop("feed_failed")
+
+    async def _on_private_connected(self, n: int) -> None:
+        if n > 1 and self.execution is not None:
+            try:
+                diffs = await self.execution.reconcile(f"reconnect{n}")
+                log.info("reconciled after private reconnect %d: %d differences", n, diffs)
+            except (BitgetError, GatewayTransportError) as e:
+                self.errors.append(f"reconcile: {e}")
+                self.request_kill("reconcile_failed")
+
+    async def _pump(self) -> None:
+        assert self._wake is not None
+        while True:
+            self.dispatch()
+            k = self.clock.next_key()
+            timeout = 0.25 if k is None else (k.ts_ns - time.time_ns()) / 1e9
+            if timeout > 0:
+                # A timer handle, not asyncio.wait_for: 3.11's wait_for can swallow a cancellation.
+                self._wake.clear()
+                handle = asyncio.get_running_loop().call_later(min(timeout, 0.25), self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    handle.cancel()
+            else:
+                await asyncio.sleep(0)
+
+    async def _flusher(self) -> None:
+        assert self._journal is not None
+        j = self._journal.inner
+        while True:
+            await asyncio.sleep(self.cfg.flush_interval_ms / 1000)
+            j.flush()
+            if j.rotate_due():
+                path = j.rotate()
+                assert self._norm is not None
+                # shielded: a shutdown waits for it (segments are normalised strictly in order)
+                self._norm_task = asyncio.ensure_future(
+                    asyncio.to_thread(normalise_segment, path, self._norm, self._writer)
+                )
+                await asyncio.shield(self._norm_task)
+                self._segments.append(path)
+
+    async def _kill_watch(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            if self.kill_file.exists():
+                try:
+                    why = self.kill_file.read_text()[:200].strip()
+                except OSError:
+                    why = ""
+                self.request_kill("file" + (f":{why}" if why else ""))
+                return
+
+    # ------------------------------------------------------------------ stopping
+
+    async def _drain(self) -> None:
+        """Stop like a replay ends: every pending timer runs (Kev replies still coming are awaited)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.drain_timeout_s
+        while self.crash is None:
+            busy = set(self.kev_tasks)
+            if self.execution is not None:
+                busy |= self.execution.tasks
+            if busy:
+                if loop.time() > deadline:
+                    for t in busy:
+                        t.cancel()
+                    await asyncio.gather(*busy, return_exceptions=True)
+                    continue
+                await asyncio.wait(busy, timeout=0.05)
+                self.dispatch()
+                continue
+            item = self.clock.pop_next_due(force=True)
+            if item is None:
+                return
+            try:
+                item[1]()
+            except Exception as e:
+                self._fail(e)
+
+    async def _shutdown(self) -> None:
+        if not self._prepared:  # refused before anything was created
+            return
+        # 1. the feed stops: nothing more reaches the engine or the session
+        self.feeding = False
+        if self._journal is not None:
+            self._journal.open = False
+        if self._feed is not None:
+            self._feed.stop()
+        if self.execution is not None:
+            self.execution.closing = True
+        for t in self._tasks:
+            if t.get_name() not in ("private-ws",):
+                t.cancel()
+        await asyncio.gather(
+            *(t for t in self._tasks if t.get_name() != "private-ws"), return_exceptions=True
+        )
+        # 2. every pending timer runs, as at the end of a replay (not after a crash)
+        if self.syms:
+            try:
+                await self._drain()
+            except Exception as e:
+                self._fail(e)
+        # 3. the venue: cancel everything of ours, always
+        if self._kill_tasks:
+            await asyncio.gather(*self._kill_tasks, return_exceptions=True)
+        self.shutdown_info["cancel_all"] = await self._cancel_all()
+        if self.private is not None:
+            self.private.stop()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.gateway is not None:
+            await self.gateway.aclose()
+        aclose = getattr(getattr(self, "_advisor_inner", None), "aclose", None)
+        if aclose is not None:
+            try:
+                await aclose()
+            except Exception as e:  # closing an HTTP client must not hide the run's outcome
+                self.errors.append(f"kev close: {e}")
+        # 4. files: the session first (its digest goes into the run manifests)
+        if self._norm_task is not None:
+            await asyncio.gather(self._norm_task, return_exceptions=True)
+        await asyncio.to_thread(self._finish_files)
+
+    async def _cancel_all(self) -> dict[str, Any]:
+        if self.execution is not None:
+            await self.execution.wait_idle(3.0)
+            try:
+                async with asyncio.timeout(10.0):
+                    return await self.execution.cancel_everything()
+            except TimeoutError:
+                return {"error": "cancel-all timed out"}
+        resting = {s: len(st.paper._resting) for s, st in self.syms.items() if st.paper is not None}
+        for st in self.syms.values():
+            if st.paper is not None:
+                st.paper._resting.clear()
+        return {"paper_resting_dropped": resting}
+
+    def _finish_files(self) -> None:
+        session_manifest: dict[str, Any] | None = None
+        if self._journal is None:  # never started (refused at setup): leave nothing half-made behind
+            (self.root / RECORD_JSON).unlink(missing_ok=True)
+            for st in self.syms.values():
+                shutil.rmtree(st.tmp, ignore_errors=True)
+            self.syms.clear()
+        else:
+            j = self._journal.inner
+            end = time.time_ns()
+            if self._feed is not None:
+                for key in list(self._feed.open_gaps):
+                    self._feed.close_gap(key, end, how="shutdown")
+            j.meta(end, 0xFFFF, {"t": "stop", "reason": self.stop_reason or "stopped"})
+            last = j.close()
+            assert self._norm is not None
+            if last is not None:
+                normalise_segment(last, self._norm, self._writer)
+                self._segments.append(last)
+            extra = {
+                "recovered": False,
+                "stopped_by": self.stop_reason,
+                "journal": {
+                    "segments": [p.name for p in j.finished],
+                    "records": j.records,
+                    "frames": j.frames,
+                },
+                "live": {"mode": self.cfg.mode, "runs": sorted(f"runs/live-{s}" for s in self.syms)},
+            }
+            session_manifest = finish(self._writer, self._norm, extra)
+        for st in self.syms.values():
+            try:
+                self._finish_run(st, session_manifest is not None)
+            except Exception as e:
+                self.errors.append(f"{st.symbol}: finishing the run failed: {type(e).__name__}: {e}")
+                log.error("%s: finishing the run failed: %s", st.symbol, e)
+        write_json(self.root / LIVE_JSON, {**self._live_json(), "running": False, "summary": self._summary()})
+
+    def _live_json(self) -> dict[str, Any]:
+        try:
+            return orjson.loads((self.root / LIVE_JSON).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return {}
+
+    def _finish_run(self, st: _Symbol, have_session: bool) -> None:
+        files = st.log.write()
+        rec_path = st.tmp / "events" / "reconcile.parquet"
+        atomic_write_parquet(events_to_table(st.reconcile, "reconcile"), rec_path)
+        files["events/reconcile.parquet"] = {"rows": len(st.reconcile), "sha256": sha256_file(rec_path)}
+        lat = st.sink.write(st.tmp)
+        files[RECORDED_FILE] = {"rows": len(st.sink), "sha256": sha256_file(lat)}
+        cassette = st.kev.cassette()
+        cas = cassette.write(st.tmp / CASSETTE_FILE)
+        files[CASSETTE_FILE] = {"rows": len(cassette), "sha256": sha256_file(cas)}
+        session: dict[str, Any] = {"path": str(self.root.resolve())}
+        if have_session:
+            s = open_session(self.root)
+            session.update(digest=s.digest(), files=s.manifest["files"])
+        info = self.laya.describe()
+        cfg_json = self.cfg.to_json()
+        manifest = {
+            "run_schema_version": RUN_SCHEMA_VERSION,
+            "kind": "live",
+            "digest": st.log.digest,
+            "session": session,
+            "inputs": {"books15": self.books, "trade": self.trades},
+            "model": {
+                "file": Path(self.cfg.model_path).name,
+                "path": str(Path(self.cfg.model_path).resolve()),
+                "sha256": info["model_sha256"],
+                "feature_version": info["feature_version"],
+            },
+            "seeds": {"live": self.cfg.seed},
+            "symbol": st.symbol,
+            "config": cfg_json,
+            "config_sha256": self.cfg.sha256(),
+            "engine_config": _engine_config_json(engine_config(self.cfg, st.symbol, st.contract)),
+            "contract_source": self.contract_source,
+            "advisor": {"mode": "live", "name": st.advisor.name, "recorded": len(cassette)},
+            "counts": st.log.counts(),
+            "reconcile": len(st.reconcile),
+            "stopped_by": self.stop_reason,
+            "killed": self.killed,
+            "killed_at_ns": self.killed_at_ns,
+            "crash": self._redact(f"{type(self.crash).__name__}: {self.crash}") if self.crash else "",
+            "shutdown": self.shutdown_info,
+            "files": files,
+        }
+        write_json(st.tmp / "manifest.json", manifest)
+        write_json(
+            st.tmp / "runtime.json",
+            {k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
+        )
+        if st.run_dir.exists():
+            shutil.rmtree(st.run_dir)
+        st.tmp.rename(st.run_dir)
+
+    def _summary(self) -> dict[str, Any]:
+        return {
+            "stopped_by": self.stop_reason,
+            "killed": self.killed,
+            "crash": self._redact(f"{type(self.crash).__name__}: {self.crash}") if self.crash else "",
+            "frames": self.frames,
+            "books": self.books,
+            "trades": self.trades,
+            "counts": {s: st.log.counts() for s, st in self.syms.items()},
+            "reconcile": {s: len(st.reconcile) for s, st in self.syms.items()},
+            "shutdown": self.shutdown_info,
+            "private_ws": describe(self.private),
+            "gateway": {"requests": self.gateway.requests, "errors": self.gateway.errors}
+            if self.gateway is not None
+            else {},
+            "errors": [self._redact(e) for e in self.errors[-20:]],
+        }
+
+    def _result(self) -> LiveResult:
+        failed = self.crash is not None or self.feed_failed
+        code = EXIT_FAILED if failed else EXIT_KILLED if self.killed else EXIT_OK
+        return LiveResult(
+            session_dir=self.root,
+            run_dirs={s: st.run_dir for s, st in self.syms.items()},
+            stopped_by=self.stop_reason,
+            killed=self.killed,
+            exit_code=code,
+            counts={s: st.log.counts() for s, st in self.syms.items()},
+            summary=self._summary(),
+        )
+
+
+def engine_config(cfg: LiveConfig, symbol: str, contract: ContractConfig) -> EngineConfig:
+    """The engine's config, built from the live config exactly as the replay driver builds it."""
+    return EngineConfig(
+        symbol=symbol,
+        contract=contract,
+        risk=cfg.risk,
+        quotes=cfg.quotes,
+        kev_queue_max=cfg.kev_queue_max,
+        kev_queue_policy=cfg.kev_queue_policy,
+        kev_max_in_flight=cfg.kev_max_in_flight,
+        kev_timeout_ns=cfg.kev_timeout_ms * 1_000_000,
+        kev_stale_after_ns=cfg.kev_stale_after_ms * 1_000_000,
+        kev_advice_ttl_ns=cfg.kev_advice_ttl_ms * 1_000_000,
+        kev_min_interval_ns=cfg.kev_min_interval_ms * 1_000_000,
+    )
+
+
+def _engine_config_json(ec: EngineConfig) -> dict[str, Any]:
+    def conv(o: Any) -> Any:
+        if isinstance(o, Decimal):
+            return str(o)
+        raise TypeError(type(o).__name__)
+
+    return orjson.loads(orjson.dumps(dataclasses.asdict(ec), default=conv))
+
+
+def run_live(cfg: LiveConfig, **kw: Any) -> LiveResult:
+    return asyncio.run(LiveRunner(cfg, **kw).run())
