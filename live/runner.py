@@ -203,11 +203,15 @@ class LiveKevBackend:
     ) -> None:
         self.runner.kev_tasks.discard(task)
         if task.cancelled():
-            return
-        exc = task.exception()
-        reply = (
-            task.result() if exc is None else KevReply(raw=None, error=f"kev failed: {type(exc).__name__}")
-        )
+            if not self.runner.stopping:
+                return
+            # Given up on at shutdown: on the record as an answer that never came, so that a replay
+            # of the run (this cassette) sees the same thing at the same time.
+            reply = KevReply(raw=None, error="no answer: the run stopped first", key=self.advisor.key(ctx))
+        elif (exc := task.exception()) is not None:
+            reply = KevReply(raw=None, error=f"kev failed: {type(exc).__name__}", key=self.advisor.key(ctx))
+        else:
+            reply = task.result()
         t = self.runner.clock.stamp()
         lag = t - started
         self.sink.add("kev", started, lag)
@@ -345,6 +349,7 @@ class LiveRunner:
         self._prepared = False
         self._norm_task: asyncio.Future[Any] | None = None
         self.feed_failed = ""
+        self.stopping = False
 
     # ------------------------------------------------------------------ the clock and inputs
 
@@ -779,6 +784,7 @@ class LiveRunner:
             return
         # 1. the feed stops: nothing more reaches the engine or the session
         self.feeding = False
+        self.stopping = True
         if self._journal is not None:
             self._journal.open = False
         if self._feed is not None:
