@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -84,6 +84,25 @@ class EngineConfig:
     kev_queue_policy: str = "drop_oldest"
     kev_max_in_flight: int = 1  # Kev requests in flight at once (llama-server slots)
     kev_timeout_ns: Nanos = 2_000_000_000  # no reply by then: "no advice", the slot is freed
+
+
+def engine_config_from(settings: Any, *, symbol: str, contract: ContractConfig) -> EngineConfig:
+    """The engine's config from a replay or live config (same field names, times in ms), so replay and
+    live build it the same way."""
+    ms = 1_000_000
+    return EngineConfig(
+        symbol=symbol,
+        contract=contract,
+        risk=settings.risk,
+        quotes=settings.quotes,
+        kev_queue_max=settings.kev_queue_max,
+        kev_queue_policy=settings.kev_queue_policy,
+        kev_max_in_flight=settings.kev_max_in_flight,
+        kev_timeout_ns=settings.kev_timeout_ms * ms,
+        kev_stale_after_ns=settings.kev_stale_after_ms * ms,
+        kev_advice_ttl_ns=settings.kev_advice_ttl_ms * ms,
+        kev_min_interval_ns=settings.kev_min_interval_ms * ms,
+    )
 
 
 @dataclass

@@ -58,7 +58,7 @@ import numpy as np
 import orjson
 
 from engine.contract import ContractConfig
-from engine.core import PRIO_KEV, Engine, EngineConfig, KevDone
+from engine.core import PRIO_KEV, Engine, EngineConfig, KevDone, engine_config_from
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import BookSnapshot, ReconcileEvent, Trade, events_to_table
@@ -970,19 +970,7 @@ class LiveRunner:
 
 def engine_config(cfg: LiveConfig, symbol: str, contract: ContractConfig) -> EngineConfig:
     """The engine's config, built from the live config exactly as the replay driver builds it."""
-    return EngineConfig(
-        symbol=symbol,
-        contract=contract,
-        risk=cfg.risk,
-        quotes=cfg.quotes,
-        kev_queue_max=cfg.kev_queue_max,
-        kev_queue_policy=cfg.kev_queue_policy,
-        kev_max_in_flight=cfg.kev_max_in_flight,
-        kev_timeout_ns=cfg.kev_timeout_ms * 1_000_000,
-        kev_stale_after_ns=cfg.kev_stale_after_ms * 1_000_000,
-        kev_advice_ttl_ns=cfg.kev_advice_ttl_ms * 1_000_000,
-        kev_min_interval_ns=cfg.kev_min_interval_ms * 1_000_000,
-    )
+    return engine_config_from(cfg, symbol=symbol, contract=contract)
 
 
 def _engine_config_json(ec: EngineConfig) -> dict[str, Any]:

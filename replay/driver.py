@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from engine.clock import ReplayClock
 from engine.contract import ContractConfig
-from engine.core import Engine, EngineConfig
+from engine.core import Engine, engine_config_from
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, BookSnapshot, Trade
@@ -501,19 +501,7 @@ def run_replay(
         cancel_latency=latency(cfg.latency_cancel, rng_order, cfg.scale_order, "latency_cancel"),
     )
     engine = Engine(
-        EngineConfig(
-            symbol=cfg.symbol,
-            contract=cfg.contract,
-            risk=cfg.risk,
-            quotes=cfg.quotes,
-            kev_queue_max=cfg.kev_queue_max,
-            kev_queue_policy=cfg.kev_queue_policy,
-            kev_max_in_flight=cfg.kev_max_in_flight,
-            kev_timeout_ns=cfg.kev_timeout_ms * 1_000_000,
-            kev_stale_after_ns=cfg.kev_stale_after_ms * 1_000_000,
-            kev_advice_ttl_ns=cfg.kev_advice_ttl_ms * 1_000_000,
-            kev_min_interval_ns=cfg.kev_min_interval_ms * 1_000_000,
-        ),
+        engine_config_from(cfg, symbol=cfg.symbol, contract=cfg.contract),
         clock=clock,
         log=log,
         labeler=labeler,
