@@ -382,24 +382,23 @@ class LiveRunner:
         sched = self.clock.schedule
         any_event = False
         for ev in decode(raw, ts, self.counters):
-            if isinstance(ev, BookSnapshot):
-                st = self.syms.get(ev.symbol)
-                if st is None:
-                    continue
+            is_book = isinstance(ev, BookSnapshot)
+            if not (is_book or isinstance(ev, Trade)):
+                continue
+            st = self.syms.get(ev.symbol)  # type: ignore[union-attr]
+            if st is None:
+                continue
+            if is_book:
                 self.books += 1
-                if st.paper is not None:
-                    sched(ts, PRIO_EXCH_BOOK, partial(st.paper.on_book, ev))
-                sched(ts, PRIO_BOOK, partial(st.engine.on_book, ev))
-                any_event = True
-            elif isinstance(ev, Trade):
-                st = self.syms.get(ev.symbol)
-                if st is None:
-                    continue
+            else:
                 self.trades += 1
-                if st.paper is not None:
-                    sched(ts, PRIO_EXCH_TRADE, partial(st.paper.on_trade, ev))
-                sched(ts, PRIO_TRADE, partial(st.engine.on_trade, ev))
-                any_event = True
+            # The paper exchange sees the event before the engine does (same order as in replay).
+            if st.paper is not None:
+                paper = st.paper.on_book if is_book else st.paper.on_trade
+                sched(ts, PRIO_EXCH_BOOK if is_book else PRIO_EXCH_TRADE, partial(paper, ev))
+            on_event = st.engine.on_book if is_book else st.engine.on_trade
+            sched(ts, PRIO_BOOK if is_book else PRIO_TRADE, partial(on_event, ev))
+            any_event = True
         if any_event:
             self.dispatch()
 

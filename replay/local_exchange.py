@@ -361,22 +361,20 @@ class LocalExchange:
 
     def apply_book(self, book: BookSnapshot) -> None:
         """The exchange's book for ``book.symbol`` becomes ``book`` (resting orders may fill)."""
-        with self._lock:
-            v = self.venues.get(book.symbol)
-            if v is None:
-                return
-            v.book = book
-            self._advance(v)
-            v.sim.on_book(book)
-            self._drain(v)
+        self._apply(book)
 
     def apply_trade(self, trade: Trade) -> None:
+        self._apply(trade)
+
+    def _apply(self, ev: BookSnapshot | Trade) -> None:
         with self._lock:
-            v = self.venues.get(trade.symbol)
+            v = self.venues.get(ev.symbol)
             if v is None:
                 return
+            if isinstance(ev, BookSnapshot):
+                v.book = ev
             self._advance(v)
-            v.sim.on_trade(trade)
+            (v.sim.on_book if isinstance(ev, BookSnapshot) else v.sim.on_trade)(ev)
             self._drain(v)
 
     def _advance(self, v: _Venue) -> int:
