@@ -4,14 +4,15 @@
         [--kev-url http://127.0.0.1:8080]   # busy = a real llama-server instead of the stub
 
 What runs is the live runner's own path (:meth:`live.runner.LiveRunner.deliver`): the frame is
-stamped (the moment ``ws.recv`` returned), decoded by the shared codec, scheduled on the live clock,
-``Engine.on_book`` runs features v0 + ONNX inference, the label is due at receipt + measured compute,
-the strategy and the risk gateway run, and the paper exchange's ``submit`` is called. Frames come from
+stamped (the moment ``ws.recv`` returned); :class:`live.tick.TickLaya` scans a canonical books15 frame
+with the compiled codec fast path, computes features v0 into Laya's input row and runs ONNX inference
+(the label exists here), then builds the book event; it is scheduled on the live clock,
+``Engine.on_book`` takes the label, due at receipt + measured compute, the strategy and the risk
+gateway run, and the paper exchange's ``submit`` is called. Frames come from
 the simulator (books15 + trade), fed with ``--gap-ms`` between them so the event loop has time for
 everything else (Kev's HTTP I/O, timers), as between real pushes.
 
-- **label**: stamp -> label computed (the Laya latency live mode records: decode, features, inference
-  and the engine's bookkeeping for the book);
+- **label**: stamp -> label computed (the Laya latency live mode records: scan, features, inference);
 - **order**: stamp -> ``submit`` of an order decided on that frame (strategy + risk included).
 
 Kev **idle**: no request is ever in flight (Kev is never offered a label). Kev **busy**: every
@@ -19,7 +20,9 @@ non-HOLD label is offered to an advisor that keeps a request in flight all the t
 :class:`engine.kev.llama.LlamaAdvisor` against a stub llama-server in another process that answers
 after ``--kev-lag-ms`` (the tick path shares the event loop with Kev's HTTP client), or a real
 llama-server with ``--kev-url``. Rounds alternate idle/busy so drift hits both alike. Figures also
-break the label path into its parts (decode, features, inference) measured alone.
+break the label path into its parts measured alone (the general path: decode, features, inference; the
+compiled one: scan, features, inference, book event), and time ``TickLaya`` back to back with no event
+loop in between (hot caches: the floor of the path).
 """
 
 from __future__ import annotations
@@ -43,8 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.events import BookSnapshot  # noqa: E402
 from engine.laya.features import features_v0  # noqa: E402
+from engine.laya.features_fast import features_v0_levels  # noqa: E402
 from engine.venues.bitget_v2 import StreamCounters, decode  # noqa: E402
+from engine.venues.bitget_v2_fast import Books15Scanner  # noqa: E402
 from live.runner import LiveConfig, LiveRunner  # noqa: E402
+from live.tick import TickLaya  # noqa: E402
 from replay.bitget_server import simulator_frames  # noqa: E402
 
 COMMAND = '{"action":"HOLD","target_position":0.0,"hedge_ratio":0.0,"max_slippage_bps":2.0,"reason":"stub"}'
@@ -163,10 +169,24 @@ async def _round(
 
 
 def _parts(frames: list[bytes], laya: Any, n: int = 2000) -> dict[str, float]:
-    """Median us of decode, features and inference alone, over books15 frames."""
+    """Median us of each step alone over books15 frames: the general path (decode, features,
+    inference) and the compiled tick path live mode runs (scan, features, inference, book event)."""
     books = [f for f in frames if b'"books15"' in f[:90]][:n]
     counters = StreamCounters()
-    dec, feat, inf = [], [], []
+    sc = Books15Scanner()
+    row = laya.input_row
+    steps: dict[str, list[int]] = {
+        k: []
+        for k in (
+            "decode",
+            "features",
+            "inference",
+            "fast_scan",
+            "fast_features",
+            "fast_inference",
+            "fast_book_event",
+        )
+    }
     buf = np.zeros(laya.n_features, dtype=np.float32)
     for raw in books:
         t0 = time.perf_counter_ns()
@@ -177,12 +197,33 @@ def _parts(frames: list[bytes], laya: Any, n: int = 2000) -> dict[str, float]:
         t2 = time.perf_counter_ns()
         laya.predict(x)
         t3 = time.perf_counter_ns()
-        dec.append(t1 - t0)
-        feat.append(t2 - t1)
-        inf.append(t3 - t2)
-    return {
-        k: statistics.median(v) / 1000 for k, v in (("decode", dec), ("features", feat), ("inference", inf))
-    }
+        assert sc.scan(raw)
+        t4 = time.perf_counter_ns()
+        features_v0_levels(sc.levels, row)
+        t5 = time.perf_counter_ns()
+        laya.predict_row()
+        t6 = time.perf_counter_ns()
+        sc.book(raw, 0, counters)
+        t7 = time.perf_counter_ns()
+        for k, d in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6), strict=True):
+            steps[k].append(d)
+    return {k: statistics.median(v) / 1000 for k, v in steps.items()}
+
+
+def _tight(frames: list[bytes], laya: Any, rounds: int = 3) -> dict[str, float]:
+    """Frame -> label of :class:`live.tick.TickLaya` called back to back (hot caches, no event loop)."""
+    tick = TickLaya(laya, time.perf_counter_ns)
+    books = [f for f in frames if b'"books15"' in f[:90]]
+    lat: list[int] = []
+    for r in range(rounds):
+        counters = StreamCounters()
+        for raw in books:
+            ts = time.perf_counter_ns()
+            tick.decode(raw, ts, counters)
+            if r:  # the first round warms up
+                assert tick._pre is not None
+                lat.append(tick._pre[3])
+    return {"n": len(lat), "p50_us": _pct(lat, 50), "p90_us": _pct(lat, 90), "p99_us": _pct(lat, 99)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.laya.model import Laya, LayaConfig
     from live.runner import DEFAULT_MODEL
 
-    parts = _parts(frames, Laya(LayaConfig(model_path=DEFAULT_MODEL, provider=args.provider)))
+    laya = Laya(LayaConfig(model_path=DEFAULT_MODEL, provider=args.provider))
+    parts = _parts(frames, laya)
+    tight = _tight(frames, laya)
     out: dict[str, Any] = {
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "python": sys.version.split()[0],
@@ -259,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             "requests": kev_requests,
         },
         "parts_median_us": parts,
+        "tight_loop_labels": tight,
     }
     how = "busy-polling" if args.spin else "sleeping"
     print(
@@ -283,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     frac = 100 * statistics.mean(busy_fraction)
     print(f"Kev in flight for {frac:.0f}% of books in busy rounds ({kev_requests} requests)")
     print("label path parts (median us, alone): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+    print(
+        f"frame -> label back to back (TickLaya alone, {tight['n']} books): p50 {tight['p50_us']:.1f} us, "
+        f"p90 {tight['p90_us']:.1f} us, p99 {tight['p99_us']:.1f} us"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -68,14 +68,3 @@ class LiveClock(RealtimeClock):
     @property
     def pending(self) -> int:
         return len(self._timers)
-
-
-class ComputeLatency:
-    """:class:`engine.latency.LatencyModel` for live Laya: the wall time elapsed since ``ts_ns`` (the
-    book's receipt), i.e. how long decode + features + inference really took."""
-
-    def __init__(self, clock: LiveClock) -> None:
-        self.clock = clock
-
-    def sample_ns(self, ts_ns: Nanos) -> Nanos:
-        return max(0, self.clock.wall_ns() - ts_ns)

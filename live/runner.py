@@ -68,17 +68,17 @@ from engine.kev.cassette import CASSETTE_FILE, Cassette, CassetteEntry, Recordin
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.latency import parse_latency
-from engine.laya.features import features_v0
 from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig  # DEFAULT_MODEL: re-exported for the CLI
 from engine.recorded_latency import RECORDED_FILE, LatencySink, RecordingLatency
 from engine.risk import RiskLimits
 from engine.store import MANIFEST, atomic_write_parquet, open_session, sha256_file, write_json
 from engine.strategy import QuoteConfig
-from engine.venues.bitget_v2 import INST_TYPE, REST_BASE_URL, StreamCounters, arg, decode
+from engine.venues.bitget_v2 import INST_TYPE, REST_BASE_URL, StreamCounters, arg
 from engine.venues.bitget_v2_rest import BitgetError, ContractSpec, Credentials
-from live.clock import ComputeLatency, LiveClock
+from live.clock import LiveClock
 from live.gateway import BitgetGateway, GatewayExecution, GatewayTransportError, reconcile_event
 from live.private_ws import PrivateConfig, PrivateStream, describe
+from live.tick import TickLaya
 from recorder.connection import Connection, ConnectionConfig, SlidingWindow
 from recorder.journal import RECV, JournalWriter
 from recorder.normalise import Normaliser
@@ -381,7 +381,7 @@ class LiveRunner:
         self.frames += 1
         sched = self.clock.schedule
         any_event = False
-        for ev in decode(raw, ts, self.counters):
+        for ev in self.tick.decode(raw, ts, self.counters):
             is_book = isinstance(ev, BookSnapshot)
             if not (is_book or isinstance(ev, Trade)):
                 continue
@@ -511,10 +511,8 @@ class LiveRunner:
         cfg = self.cfg
         laya = Laya(LayaConfig(model_path=Path(cfg.model_path), provider=cfg.laya_provider))
         self.laya = laya
-        buf = np.zeros(laya.n_features, dtype=np.float32)
-
-        def labeler(book: BookSnapshot) -> tuple[int, np.ndarray]:
-            return laya.predict(features_v0(book, out=buf))
+        # decoder + labeler + Laya latency in one: books15 frames are labelled before their event exists
+        self.tick = tick = TickLaya(laya, self.clock.wall_ns)
 
         inner = self._inner_advisor
         if inner is None:
@@ -570,11 +568,11 @@ class LiveRunner:
                 engine_config(cfg, symbol, contract),
                 clock=self.clock,
                 log=evlog,
-                labeler=labeler,
+                labeler=tick,
                 kev=kev,
                 execution=execution,
                 advisor_name=advisor.name,
-                laya_latency=RecordingLatency(ComputeLatency(self.clock), "laya", sink),
+                laya_latency=RecordingLatency(tick, "laya", sink),
             )
             if paper is not None:
                 paper.engine = engine

@@ -339,6 +339,17 @@ class Laya:
         label, probs = self._run(self._output_names, self._feeds)
         return int(label[0]), probs[0]
 
+    @property
+    def input_row(self) -> np.ndarray:
+        """The tick path's feature row ``(n_features,)`` float32: write features here, then call
+        :meth:`predict_row` (saves :meth:`predict`'s copy and shape check)."""
+        return self._x[0]
+
+    def predict_row(self) -> tuple[int, np.ndarray]:
+        """:meth:`predict` of what :attr:`input_row` holds now."""
+        label, probs = self._run(self._output_names, self._feeds)
+        return int(label[0]), probs[0]
+
     def predict_batch(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows ``(n, n_features)`` -> (labels int64 ``(n,)``, probabilities ``(n, 4)`` float32)."""
         if X.ndim != 2 or X.shape[1] != self.n_features:

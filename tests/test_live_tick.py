@@ -1,0 +1,95 @@
+"""Live tick path: compiled features and pre-labelled books equal the general path bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from engine.events import BookSnapshot
+from engine.laya.features import features_v0
+from engine.laya.features_fast import features_v0_levels
+from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig
+from engine.venues.bitget_v2 import StreamCounters, decode, encode_books15
+from engine.venues.bitget_v2_fast import Books15Scanner
+from live.tick import TickLaya
+from replay.simulator import generate_frames
+
+
+@pytest.fixture(scope="module")
+def laya() -> Laya:
+    return Laya(LayaConfig(model_path=DEFAULT_MODEL, provider="cpu"))
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint32)
+
+
+def test_compiled_features_are_bit_identical_to_features_v0():
+    sc = Books15Scanner()
+    out = np.zeros(128, dtype=np.float32)
+    counters = StreamCounters()
+    n = 0
+    short = [
+        encode_books15("X", ts_ms=1, seq=1, bids=[("999.9", "0.001")], asks=[("1000.1", "7")], push_ts_ms=1),
+        encode_books15(
+            "X", ts_ms=1, seq=2, bids=[("1.5", "3"), ("1.4", "2")], asks=[("1.6", "1")], push_ts_ms=1
+        ),
+    ]
+    for ts, raw in itertools.chain(generate_frames(minutes=2, seed=5), ((0, r) for r in short)):
+        if not sc.scan(raw):
+            continue
+        (book,) = decode(raw, ts, counters)
+        features_v0_levels(sc.levels, out)
+        assert np.array_equal(_bits(out), _bits(features_v0(book))), raw
+        n += 1
+    assert n > 500
+
+
+def test_tick_laya_labels_and_events_equal_the_general_path(laya):
+    clock = iter(range(10**6, 10**12, 1000))
+    tick = TickLaya(laya, lambda: next(clock))
+    c_tick, c_ref = StreamCounters(), StreamCounters()
+    books = 0
+    for ts, raw in generate_frames(minutes=2, seed=8):
+        evs = tick.decode(raw, ts, c_tick)
+        assert evs == decode(raw, ts, c_ref)
+        for ev in evs:
+            if isinstance(ev, BookSnapshot):
+                label, probs = tick(ev)  # what Engine.on_book asks: the pre-computed label
+                ref_label, ref_probs = laya.predict(features_v0(ev))
+                assert label == ref_label and np.array_equal(_bits(probs), _bits(ref_probs))
+                assert 0 <= tick.sample_ns(ev.ts_recv) < 10**12
+                books += 1
+    assert books > 500 and tick.fast == books
+
+
+def test_a_book_off_the_fast_path_is_labelled_the_general_way(laya):
+    walls = iter([5_000, 9_000])
+    tick = TickLaya(laya, lambda: next(walls))
+    spaced = (
+        b'{"action":"snapshot", "arg":{"instType":"USDT-FUTURES","channel":"books15","instId":"BTCUSDT"},'
+        b'"data":[{"asks":[["27000.5","8.760"]],"bids":[["27000.0","2.710"]],"checksum":0,"seq":1,'
+        b'"ts":"1695716059516"}],"ts":1695716059516}'
+    )
+    (book,) = tick.decode(spaced, 1_000, StreamCounters())  # a space after a comma: not canonical
+    assert tick.fast == 0 and isinstance(book, BookSnapshot)
+    label, probs = tick(book)
+    ref_label, ref_probs = laya.predict(features_v0(book))
+    assert label == ref_label and np.array_equal(_bits(probs), _bits(ref_probs))
+    assert tick.sample_ns(book.ts_recv) == 5_000 - 1_000  # timed at the engine's call, as before
+
+
+def test_pre_labelled_result_is_used_once_and_only_for_its_book(laya):
+    walls = iter(range(100, 10**9, 100))
+    tick = TickLaya(laya, lambda: next(walls))
+    raw = encode_books15("BTCUSDT", ts_ms=1, seq=1, bids=[("10.0", "1")], asks=[("10.5", "9")], push_ts_ms=1)
+    (a,) = tick.decode(raw, 0, StreamCounters())
+    other = dataclasses.replace(a)
+    assert other == a and other is not a
+    tick(other)  # not the pre-labelled object: computed afresh, the pending result is kept
+    assert tick._pre is not None
+    tick(a)
+    assert tick._pre is None
