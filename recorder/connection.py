@@ -138,19 +138,52 @@ def arg_key(a: Mapping[str, Any]) -> ArgKey:
     return (str(a.get("channel", "")), str(a.get("instId", "")))
 
 
-def peek_arg(raw: bytes) -> dict[str, Any] | None:
-    """The ``arg`` object of a data push without parsing the whole frame (``arg`` has no nesting)."""
+def arg_span(raw: bytes) -> bytes | None:
+    """The bytes of a data push's ``arg`` object (``arg`` has no nesting), not parsed."""
     i = raw.find(b'"arg":')
     if i < 0 or i > 64:
         return None
     j = raw.find(b"}", i)
     if j < 0:
         return None
+    return raw[i + 6 : j + 1]
+
+
+def peek_arg(raw: bytes) -> dict[str, Any] | None:
+    """The ``arg`` object of a data push without parsing the whole frame."""
+    span = arg_span(raw)
+    if span is None:
+        return None
     try:
-        a = orjson.loads(raw[i + 6 : j + 1])
+        a = orjson.loads(span)
     except orjson.JSONDecodeError:
         return None
     return a if isinstance(a, dict) else None
+
+
+class ArgKeys:
+    """``arg_key(peek_arg(raw))`` memoised on the ``arg`` bytes: a connection sees a few dozen distinct
+    ``arg`` objects, so the live path parses each once instead of once per frame."""
+
+    __slots__ = ("_keys",)
+    MAX: Final = 4096  # distinct spans remembered; past that, parsed every time (still correct)
+
+    def __init__(self) -> None:
+        self._keys: dict[bytes, ArgKey | None] = {}
+
+    def __call__(self, raw: bytes) -> ArgKey | None:
+        span = arg_span(raw)
+        if span is None:
+            return None
+        try:
+            return self._keys[span]
+        except KeyError:
+            pass
+        a = peek_arg(raw)
+        key = arg_key(a) if a is not None else None
+        if len(self._keys) < self.MAX:
+            self._keys[span] = key
+        return key
 
 
 # ---------------------------------------------------------------- config and state
@@ -253,6 +286,7 @@ class Connection:
         self._ping_sent_mono: float | None = None
         self._close_reason = ""
         self._send_tasks: set[asyncio.Task[Any]] = set()
+        self._arg_keys = ArgKeys()
 
     # ------------------------------------------------------------ journal helpers
 
@@ -425,9 +459,8 @@ class Connection:
     # ------------------------------------------------------------ frame inspection (live)
 
     def _inspect(self, raw: bytes, ts: int) -> None:
-        a = peek_arg(raw) if raw.startswith(b'{"action"') else None
-        if a is not None:
-            key = arg_key(a)
+        key = self._arg_keys(raw) if raw.startswith(b'{"action"') else None
+        if key is not None:
             prev_ns = self._count_data(key, ts)
             if key[0] == "books":
                 self._check_books(raw, key, ts, prev_ns)

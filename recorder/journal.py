@@ -73,7 +73,7 @@ class Record:
         return orjson.loads(self.payload)
 
 
-def _compress(codec: int, raw: bytes) -> bytes:
+def _compress(codec: int, raw: bytes | bytearray) -> bytes:
     if codec == CODEC_ZSTD:
         return pa.Codec("zstd", compression_level=1).compress(raw, asbytes=True)
     return zlib.compress(raw, 1)
@@ -187,7 +187,7 @@ class JournalWriter:
         """Compress the buffered records into one block and write it; returns bytes written."""
         if not self._buf or self._fd is None:
             return 0
-        raw = bytes(self._buf)
+        raw = self._buf  # compressed in place: no copy of the whole block first
         comp = _compress(self.codec, raw)
         block = _BLOCK.pack(BLOCK_MAGIC, len(raw), len(comp), zlib.crc32(comp)) + comp
         n = 0
@@ -247,8 +247,9 @@ class SegmentScan:
     torn: str = ""  # why reading stopped before the end ("" = clean)
 
 
-def iter_segment(path: Path | str, scan: SegmentScan | None = None) -> Iterator[Record]:
-    """Records of one segment. A torn tail (crash mid-write) ends the iteration; ``scan`` says where."""
+def iter_blocks(path: Path | str, scan: SegmentScan | None = None) -> Iterator[bytes]:
+    """The decompressed record runs of one segment's blocks. A torn tail (crash mid-write) ends the
+    iteration; ``scan`` says where (its ``records`` is left to the caller)."""
     path = Path(path)
     with open(path, "rb") as f:
         data = f.read()
@@ -281,15 +282,33 @@ def iter_segment(path: Path | str, scan: SegmentScan | None = None) -> Iterator[
         off = start + comp_len
         if scan is not None:
             scan.good_bytes = off
-        pos = 0
-        unpack = _REC.unpack_from
-        hs = _REC.size
-        n = len(raw)
-        while pos < n:
-            ts, conn, kind, ln = unpack(raw, pos)
-            pos += hs
-            yield Record(ts, conn, kind, raw[pos : pos + ln])
-            pos += ln
+        yield raw
+
+
+def iter_records(raw: bytes, pos: int = 0) -> Iterator[Record]:
+    """The records of one block's raw bytes, from offset ``pos``."""
+    unpack = _REC.unpack_from
+    hs = _REC.size
+    n = len(raw)
+    while pos < n:
+        ts, conn, kind, ln = unpack(raw, pos)
+        pos += hs
+        yield Record(ts, conn, kind, raw[pos : pos + ln])
+        pos += ln
+
+
+def record_at(raw: bytes, pos: int) -> tuple[Record, int]:
+    """The record at offset ``pos`` of a block's raw bytes, and the offset after it."""
+    ts, conn, kind, ln = _REC.unpack_from(raw, pos)
+    pos += _REC.size
+    return Record(ts, conn, kind, raw[pos : pos + ln]), pos + ln
+
+
+def iter_segment(path: Path | str, scan: SegmentScan | None = None) -> Iterator[Record]:
+    """Records of one segment. A torn tail (crash mid-write) ends the iteration; ``scan`` says where."""
+    for raw in iter_blocks(path, scan):
+        for rec in iter_records(raw):
+            yield rec
             if scan is not None:
                 scan.records += 1
 

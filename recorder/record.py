@@ -43,8 +43,8 @@ from recorder.connection import (
     SlidingWindow,
     shard_args,
 )
-from recorder.journal import JournalWriter, iter_segment
-from recorder.normalise import Normaliser
+from recorder.journal import JournalWriter, SegmentScan, iter_blocks, iter_segment
+from recorder.normalise import Normaliser, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +118,24 @@ def finish(writer: SessionWriter, norm: Normaliser, extra: dict[str, Any]) -> di
     return writer.close()
 
 
-def normalise_segment(path: Path, norm: Normaliser, writer: SessionWriter) -> int:
-    """Decode one finished journal segment into the session's Parquet parts; returns records read."""
-    n = 0
+def normalise_segment(
+    path: Path, norm: Normaliser, writer: SessionWriter, scan: SegmentScan | None = None
+) -> int:
+    """Decode one finished journal segment into the session's Parquet parts; returns records read.
+
+    One part per stream per segment (more past ``writer.rows_per_part``), whichever path decoded it."""
     batch: list[Any] = []
-    for rec in iter_segment(path):
-        batch.extend(norm.feed(rec))
-        n += 1
+    if norm.columns is None:  # the general path, record by record
+        n = 0
+        for rec in iter_segment(path, scan):
+            batch.extend(norm.feed(rec))
+            n += 1
+    else:
+        n = sum(norm.feed_block(raw, batch) for raw in iter_blocks(path, scan))
+        if scan is not None:
+            scan.records += n
+        for stream, table in norm.columns.take_tables(writer.rows_per_part):
+            writer.add_table(stream, table)
     writer.add_all(batch)
     writer.flush()
     return n
@@ -145,6 +156,7 @@ class Recorder:
         self.started_mono = 0.0
         self.segments_done = 0
         self.normalise_error = ""
+        warm_up()  # load the compiled block scan now, not when the first segment is due
 
     def request_stop(self, reason: str) -> None:
         if not self._stop.is_set():

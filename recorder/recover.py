@@ -18,9 +18,9 @@ import orjson
 
 from engine.events import STREAMS
 from engine.store import MANIFEST, SessionError
-from recorder.journal import SegmentScan, finalise_dangling, iter_segment, list_segments
+from recorder.journal import SegmentScan, finalise_dangling, list_segments
 from recorder.normalise import Normaliser
-from recorder.record import JOURNAL_DIR, RECORD_JSON, finish, new_writer
+from recorder.record import JOURNAL_DIR, RECORD_JSON, finish, new_writer, normalise_segment
 
 
 def recover(root: Path | str) -> dict[str, Any]:
@@ -43,10 +43,8 @@ def recover(root: Path | str) -> dict[str, Any]:
     scans: list[SegmentScan] = []
     for index, path, _finished in list_segments(jdir):
         scan = SegmentScan(path=path, index=index)
-        batch = [e for rec in iter_segment(path, scan) for e in norm.feed(rec)]
+        normalise_segment(path, norm, writer, scan)
         scans.append(scan)
-        writer.add_all(batch)
-        writer.flush()
     extra = {
         "recovered": True,
         "stopped_by": norm.stops[-1]["reason"] if norm.stops else "crash",

@@ -271,3 +271,448 @@ def warm_up() -> None:
 
     raw = encode_books15("WARMUP", ts_ms=1, seq=1, bids=[("1.0", "1")], asks=[("2.0", "1")], push_ts_ms=1)
     Books15Scanner().scan(raw)
+
+
+# ---------------------------------------------------------------- trade frames (additive)
+#
+# Canonical ``trade`` push, byte for byte as Bitget, the simulator and the local server send it:
+# ``{"action":"snapshot"|"update","arg":{"instType":"USDT-FUTURES","channel":"trade","instId":"X"},
+# "data":[{"ts":"N","price":"D","size":"D","side":"buy"|"sell","tradeId":"ID"},...],"ts":N}``.
+# The same rule as books15: anything else is "not mine" and goes through ``decode``.
+
+# trade meta slots
+T_SYM_START: Final = 0
+T_SYM_END: Final = 1
+N_TRADE_META: Final = 2
+# int64 ts beyond this overflows ``ts_ms * MS`` in an int64 column; such frames take the general path
+MAX_TS_MS: Final = (2**63 - 1) // 1_000_000
+
+_T_HEAD_SNAP = _lit('{"action":"snapshot","arg":{"instType":"USDT-FUTURES","channel":"trade","instId":"')
+_T_HEAD_UPD = _lit('{"action":"update","arg":{"instType":"USDT-FUTURES","channel":"trade","instId":"')
+_T_DATA = _lit('"},"data":[')
+_T_OBJ_TS = _lit('{"ts":"')
+_T_PRICE = _lit('","price":')
+_T_SIZE = _lit(',"size":')
+_T_SIDE = _lit(',"side":"')
+_T_BUY = _lit('buy"')
+_T_SELL = _lit('sell"')
+_T_TID = _lit(',"tradeId":"')
+_T_TAIL = _lit('],"ts":')
+
+
+@njit(cache=True, nogil=True)
+def _ident(buf, i):  # pragma: no cover - compiled
+    """End of a run of ``[A-Za-z0-9_.-]`` starting at ``i`` (== i when empty)."""
+    n = buf.shape[0]
+    while i < n:
+        c = buf[i]
+        if (65 <= c <= 90) or (97 <= c <= 122) or (48 <= c <= 57) or c == 95 or c == 45 or c == 46:
+            i += 1
+        else:
+            break
+    return i
+
+
+@njit(cache=True, nogil=True)
+def scan_trade(buf, ts_ms, px, sz, side, tid, meta):  # pragma: no cover - compiled
+    """Parse one canonical trade frame. Per trade, in wire order (newest first): ``ts_ms`` int64,
+    ``px``/``sz`` float64, ``side`` int8 (0 buy, 1 sell), ``tid`` int64 (k, 2) byte span of the
+    tradeId; ``meta`` int64 (2,) the instId span. Returns the number of trades, or -1 when the frame
+    is not the fast path's (then :func:`bitget_v2.decode` decides, quarantine reason included)."""
+    pow10 = _POW10
+    i = _expect(buf, 0, _T_HEAD_UPD)
+    if i < 0:
+        i = _expect(buf, 0, _T_HEAD_SNAP)
+        if i < 0:
+            return -1
+    start = i
+    i = _ident(buf, i)
+    if i == start:
+        return -1
+    meta[T_SYM_START] = start
+    meta[T_SYM_END] = i
+    i = _expect(buf, i, _T_DATA)
+    if i < 0:
+        return -1
+    n = buf.shape[0]
+    cap = px.shape[0]
+    k = 0
+    while True:
+        if k == cap:
+            return -1
+        i = _expect(buf, i, _T_OBJ_TS)
+        if i < 0:
+            return -1
+        i = _uint(buf, i, ts_ms, k)
+        if i < 0 or ts_ms[k] > MAX_TS_MS:
+            return -1
+        i = _expect(buf, i, _T_PRICE)
+        if i < 0:
+            return -1
+        i = _decimal(buf, i, pow10, px, k)
+        if i < 0:
+            return -1
+        i = _expect(buf, i, _T_SIZE)
+        if i < 0:
+            return -1
+        i = _decimal(buf, i, pow10, sz, k)
+        if i < 0:
+            return -1
+        i = _expect(buf, i, _T_SIDE)
+        if i < 0:
+            return -1
+        j = _expect(buf, i, _T_BUY)
+        if j >= 0:
+            side[k] = 0
+        else:
+            j = _expect(buf, i, _T_SELL)
+            if j < 0:
+                return -1
+            side[k] = 1
+        i = _expect(buf, j, _T_TID)
+        if i < 0:
+            return -1
+        j = _ident(buf, i)
+        if j == i or j + 1 >= n or buf[j] != _QUOTE or buf[j + 1] != _RBRACE:
+            return -1
+        tid[k, 0] = i
+        tid[k, 1] = j
+        if not (px[k] > 0.0 and sz[k] > 0.0):
+            return -1
+        k += 1
+        i = j + 2
+        if i < n and buf[i] == _COMMA:
+            i += 1
+            continue
+        break
+    i = _expect(buf, i, _T_TAIL)
+    if i < 0:
+        return -1
+    scratch = meta[T_SYM_START]
+    i = _uint(buf, i, meta, T_SYM_START)  # the push ts: must be an integer; its value is not used
+    meta[T_SYM_START] = scratch
+    if i < 0 or i + 1 != n or buf[i] != _RBRACE:
+        return -1
+    return k
+
+
+@njit(cache=True, nogil=True)
+def trade_order(ts_ms, k, order):  # pragma: no cover - compiled
+    """``decode``'s output order: rows reversed (oldest first), then a stable sort by ts; ``order``
+    gets wire indices. Insertion sort: a push holds a handful of trades, usually already in order."""
+    for r in range(k):
+        w = k - 1 - r
+        j = r
+        while j > 0 and ts_ms[order[j - 1]] > ts_ms[w]:
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = w
+
+
+MAX_TRADES_PER_FRAME: Final = 4096  # more than that in one push: the general path (never seen live)
+
+
+class TradeScanner:
+    """Reusable buffers around :func:`scan_trade` (one per thread of decoding)."""
+
+    __slots__ = ("meta", "order", "px", "side", "sz", "tid", "ts_ms")
+
+    def __init__(self, capacity: int = MAX_TRADES_PER_FRAME) -> None:
+        self.ts_ms = np.zeros(capacity, dtype=np.int64)
+        self.px = np.zeros(capacity, dtype=np.float64)
+        self.sz = np.zeros(capacity, dtype=np.float64)
+        self.side = np.zeros(capacity, dtype=np.int8)
+        self.tid = np.zeros((capacity, 2), dtype=np.int64)
+        self.order = np.zeros(capacity, dtype=np.int64)
+        self.meta = np.zeros(N_TRADE_META, dtype=np.int64)
+
+    def scan(self, raw: bytes) -> int:
+        """Number of trades when ``raw`` is a canonical trade frame, else -1."""
+        return int(
+            scan_trade(
+                np.frombuffer(raw, dtype=np.uint8),
+                self.ts_ms,
+                self.px,
+                self.sz,
+                self.side,
+                self.tid,
+                self.meta,
+            )
+        )
+
+    def trades(self, raw: bytes, k: int, ts_recv: Nanos, counters: StreamCounters) -> list[Trade]:
+        """The events of the frame just scanned (``k`` trades), equal to what :func:`decode` builds."""
+        trade_order(self.ts_ms, k, self.order)
+        symbol = raw[self.meta[T_SYM_START] : self.meta[T_SYM_END]].decode("ascii")
+        ts, px, sz, side, tid = (a.tolist() for a in (self.ts_ms, self.px, self.sz, self.side, self.tid))
+        out = []
+        for w in self.order[:k].tolist():
+            a, b = tid[w]
+            out.append(
+                Trade(
+                    ts_event=ts[w] * MS,
+                    ts_recv=ts_recv,
+                    seq=counters.take("trade"),
+                    symbol=symbol,
+                    trade_id=raw[a:b].decode("ascii"),
+                    px=px[w],
+                    sz=sz[w],
+                    side="sell" if side[w] else "buy",
+                )
+            )
+        return out
+
+
+_DEFAULT_TRADES = TradeScanner()
+
+
+def decode_fast_all(
+    raw: bytes | str,
+    ts_recv: Nanos,
+    counters: StreamCounters,
+    scanner: Books15Scanner | None = None,
+    trades: TradeScanner | None = None,
+) -> list[BookSnapshot | Trade | Quarantined | Control]:
+    """Drop-in for :func:`bitget_v2.decode`: canonical books15 and trade frames take compiled paths."""
+    if isinstance(raw, bytes):
+        sc = scanner or _DEFAULT
+        if sc.scan(raw):
+            return [sc.book(raw, ts_recv, counters)]
+        ts = trades or _DEFAULT_TRADES
+        k = ts.scan(raw)
+        if k > 0:
+            return list(ts.trades(raw, k, ts_recv, counters))
+    return decode(raw, ts_recv, counters)
+
+
+# ---------------------------------------------------------------- batch scan of a record block (additive)
+#
+# One call walks a run of length-prefixed records (the recorder journal's block layout: ``i64 ts
+# u16 conn  u8 kind  u32 len  payload``, kind 0 = a received frame), scans every canonical books15
+# and trade frame with the scanners above and appends the values to preallocated column buffers
+# (``recorder.columns.Columns``). It stops at the first record it does not own (another kind,
+# anything non-canonical or malformed) and returns its offset, so the caller decodes that one through
+# the general path, in order, and resumes. It lives here, next to the scanners it calls, because
+# numba's cache only notices edits to the file a cached function is defined in.
+#
+# Status codes: ``END`` (block done), ``SLOW`` (the record at ``st[S_POS]`` is the caller's), ``FULL``
+# (grow the buffers, call again from ``st[S_POS]``).
+
+END: Final = 0
+SLOW: Final = 1
+FULL: Final = 2
+
+REC_HEADER: Final = 15  # struct "<qHBI"
+
+# state slots (int64 array shared between calls)
+S_NB: Final = 0  # books rows filled
+S_NT: Final = 1  # trade rows filled
+S_NTB: Final = 2  # tradeId bytes filled
+S_FRAMES: Final = 3  # RECV records taken in this call
+S_PONGS: Final = 4
+S_FIRST: Final = 5  # ts of the first record taken in this call (-1: none)
+S_LAST: Final = 6
+S_NSYMS: Final = 7
+S_NTOUCHED: Final = 8  # distinct (symbol, channel) args counted in this call
+S_NREC: Final = 9  # records taken in this call
+S_POS: Final = 10  # offset where the call stopped
+N_STATE: Final = 11
+
+SYM_CAP: Final = 4096  # distinct symbols the compiled table holds; more go the general path
+SYM_WIDTH: Final = 64
+SYM_SLOTS: Final = 8192  # open-addressing hash slots (power of two, > SYM_CAP)
+MAX_FRAME_TRADES: Final = MAX_TRADES_PER_FRAME
+
+# channel index in an arg id (sym_id * 2 + channel)
+CH_BOOKS15: Final = 0
+CH_TRADE: Final = 1
+
+
+@njit(cache=True, nogil=True)
+def intern_symbol(buf, a, b, symtab, symlen, slots, st):  # pragma: no cover - compiled
+    """Id of the symbol ``buf[a:b]`` in the table, added if new; -1 when it does not fit."""
+    ln = b - a
+    if ln > symtab.shape[1]:
+        return -1
+    h = 2166136261
+    for i in range(a, b):
+        h = ((h ^ buf[i]) * 16777619) & 0xFFFFFFFF
+    mask = slots.shape[0] - 1
+    s = h & mask
+    while True:
+        v = slots[s]
+        if v == 0:
+            k = st[S_NSYMS]
+            if k >= symtab.shape[0]:
+                return -1
+            for i in range(ln):
+                symtab[k, i] = buf[a + i]
+            symlen[k] = ln
+            slots[s] = k + 1
+            st[S_NSYMS] = k + 1
+            return k
+        k = v - 1
+        if symlen[k] == ln:
+            same = True
+            for i in range(ln):
+                if symtab[k, i] != buf[a + i]:
+                    same = False
+                    break
+            if same:
+                return k
+        s = (s + 1) & mask
+
+
+@njit(cache=True, nogil=True)
+def _u(raw, p, nbytes):  # pragma: no cover - compiled
+    v = 0
+    for k in range(nbytes - 1, -1, -1):
+        v = (v << 8) | raw[p + k]
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _tally(st, ts, arg, agg_n, agg_first, agg_last, touched):  # pragma: no cover - compiled
+    if agg_n[arg] == 0:
+        touched[st[S_NTOUCHED]] = arg
+        st[S_NTOUCHED] += 1
+        agg_first[arg] = ts
+    agg_n[arg] += 1
+    agg_last[arg] = ts
+    if st[S_FIRST] < 0:
+        st[S_FIRST] = ts
+    st[S_LAST] = ts
+    st[S_FRAMES] += 1
+    st[S_NREC] += 1
+
+
+@njit(cache=True, nogil=True)
+def scan_block(
+    raw,
+    pos,
+    st,
+    symtab,
+    symlen,
+    slots,
+    agg,
+    touched,
+    b_ts,
+    b_recv,
+    b_sym,
+    b_xseq,
+    b_lv,
+    t_ts,
+    t_recv,
+    t_sym,
+    t_px,
+    t_sz,
+    t_side,
+    t_off,
+    t_bytes,
+    lv,
+    meta,
+    tr_ts,
+    tr_px,
+    tr_sz,
+    tr_side,
+    tr_tid,
+    tr_order,
+    tr_meta,
+):  # pragma: no cover - compiled
+    """Take records from ``raw[pos:]`` until one is not ours; returns the status (see module doc).
+    ``agg`` is int64 (3, args): per arg the frames, first and last receive time of this call."""
+    agg_n, agg_first, agg_last = agg[0], agg[1], agg[2]
+    for j in range(st[S_NTOUCHED]):
+        agg_n[touched[j]] = 0
+    st[S_FRAMES] = 0
+    st[S_PONGS] = 0
+    st[S_FIRST] = -1
+    st[S_LAST] = -1
+    st[S_NTOUCHED] = 0
+    st[S_NREC] = 0
+    n = raw.shape[0]
+    status = END
+    while pos < n:
+        if pos + REC_HEADER > n:
+            status = SLOW  # a short header: the general reader raises, as it always has
+            break
+        ts = np.int64(_u(raw, pos, 8))
+        kind = raw[pos + 10]
+        ln = _u(raw, pos + 11, 4)
+        p0 = pos + REC_HEADER
+        p1 = p0 + ln
+        if kind != 0 or p1 > n:
+            status = SLOW
+            break
+        frame = raw[p0:p1]
+        if ln == 4 and frame[0] == 112 and frame[1] == 111 and frame[2] == 110 and frame[3] == 103:  # pong
+            if st[S_FIRST] < 0:
+                st[S_FIRST] = ts
+            st[S_LAST] = ts
+            st[S_FRAMES] += 1
+            st[S_PONGS] += 1
+            st[S_NREC] += 1
+            pos = p1
+            continue
+        if scan_books15(frame, lv, meta):
+            if meta[M_TS_MS] > MAX_TS_MS:
+                status = SLOW
+                break
+            row = st[S_NB]
+            if row >= b_ts.shape[0]:
+                status = FULL
+                break
+            sym = intern_symbol(frame, meta[M_SYM_START], meta[M_SYM_END], symtab, symlen, slots, st)
+            if sym < 0:
+                status = SLOW
+                break
+            b_ts[row] = meta[M_TS_MS] * MS
+            b_recv[row] = ts
+            b_sym[row] = sym
+            b_xseq[row] = meta[M_SEQ]
+            for k in range(15):
+                # NaN past the last level (the scanner's padding); copied as is
+                b_lv[k, row] = lv[0, k]
+                b_lv[15 + k, row] = lv[1, k]
+                b_lv[30 + k, row] = lv[2, k]
+                b_lv[45 + k, row] = lv[3, k]
+            st[S_NB] = row + 1
+            _tally(st, ts, sym * 2 + CH_BOOKS15, agg_n, agg_first, agg_last, touched)
+            pos = p1
+            continue
+        k = scan_trade(frame, tr_ts, tr_px, tr_sz, tr_side, tr_tid, tr_meta)
+        if k <= 0:
+            status = SLOW
+            break
+        row = st[S_NT]
+        nbytes = 0
+        for w in range(k):
+            nbytes += tr_tid[w, 1] - tr_tid[w, 0]
+        if row + k > t_ts.shape[0] or st[S_NTB] + nbytes > t_bytes.shape[0]:
+            status = FULL
+            break
+        sym = intern_symbol(frame, tr_meta[T_SYM_START], tr_meta[T_SYM_END], symtab, symlen, slots, st)
+        if sym < 0:
+            status = SLOW
+            break
+        trade_order(tr_ts, k, tr_order)
+        off = st[S_NTB]
+        for r in range(k):
+            w = tr_order[r]
+            t_ts[row] = tr_ts[w] * MS
+            t_recv[row] = ts
+            t_sym[row] = sym
+            t_px[row] = tr_px[w]
+            t_sz[row] = tr_sz[w]
+            t_side[row] = tr_side[w]
+            for i in range(tr_tid[w, 0], tr_tid[w, 1]):
+                t_bytes[off] = frame[i]
+                off += 1
+            t_off[row + 1] = off
+            row += 1
+        st[S_NT] = row
+        st[S_NTB] = off
+        _tally(st, ts, sym * 2 + CH_TRADE, agg_n, agg_first, agg_last, touched)
+        pos = p1
+    st[S_POS] = pos
+    return status
