@@ -104,6 +104,7 @@ async def _round(
     warmup: int,
     provider: str,
     spin: bool = False,
+    keep_warm: bool = True,
 ) -> dict[str, Any]:
     tmp = tempfile.mkdtemp(prefix="tick-")
     cfg = LiveConfig(
@@ -114,6 +115,7 @@ async def _round(
         kev_min_interval_ms=0 if busy else 10**9,
         kev_timeout_ms=60_000,
         kev_url=kev_url if busy else "",
+        tick_keep_warm=keep_warm,
     )
     runner = LiveRunner(cfg)
     runner._stop, runner._wake = asyncio.Event(), asyncio.Event()
@@ -237,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--spin", action="store_true", help="busy-poll between frames instead of sleeping (a hot core)"
     )
+    ap.add_argument(
+        "--no-keep-warm", action="store_true", help="live mode's tick_keep_warm off (cold label path)"
+    )
     ap.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu", help="Laya's provider")
     ap.add_argument("--out", help="write the figures as JSON")
     args = ap.parse_args(argv)
@@ -273,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                         warmup=args.warmup,
                         provider=args.provider,
                         spin=args.spin,
+                        keep_warm=not args.no_keep_warm,
                     )
                 )
                 res[mode]["labels"] += r["labels"]
@@ -295,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "books_per_round": args.books,
         "gap_ms": args.gap_ms,
         "spin": args.spin,
+        "keep_warm": not args.no_keep_warm,
         "rounds": args.rounds,
         "kev_busy": {
             "server": args.kev_url or f"stub ({args.kev_lag_ms:.0f} ms)",
@@ -304,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         "parts_median_us": parts,
         "tight_loop_labels": tight,
     }
-    how = "busy-polling" if args.spin else "sleeping"
+    how = ("busy-polling" if args.spin else "sleeping") + (", keep-warm off" if args.no_keep_warm else "")
     print(
         f"tick path, {args.rounds} x {args.books} books per mode, {args.gap_ms} ms between frames "
         f"({how}), {os.cpu_count()} cores"

@@ -108,6 +108,9 @@ class LiveConfig:
     duration_s: float | None = None
     model_path: str = str(DEFAULT_MODEL)
     laya_provider: str = "auto"
+    # after each frame's work, re-run the label path on it (results discarded) so the next frame finds
+    # it in the CPU caches: frame -> label ~4x faster here (live/tick.py, bench/bench_tick_path.py)
+    tick_keep_warm: bool = True
     fill_model: str = "touch"  # paper execution: the replay fill model
     latency_order_entry: str = "const:5ms"  # paper execution: modelled like replay (and recorded)
     latency_order_response: str = "const:5ms"
@@ -401,6 +404,8 @@ class LiveRunner:
             any_event = True
         if any_event:
             self.dispatch()
+            if self.cfg.tick_keep_warm:
+                self.tick.keep_warm()
 
     def _fail(self, e: BaseException) -> None:
         if self.crash is None:

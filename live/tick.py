@@ -42,6 +42,9 @@ class TickLaya:
         self._buf = np.zeros(laya.n_features, dtype=np.float32)
         self._pre: tuple[BookSnapshot, int, np.ndarray, int] | None = None
         self._hit_latency = -1
+        self._last_raw = b""
+        self._warm_scanner = Books15Scanner()
+        self._warm_row = np.zeros(laya.n_features, dtype=np.float32)
         self.fast = 0  # frames labelled on the compiled path
         warm_codec()
         warm_features()
@@ -57,9 +60,23 @@ class TickLaya:
             latency = self.wall_ns() - ts
             book = sc.book(raw, ts, counters)
             self._pre = (book, label, probs, latency)
+            self._last_raw = raw
             self.fast += 1
             return [book]
         return decode(raw, ts, counters)
+
+    def keep_warm(self) -> None:
+        """Run the label path once more on the last frame, results discarded, so the next frame finds
+        its code and data in the CPU caches. Why: after a frame the engine's Python work evicts ONNX
+        Runtime's working set, and a cold inference measured ~36 us here against ~8 us warm. Called
+        after a frame's work is done (off its critical path); it changes no state anyone reads."""
+        raw = self._last_raw
+        if not raw:
+            return
+        sc = self._warm_scanner
+        if sc.scan(raw):
+            features_v0_levels(sc.levels, self._warm_row)
+        self.laya.predict_row()  # the input row still holds the last frame's features
 
     def __call__(self, book: BookSnapshot) -> tuple[int, np.ndarray]:
         pre = self._pre

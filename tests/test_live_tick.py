@@ -93,3 +93,20 @@ def test_pre_labelled_result_is_used_once_and_only_for_its_book(laya):
     assert tick._pre is not None
     tick(a)
     assert tick._pre is None
+
+
+def test_keep_warm_changes_nothing_the_engine_reads(laya):
+    walls = iter(range(100, 10**9, 100))
+    tick = TickLaya(laya, lambda: next(walls))
+    tick.keep_warm()  # before any frame: nothing to do
+    frames = [raw for _, raw in generate_frames(minutes=1, seed=2) if b'"books15"' in raw[:90]][:50]
+    counters = StreamCounters()
+    for raw in frames:
+        (book,) = tick.decode(raw, 0, counters)
+        pre = tick._pre
+        row = laya.input_row.copy()
+        tick.keep_warm()
+        assert tick._pre is pre and np.array_equal(laya.input_row, row)
+        label, probs = tick(book)
+        ref_label, ref_probs = laya.predict(features_v0(book))
+        assert label == ref_label and np.array_equal(_bits(probs), _bits(ref_probs))
