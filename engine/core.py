@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import orjson
@@ -26,18 +28,12 @@ from engine.eventlog import EventLog
 from engine.events import (
     BookSnapshot,
     Fill,
-    KevQueueEvent,
-    KevRequest,
-    KevResponse,
     Label,
-    LabelEvent,
-    LatencySpan,
     Nanos,
-    OrderEvent,
     PortfolioCommand,
-    RiskDecision,
     Trade,
 )
+from engine.fastinit import frozen_maker
 from engine.kev.advisor import KevContext, KevReply, context_body
 from engine.kev.command import CommandFields, validate_command
 from engine.kev.queue import KevQueue, QueueNote
@@ -53,6 +49,10 @@ PRIO_EXCH_IN = 61
 PRIO_EXCH_OUT = 62
 
 Labeler = Callable[[BookSnapshot], tuple[int, np.ndarray]]
+LABEL_NAMES: tuple[str, ...] = tuple(x.name for x in sorted(Label))  # by class index
+# Positional constructors (every field, declaration order): built once per order intent / risk check.
+_intent = frozen_maker(OrderIntent)
+_risk_state = frozen_maker(RiskState)
 KevDone = Callable[[KevContext, KevReply, Nanos], None]
 
 
@@ -118,6 +118,10 @@ class _Order:
 
 
 class Engine:
+    # on_trade does nothing (public trades are context; fills come from execution reports), so a
+    # replay need not deliver them. Set True the day on_trade reads them: drivers then deliver all.
+    uses_trades: ClassVar[bool] = False
+
     def __init__(
         self,
         config: EngineConfig,
@@ -158,47 +162,65 @@ class Engine:
         self._emergency_until = -(1 << 62)
         self._last_requote_ns = -(1 << 62)
         self._last_rebalance_ns = -(1 << 62)
-        self._recent_orders: list[Nanos] = []
+        self._recent_orders: deque[Nanos] = deque()  # send times of accepted new orders, oldest first
+        self._recent_tuple: tuple[Nanos, ...] | None = ()  # the same as a tuple; None: rebuild
+        self._pnl_key: tuple[float, Decimal, Decimal] | None = None  # (mark, cash, position) of _pnl
+        self._pnl = 0.0
+        self._position_dec: Decimal | None = None  # the portfolio position _position_f was converted from
+        self._position_f = 0.0
+        self._requote_min_ns = config.quotes.requote_min_ns  # read on every label
+        self._rebalance_min_ns = config.quotes.rebalance_min_ns
+        self._orders_ver = 0  # bumped whenever an order is sent, finishes or fills (risk state inputs)
+        self._rs: RiskState | None = None  # the last risk state, for (book, key) below
+        self._rs_book: BookSnapshot | None = None
+        self._rs_key: tuple[Any, ...] = ()
 
     # ------------------------------------------------------------ market data
 
     def on_book(self, book: BookSnapshot) -> None:
-        self.book = book
-        label_id, probs = self.labeler(book)
+        label_id, probs = self.receive_book(book)
         due = book.ts_recv + self.laya_latency.sample_ns(book.ts_recv)
-        self.clock.schedule(due, PRIO_LABEL, partial(self._on_label, book, label_id, probs))
+        self.clock.schedule(due, PRIO_LABEL, partial(self.on_label, book, label_id, probs))
+
+    def receive_book(self, book: BookSnapshot) -> tuple[int, np.ndarray]:
+        """:meth:`on_book` without scheduling the label: for a driver that delivers each label itself
+        at ``book.ts_recv`` + the Laya latency it drew (replay, with the latencies drawn up front), by
+        calling :meth:`on_label` at that time and priority :data:`PRIO_LABEL`."""
+        self.book = book
+        return self.labeler(book)
 
     def on_trade(self, trade: Trade) -> None:
         """Public trades reach the engine for context; fills are driven by the execution side."""
 
     # ------------------------------------------------------------ Laya
 
-    def _on_label(self, book: BookSnapshot, label_id: int, probs: np.ndarray) -> None:
+    def on_label(self, book: BookSnapshot, label_id: int, probs: np.ndarray, *, logged: bool = False) -> None:
+        """Laya's label of ``book`` becomes visible now (its compute latency after the book).
+
+        ``logged``: the caller has already recorded this LabelEvent (the replay keeps label events as
+        columns, ``replay/label_columns.py``); the engine only acts on it.
+        """
         now = self.clock.now_ns()
-        name = Label(label_id).name
+        name = LABEL_NAMES[label_id]
         self.label = name
-        p = [float(x) for x in probs]
-        self.log.emit(
-            LabelEvent,
-            ts_event=book.ts_event,
-            ts_recv=now,
-            symbol=book.symbol,
-            book_seq=book.seq,
-            book_ts_recv=book.ts_recv,
-            label=name,
-            p_hold=p[0],
-            p_lean_buy=p[1],
-            p_lean_sell=p[2],
-            p_emergency=p[3],
-        )
+        if not logged:
+            p = probs.tolist()  # float32 -> the same Python floats as float(x) per element
+            # LabelEvent row: ts_event, ts_recv, symbol, book_seq, book_ts_recv, label, p_hold..p_emergency
+            self.log.append(
+                "label",
+                (book.ts_event, now, book.symbol, book.seq, book.ts_recv, name, p[0], p[1], p[2], p[3]),
+            )
         if name == "EMERGENCY":
             # Pull quotes at once: EMERGENCY never waits for Kev.
             self._emergency_until = now + self.cfg.quotes.emergency_hold_ns
             self._cancel_all(book.ts_recv)
         if name != "HOLD" and now - self._last_kev_offer_ns >= self.cfg.kev_min_interval_ns:
-            self._offer_kev(book, name, p[label_id], now)
-        self._requote(book.ts_recv)
-        self._rebalance(book.ts_recv)
+            self._offer_kev(book, name, float(probs[label_id]), now)
+        if now - self._last_requote_ns >= self._requote_min_ns:  # _requote's own rate limit
+            self._requote(book.ts_recv)
+        c = self.command  # _rebalance's own first checks: a live Kev command, and its rate limit
+        if c is not None and now <= c.valid_until and now - self._last_rebalance_ns >= self._rebalance_min_ns:
+            self._rebalance(book.ts_recv)
 
     # ------------------------------------------------------------ Kev
 
@@ -222,10 +244,8 @@ class Engine:
         self._kev_pump()
 
     def _queue_notes(self, notes: list[QueueNote], now: Nanos) -> None:
-        for n in notes:
-            self.log.emit(
-                KevQueueEvent, ts_event=now, ts_recv=now, request_id=n.request_id, kind=n.kind, depth=n.depth
-            )
+        for n in notes:  # KevQueueEvent rows
+            self.log.append("kev_queue", (now, now, n.request_id, n.kind, n.depth))
 
     def _kev_pump(self) -> None:
         while len(self._kev_in_flight) < self.cfg.kev_max_in_flight and self._kev_start_next():
@@ -238,19 +258,21 @@ class Engine:
         if ctx is None:
             return False
         self._kev_in_flight[ctx.request_id] = ctx
-        self.log.emit(
-            KevRequest,
-            ts_event=ctx.ts_ns,
-            ts_recv=now,
-            request_id=ctx.request_id,
-            symbol=ctx.symbol,
-            label=ctx.label,
-            label_seq=ctx.label_seq,
-            mid=ctx.mid,
-            spread=ctx.spread,
-            imbalance=ctx.imbalance,
-            position=ctx.position,
-            queue_wait_ns=now - ctx.ts_ns,
+        self.log.append(  # KevRequest row
+            "kev_request",
+            (
+                ctx.ts_ns,
+                now,
+                ctx.request_id,
+                ctx.symbol,
+                ctx.label,
+                ctx.label_seq,
+                ctx.mid,
+                ctx.spread,
+                ctx.imbalance,
+                ctx.position,
+                now - ctx.ts_ns,
+            ),
         )
         self._span("kev_queue", f"kev:{ctx.request_id}", ctx.ts_ns, now)
         self.clock.schedule(now + self.cfg.kev_timeout_ns, PRIO_KEV, partial(self._on_kev_timeout, ctx, now))
@@ -270,21 +292,23 @@ class Engine:
         self, ctx: KevContext, now: Nanos, *, error: str, lag_ns: Nanos, key: str, raw: str, timings: dict
     ) -> None:
         """One KevResponse event; ``error`` empty means a valid command follows."""
-        self.log.emit(
-            KevResponse,
-            ts_event=now,
-            ts_recv=now,
-            request_id=ctx.request_id,
-            ok=not error,
-            error=error,
-            lag_ns=lag_ns,
-            advisor=self.advisor_name,
-            key=key,
-            raw=raw,
-            prompt_ms=float(timings.get("prompt_ms", 0.0)),
-            predicted_ms=float(timings.get("predicted_ms", 0.0)),
-            prompt_tokens=int(timings.get("prompt_tokens", 0)),
-            completion_tokens=int(timings.get("completion_tokens", 0)),
+        self.log.append(  # KevResponse row
+            "kev_response",
+            (
+                now,
+                now,
+                ctx.request_id,
+                not error,
+                error,
+                lag_ns,
+                self.advisor_name,
+                key,
+                raw,
+                float(timings.get("prompt_ms", 0.0)),
+                float(timings.get("predicted_ms", 0.0)),
+                int(timings.get("prompt_tokens", 0)),
+                int(timings.get("completion_tokens", 0)),
+            ),
         )
 
     def _on_kev_done(self, ctx: KevContext, reply: KevReply, lag_ns: Nanos) -> None:
@@ -347,19 +371,21 @@ class Engine:
         if now < self._emergency_until or self.kill_switch:
             self._cancel_all(origin_ns)
             return
-        position = float(self.portfolio.position)
-        want = {
-            q.side: q
-            for q in desired_quotes(
-                self.cfg.quotes,
-                self.cfg.contract,
-                book,
-                label=self.label,
-                position=position,
-                target=self._target(now),
-                max_position=self.cfg.risk.max_position,
-            )
-        }
+        position = self._position()
+        quotes = desired_quotes(
+            self.cfg.quotes,
+            self.cfg.contract,
+            book,
+            label=self.label,
+            position=position,
+            target=self._target(now),
+            max_position=self.cfg.risk.max_position,
+        )
+        if not self._working:  # nothing to keep or cancel: the loop below reduces to this
+            for quote in quotes:  # buy before sell, as below
+                self._send_new(quote.side, "limit", quote.px, quote.qty, origin_ns)
+            return
+        want = {q.side: q for q in quotes}
         half_tick = self.cfg.contract.tick / 2
         for side in ("buy", "sell"):
             working = [o for o in self._working.values() if o.side == side and o.order_type == "limit"]
@@ -411,37 +437,83 @@ class Engine:
     # ------------------------------------------------------------ orders and risk
 
     def _risk_state(self, now: Nanos) -> RiskState:
+        """The state the risk rules read. Both sides of a requote are checked against the same state
+        unless the first was accepted: it is rebuilt only when time, the book, an order (sent,
+        finished, filled), the portfolio or the kill switch changed."""
+        pf = self.portfolio
+        key = (now, self._orders_ver, self.kill_switch, pf.position, pf.cash)
+        if self.book is self._rs_book and key == self._rs_key and self._rs is not None:
+            return self._rs
+        self._rs = state = self._build_risk_state(now)
+        self._rs_book, self._rs_key = self.book, key
+        return state
+
+    def _build_risk_state(self, now: Nanos) -> RiskState:
+        recent = self._recent_orders
         cutoff = now - 1_000_000_000
-        self._recent_orders = [t for t in self._recent_orders if t > cutoff]
+        if recent and recent[0] <= cutoff:
+            while recent and recent[0] <= cutoff:  # appended in time order: the expired ones lead
+                recent.popleft()
+            self._recent_tuple = None
+        if self._recent_tuple is None:
+            self._recent_tuple = tuple(recent)
         book = self.book
-        mark = book.mid if book is not None else 0.0
-        return RiskState(
-            position=float(self.portfolio.position),
-            open_buy_qty=sum(o.qty - o.filled for o in self._working.values() if o.side == "buy"),
-            open_sell_qty=sum(o.qty - o.filled for o in self._working.values() if o.side == "sell"),
-            pnl_usd=float(self.portfolio.pnl(mark)) if book is not None else 0.0,
-            recent_order_ns=tuple(self._recent_orders),
-            kill_switch=self.kill_switch,
+        buy = sell = 0.0
+        for o in self._working.values():
+            if o.side == "buy":
+                buy += o.qty - o.filled
+            elif o.side == "sell":
+                sell += o.qty - o.filled
+        return _risk_state(  # position, open_buy_qty, open_sell_qty, pnl_usd, recent_order_ns, kill_switch
+            self._position(),
+            buy,
+            sell,
+            self._pnl_at((book.bid_px[0] + book.ask_px[0]) / 2.0) if book is not None else 0.0,  # mid
+            self._recent_tuple,
+            self.kill_switch,
         )
+
+    def _position(self) -> float:
+        """``float(portfolio.position)``, converted again only when the position changed (Decimals
+        are immutable: a new position is a new object)."""
+        pos = self.portfolio.position
+        if pos is not self._position_dec:
+            self._position_dec, self._position_f = pos, float(pos)
+        return self._position_f
+
+    def _pnl_at(self, mark: float) -> float:
+        """``float(portfolio.pnl(mark))``: exact Decimal math, cached until the mark, the cash or the
+        position changes (risk checks ask once per intent, often twice per book)."""
+        pf = self.portfolio
+        key = (mark, pf.cash, pf.position)
+        old = self._pnl_key
+        if old is None or old[0] != mark or old[1] is not pf.cash or old[2] is not pf.position:
+            self._pnl_key, self._pnl = key, float(pf.pnl(mark))
+        return self._pnl
 
     def _decide(self, intent: OrderIntent) -> bool:
         now = self.clock.now_ns()
-        ok, reason = check(self.cfg.risk, self._risk_state(now), intent, self.book, now)
-        self.log.emit(
-            RiskDecision,
-            ts_event=now,
-            ts_recv=now,
-            client_oid=intent.client_oid,
-            symbol=intent.symbol,
-            intent=intent.intent,
-            side=intent.side,
-            order_type=intent.order_type,
-            px=intent.px,
-            qty=intent.qty,
-            source=intent.source,
-            advice_age_ns=intent.advice_age_ns,
-            accepted=ok,
-            reason=reason,
+        if intent.intent == "cancel":  # check() always allows cancels: skip building the state
+            ok, reason = True, "ok"
+        else:
+            ok, reason = check(self.cfg.risk, self._risk_state(now), intent, self.book, now)
+        self.log.append(  # RiskDecision row
+            "risk",
+            (
+                now,
+                now,
+                intent.client_oid,
+                intent.symbol,
+                intent.intent,
+                intent.side,
+                intent.order_type,
+                intent.px,
+                intent.qty,
+                intent.source,
+                intent.advice_age_ns,
+                ok,
+                reason,
+            ),
         )
         return ok
 
@@ -460,23 +532,25 @@ class Engine:
     ) -> None:
         self._oid += 1
         oid = f"dh-{self._oid}"
-        intent = OrderIntent(
-            client_oid=oid,
-            symbol=self.cfg.symbol,
-            intent="new",
-            side=side,
-            order_type=order_type,
-            px=px,
-            qty=qty,
-            reduce_only=reduce_only,
-            max_slippage_bps=max_slippage_bps,
-            source=source,
-            advice_age_ns=advice_age_ns,
+        intent = _intent(  # OrderIntent fields in order
+            oid,
+            self.cfg.symbol,
+            "new",
+            side,
+            order_type,
+            px,
+            qty,
+            reduce_only,
+            max_slippage_bps,
+            source,
+            advice_age_ns,
         )
         if not self._decide(intent):
             return
         now = self.clock.now_ns()
         self._recent_orders.append(now)
+        self._recent_tuple = None
+        self._orders_ver += 1
         self._orders[oid] = self._working[oid] = _Order(oid, side, order_type, px, qty, now)
         self._order_event(oid, "new", now, now, "")
         self._span("tick_to_order", oid, origin_ns, now)
@@ -508,31 +582,13 @@ class Engine:
 
     def _order_event(self, oid: str, kind: str, ts_event: Nanos, ts_recv: Nanos, reason: str) -> None:
         o = self._orders[oid]
-        self.log.emit(
-            OrderEvent,
-            ts_event=ts_event,
-            ts_recv=ts_recv,
-            client_oid=oid,
-            symbol=self.cfg.symbol,
-            kind=kind,
-            side=o.side,
-            order_type=o.order_type,
-            px=o.px,
-            qty=o.qty,
-            reason=reason,
+        self.log.append(  # OrderEvent row
+            "order",
+            (ts_event, ts_recv, oid, self.cfg.symbol, kind, o.side, o.order_type, o.px, o.qty, reason),
         )
 
     def _span(self, name: str, ref: str, start: Nanos, end: Nanos) -> None:
-        self.log.emit(
-            LatencySpan,
-            ts_event=start,
-            ts_recv=end,
-            name=name,
-            ref=ref,
-            start_ns=start,
-            end_ns=end,
-            dur_ns=end - start,
-        )
+        self.log.append("latency", (start, end, name, ref, start, end, end - start))  # LatencySpan row
 
     # ------------------------------------------------------------ execution reports
 
@@ -547,6 +603,7 @@ class Engine:
     def _finish(self, client_oid: str) -> None:
         self._orders[client_oid].status = "done"
         self._working.pop(client_oid, None)
+        self._orders_ver += 1
 
     def on_reject(self, client_oid: str, reason: str, ts_event: Nanos) -> None:
         self._finish(client_oid)
@@ -568,6 +625,7 @@ class Engine:
         rate = self.cfg.contract.maker_fee_rate if liquidity == "maker" else self.cfg.contract.taker_fee_rate
         notional, fee = self.portfolio.apply_fill(o.side, px, qty, rate)
         o.filled += qty
+        self._orders_ver += 1
         self.log.emit(
             Fill,
             ts_event=ts_event,

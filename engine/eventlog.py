@@ -1,24 +1,37 @@
-"""The engine's event log: per-stream sequence numbers, a running digest, streamed Parquet output.
+"""The engine's event log: per-stream sequence numbers, a digest, streamed Parquet output.
 
-The digest is sha256 over every emitted event in emit order (stream name, seq, and the event's
-fields as canonical JSON with sorted keys), so two runs agree on it exactly when they produced the
-same events in the same order. Events are buffered per stream and written as Parquet row groups
-every ``flush_rows`` events, so memory stays flat however long the run; flush points depend only on
-counts, so the bytes of the output files are as deterministic as the events.
+Events are kept as rows (tuples of field values in schema order, without ``seq``: a stream's seq is
+its row number) and turned into Arrow columns when a stream flushes, so the tick path never builds an
+event object. Each stream is written as Parquet row groups every ``flush_rows`` events, so memory
+stays flat however long the run; flush points depend only on counts, so the output bytes are as
+deterministic as the events. Row groups are compressed and written by one background thread, in
+flush order (Parquet encoding releases the GIL, so the tick path keeps running meanwhile).
+
+The digest is computed column-wise: per stream, every column's values in seq order are fed to their
+own sha256 (fixed-width little-endian values; strings as their lengths plus their UTF-8 bytes;
+decimals as their decimal128 value at the schema's fixed scale), and the run digest is sha256 over
+each stream's name, row count and column digests, in :data:`OUTPUT_STREAMS` order. It changes
+whenever any field of any event changes or events within a stream change order; it does not encode
+how different streams interleave (each stream's own ``ts_recv`` and ``seq`` order it). Two runs agree
+on it exactly when they produced the same events, in any process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
-from decimal import Decimal
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.events import STREAM_OF_TYPE, STREAMS, events_to_table
+from engine.events import STREAM_OF_TYPE, STREAMS
 from engine.store import sha256_file
 
 OUTPUT_STREAMS: Final = (
@@ -33,11 +46,74 @@ OUTPUT_STREAMS: Final = (
     "latency",
 )
 
+# Field names per stream in schema order without "seq": the layout of a row.
+_ROW_FIELDS: Final = {
+    s: tuple(f.name for f in dataclasses.fields(STREAMS[s].event_type) if f.name != "seq")
+    for s in OUTPUT_STREAMS
+}
 
-def _default(o: Any) -> Any:
-    if isinstance(o, Decimal):
-        return str(o)
-    raise TypeError(f"cannot digest {type(o).__name__}")
+
+def rows_to_table(stream: str, rows: list[tuple[Any, ...]], first_seq: int) -> pa.Table:
+    """Arrow table of a stream from rows (field values in schema order, ``seq`` left out)."""
+    schema = STREAMS[stream].schema
+    n = len(rows)
+    cols = list(zip(*rows, strict=True)) if n else [()] * len(_ROW_FIELDS[stream])
+    arrays = []
+    it = iter(cols)
+    for f in schema:
+        if f.name == "seq":
+            arrays.append(pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64)))
+        else:
+            arrays.append(pa.array(next(it), type=f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+class _StreamDigest:
+    """One sha256 per column (two for strings: lengths and bytes), fed chunk by chunk in seq order."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self._schema = schema
+        self._h = {f.name: (hashlib.sha256(), hashlib.sha256()) for f in schema}
+
+    def update(self, table: pa.Table) -> None:
+        for f in self._schema:
+            arr = table.column(f.name).combine_chunks()
+            if arr.null_count:
+                raise ValueError(f"null in non-nullable output column {f.name}")
+            values, lengths = self._h[f.name]
+            off, n = arr.offset, len(arr)
+            if pa.types.is_string(f.type):
+                offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[off : off + n + 1]
+                data = arr.buffers()[2]
+                if n:
+                    values.update(memoryview(data)[offsets[0] : offsets[-1]] if data is not None else b"")
+                lengths.update(np.diff(offsets).astype("<i8").tobytes())
+            elif pa.types.is_decimal(f.type):
+                values.update(memoryview(arr.buffers()[1])[off * 16 : (off + n) * 16])
+            elif pa.types.is_boolean(f.type):
+                values.update(arr.to_numpy(zero_copy_only=False).astype(np.uint8).tobytes())
+            elif pa.types.is_floating(f.type):
+                a = arr.to_numpy().astype("<f8")
+                a[np.isnan(a)] = np.nan  # one NaN bit pattern, whatever produced it
+                values.update(a.tobytes())
+            else:
+                values.update(arr.to_numpy().astype("<i8").tobytes())
+
+    def copy(self) -> _StreamDigest:
+        d = _StreamDigest.__new__(_StreamDigest)
+        d._schema = self._schema
+        d._h = {k: (a.copy(), b.copy()) for k, (a, b) in self._h.items()}
+        return d
+
+    def hexdigests(self) -> list[str]:
+        return [f"{k}:{a.hexdigest()}:{b.hexdigest()}" for k, (a, b) in self._h.items()]
+
+
+# rows(first_seq, n, consume) -> the table of events first_seq .. first_seq + n - 1 of a stream whose
+# events a caller keeps as columns; consume=False is a look (the digest of a log not yet flushed).
+ColumnRows = Callable[[int, int, bool], pa.Table]
+# pending() -> how many of those events the caller holds that the log has not flushed yet.
+ColumnCount = Callable[[], int]
 
 
 class EventLog:
@@ -45,55 +121,125 @@ class EventLog:
     without, they stay in memory until :meth:`write`."""
 
     def __init__(self, events_dir: Path | None = None, *, flush_rows: int = 65_536) -> None:
-        self._buf: dict[str, list[Any]] = {s: [] for s in OUTPUT_STREAMS}
+        self._buf: dict[str, list[tuple[Any, ...]]] = {s: [] for s in OUTPUT_STREAMS}
         self._n: dict[str, int] = dict.fromkeys(OUTPUT_STREAMS, 0)
-        self._hash = hashlib.sha256()
+        self._flushed: dict[str, int] = dict.fromkeys(OUTPUT_STREAMS, 0)  # rows already hashed/written
+        self._digests = {s: _StreamDigest(STREAMS[s].schema) for s in OUTPUT_STREAMS}
         self._dir = events_dir
         self._flush_rows = flush_rows
         self._writers: dict[str, pq.ParquetWriter] = {}
-        self.count = 0
+        self._columns: dict[str, tuple[ColumnRows, ColumnCount]] = {}  # streams kept as columns by a caller
+        self._io: ThreadPoolExecutor | None = None  # one thread: writes happen in submission order
+        self._io_pending: deque[Future[None]] = deque()
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts().values())
+
+    @property
+    def flush_rows(self) -> int:
+        return self._flush_rows
+
+    def _count(self, stream: str) -> int:
+        cols = self._columns.get(stream)
+        return self._n[stream] if cols is None else self._flushed[stream] + cols[1]()
 
     def next_seq(self, stream: str) -> int:
-        return self._n[stream]
+        return self._count(stream)
+
+    def append(self, stream: str, row: tuple[Any, ...]) -> int:
+        """Record one event given as a row (schema order, no ``seq``); returns its seq. The tick path's
+        way in: no event object is built."""
+        buf = self._buf[stream]
+        buf.append(row)
+        seq = self._n[stream]
+        self._n[stream] = seq + 1
+        if len(buf) >= self._flush_rows and self._dir is not None:
+            self._flush(stream)
+        return seq
+
+    def attach_columns(self, stream: str, rows: ColumnRows, pending: ColumnCount) -> None:
+        """From now on the caller keeps ``stream``'s events as columns: ``pending()`` says how many it
+        holds unflushed, ``rows`` gives them as a table, and the caller calls :meth:`flush` once it
+        holds :attr:`flush_rows` of them. The files, flush points and digest are the same as if every
+        event had been appended as a row."""
+        if self._n[stream] or self._buf[stream]:
+            raise ValueError(f"stream {stream} already has events")
+        self._columns[stream] = (rows, pending)
+
+    def flush(self, stream: str) -> None:
+        """Write ``stream``'s pending events now (streaming logs; a no-op in memory)."""
+        if self._dir is not None:
+            self._flush(stream)
+
+    def _pending(self, stream: str, consume: bool) -> pa.Table | None:
+        first = self._flushed[stream]
+        cols = self._columns.get(stream)
+        if cols is not None:
+            n = cols[1]()
+            return cols[0](first, n, consume) if n else None
+        buf = self._buf[stream]
+        if not buf:
+            return None
+        if consume:
+            self._buf[stream] = []
+        return rows_to_table(stream, buf, first)
 
     def emit(self, event_type: type, **fields: Any) -> Any:
         """Build an event with its stream's next ``seq``, record it and return it."""
         stream = STREAM_OF_TYPE[event_type]
-        seq = self._n[stream]
-        event = event_type(seq=seq, **fields)
-        self._n[stream] = seq + 1
-        buf = self._buf[stream]
-        buf.append(event)
-        self._hash.update(b"%s\t%d\t" % (stream.encode(), seq))
-        self._hash.update(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS, default=_default))
-        self.count += 1
-        if self._dir is not None and len(buf) >= self._flush_rows:
-            self._flush(stream)
+        event = event_type(seq=self._n[stream], **fields)
+        self.append(stream, tuple(fields[n] for n in _ROW_FIELDS[stream]))
         return event
 
     def _flush(self, stream: str) -> None:
         assert self._dir is not None
-        buf = self._buf[stream]
-        if not buf:
+        table = self._pending(stream, consume=True)
+        if table is None:
             return
+        self._digests[stream].update(table)
+        self._flushed[stream] += table.num_rows
         w = self._writers.get(stream)
         if w is None:
             w = self._writers[stream] = pq.ParquetWriter(
                 self._dir / f"{stream}.parquet", STREAMS[stream].schema, compression="zstd"
             )
-        w.write_table(events_to_table(buf, stream))
-        self._buf[stream] = []
+        if self._io is None:
+            self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eventlog")
+        pending = self._io_pending
+        pending.append(self._io.submit(w.write_table, table))
+        while len(pending) > 4 or (pending and pending[0].done()):  # bounded: memory stays flat
+            pending.popleft().result()  # re-raises a failed write here
+
+    def _drain(self) -> None:
+        """Wait for every queued row group (raising the first failure)."""
+        while self._io_pending:
+            self._io_pending.popleft().result()
+        if self._io is not None:
+            self._io.shutdown()
+            self._io = None
 
     def events(self, stream: str) -> list[Any]:
-        """Events still in memory (all of them when not streaming)."""
-        return self._buf[stream]
+        """Events still in memory (all of them when not streaming), as event objects."""
+        table = self._pending(stream, consume=False)
+        cls = STREAMS[stream].event_type
+        return [] if table is None else [cls(**r) for r in table.to_pylist()]
 
     @property
     def digest(self) -> str:
-        return self._hash.hexdigest()
+        h = hashlib.sha256()
+        for stream in OUTPUT_STREAMS:
+            d = self._digests[stream]
+            pending = self._pending(stream, consume=False)
+            if pending is not None:
+                d = d.copy()
+                d.update(pending)
+            h.update(f"{stream}\t{self._count(stream)}\n".encode())
+            h.update("\n".join(d.hexdigests()).encode())
+        return h.hexdigest()
 
     def counts(self) -> dict[str, int]:
-        return dict(self._n)
+        return {s: self._count(s) for s in OUTPUT_STREAMS}
 
     def write(self, events_dir: Path | None = None) -> dict[str, dict[str, Any]]:
         """Finish: one Parquet file per output stream (empty ones too, so queries never miss a table)."""
@@ -106,6 +252,8 @@ class EventLog:
         files = {}
         for stream in OUTPUT_STREAMS:
             self._flush(stream)
+        self._drain()
+        for stream in OUTPUT_STREAMS:
             w = self._writers.pop(stream, None)
             path = target / f"{stream}.parquet"
             if w is not None:
@@ -114,5 +262,5 @@ class EventLog:
                 pq.write_table(STREAMS[stream].schema.empty_table(), path, compression="zstd")
             with open(path, "rb+") as f:
                 os.fsync(f.fileno())
-            files[f"events/{stream}.parquet"] = {"rows": self._n[stream], "sha256": sha256_file(path)}
+            files[f"events/{stream}.parquet"] = {"rows": self._count(stream), "sha256": sha256_file(path)}
         return files

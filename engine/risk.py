@@ -93,12 +93,13 @@ def check(
     """Accept or reject one intent. Cancels are always allowed: they only ever reduce risk."""
     if intent.intent == "cancel":
         return True, "ok"
+    side, qty, order_type = intent.side, intent.qty, intent.order_type
     if (
         intent.intent != "new"
-        or intent.side not in ("buy", "sell")
-        or intent.order_type not in ("limit", "market")
-        or not (intent.qty > 0 and math.isfinite(intent.qty))
-        or (intent.order_type == "limit" and not (intent.px > 0 and math.isfinite(intent.px)))
+        or side not in ("buy", "sell")
+        or order_type not in ("limit", "market")
+        or not (qty > 0 and math.isfinite(qty))
+        or (order_type == "limit" and not (intent.px > 0 and math.isfinite(intent.px)))
     ):
         return False, "bad_order"
     if state.kill_switch:
@@ -109,32 +110,33 @@ def check(
         return False, "no_book"
     if now_ns - book.ts_recv > limits.stale_book_ns:
         return False, "stale_book"
-    if intent.qty > limits.max_order_qty + 1e-12:
+    if qty > limits.max_order_qty + 1e-12:
         return False, "max_order_qty"
-    reducing = intent.reduce_only or _reduces(state.position, intent.side, intent.qty)
-    signed = intent.qty if intent.side == "buy" else -intent.qty
+    position = state.position
+    reducing = intent.reduce_only or _reduces(position, side, qty)
+    signed = qty if side == "buy" else -qty
     # Worst case: every resting order on the same side fills too.
-    open_same = state.open_buy_qty if intent.side == "buy" else -state.open_sell_qty
-    worst = state.position + open_same + signed
+    open_same = state.open_buy_qty if side == "buy" else -state.open_sell_qty
+    worst = position + open_same + signed
     mid = book.mid
     if not reducing:
         if abs(worst) > limits.max_position + 1e-12:
             return False, "max_position"
         if abs(worst) * mid > limits.max_net_delta_usd:
             return False, "max_net_delta"
-    if intent.order_type == "limit":
+    if order_type == "limit":
         if abs(intent.px - mid) / mid * 1e4 > limits.price_band_bps:
             return False, "price_band"
     else:
-        levels = walk_book(book, intent.side, intent.qty)
+        levels = walk_book(book, side, qty)
         filled = sum(q for _, q in levels)
         max_bps = limits.max_slippage_bps
         if intent.max_slippage_bps is not None:
             max_bps = min(max_bps, intent.max_slippage_bps)
-        if filled < intent.qty - 1e-12 or abs(avg_price(levels) - mid) / mid * 1e4 > max_bps:
+        if filled < qty - 1e-12 or abs(avg_price(levels) - mid) / mid * 1e4 > max_bps:
             return False, "max_slippage"
     window_start = now_ns - 1_000_000_000
-    if sum(1 for t in state.recent_order_ns if t > window_start) >= limits.max_orders_per_s:
+    if len([t for t in state.recent_order_ns if t > window_start]) >= limits.max_orders_per_s:
         return False, "order_rate"
     if state.pnl_usd <= -limits.daily_loss_stop_usd and not reducing:
         return False, "loss_stop"

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from engine.contract import ContractConfig
 from engine.events import BookSnapshot, Nanos
+from engine.fastinit import frozen_maker
 
 SIGNAL = {"HOLD": 0, "LEAN_BUY": 1, "LEAN_SELL": -1, "EMERGENCY": 0}
 
@@ -47,7 +48,27 @@ def desired_quotes(
     ask = max(best_ask + (shift + cfg.offset_ticks) * tick, best_bid + tick)
     out = []
     if position + cfg.quote_qty <= max_position + 1e-12:
-        out.append(Quote("buy", contract.round_px(bid), cfg.quote_qty))
+        out.append(_quote("buy", _round_px(contract, bid), cfg.quote_qty))
     if position - cfg.quote_qty >= -max_position - 1e-12:
-        out.append(Quote("sell", contract.round_px(ask), cfg.quote_qty))
+        out.append(_quote("sell", _round_px(contract, ask), cfg.quote_qty))
     return out
+
+
+_ROUNDED: dict[tuple[float, float], float] = {}
+
+
+def _round_px(contract: ContractConfig, px: float) -> float:
+    """``contract.round_px(px)``, remembered by (tick, px), all it depends on: quotes sit near a slowly
+    moving touch, so the same prices come back all the time, and ``round(x, 10)`` is slow. Bounded."""
+    if type(contract) is not ContractConfig or px == 0.0:  # a subclass may round differently; -0.0 == 0.0
+        return contract.round_px(px)
+    key = (contract.tick, px)
+    v = _ROUNDED.get(key)
+    if v is None:
+        if len(_ROUNDED) >= 65_536:
+            _ROUNDED.clear()
+        v = _ROUNDED[key] = contract.round_px(px)
+    return v
+
+
+_quote = frozen_maker(Quote)  # Quote(side, px, qty) without the frozen __init__ (two per requote)

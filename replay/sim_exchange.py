@@ -63,6 +63,12 @@ class SimExchange:
             if crossed:
                 self._fill(st, st.px, st.remaining, "maker")
 
+    @property
+    def resting(self) -> bool:
+        """Whether any order rests on the book: without one, :meth:`on_trade` does nothing (a replay
+        need not even build the trade)."""
+        return bool(self._resting)
+
     def on_trade(self, trade: Trade) -> None:
         left = trade.sz
         # Deterministic order: resting orders in arrival order (dict keeps insertion order).
