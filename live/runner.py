@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import hashlib
 import logging
 import os
@@ -338,6 +339,7 @@ class LiveRunner:
         self.shutdown_info: dict[str, Any] = {}
         self.errors: list[str] = []
         self._dispatching = False
+        self.tick: TickLaya | None = None  # built with the engines (_build)
         self._stop: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
         self._journal: _GatedJournal | None = None
@@ -367,13 +369,19 @@ class LiveRunner:
         if self._dispatching:
             return
         self._dispatching = True
+        ran = False
         try:
             while (item := self.clock.pop_next_due()) is not None:
                 item[1]()
+                ran = True
         except Exception as e:  # an engine bug: stop trading, cancel everything
             self._fail(e)
         finally:
             self._dispatching = False
+        if ran and self.tick is not None and self.cfg.tick_keep_warm:
+            # after any work (a frame, a Kev reply, an exchange report), not only after frames: the
+            # next frame's label should not pay for whatever ran last (live/tick.py keep_warm)
+            self.tick.keep_warm()
         if self._wake is not None and self.clock.pending:
             self._wake.set()
 
@@ -404,8 +412,6 @@ class LiveRunner:
             any_event = True
         if any_event:
             self.dispatch()
-            if self.cfg.tick_keep_warm:
-                self.tick.keep_warm()
 
     def _fail(self, e: BaseException) -> None:
         if self.crash is None:
@@ -586,6 +592,10 @@ class LiveRunner:
             self.syms[symbol] = _Symbol(
                 symbol, contract, run_dir, tmp, evlog, sink, advisor, kev, engine, paper
             )
+        # Everything built so far (models, sessions, modules) lives for the whole run: move it out of
+        # the cyclic collector's reach, so a full collection during trading scans only what the run
+        # allocates instead of stalling the loop for tens of ms (measured p99 of order latency).
+        gc.freeze()
 
     def _record_exec(self, symbol: str, kind: str, ts: int, dur: int) -> None:
         st = self.syms.get(symbol)

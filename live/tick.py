@@ -25,7 +25,7 @@ from engine.laya.features_fast import features_v0_levels
 from engine.laya.features_fast import warm_up as warm_features
 from engine.laya.model import Laya
 from engine.venues.bitget_v2 import Control, StreamCounters, decode
-from engine.venues.bitget_v2_fast import Books15Scanner
+from engine.venues.bitget_v2_fast import Books15Scanner, TradeScanner
 from engine.venues.bitget_v2_fast import warm_up as warm_codec
 
 
@@ -38,6 +38,7 @@ class TickLaya:
         self.laya = laya
         self.wall_ns = wall_ns
         self.scanner = Books15Scanner()
+        self.trade_scanner = TradeScanner()  # trades don't wait for a label, but they share the loop
         self._row = laya.input_row
         self._buf = np.zeros(laya.n_features, dtype=np.float32)
         self._pre: tuple[BookSnapshot, int, np.ndarray, int] | None = None
@@ -54,7 +55,7 @@ class TickLaya:
     ) -> list[BookSnapshot | Trade | Quarantined | Control]:
         """:func:`engine.venues.bitget_v2.decode`, labelling a canonical books15 frame on the way."""
         sc = self.scanner
-        if self.compiled and sc.scan(raw):
+        if self.compiled and type(raw) is bytes and sc.scan(raw):
             features_v0_levels(sc.levels, self._row)
             label, probs = self.laya.predict_row()
             latency = self.wall_ns() - ts
@@ -63,6 +64,8 @@ class TickLaya:
             self._last_raw = raw
             self.fast += 1
             return [book]
+        if type(raw) is bytes and (k := self.trade_scanner.scan(raw)) > 0:
+            return list(self.trade_scanner.trades(raw, k, ts, counters))
         return decode(raw, ts, counters)
 
     def keep_warm(self) -> None:

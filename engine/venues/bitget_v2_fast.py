@@ -56,7 +56,7 @@ _QUOTE, _COMMA, _LBRACK, _RBRACK, _DOT, _MINUS, _RBRACE = 34, 44, 91, 93, 46, 45
 @njit(cache=True, nogil=True)
 def _expect(buf, i, lit):  # pragma: no cover - compiled
     n = lit.shape[0]
-    if i + n > buf.shape[0]:
+    if i + n > len(buf):
         return -1
     for k in range(n):
         if buf[i + k] != lit[k]:
@@ -67,7 +67,7 @@ def _expect(buf, i, lit):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True)
 def _uint(buf, i, out, slot):  # pragma: no cover - compiled
     """Unsigned decimal integer of 1..18 digits into out[slot]; returns the next index or -1."""
-    n = buf.shape[0]
+    n = len(buf)
     v = 0
     j = i
     while j < n and 48 <= buf[j] <= 57 and j - i < 19:
@@ -82,7 +82,7 @@ def _uint(buf, i, out, slot):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True)
 def _decimal(buf, i, pow10, vals, k):  # pragma: no cover - compiled
     """A quoted plain decimal ``"123.45"`` (<= 15 digits) into vals[k]; returns the next index or -1."""
-    n = buf.shape[0]
+    n = len(buf)
     if i >= n or buf[i] != _QUOTE:
         return -1
     i += 1
@@ -112,7 +112,7 @@ def _decimal(buf, i, pow10, vals, k):  # pragma: no cover - compiled
 def _levels(buf, i, pow10, px, sz):  # pragma: no cover - compiled
     """``["p","s"],["p","s"]...`` up to the closing ``]`` of the side; returns (next index, count)."""
     count = 0
-    n = buf.shape[0]
+    n = len(buf)
     while True:
         if count == px.shape[0] or i >= n or buf[i] != _LBRACK:
             return -1, 0
@@ -139,7 +139,7 @@ def scan_books15(buf, levels, meta):  # pragma: no cover - compiled
     if i < 0:
         return False
     start = i
-    n = buf.shape[0]
+    n = len(buf)
     while i < n:
         c = buf[i]
         # instId: letters, digits, '_', '-', '.'; anything else (escapes included) goes the slow way
@@ -224,8 +224,9 @@ class Books15Scanner:
         self.meta = np.zeros(N_META, dtype=np.int64)
 
     def scan(self, raw: bytes) -> bool:
-        """True when ``raw`` is a canonical books15 frame; its values are then in ``levels``/``meta``."""
-        return bool(scan_books15(np.frombuffer(raw, dtype=np.uint8), self.levels, self.meta))
+        """True when ``raw`` (``bytes``) is a canonical books15 frame; its values are then in
+        ``levels``/``meta``. The bytes go to numba as they are (no array view: ~0.35 us a frame)."""
+        return bool(scan_books15(raw, self.levels, self.meta))
 
     def symbol(self, raw: bytes) -> str:
         m = self.meta
@@ -303,7 +304,7 @@ _T_TAIL = _lit('],"ts":')
 @njit(cache=True, nogil=True)
 def _ident(buf, i):  # pragma: no cover - compiled
     """End of a run of ``[A-Za-z0-9_.-]`` starting at ``i`` (== i when empty)."""
-    n = buf.shape[0]
+    n = len(buf)
     while i < n:
         c = buf[i]
         if (65 <= c <= 90) or (97 <= c <= 122) or (48 <= c <= 57) or c == 95 or c == 45 or c == 46:
@@ -334,7 +335,7 @@ def scan_trade(buf, ts_ms, px, sz, side, tid, meta):  # pragma: no cover - compi
     i = _expect(buf, i, _T_DATA)
     if i < 0:
         return -1
-    n = buf.shape[0]
+    n = len(buf)
     cap = px.shape[0]
     k = 0
     while True:
@@ -430,7 +431,7 @@ class TradeScanner:
         """Number of trades when ``raw`` is a canonical trade frame, else -1."""
         return int(
             scan_trade(
-                np.frombuffer(raw, dtype=np.uint8),
+                raw,
                 self.ts_ms,
                 self.px,
                 self.sz,
