@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+MONEY_QUANTUM = Decimal("1e-12")
+
 
 def dec(x: float) -> Decimal:
     """A float parsed from an exchange string back to that exact decimal (shortest repr round-trips)."""
@@ -23,8 +25,11 @@ class Portfolio:
     def apply_fill(self, side: str, px: float, qty: float, fee_rate: Decimal) -> tuple[Decimal, Decimal]:
         """Book a fill; returns its (notional, fee)."""
         q = dec(qty)
-        notional = dec(px) * q
-        fee = (notional * fee_rate).quantize(Decimal("1e-12"))
+        # Money is kept to 1e-12 (the event schema's decimal128 scale): a price times a size with many
+        # decimals (recorded trade sizes need not be size-step multiples) can have more, which the
+        # event log could not store exactly. Rounding is half-even, once per fill, never accumulated.
+        notional = (dec(px) * q).quantize(MONEY_QUANTUM)
+        fee = (notional * fee_rate).quantize(MONEY_QUANTUM)
         self.position += q if side == "buy" else -q
         self.cash += -notional if side == "buy" else notional
         self.cash -= fee
