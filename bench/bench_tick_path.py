@@ -116,6 +116,7 @@ async def _round(
         kev_timeout_ms=60_000,
         kev_url=kev_url if busy else "",
         tick_keep_warm=keep_warm,
+        busy_poll=spin,
     )
     runner = LiveRunner(cfg)
     runner._stop, runner._wake = asyncio.Event(), asyncio.Event()
@@ -134,6 +135,7 @@ async def _round(
     st.paper.submit = timed_submit  # type: ignore[union-attr,method-assign]
     runner.feeding = True
     pump = asyncio.create_task(runner._pump())
+    poller = asyncio.create_task(runner.busy_poll()) if spin else None
     busy_frames = n_books = 0
     for i, raw in enumerate(frames):
         if i == warmup:
@@ -147,14 +149,11 @@ async def _round(
         if raw.startswith(b'{"action":"snapshot","arg":{"instType":"USDT-FUTURES","channel":"books15"'):
             n_books += 1
             busy_frames += bool(runner.kev_tasks)
-        if spin:  # keep the core awake: run the loop without blocking until the next frame is due
-            until = time.perf_counter() + gap_s
-            while time.perf_counter() < until:
-                await asyncio.sleep(0)
-        else:
-            await asyncio.sleep(gap_s)
-    pump.cancel()
-    await asyncio.gather(pump, return_exceptions=True)
+        await asyncio.sleep(gap_s)  # with --spin the runner's busy_poll task keeps the loop running
+    for t in (pump, poller):
+        if t is not None:
+            t.cancel()
+    await asyncio.gather(*(t for t in (pump, poller) if t is not None), return_exceptions=True)
     for t in list(runner.kev_tasks):
         t.cancel()
     await asyncio.gather(*runner.kev_tasks, return_exceptions=True)
@@ -237,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kev-url", default="", help="a real llama-server for the busy rounds")
     ap.add_argument("--warmup", type=int, default=300, help="frames not measured at the start of a round")
     ap.add_argument(
-        "--spin", action="store_true", help="busy-poll between frames instead of sleeping (a hot core)"
+        "--spin", action="store_true", help="live mode's busy_poll on (the loop never sleeps; a hot core)"
     )
     ap.add_argument(
         "--no-keep-warm", action="store_true", help="live mode's tick_keep_warm off (cold label path)"

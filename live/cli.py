@@ -47,6 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", type=Path, help="Laya ONNX model (default data/models/laya-v0.onnx)")
     p.add_argument("--provider", choices=("auto", "cuda", "cpu"), default="auto", help="Laya provider")
     p.add_argument("--fill-model", default="touch", help="paper fill model (as replay's)")
+    p.add_argument(
+        "--busy-poll",
+        action="store_true",
+        help="never sleep the event loop and keep the label path warm (lowest tick latency; costs a core)",
+    )
     p.add_argument("--kill-file", default="", help="kill switch file (default OUT/KILL)")
     p.add_argument(
         "--contract-defaults", action="store_true", help="paper: do not ask the exchange for contracts"
@@ -112,6 +117,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         kill_file=args.kill_file,
         contract_defaults=args.contract_defaults,
         seed=args.seed,
+        busy_poll=args.busy_poll,
     )
     runner = LiveRunner(cfg, credentials=creds if args.live else None, install_signals=True)
     try:

@@ -78,6 +78,7 @@ from engine.venues.bitget_v2 import INST_TYPE, REST_BASE_URL, StreamCounters, ar
 from engine.venues.bitget_v2_rest import BitgetError, ContractSpec, Credentials
 from live.clock import LiveClock
 from live.gateway import BitgetGateway, GatewayExecution, GatewayTransportError, reconcile_event
+from live.gc_policy import IdleGC
 from live.private_ws import PrivateConfig, PrivateStream, describe
 from live.tick import TickLaya
 from recorder.connection import Connection, ConnectionConfig, SlidingWindow
@@ -112,6 +113,11 @@ class LiveConfig:
     # after each frame's work, re-run the label path on it (results discarded) so the next frame finds
     # it in the CPU caches: frame -> label ~4x faster here (live/tick.py, bench/bench_tick_path.py)
     tick_keep_warm: bool = True
+    # the cyclic GC runs between frames (CPython's thresholds), never inside a label (live/gc_policy.py)
+    gc_at_idle: bool = True
+    # never sleep the loop, re-warm the label path every busy_poll_warm_us (costs a core; see busy_poll)
+    busy_poll: bool = False
+    busy_poll_warm_us: int = 20
     fill_model: str = "touch"  # paper execution: the replay fill model
     latency_order_entry: str = "const:5ms"  # paper execution: modelled like replay (and recorded)
     latency_order_response: str = "const:5ms"
@@ -340,6 +346,7 @@ class LiveRunner:
         self.errors: list[str] = []
         self._dispatching = False
         self.tick: TickLaya | None = None  # built with the engines (_build)
+        self._gc = IdleGC() if cfg.gc_at_idle else None
         self._stop: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
         self._journal: _GatedJournal | None = None
@@ -378,6 +385,8 @@ class LiveRunner:
             self._fail(e)
         finally:
             self._dispatching = False
+        if self._gc is not None:
+            self._gc.collect_if_due()  # between frames, never inside a label (live/gc_policy.py)
         if ran and self.tick is not None and self.cfg.tick_keep_warm:
             # after any work (a frame, a Kev reply, an exchange report), not only after frames: the
             # next frame's label should not pay for whatever ran last (live/tick.py keep_warm)
@@ -596,6 +605,8 @@ class LiveRunner:
         # the cyclic collector's reach, so a full collection during trading scans only what the run
         # allocates instead of stalling the loop for tens of ms (measured p99 of order latency).
         gc.freeze()
+        if self._gc is not None:
+            self._gc.start()
 
     def _record_exec(self, symbol: str, kind: str, ts: int, dur: int) -> None:
         st = self.syms.get(symbol)
@@ -647,6 +658,9 @@ class LiveRunner:
             try:
                 await self._shutdown()
             finally:
+                if self._gc is not None:
+                    self._gc.stop()
+                gc.unfreeze()
                 if self.install_signals:
                     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
                         loop.remove_signal_handler(sig)
@@ -703,6 +717,8 @@ class LiveRunner:
             asyncio.create_task(self._flusher(), name="journal-flush"),
             asyncio.create_task(self._kill_watch(), name="kill-file"),
         ]
+        if self.cfg.busy_poll:
+            self._tasks.append(asyncio.create_task(self.busy_poll(), name="busy-poll"))
 
     def _feed_ended(self, task: asyncio.Task[Any]) -> None:
         if not self.feeding:
@@ -719,6 +735,19 @@ class LiveRunner:
             except (BitgetError, GatewayTransportError) as e:
                 self.errors.append(f"reconcile: {e}")
                 self.request_kill("reconcile_failed")
+
+    async def busy_poll(self) -> None:
+        """``busy_poll``: the loop never sleeps, and the label path is re-run (results discarded) every
+        ``busy_poll_warm_us``, so a frame finds a hot core and hot caches. Costs one core, as busy-polling
+        network stacks do; off by default (measured in bench/bench_tick_path.py --spin)."""
+        every = max(1, self.cfg.busy_poll_warm_us) * 1000
+        next_warm = 0
+        while True:
+            now = time.perf_counter_ns()
+            if now >= next_warm and self.tick is not None:
+                self.tick.keep_warm()
+                next_warm = now + every
+            await asyncio.sleep(0)
 
     async def _pump(self) -> None:
         assert self._wake is not None
