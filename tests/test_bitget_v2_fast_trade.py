@@ -9,7 +9,7 @@ import pytest
 
 from engine.events import Quarantined, Trade
 from engine.venues.bitget_v2 import StreamCounters, decode, encode_trades
-from engine.venues.bitget_v2_fast import MAX_TS_MS, TradeScanner, decode_fast_all
+from engine.venues.bitget_v2_fast import MAX_TS_MS, TradeScanner, decode_fast
 from replay.simulator import generate_frames
 
 DOC_FRAME = (
@@ -21,7 +21,7 @@ DOC_FRAME = (
 
 
 def _both(raw: bytes | str, ts: int = 5) -> tuple[list, list]:
-    return decode(raw, ts, StreamCounters()), decode_fast_all(raw, ts, StreamCounters())
+    return decode(raw, ts, StreamCounters()), decode_fast(raw, ts, StreamCounters())
 
 
 def test_doc_example_takes_the_fast_path_and_equals_decode():
@@ -40,7 +40,7 @@ def test_every_simulated_frame_decodes_identically():
     sc = TradeScanner()
     trades = fast = 0
     for ts, raw in generate_frames(minutes=2, seed=12):
-        assert decode_fast_all(raw, ts, c_fast) == decode(raw, ts, c_slow)
+        assert decode_fast(raw, ts, c_fast) == decode(raw, ts, c_slow)
         if b'"trade"' in raw:
             trades += 1
             fast += sc.scan(raw) > 0
@@ -146,5 +146,5 @@ def test_str_input_and_non_trade_frames_go_through_decode():
     for raw in (b"pong", b"garbage", b'{"event":"subscribe","arg":{"channel":"trade","instId":"X"}}'):
         slow, fast = _both(raw)
         assert fast == slow
-    (q,) = decode_fast_all(b'{"action":"update"', 1, StreamCounters())
+    (q,) = decode_fast(b'{"action":"update"', 1, StreamCounters())
     assert isinstance(q, Quarantined)

@@ -255,17 +255,6 @@ class Books15Scanner:
 _DEFAULT = Books15Scanner()
 
 
-def decode_fast(
-    raw: bytes | str, ts_recv: Nanos, counters: StreamCounters, scanner: Books15Scanner | None = None
-) -> list[BookSnapshot | Trade | Quarantined | Control]:
-    """Drop-in for :func:`bitget_v2.decode`: canonical books15 frames take the compiled path."""
-    if isinstance(raw, bytes):
-        sc = scanner or _DEFAULT
-        if sc.scan(raw):
-            return [sc.book(raw, ts_recv, counters)]
-    return decode(raw, ts_recv, counters)
-
-
 def warm_up() -> None:
     """Compile (or load from numba's cache) before the first real frame needs it."""
     from engine.venues.bitget_v2 import encode_books15
@@ -467,7 +456,7 @@ class TradeScanner:
 _DEFAULT_TRADES = TradeScanner()
 
 
-def decode_fast_all(
+def decode_fast(
     raw: bytes | str,
     ts_recv: Nanos,
     counters: StreamCounters,
