@@ -60,43 +60,22 @@ def warm_up() -> None:
 
 @njit(cache=True, nogil=True)
 def _features_v0_columns(cols, out):  # pragma: no cover - compiled
-    """``cols``: float64 (60, n), rows bid px 0..14, bid sz 0..14, ask px 0..14, ask sz 0..14 (NaN =
-    missing); ``out``: float32 (n, 128), zeroed. Row r equals ``features_v0`` of book r."""
-    n = out.shape[0]
-    for r in range(n):
-        sum_bid = 0.0
-        sum_ask = 0.0
-        for i in range(_LEVELS):
-            px = cols[i, r]
-            sz = cols[_LEVELS + i, r]
-            if px == px:
-                out[r, 2 * i] = np.float32(px % _PX_MOD)
-            if sz == sz:
-                out[r, 2 * i + 1] = np.float32((sz * _SZ_SCALE) % _SZ_MOD)
-                sum_bid += sz
-            px = cols[2 * _LEVELS + i, r]
-            sz = cols[3 * _LEVELS + i, r]
-            if px == px:
-                out[r, _ASK + 2 * i] = np.float32(px % _PX_MOD)
-            if sz == sz:
-                out[r, _ASK + 2 * i + 1] = np.float32((sz * _SZ_SCALE) % _SZ_MOD)
-                sum_ask += sz
-        total = sum_bid + sum_ask
-        if total != 0.0:
-            out[r, _IMB] = np.float32((sum_bid - sum_ask) / total)
+    """``cols``: float64 (4, 15, n) = bid px, bid sz, ask px, ask sz per level and row (NaN = missing);
+    ``out``: float32 (n, 128). Row r is the per-tick kernel of book r, so the two cannot drift apart."""
+    for r in range(out.shape[0]):
+        features_v0_levels(cols[:, :, r], out[r])
 
 
 def features_v0_table(table: pa.Table) -> np.ndarray:
     """:func:`engine.laya.features.features_v0_batch` compiled: ``(n, 128)`` float32, bit-identical
-    (``tests/test_live_tick.py``), one pass over the Arrow columns without the numpy temporaries."""
+    (``tests/test_laya.py``), one pass over the Arrow columns without the numpy temporaries."""
     n = table.num_rows
     out = np.zeros((n, N_FEATURES), dtype=np.float32)
     if n == 0:
         return out
-    cols = np.empty((4 * BOOK_LEVELS, n), dtype=np.float64)
-    for k, name in enumerate(
-        f"{side}_{i}" for side in ("bid_px", "bid_sz", "ask_px", "ask_sz") for i in range(BOOK_LEVELS)
-    ):
-        cols[k] = table.column(name).to_numpy(zero_copy_only=False)  # nulls -> NaN
+    cols = np.empty((4, BOOK_LEVELS, n), dtype=np.float64)
+    for k, side in enumerate(("bid_px", "bid_sz", "ask_px", "ask_sz")):
+        for i in range(BOOK_LEVELS):
+            cols[k, i] = table.column(f"{side}_{i}").to_numpy(zero_copy_only=False)  # nulls -> NaN
     _features_v0_columns(cols, out)
     return out
