@@ -25,7 +25,7 @@ from engine.laya.features_fast import features_v0_levels
 from engine.laya.features_fast import warm_up as warm_features
 from engine.laya.model import Laya
 from engine.venues.bitget_v2 import Control, StreamCounters
-from engine.venues.bitget_v2_fast import Books15Scanner, TradeScanner, decode_fast
+from engine.venues.bitget_v2_fast import Books15Scanner, TradeScanner, decode_fast, decode_not_books15
 from engine.venues.bitget_v2_fast import warm_up as warm_codec
 
 
@@ -39,7 +39,6 @@ class TickLaya:
         self.wall_ns = wall_ns
         self.scanner = Books15Scanner()
         self.trade_scanner = TradeScanner()  # trades don't wait for a label, but they share the loop
-        self._other_books = Books15Scanner()  # books15 not labelled here (a model other than v0)
         self._row = laya.input_row
         self._buf = np.zeros(laya.n_features, dtype=np.float32)
         self._pre: tuple[BookSnapshot, int, np.ndarray, int] | None = None
@@ -65,7 +64,9 @@ class TickLaya:
             self._last_raw = raw
             self.fast += 1
             return [book]
-        return decode_fast(raw, ts, counters, self._other_books, self.trade_scanner)
+        if self.compiled:  # the books15 scan above declined it: don't scan it again
+            return decode_not_books15(raw, ts, counters, self.trade_scanner)
+        return decode_fast(raw, ts, counters, sc, self.trade_scanner)
 
     def keep_warm(self) -> None:
         """Run the label path once more on the last frame, results discarded, so the next frame finds

@@ -157,24 +157,19 @@ class Normaliser:
         n_args, first, last = cols.agg
         for a in cols.touched[: int(st[S_NTOUCHED])].tolist():
             key = _arg_name("trade" if a % 2 == CH_TRADE else "books15", names[a // 2])  # a = sym * 2 + ch
-            r = self.received.get(key)
-            if r is None:
-                self.received[key] = {
-                    "frames": int(n_args[a]),
-                    "first_ns": int(first[a]),
-                    "last_ns": int(last[a]),
-                }
-            else:
-                r["frames"] += int(n_args[a])
-                r["last_ns"] = int(last[a])
+            self._received(key, int(n_args[a]), int(first[a]), int(last[a]))
 
     def _count(self, channel: str, inst_id: str, ts: int) -> None:
-        r = self.received.get(_arg_name(channel, inst_id))
+        self._received(_arg_name(channel, inst_id), 1, ts, ts)
+
+    def _received(self, key: str, frames: int, first_ns: int, last_ns: int) -> None:
+        """``frames`` more frames of one arg, received from ``first_ns`` to ``last_ns``."""
+        r = self.received.get(key)
         if r is None:
-            self.received[_arg_name(channel, inst_id)] = {"frames": 1, "first_ns": ts, "last_ns": ts}
+            self.received[key] = {"frames": frames, "first_ns": first_ns, "last_ns": last_ns}
         else:
-            r["frames"] += 1
-            r["last_ns"] = ts
+            r["frames"] += frames
+            r["last_ns"] = last_ns
 
     def _frame(self, raw: bytes, ts: int) -> list[Event]:
         self.frames += 1

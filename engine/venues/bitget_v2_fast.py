@@ -468,6 +468,14 @@ def decode_fast(
         sc = scanner or _DEFAULT
         if sc.scan(raw):
             return [sc.book(raw, ts_recv, counters)]
+    return decode_not_books15(raw, ts_recv, counters, trades)
+
+
+def decode_not_books15(
+    raw: bytes | str, ts_recv: Nanos, counters: StreamCounters, trades: TradeScanner | None = None
+) -> list[BookSnapshot | Trade | Quarantined | Control]:
+    """:func:`decode_fast` of a frame the books15 scan already declined (the caller scanned it)."""
+    if isinstance(raw, bytes):
         ts = trades or _DEFAULT_TRADES
         k = ts.scan(raw)
         if k > 0:
