@@ -18,11 +18,13 @@ everything else (Kev's HTTP I/O, timers), as between real pushes.
 Kev **idle**: no request is ever in flight (Kev is never offered a label). Kev **busy**: every
 non-HOLD label is offered to an advisor that keeps a request in flight all the time: by default
 :class:`engine.kev.llama.LlamaAdvisor` against a stub llama-server in another process that answers
-after ``--kev-lag-ms`` (the tick path shares the event loop with Kev's HTTP client), or a real
-llama-server with ``--kev-url``. Rounds alternate idle/busy so drift hits both alike. Figures also
-break the label path into its parts measured alone (the general path: decode, features, inference; the
-compiled one: scan, features, inference, book event), and time ``TickLaya`` back to back with no event
-loop in between (hot caches: the floor of the path).
+after ``--kev-lag-ms``, or a real llama-server with ``--kev-url``. As in live mode, Kev's client runs
+in its own process (:mod:`engine.kev.process`); ``--kev-in-loop`` puts it on the tick path's event
+loop instead. Per-round p99s are printed too: on a shared 2-core machine they move by several us
+from round to round, so compare medians over several rounds. Rounds alternate idle/busy so drift hits
+both alike. Figures also break the label path into its parts measured alone (the general path:
+decode, features, inference; the compiled one: scan, features, inference, book event), and time
+``TickLaya`` back to back with no event loop in between (hot caches: the floor of the path).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ async def _round(
     provider: str,
     spin: bool = False,
     keep_warm: bool = True,
+    kev_process: bool = True,
 ) -> dict[str, Any]:
     tmp = tempfile.mkdtemp(prefix="tick-")
     cfg = LiveConfig(
@@ -117,6 +120,7 @@ async def _round(
         kev_url=kev_url if busy else "",
         tick_keep_warm=keep_warm,
         busy_poll=spin,
+        kev_process=kev_process,
     )
     runner = LiveRunner(cfg)
     runner._stop, runner._wake = asyncio.Event(), asyncio.Event()
@@ -241,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-keep-warm", action="store_true", help="live mode's tick_keep_warm off (cold label path)"
     )
+    ap.add_argument(
+        "--kev-in-loop",
+        action="store_true",
+        help="Kev's HTTP client on the tick path's event loop (live mode's kev_process off)",
+    )
     ap.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu", help="Laya's provider")
     ap.add_argument("--out", help="write the figures as JSON")
     args = ap.parse_args(argv)
@@ -265,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             "busy": {"labels": [], "orders": []},
         }
         busy_fraction: list[float] = []
+        round_p99: dict[str, list[float]] = {"idle": [], "busy": []}
         kev_requests = 0
         for _ in range(args.rounds):
             for mode in ("idle", "busy"):
@@ -278,9 +288,11 @@ def main(argv: list[str] | None = None) -> int:
                         provider=args.provider,
                         spin=args.spin,
                         keep_warm=not args.no_keep_warm,
+                        kev_process=not args.kev_in_loop,
                     )
                 )
                 res[mode]["labels"] += r["labels"]
+                round_p99[mode].append(_pct(r["labels"], 99))
                 res[mode]["orders"] += r["orders"]
                 if mode == "busy":
                     busy_fraction.append(r["kev_busy_fraction"])
@@ -301,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "gap_ms": args.gap_ms,
         "spin": args.spin,
         "keep_warm": not args.no_keep_warm,
+        "kev_process": not args.kev_in_loop,
         "rounds": args.rounds,
         "kev_busy": {
             "server": args.kev_url or f"stub ({args.kev_lag_ms:.0f} ms)",
@@ -311,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         "tight_loop_labels": tight,
     }
     how = ("busy-polling" if args.spin else "sleeping") + (", keep-warm off" if args.no_keep_warm else "")
+    how += ", Kev client on the loop" if args.kev_in_loop else ", Kev client in its own process"
     print(
         f"tick path, {args.rounds} x {args.books} books per mode, {args.gap_ms} ms between frames "
         f"({how}), {os.cpu_count()} cores"
@@ -330,6 +344,14 @@ def main(argv: list[str] | None = None) -> int:
         if i and b:
             out.setdefault("busy_vs_idle_p99", {})[path] = b["p99_us"] / i["p99_us"] - 1
             print(f"Kev busy vs idle, {path} p99: {100 * (b['p99_us'] / i['p99_us'] - 1):+.1f}%")
+    out["round_label_p99_us"] = round_p99
+    for mode in ("idle", "busy"):
+        xs = round_p99[mode]
+        print(
+            f"label p99 per round, {mode}: "
+            + ", ".join(f"{x:.1f}" for x in xs)
+            + f" (median {statistics.median(xs):.1f})"
+        )
     frac = 100 * statistics.mean(busy_fraction)
     print(f"Kev in flight for {frac:.0f}% of books in busy rounds ({kev_requests} requests)")
     print("label path parts (median us, alone): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))

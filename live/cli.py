@@ -44,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--duration", type=float, help="stop after this many seconds")
     p.add_argument("--out", type=Path, help="session directory (default data/sessions/live-<UTC time>)")
     p.add_argument("--kev-url", default="", help="llama-server URL (default: the rule advisor)")
+    p.add_argument(
+        "--kev-in-loop",
+        action="store_true",
+        help="run Kev's HTTP client on the tick path's event loop instead of its own process",
+    )
     p.add_argument("--model", type=Path, help="Laya ONNX model (default data/models/laya-v0.onnx)")
     p.add_argument("--provider", choices=("auto", "cuda", "cpu"), default="auto", help="Laya provider")
     p.add_argument("--fill-model", default="touch", help="paper fill model (as replay's)")
@@ -114,6 +119,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         laya_provider=args.provider,
         fill_model=args.fill_model,
         kev_url=args.kev_url,
+        kev_process=not args.kev_in_loop,
         kill_file=args.kill_file,
         contract_defaults=args.contract_defaults,
         seed=args.seed,

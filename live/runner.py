@@ -11,7 +11,9 @@ One asyncio loop runs everything; nothing on the tick path waits for Kev or the 
   heap, the heap is run in key order and each entry runs *at its own timestamp*; a pump task runs
   timers as they fall due;
 - **Kev** (:class:`LiveKevBackend`): ``advisor.advise`` runs as an asyncio task; its reply is stamped
-  when it returns and delivered at that time (priority 52), ``lag = stamp - request``. The advisor is
+  when it returns and delivered at that time (priority 52), ``lag = stamp - request``. llama-server's
+  client runs in its own process (:mod:`engine.kev.process`; ``kev_process``), so the loop's share of
+  a request is a pipe write and a read. The advisor is
   wrapped in a :class:`~engine.kev.cassette.RecordingAdvisor`, so the run's ``kev_response`` events
   are a cassette;
 - **execution**: ``paper`` is :class:`replay.sim_exchange.SimExchange` (the replay fill model) on the
@@ -123,6 +125,9 @@ class LiveConfig:
     latency_order_response: str = "const:5ms"
     latency_cancel: str = "const:5ms"
     kev_url: str = ""  # llama-server; "" = the rule advisor
+    # llama-server's client runs in its own process (engine/kev/process.py), so its HTTP and JSON work
+    # never evicts the tick path from this core's caches; False keeps it on the event loop
+    kev_process: bool = True
     kev_queue_max: int = 2
     kev_stale_after_ms: int = 1000
     kev_advice_ttl_ms: int = 5000
@@ -389,10 +394,21 @@ class LiveRunner:
             self._gc.collect_if_due()  # between frames, never inside a label (live/gc_policy.py)
         if ran and self.tick is not None and self.cfg.tick_keep_warm:
             # after any work (a frame, a Kev reply, an exchange report), not only after frames: the
-            # next frame's label should not pay for whatever ran last (live/tick.py keep_warm)
-            self.tick.keep_warm()
+            # next frame's label should not pay for whatever ran last (live/tick.py keep_warm); the
+            # order decision path too (Engine.keep_warm), before the label path, which comes first
+            self._keep_warm(engines=True)
         if self._wake is not None and self.clock.pending:
             self._wake.set()
+
+    def _keep_warm(self, *, engines: bool) -> None:
+        try:
+            if engines:
+                for st in self.syms.values():
+                    st.engine.keep_warm()
+            if self.tick is not None:
+                self.tick.keep_warm()
+        except Exception as e:  # an engine bug, as in dispatch
+            self._fail(e)
 
     def deliver(self, raw: bytes, ts: int) -> None:
         """A public frame, already journaled with its receive stamp ``ts``."""
@@ -538,8 +554,10 @@ class LiveRunner:
         if inner is None:
             if cfg.kev_url:
                 from engine.kev.llama import LlamaAdvisor, LlamaConfig
+                from engine.kev.process import ProcessAdvisor
 
-                inner = LlamaAdvisor(LlamaConfig(base_url=cfg.kev_url))
+                kev_cfg = LlamaConfig(base_url=cfg.kev_url)
+                inner = ProcessAdvisor.llama(kev_cfg) if cfg.kev_process else LlamaAdvisor(kev_cfg)
             else:
                 inner = RuleKev()
         self._advisor_inner = inner
@@ -742,10 +760,13 @@ class LiveRunner:
         network stacks do; off by default (measured in bench/bench_tick_path.py --spin)."""
         every = max(1, self.cfg.busy_poll_warm_us) * 1000
         next_warm = 0
+        n = 0
         while True:
             now = time.perf_counter_ns()
-            if now >= next_warm and self.tick is not None:
-                self.tick.keep_warm()
+            if now >= next_warm:
+                n += 1
+                # the decision path every 10th time: it is longer, and a frame waits while it runs
+                self._keep_warm(engines=n % 10 == 0)
                 next_warm = now + every
             await asyncio.sleep(0)
 

@@ -718,3 +718,22 @@ def test_missing_llm_venv_is_a_clear_error(tmp_path, monkeypatch):
 def test_parse_prometheus():
     text = "# HELP x\n# TYPE x counter\nllamacpp:prompt_tokens_total 272\nbad line x\n"
     assert parse_prometheus(text) == {"llamacpp:prompt_tokens_total": 272.0}
+
+
+def test_process_advisor_gives_the_in_process_answers_from_its_own_process(recorded, llama_server):
+    """Live mode's default: the llama-server client in a child process answers exactly as in process."""
+    from engine.kev.process import ProcessAdvisor
+
+    async def go():
+        kev = ProcessAdvisor.llama(real_config(llama_server.url))
+        try:
+            return [await kev.advise(c) for c in [*CTXS, make_ctx(9, ts=5_000)]], kev.pid
+        finally:
+            await kev.aclose()
+
+    replies, pid = asyncio.run(go())
+    assert pid != os.getpid()
+    for mine, theirs in zip(replies, recorded["replies"], strict=True):
+        assert mine.error == "" and mine.key == theirs.key
+        assert orjson.dumps(mine.raw) == orjson.dumps(theirs.raw)
+        assert mine.timings["wall_ms"] > 0

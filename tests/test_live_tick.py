@@ -110,3 +110,40 @@ def test_keep_warm_changes_nothing_the_engine_reads(laya):
         label, probs = tick(book)
         ref_label, ref_probs = laya.predict(features_v0(book))
         assert label == ref_label and np.array_equal(_bits(probs), _bits(ref_probs))
+
+
+def test_engine_keep_warm_changes_no_decision(tmp_path, monkeypatch):
+    """Live mode runs Engine.keep_warm between frames: a replay that calls it after every label, Kev
+    answer and trade writes the same files as one that never does."""
+    from engine.core import Engine
+    from replay.driver import ReplayConfig, run_replay
+    from replay.simulator import simulate_session
+
+    session = simulate_session(tmp_path / "s", minutes=2.0, seed=5)
+    cfg = ReplayConfig(fill_model="queue_power2")
+    plain = run_replay(session, cfg, out_dir=tmp_path / "plain")
+    warmed = {"n": 0, "checks": 0}
+    import engine.core as core
+
+    real_check = core.check
+
+    def counting_check(*a, **k):
+        warmed["checks"] += 1
+        return real_check(*a, **k)
+
+    for name in ("on_label", "_on_kev_done", "on_trade"):
+        orig = getattr(Engine, name)
+
+        def hooked(self, *a, _orig=orig, **k):
+            r = _orig(self, *a, **k)
+            warmed["n"] += 1
+            self.keep_warm()
+            return r
+
+        monkeypatch.setattr(Engine, name, hooked)
+    monkeypatch.setattr(core, "check", counting_check)
+    warm = run_replay(session, cfg, out_dir=tmp_path / "warm")
+    assert warmed["n"] > 500 and warmed["checks"] > warmed["n"]  # it did run the rules
+    assert warm.digest == plain.digest
+    for f in sorted((tmp_path / "plain" / "events").iterdir()):
+        assert f.read_bytes() == (tmp_path / "warm" / "events" / f.name).read_bytes(), f.name

@@ -24,6 +24,7 @@ import json
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -209,6 +210,22 @@ class Laya:
             (lambda names, feeds: inner.run(names, feeds, None)) if inner is not None else self._run
         )
         self.warmup_first_ms, self.warmup_steady_ms = self._warm_up(config.warmup_runs)
+        # On CPU the tick path runs on an IO binding: the input row and both outputs are bound once
+        # to arrays this object owns, so a tick allocates nothing and converts nothing (~3.5 us
+        # against ~6.4 us per inference here, same bits: tests/test_laya.py). Other providers keep
+        # run(): their outputs would be copied back from the device anyway.
+        self._tick_label = np.zeros(2, dtype=np.int64)
+        self._tick_probs = np.zeros((2, N_CLASSES), dtype=np.float32)
+        self._tick_bound: Callable[[], None] | None = None
+        if self.active_provider == CPU and inner is not None and hasattr(inner, "run_with_iobinding"):
+            binding = self._session.io_binding()
+            binding.bind_cpu_input(self._input_name, self._x)
+            binding.bind_output(self._output_names[0], "cpu", 0, np.int64, [2], self._tick_label.ctypes.data)
+            binding.bind_output(
+                self._output_names[1], "cpu", 0, np.float32, [2, N_CLASSES], self._tick_probs.ctypes.data
+            )
+            self._binding = binding  # keeps the binding (and what it points at) alive
+            self._tick_bound = functools.partial(inner.run_with_iobinding, binding._iobinding, None)
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -344,8 +361,7 @@ class Laya:
         if features.shape != (self.n_features,):
             raise ValueError(f"features must have shape ({self.n_features},), got {features.shape}")
         self._x[0] = features
-        label, probs = self._run_tick(self._output_names, self._feeds)
-        return int(label[0]), probs[0]
+        return self.predict_row()
 
     @property
     def input_row(self) -> np.ndarray:
@@ -355,6 +371,10 @@ class Laya:
 
     def predict_row(self) -> tuple[int, np.ndarray]:
         """:meth:`predict` of what :attr:`input_row` holds now."""
+        bound = self._tick_bound
+        if bound is not None:
+            bound()
+            return int(self._tick_label[0]), self._tick_probs[0].copy()  # the buffer is reused
         label, probs = self._run_tick(self._output_names, self._feeds)
         return int(label[0]), probs[0]
 
