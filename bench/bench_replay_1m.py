@@ -64,12 +64,16 @@ def session_from_gen_books(data: Path, out: Path, n: int | None) -> Path:
     return out
 
 
-def run_dualhub(session: Path, out: Path, fill_model: str) -> tuple[float, float, int, str]:
+def run_dualhub(
+    session: Path, out: Path, fill_model: str, loss_stop_usd: float | None = None
+) -> tuple[float, float, int, str]:
     """One replay in a fresh process, so peak RSS is this run's."""
+    risk = "" if loss_stop_usd is None else f", risk=RiskLimits(daily_loss_stop_usd={loss_stop_usd!r})"
     code = (
         "import re, sys\n"
+        "from engine.risk import RiskLimits\n"
         "from replay.driver import ReplayConfig, run_replay\n"
-        f"cfg = ReplayConfig(fill_model={fill_model!r})\n"
+        f"cfg = ReplayConfig(fill_model={fill_model!r}{risk})\n"
         f"r = run_replay({str(session)!r}, cfg, out_dir={str(out)!r}, overwrite=True)\n"
         # VmHWM is this process's peak (ru_maxrss would carry the parent's peak across exec).
         "rss = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"
@@ -78,6 +82,20 @@ def run_dualhub(session: Path, out: Path, fill_model: str) -> tuple[float, float
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     wall, rate, rss, events, digest = p.stdout.split()[-5:]
     return float(wall), float(rate), float(rss), int(events), digest
+
+
+def workload(run: Path) -> str:
+    """What the run did, so its rate can be read: orders, fills and risk decisions by reason."""
+    ev = run / "events"
+    n = {k: pq.ParquetFile(ev / f"{k}.parquet").metadata.num_rows for k in ("order", "fill", "kev_request")}
+    risk = pq.read_table(ev / "risk.parquet", columns=["accepted", "reason"])
+    by = risk.group_by(["accepted", "reason"]).aggregate([("reason", "count")]).to_pylist()
+    by.sort(key=lambda r: -r["reason_count"])
+    reasons = ", ".join(f"{r['reason']} {r['reason_count']:,}" for r in by)
+    return (
+        f"workload: {n['order']:,} order events, {n['fill']:,} fills, {n['kev_request']:,} Kev requests; "
+        f"{risk.num_rows:,} risk decisions ({reasons})"
+    )
 
 
 def run_hbt(python: str, data: Path) -> float | None:
@@ -106,18 +124,28 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--fill-model", default="queue_power2")
     ap.add_argument("--hbt-python", help="python of a venv with hftbacktest 2.4.4")
+    ap.add_argument(
+        "--loss-stop-usd",
+        type=float,
+        help="the risk gateway's daily loss stop (default: RiskLimits' 100 USD, which this data trips early, "
+        "after which most quotes are rejected); a large value keeps the strategy trading",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as td:
         session = session_from_gen_books(args.data, Path(td) / "s", args.n or None)
         ours, theirs, digests = [], [], set()
         for i in range(args.repeat):
-            wall, rate, rss, events, digest = run_dualhub(session, Path(td) / "run", args.fill_model)
+            wall, rate, rss, events, digest = run_dualhub(
+                session, Path(td) / "run", args.fill_model, args.loss_stop_usd
+            )
             ours.append(rate)
             digests.add(digest)
             print(
                 f"dualhub run {i}: {wall:.1f} s, {rate:,.0f} snapshots/s, "
                 f"peak RSS {rss:,.0f} MB, {events:,} events out"
             )
+            if i == 0:
+                print(workload(Path(td) / "run"))
             if args.hbt_python:
                 r = run_hbt(args.hbt_python, args.data)
                 if r:
