@@ -113,7 +113,8 @@ class LiveConfig:
     model_path: str = str(DEFAULT_MODEL)
     laya_provider: str = "auto"
     # after each frame's work, re-run the label path on it (results discarded) so the next frame finds
-    # it in the CPU caches: frame -> label ~4x faster here (live/tick.py, bench/bench_tick_path.py)
+    # it in the CPU caches: frame -> label ~4x faster here (live/tick.py, bench/bench_tick_path.py);
+    # the order decision path too (Engine.keep_warm: frame -> order p50 ~158 -> ~104 us)
     tick_keep_warm: bool = True
     # the cyclic GC runs between frames (CPython's thresholds), never inside a label (live/gc_policy.py)
     gc_at_idle: bool = True
