@@ -84,7 +84,7 @@ def test_label_columns_across_flushes(session, tmp_path, monkeypatch):
     base = run_replay(session, ReplayConfig(seed=4), out_dir=tmp_path / "a")
     real = EventLog.__init__
 
-    def small(self, events_dir=None, *, flush_rows=65_536):
+    def small(self, events_dir=None, *, flush_rows=16_384):
         real(self, events_dir, flush_rows=7)  # many flushes, label tables cut mid-stream
 
     monkeypatch.setattr(EventLog, "__init__", small)
