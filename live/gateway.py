@@ -526,13 +526,23 @@ class GatewayExecution:
             }
         )
 
-    async def reconcile(self, reason: str) -> int:
-        """Compare the exchange with what the engine was told; returns the number of differences."""
+    async def reconcile(self, reason: str, *, settle_ms: int = 0) -> int:
+        """Compare the exchange with what the engine was told; returns the number of differences.
+
+        ``settle_ms``: leave alone an order the venue changed less than this long ago (its pushes may
+        still be on the way). A periodic check passes a few seconds, so a fill in flight is not
+        reported as missed; a check after a reconnect passes 0 (what was pushed meanwhile is lost).
+        Positions are compared only when no order was left for later (they could not agree yet).
+        """
         n = 0
+        unsettled = False  # an order was left for the next check: positions cannot agree yet
         pending = await self.gw.pending_orders()
         by_coid = {r.client_oid: r for r in pending}
         for t in list(self.orders.values()):
-            if t.done or (t.place_task is not None and not t.place_task.done()):
+            if t.done:
+                continue
+            if t.place_task is not None and not t.place_task.done():  # the venue may have filled it
+                unsettled = unsettled or settle_ms > 0
                 continue
             row = by_coid.get(t.client_oid)
             if row is None:
@@ -543,6 +553,9 @@ class GatewayExecution:
                     self._diff(t.symbol, "missing_on_exchange", t, t.qty - t.filled, 0.0, "finished")
                     self._report(t, "reject", "reconcile:not_on_exchange")
                     continue
+            if settle_ms and self.gw.now_ms() - max(row.u_time_ms, row.c_time_ms) < settle_ms:
+                unsettled = True
+                continue
             if row.order_id and not t.order_id:
                 t.order_id = row.order_id
                 self._by_order_id[row.order_id] = t.engine_oid
@@ -584,6 +597,8 @@ class GatewayExecution:
                     self.errors.append(str(e))
             else:
                 self._diff(row.symbol, "foreign_order", None, 0.0, row.size, "left_alone")
+        if unsettled:
+            return n
         for symbol, (mine, exch) in (await self._position_mismatches()).items():
             n += 1
             self._diff(symbol, "position_mismatch", None, mine, exch, "kill_switch")

@@ -144,6 +144,10 @@ class LiveConfig:
     flush_interval_ms: int = 200
     drain_timeout_s: float = 5.0
     feed_silence_s: float = 30.0
+    # live mode: compare the venue with the engine every reconcile_every_s (0: only after a private
+    # reconnect), leaving alone orders the venue changed in the last reconcile_settle_ms
+    reconcile_every_s: float = 30.0
+    reconcile_settle_ms: int = 3000
     ping_interval_s: float = 25.0
 
     def __post_init__(self) -> None:
@@ -368,6 +372,8 @@ class LiveRunner:
         self._norm_task: asyncio.Future[Any] | None = None
         self.feed_failed = ""
         self.stopping = False
+        self._reconciling = asyncio.Lock()  # one reconciliation at a time (reconnect or periodic)
+        self.reconciles = 0  # periodic checks completed
 
     # ------------------------------------------------------------------ the clock and inputs
 
@@ -738,6 +744,8 @@ class LiveRunner:
         ]
         if self.cfg.busy_poll:
             self._tasks.append(asyncio.create_task(self.busy_poll(), name="busy-poll"))
+        if cfg.mode == "live" and cfg.reconcile_every_s > 0:
+            self._tasks.append(asyncio.create_task(self._reconcile_periodically(), name="reconcile"))
 
     def _feed_ended(self, task: asyncio.Task[Any]) -> None:
         if not self.feeding:
@@ -749,11 +757,34 @@ class LiveRunner:
     async def _on_private_connected(self, n: int) -> None:
         if n > 1 and self.execution is not None:
             try:
-                diffs = await self.execution.reconcile(f"reconnect{n}")
+                async with self._reconciling:
+                    diffs = await self.execution.reconcile(f"reconnect{n}")
                 log.info("reconciled after private reconnect %d: %d differences", n, diffs)
             except (BitgetError, GatewayTransportError) as e:
                 self.errors.append(f"reconcile: {e}")
                 self.request_kill("reconcile_failed")
+
+    async def _reconcile_periodically(self) -> None:
+        """A private WebSocket can stay up and still lose pushes: compare the venue with the engine
+        every ``reconcile_every_s`` too. A failed check is retried at the next one; three in a row
+        trip the kill switch (the engine's state can no longer be verified)."""
+        assert self.execution is not None
+        failures = 0
+        while True:
+            await asyncio.sleep(self.cfg.reconcile_every_s)
+            try:
+                async with self._reconciling:
+                    diffs = await self.execution.reconcile("periodic", settle_ms=self.cfg.reconcile_settle_ms)
+                failures = 0
+                self.reconciles += 1
+                if diffs:
+                    log.warning("periodic reconciliation: %d differences", diffs)
+            except (BitgetError, GatewayTransportError) as e:
+                failures += 1
+                self.errors.append(f"periodic reconcile: {e}")
+                if failures >= 3:
+                    self.request_kill("reconcile_failed")
+                    return
 
     async def busy_poll(self) -> None:
         """``busy_poll``: the loop never sleeps, and the label path is re-run (results discarded) every
@@ -1009,6 +1040,7 @@ class LiveRunner:
             "trades": self.trades,
             "counts": {s: st.log.counts() for s, st in self.syms.items()},
             "reconcile": {s: len(st.reconcile) for s, st in self.syms.items()},
+            "periodic_reconciles": self.reconciles,
             "shutdown": self.shutdown_info,
             "private_ws": describe(self.private),
             "gateway": {"requests": self.gateway.requests, "errors": self.gateway.errors}

@@ -261,6 +261,8 @@ class LocalExchange:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_ns = 0
         self.refuse_private = False  # tests: refuse private connections (a network partition)
+        self.mute_private = False  # tests: private connections stay up but their pushes are lost
+        self.pushes_lost = 0
         self.private_connections = 0
         self.logins = 0
         self.pushes = 0
@@ -532,6 +534,9 @@ class LocalExchange:
             if c.closed or c.uid != uid:
                 continue
             if (channel, "default") not in c.subs and (channel, symbol) not in c.subs:
+                continue
+            if self.mute_private:
+                self.pushes_lost += 1
                 continue
             if frame is None:
                 frame = encode_push(channel, data, self.now_ns() // 1_000_000)

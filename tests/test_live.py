@@ -601,3 +601,36 @@ def test_busy_poll_run_replays_identically_and_gives_the_collector_back(frames, 
     run = res.run_dirs["BTCUSDT"]
     rr = run_replay(res.session_dir, replay_config_for(run), out_dir=tmp_path / "replay")
     assert not diff_runs(run, rr.run_dir, streams=COMPARABLE_STREAMS).diverged
+
+
+def test_periodic_reconciliation_catches_pushes_lost_on_a_live_connection(frames, tmp_path):
+    """The private WebSocket stays up but every push is lost: only the periodic check tells the engine
+    about fills and finished orders. A fill it cannot attribute (a partial fill on an order the engine
+    saw cancelled through REST) shows as a position difference, and that trips the kill switch."""
+    creds = Credentials("local-key", "local-secret", "local-passphrase")
+    with LocalExchangeThread(LocalExchange(frames, speed=SPEED)) as ex:
+        ex.mute_private = True
+        cfg = _cfg(
+            ex, tmp_path / "p", mode="live", duration_s=8.0, reconcile_every_s=0.5, reconcile_settle_ms=300
+        )
+        r = asyncio.run(LiveRunner(cfg, credentials=creds).run())
+        filled = [o for o in ex.orders.values() if o.filled > 0]
+        venue_position = sum(p.qty for p in ex.positions.values())
+        still_open = ex.open_orders()
+    assert ex.pushes_lost > 0 and filled, "the scenario needs lost pushes and venue fills"
+    assert r.summary["periodic_reconciles"] >= 2, r.summary
+    run = r.run_dirs["BTCUSDT"]
+    rec = pq.read_table(run / "events" / "reconcile.parquet").to_pylist()
+    kinds = [x["kind"] for x in rec]
+    assert "missed_fill" in kinds and "missed_done" in kinds, kinds
+    fills = pq.read_table(run / "events" / "fill.parquet").to_pylist()
+    # no push got through: every fill the engine booked came from a reconciliation
+    assert fills and {f["client_oid"] for f in fills} <= {
+        x["client_oid"].split("-", 1)[1] for x in rec if x["kind"] == "missed_fill"
+    }
+    if "position_mismatch" in kinds:
+        mismatch = next(x for x in rec if x["kind"] == "position_mismatch")
+        assert mismatch["exchange_value"] == pytest.approx(venue_position)
+        assert r.killed == "position_mismatch:BTCUSDT" and still_open == []
+    else:
+        assert not r.killed and fills[-1]["position_after"] == pytest.approx(venue_position)
