@@ -55,7 +55,7 @@ def test_concurrent_requests_get_their_own_replies_from_another_process(tmp_path
     assert kev.name == "fake" and kev.key(ctx(7)) == "k7"
     # closed: the wrapped advisor's aclose ran in the child, and the child exited
     assert marker.read_text() == "closed after 0 cancellations"
-    assert kev._proc.exitcode == 0
+    assert kev.exitcode == 0
 
 
 def test_an_exception_in_the_child_is_raised_under_its_own_name():
@@ -91,7 +91,7 @@ def test_a_dying_child_fails_pending_and_later_requests_not_the_caller():
         return kev
 
     kev = asyncio.run(go())
-    assert kev._proc.exitcode == 3
+    assert kev.exitcode == 3
 
 
 def test_cancelling_a_request_cancels_it_in_the_child():
@@ -149,3 +149,34 @@ def test_live_runner_puts_llama_servers_client_in_its_own_process_unless_told(tm
 
     assert kind == ("LlamaAdvisor" if in_process else "ProcessAdvisor")
     assert name == "llm" and key == LlamaConfig(base_url="http://127.0.0.1:9").key(ctx(5))
+
+
+def test_a_script_without_a_main_guard_can_use_it(tmp_path):
+    """The child is a fresh interpreter running engine.kev.process, not multiprocessing's spawn, which
+    would import the script again in the child (and start it a second time)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = tmp_path / "plain_script.py"
+    script.write_text(
+        "import asyncio, os\n"
+        "from functools import partial\n"
+        "from engine.kev.process import ProcessAdvisor\n"
+        "from tests.kev_fakes import FakeAdvisor\n"
+        "from tests.test_kev_process import ctx\n"
+        "print('script body ran', flush=True)\n"
+        "async def go():\n"
+        "    kev = ProcessAdvisor(partial(FakeAdvisor), name='fake', key_fn=str)\n"
+        "    r = await kev.advise(ctx(3))\n"
+        "    await kev.aclose()\n"
+        "    return r.raw['request_id'], r.raw['pid'] != os.getpid()\n"
+        "print(asyncio.run(go()))\n"
+    )
+    p = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=root, timeout=60,
+        env={**__import__("os").environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["script body ran", "(3, True)"]

@@ -22,7 +22,10 @@ import asyncio
 import itertools
 import logging
 import multiprocessing as mp
+import os
 import pickle
+import subprocess
+import sys
 from collections.abc import Callable
 from functools import partial
 from multiprocessing.connection import Connection
@@ -64,13 +67,20 @@ class ProcessAdvisor:
     def __init__(self, factory: Callable[[], KevAdvisor], *, name: str, key_fn: Callable[[KevContext], str]):
         self.name = name
         self._key_fn = key_fn
-        ctx = mp.get_context("spawn")  # never fork a process that holds ONNX Runtime's threads
-        self._conn, child_conn = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(
-            target=_child_main, args=(child_conn, factory), name="dualhub-kev", daemon=True
+        # A fresh interpreter running this module, not multiprocessing's spawn: spawn would import the
+        # caller's __main__ again in the child (a script without a main guard would start itself), and
+        # fork must not copy a process that holds ONNX Runtime's threads. The child gets its end of a
+        # multiprocessing pipe (same framing both ways) and the pickled factory as the first message.
+        self._conn, child_conn = mp.Pipe(duplex=True)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.kev.process", str(child_conn.fileno())],
+            pass_fds=(child_conn.fileno(),),
+            env=env,
+            stdin=subprocess.DEVNULL,
         )
-        self._proc.start()
         child_conn.close()
+        self._conn.send_bytes(pickle.dumps(factory, protocol=pickle.HIGHEST_PROTOCOL))
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future[KevReply]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -117,7 +127,7 @@ class ProcessAdvisor:
                     self._gone("closed")
                     return
         except (EOFError, OSError) as e:
-            self._gone(f"exited ({type(e).__name__}, exit code {self._proc.exitcode})")
+            self._gone(f"exited ({type(e).__name__}, exit code {self._proc.poll()})")
         except Exception as e:  # an undecodable message: the channel can no longer be trusted
             self._gone(f"sent an unreadable message ({type(e).__name__})")
 
@@ -149,7 +159,7 @@ class ProcessAdvisor:
             self._send((ADVISE, rid, ctx))
         except OSError as e:
             self._pending.pop(rid, None)
-            self._gone(f"exited ({type(e).__name__}, exit code {self._proc.exitcode})")
+            self._gone(f"exited ({type(e).__name__}, exit code {self._proc.poll()})")
             raise KevProcessError(f"Kev process {self._dead}") from None
         try:
             return await fut
@@ -172,18 +182,26 @@ class ProcessAdvisor:
                 self._send((CLOSE,))
             except OSError:
                 pass
-        await asyncio.to_thread(self._proc.join, timeout_s)
-        if self._proc.is_alive():
+        try:
+            await asyncio.to_thread(self._proc.wait, timeout_s)
+        except subprocess.TimeoutExpired:
             self._proc.terminate()
-            await asyncio.to_thread(self._proc.join, 1.0)
+            await asyncio.to_thread(self._proc.wait, 5.0)
         self._gone("closed")
         self._conn.close()
 
+    @property
+    def exitcode(self) -> int | None:
+        """The child's exit status once it has exited (None while it runs)."""
+        return self._proc.poll()
 
-def _child_main(conn: Connection, factory: Callable[[], KevAdvisor]) -> None:
+
+def _child_main(fd: int) -> None:
+    conn = Connection(fd)
     try:
+        factory = pickle.loads(conn.recv_bytes())
         asyncio.run(_serve(conn, factory))
-    except KeyboardInterrupt:  # the parent's Ctrl-C reaches the whole process group
+    except (KeyboardInterrupt, EOFError):  # Ctrl-C reaches the whole process group; the parent went away
         pass
     finally:
         conn.close()
@@ -243,3 +261,7 @@ async def _serve(conn: Connection, factory: Callable[[], KevAdvisor]) -> None:
         except Exception:  # closing an HTTP client at exit: nothing left to report it to
             pass
     send((CLOSED,))
+
+
+if __name__ == "__main__":
+    _child_main(int(sys.argv[1]))
