@@ -222,6 +222,16 @@ class EventLog:
             self._io.shutdown()
             self._io = None
 
+    def abandon(self) -> None:
+        """Stop writing without finishing: queued row groups are waited for, files closed as they are
+        (the caller throws the run directory away)."""
+        try:
+            self._drain()
+        finally:
+            for w in self._writers.values():
+                w.close()
+            self._writers.clear()
+
     def events(self, stream: str) -> list[Any]:
         """Events still in memory (all of them when not streaming), as event objects."""
         table = self._pending(stream, consume=False)

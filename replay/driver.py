@@ -45,7 +45,9 @@ from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig
 from engine.risk import RiskLimits
 from engine.store import SessionError, open_session, write_json
 from engine.strategy import QuoteConfig
+from replay import fast_path
 from replay.batch_latency import sample_many
+from replay.fast_path import KernelRun, KernelUnsupported, LookAheadError, unsupported
 from replay.label_columns import LabelColumns
 from replay.sim_exchange import SimExchange
 
@@ -158,6 +160,7 @@ class RunResult:
     wall_s: float
     laya: dict[str, Any]
     kev: dict[str, Any]
+    path: str = "python"  # "kernel", or "python (why not the kernel)"
 
     @property
     def snapshots_per_s(self) -> float:
@@ -205,10 +208,6 @@ class _BatchLabeler:
             if i >= self._n or self.seqs[i] != seq:
                 raise KeyError(f"book seq {seq} is not in this session")
         return self._label_ids[i], self.probs[i]
-
-
-class LookAheadError(RuntimeError):
-    """A component asked for data it could not have seen yet (``ts_recv > now``)."""
 
 
 def _batch_v0(laya: Laya, books: pa.Table, chunk_rows: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
@@ -364,6 +363,11 @@ class _Tape:
             )
         return chunk
 
+    def levels(self, r0: int, r1: int) -> np.ndarray:
+        """Book rows r0..r1-1 as one (rows x 60) float64 array: bid_px, bid_sz, ask_px, ask_sz."""
+        part = self._books.slice(r0, r1 - r0)
+        return np.column_stack([_col(part, name) for name in part.column_names])
+
     def book(self, i: int) -> BookSnapshot:
         levels, evt, loc, seq, exch_seq = self._chunk(i)
         j = i & ((1 << self._CHUNK_BITS) - 1)
@@ -502,15 +506,29 @@ def run_replay(
     out_dir: Path | str | None = None,
     overwrite: bool = False,
     progress: bool = False,
+    kernel: bool = True,
 ) -> RunResult:
-    """Replay ``session_dir`` and write the run (events + manifest) to ``out_dir``."""
+    """Replay ``session_dir`` and write the run (events + manifest) to ``out_dir``.
+
+    ``kernel``: run the compiled twin of the engine and simulated exchange (``replay/kernel.py``) when
+    the configuration is one it reproduces exactly; otherwise, or with ``kernel=False``, the Python
+    engine runs. Both give the same events (``tests/test_replay_kernel.py``); ``RunResult.path`` says
+    which ran."""
     # A replay allocates millions of short-lived, acyclic objects (books, trades, event rows): the
     # cyclic collector's passes over the buffered rows cost ~15% and find next to nothing (~1.6k
     # cyclic objects per 100k books), so it is paused for the run and restored after.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _run_replay(session_dir, config, out_dir=out_dir, overwrite=overwrite, progress=progress)
+        try:
+            return _run_replay(
+                session_dir, config, out_dir=out_dir, overwrite=overwrite, progress=progress, kernel=kernel
+            )
+        except KernelUnsupported as e:  # met mid-run: nothing of it is kept, the Python engine runs it
+            result = _run_replay(
+                session_dir, config, out_dir=out_dir, overwrite=True, progress=progress, kernel=False
+            )
+            return dataclasses.replace(result, path=f"python ({e})")
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -523,6 +541,7 @@ def _run_replay(
     out_dir: Path | str | None,
     overwrite: bool,
     progress: bool,
+    kernel: bool = False,
 ) -> RunResult:
     cfg = config or ReplayConfig()
     t0 = time.perf_counter()
@@ -602,6 +621,23 @@ def _run_replay(
     exchange.engine = engine
 
     bar = _progress(progress, len(ts))
+    batch_labels = isinstance(labeler, _BatchLabeler)
+    why = (
+        "kernel=False"
+        if not kernel
+        else unsupported(cfg, engine, exchange, advisor, labels_walked, batch_labels)
+    )
+    if not why:
+        assert isinstance(labeler, _BatchLabeler)
+        try:
+            _run_kernel(cfg, engine, exchange, advisor, log, tape, labeler, (ts, prio, kind, row), bar)
+        except BaseException:  # KernelUnsupported (rerun in Python by run_replay), or a real error
+            log.abandon()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return _finish(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, "kernel")
     books_in_flight: dict[int, BookSnapshot] = {}  # seen by the exchange, not yet by the engine
     trades_in_flight: dict[int, Trade] = {}
     # Labels drawn up front (label_due): received books waiting for their label's time.
@@ -646,8 +682,51 @@ def _run_replay(
         kev.close()
         if bar is not None:
             bar.close()
-    wall = time.perf_counter() - t0
+    return _finish(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, f"python ({why})")
 
+
+def _run_kernel(
+    cfg: ReplayConfig,
+    engine: Engine,
+    exchange: SimExchange,
+    advisor: Any,
+    log: EventLog,
+    tape: _Tape,
+    labeler: _BatchLabeler,
+    walk: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    bar: Any,
+) -> None:
+    run = KernelRun(cfg, engine, exchange, advisor, log, tape.symbol, len(tape.b_seq))
+    labels = LabelColumns(log, tape.symbol, tape.b_evt, tape.b_seq, tape.b_loc, labeler.labels, labeler.probs)
+    side_code = {"buy": 0, "sell": 1}
+    t_side = np.array([side_code.get(s, -1) for s in tape.t_side], dtype=np.int64)
+    fast_path.run_kernel(
+        run,
+        walk,
+        tape.levels,
+        tape.b_loc,
+        np.asarray(labeler.labels, dtype=np.int64),
+        labeler.probs,
+        (tape.t_px, tape.t_sz, t_side),
+        labels.add_many,
+        bar,
+    )
+
+
+def _finish(
+    tmp: Path,
+    run_dir: Path,
+    log: EventLog,
+    session: Any,
+    cfg: ReplayConfig,
+    laya: Laya,
+    n_books: int,
+    n_trades: int,
+    advisor: Any,
+    t0: float,
+    path: str,
+) -> RunResult:
+    wall = time.perf_counter() - t0
     advisor_info = {
         "mode": cfg.kev_mode,
         "name": advisor.name,
@@ -656,7 +735,7 @@ def _run_replay(
     }
     _finish_run(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor_info)
     return RunResult(
-        run_dir, log.digest, log.counts(), n_books, n_trades, wall, laya.describe(), advisor_info
+        run_dir, log.digest, log.counts(), n_books, n_trades, wall, laya.describe(), advisor_info, path
     )
 
 

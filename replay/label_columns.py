@@ -61,6 +61,24 @@ class LabelColumns:
         if len(self._row) >= self._flush_rows:
             self._flush("label")
 
+    def add_many(self, rows: np.ndarray, ts_recv: np.ndarray) -> None:
+        """:meth:`add` for many labels at once (batch labels only), flushing at the same points."""
+        if self._by_row is None:
+            raise ValueError("add_many needs the labels and probabilities by row")
+        rows_l, ts_l = rows.tolist(), ts_recv.tolist()
+        i, n = 0, len(rows_l)
+        while i < n:
+            take = min(n - i, self._flush_rows - len(self._row))
+            self._row.extend(rows_l[i : i + take])
+            self._at.extend(ts_l[i : i + take])
+            i += take
+            if len(self._row) >= self._flush_rows:
+                self._flush("label")
+                if len(self._row) >= self._flush_rows:  # an in-memory log keeps all until write()
+                    self._row.extend(rows_l[i:])
+                    self._at.extend(ts_l[i:])
+                    return
+
     def _table(self, first_seq: int, n: int, consume: bool) -> pa.Table:
         if n != len(self._row):
             raise AssertionError(f"label log asks for {n} pending events, {len(self._row)} recorded")

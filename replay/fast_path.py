@@ -1,0 +1,599 @@
+"""Drive :mod:`replay.kernel` over a replay's walk and hand its events to the event log.
+
+:func:`unsupported` says why a replay cannot take the compiled path (then the driver runs the Python
+engine, as always); :func:`run_kernel` runs it. The kernel's rows become the same Arrow tables, flush
+points and files the Python engine's rows give: streams are written in row groups of the log's
+``flush_rows`` whatever produced them, and the digest is per stream.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.contract import ContractConfig
+from engine.core import LABEL_NAMES, Engine, EngineConfig
+from engine.eventlog import EventLog
+from engine.events import STREAMS
+from engine.fills import FILL_MODELS
+from engine.kev.advisor import KevContext
+from engine.kev.command import ACTIONS
+from engine.kev.queue import POLICIES
+from engine.kev.rules import RuleKev
+from engine.kev.sim import SimKevBackend
+from engine.latency import ConstantLatency, LatencyModel, ScaledLatency
+from replay import kernel as K
+from replay.batch_latency import sample_many
+
+
+class LookAheadError(RuntimeError):
+    """A component asked for data it could not have seen yet (``ts_recv > now``)."""
+
+
+class KernelUnsupported(RuntimeError):
+    """The run met something the kernel cannot reproduce exactly (the driver reruns it in Python)."""
+
+
+FILL_MODEL_CODES = {
+    "touch": (K.FM_TOUCH, 0.0),
+    "through": (K.FM_THROUGH, 0.0),
+    "queue_power2": (K.FM_QUEUE_POWER, 2.0),
+    "queue_power3": (K.FM_QUEUE_POWER, 3.0),
+    "queue_log": (K.FM_QUEUE_LOG, 0.0),
+    "risk_averse": (K.FM_RISK_AVERSE, 0.0),
+}
+assert set(FILL_MODEL_CODES) == set(FILL_MODELS)
+WALK_CHUNK = 1 << 16  # walk entries per kernel call (the book levels it needs are made per call)
+OUT_CAP = 1 << 15  # rows per output stream between two drains
+INITIAL_ROWS = 4096  # first size of the order, request and timer tables (they double as needed)
+LAG_BATCH = 4096  # Kev lags drawn at a time
+
+
+def _const_ns(model: LatencyModel) -> int | None:
+    """The latency of a model that always answers the same, else None."""
+    if type(model) is ConstantLatency:
+        return model.latency_ns
+    if type(model) is ScaledLatency and type(model.inner) is ConstantLatency:
+        return model.sample_ns(0)
+    return None
+
+
+def _decimal_parts(d: Decimal) -> tuple[int, int] | None:
+    """``d`` as (integer, decimals) with d == integer * 10**-decimals, decimals in 0..12."""
+    sign, digits, exp = d.as_tuple()
+    if not isinstance(exp, int) or exp > 0 or exp < -12:
+        return None
+    n = int("".join(map(str, digits)) or "0")
+    return (-n if sign else n), -exp
+
+
+def _tick_decimals(tick: float) -> int | None:
+    parts = _decimal_parts(Decimal(repr(tick)))
+    return None if parts is None or parts[1] > 8 else parts[1]
+
+
+def unsupported(
+    cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_walked: bool, by_row: bool
+) -> str:
+    """Why this replay must run on the Python engine ("" when the kernel can run it)."""
+    if sys.version_info >= (3, 12):
+        return "Python >= 3.12 sums floats with compensation; the kernel sums as 3.11 does"
+    if type(advisor) is not RuleKev or cfg.kev_mode != "sim":
+        return f"Kev mode {cfg.kev_mode!r} (the kernel has the rule advisor only)"
+    kev = engine.kev
+    if not isinstance(kev, SimKevBackend) or kev.use_recorded_lag:
+        return "a Kev backend other than the simulated one"
+    if sample_many(kev.lag, np.zeros(0, dtype=np.int64)) is None:
+        return "a Kev lag model that cannot be drawn in a batch"
+    if not (labels_walked and by_row):
+        return "labels computed per tick"
+    if Engine.uses_trades or type(engine) is not Engine:
+        return "an engine that reads public trades"
+    for name, m in (
+        ("order entry", exchange.entry_latency),
+        ("order response", exchange.response_latency),
+        ("cancel", exchange.cancel_latency),
+    ):
+        if _const_ns(m) is None:
+            return f"a non-constant {name} latency (its draws interleave with the others')"
+    if cfg.fill_model not in FILL_MODEL_CODES:
+        return f"fill model {cfg.fill_model!r}"
+    c = engine.cfg.contract
+    if type(c) is not ContractConfig or _tick_decimals(c.tick) is None:
+        return "a contract whose tick is not a short decimal"
+    if _decimal_parts(c.maker_fee_rate) is None or _decimal_parts(c.taker_fee_rate) is None:
+        return "fee rates with more than 12 decimals"
+    e = engine.cfg
+    if e.kev_queue_max >= K.KQ_CAP or e.kev_max_in_flight >= K.KQ_CAP:
+        return "a Kev queue larger than the kernel's table"
+    return ""
+
+
+class _KernelStream:
+    """A stream whose events the kernel produced: Arrow tables without ``seq``, given to the log in the
+    log's flush points (``EventLog.attach_columns``)."""
+
+    def __init__(self, log: EventLog, stream: str) -> None:
+        self.log, self.stream = log, stream
+        self.schema = STREAMS[stream].schema
+        self.tables: list[pa.Table] = []
+        self.held = 0
+        self.limit: int | None = None
+        log.attach_columns(stream, self._rows, self._pending)
+
+    def _pending(self) -> int:
+        return self.held if self.limit is None else min(self.held, self.limit)
+
+    def _rows(self, first_seq: int, n: int, consume: bool) -> pa.Table:
+        t = pa.concat_tables(self.tables) if len(self.tables) != 1 else self.tables[0]
+        head = t.slice(0, n)
+        if consume:
+            rest = t.slice(n)
+            self.tables = [rest] if rest.num_rows else []
+            self.held -= n
+        seq = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64))
+        cols = list(head.columns)
+        cols.insert(2, seq)  # every output schema is (ts_event, ts_recv, seq, ...)
+        return pa.Table.from_arrays(
+            [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in cols], schema=self.schema
+        )
+
+    def add(self, table: pa.Table) -> None:
+        if not table.num_rows:
+            return
+        self.tables.append(table)
+        self.held += table.num_rows
+        step = self.log.flush_rows
+        while self.held >= step:
+            self.limit = step
+            try:
+                self.log.flush(self.stream)
+            finally:
+                self.limit = None
+            if self.log._dir is None:  # an in-memory log keeps everything until write()
+                break
+
+
+def _decimal_array(units: np.ndarray) -> pa.Array:
+    """decimal128(38, 12) values from their unscaled int64 integers."""
+    n = len(units)
+    buf = np.empty((n, 2), dtype=np.int64)
+    buf[:, 0] = units
+    buf[:, 1] = units >> 63
+    return pa.Array.from_buffers(pa.decimal128(38, 12), n, [None, pa.py_buffer(buf.tobytes())])
+
+
+def _text(values: tuple[str, ...], codes: np.ndarray) -> pa.Array:
+    return pa.array(values, pa.string()).take(pa.array(codes.astype(np.int64)))
+
+
+def _prefixed(prefix: str, n: np.ndarray) -> pa.Array:
+    return pc.binary_join_element_wise(prefix, pc.cast(pa.array(n), pa.string()), "")
+
+
+class KernelRun:
+    """State and buffers of one kernel run."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        engine: Engine,
+        exchange: Any,
+        advisor: RuleKev,
+        log: EventLog,
+        symbol: str,
+        n_books: int,
+    ) -> None:
+        e: EngineConfig = engine.cfg
+        self.e, self.log, self.symbol, self.advisor = e, log, symbol, advisor
+        assert isinstance(engine.kev, SimKevBackend)
+        self.lag_model = engine.kev.lag
+        self.timeout_text = f"timeout after {e.kev_timeout_ns / 1e6:.0f} ms: no advice"
+        self.S = np.zeros(K.S_SIZE, dtype=np.int64)
+        far = -(1 << 62)
+        for i in (K.S_LAST_KEV_OFFER, K.S_EMERGENCY_UNTIL, K.S_LAST_REQUOTE, K.S_LAST_REBALANCE):
+            self.S[i] = far
+        self.SF = np.zeros(K.SF_SIZE, dtype=np.float64)
+        C = self.C = np.zeros(K.C_SIZE, dtype=np.int64)
+        CF = self.CF = np.zeros(K.CF_SIZE, dtype=np.float64)
+        q, r, c = e.quotes, e.risk, e.contract
+        C[K.C_REQUOTE_MIN] = q.requote_min_ns
+        C[K.C_REBALANCE_MIN] = q.rebalance_min_ns
+        C[K.C_EMERGENCY_HOLD] = q.emergency_hold_ns
+        C[K.C_KEV_MIN_INTERVAL] = e.kev_min_interval_ns
+        C[K.C_KEV_QUEUE_MAX] = e.kev_queue_max
+        C[K.C_KEV_POLICY] = POLICIES.index(e.kev_queue_policy)
+        C[K.C_KEV_MAX_IN_FLIGHT] = e.kev_max_in_flight
+        C[K.C_KEV_TIMEOUT] = e.kev_timeout_ns
+        C[K.C_KEV_STALE] = e.kev_stale_after_ns
+        C[K.C_KEV_TTL] = e.kev_advice_ttl_ns
+        C[K.C_ENTRY_NS] = _const_ns(exchange.entry_latency) or 0  # not None: unsupported() checked
+        C[K.C_RESPONSE_NS] = _const_ns(exchange.response_latency) or 0
+        C[K.C_CANCEL_NS] = _const_ns(exchange.cancel_latency) or 0
+        fm, qn = FILL_MODEL_CODES[cfg.fill_model]
+        C[K.C_FILL_MODEL] = fm
+        CF[K.CF_QUEUE_N] = qn
+        C[K.C_OFFSET_TICKS] = q.offset_ticks
+        C[K.C_LABEL_SKEW] = q.label_skew_ticks
+        C[K.C_MAX_ORDERS_PER_S] = r.max_orders_per_s
+        C[K.C_STALE_BOOK] = r.stale_book_ns
+        C[K.C_MAX_ADVICE_AGE] = r.max_advice_age_ns
+        C[K.C_PX_DECIMALS] = _tick_decimals(c.tick) or 0
+        C[K.C_MAKER_NUM], C[K.C_MAKER_EXP] = _decimal_parts(c.maker_fee_rate)  # type: ignore[misc]
+        C[K.C_TAKER_NUM], C[K.C_TAKER_EXP] = _decimal_parts(c.taker_fee_rate)  # type: ignore[misc]
+        CF[K.CF_TICK] = c.tick
+        CF[K.CF_SIZE_STEP] = c.size_step
+        CF[K.CF_MIN_QTY] = c.min_qty
+        CF[K.CF_QUOTE_QTY] = q.quote_qty
+        CF[K.CF_INV_SKEW] = q.inventory_skew_ticks
+        CF[K.CF_MAX_POSITION] = r.max_position
+        CF[K.CF_MAX_DELTA] = r.max_net_delta_usd
+        CF[K.CF_MAX_ORDER_QTY] = r.max_order_qty
+        CF[K.CF_MAX_SLIP] = r.max_slippage_bps
+        CF[K.CF_BAND] = r.price_band_bps
+        CF[K.CF_LOSS_STOP] = r.daily_loss_stop_usd
+        CF[K.CF_STEP_FRACTION] = advisor.step_fraction
+        CF[K.CF_MIN_PROB] = advisor.min_prob
+        n0 = INITIAL_ROWS
+        self.OI = np.zeros((n0, K.OI_COLS), dtype=np.int64)
+        self.OF = np.zeros((n0, K.OF_COLS), dtype=np.float64)
+        self.RI = np.zeros((n0, K.RI_COLS), dtype=np.int64)
+        self.RF = np.zeros((n0, K.RF_COLS), dtype=np.float64)
+        self.HI = np.zeros((n0, K.HI_COLS), dtype=np.int64)
+        self.HF = np.zeros((n0, K.HF_COLS), dtype=np.float64)
+        self.work = np.zeros(K.WORK_CAP, dtype=np.int64)
+        self.rest = np.zeros(K.REST_CAP, dtype=np.int64)
+        self.kq = np.zeros(K.KQ_CAP, dtype=np.int64)
+        self.inflight = np.zeros(K.KQ_CAP, dtype=np.int64)
+        self.recent = np.zeros(r.max_orders_per_s + 16, dtype=np.int64)
+        self.eng_book = np.full(60, np.nan)
+        self.x_book = np.full(60, np.nan)
+        self.OUTI = np.zeros((8, OUT_CAP, K.OUT_MAXI), dtype=np.int64)
+        self.OUTF = np.zeros((8, OUT_CAP, K.OUT_MAXF), dtype=np.float64)
+        self.NOUT = np.zeros(8, dtype=np.int64)
+        self.lags = np.zeros(0, dtype=np.int64)
+        self.streams = {s: _KernelStream(log, s) for s in K.OUT_STREAMS}
+        self._texts: dict[int, tuple[str, str, str]] = {}  # request id -> (key, raw, reason)
+
+    # ------------------------------------------------------------ growth
+
+    def _grow(self, name: str) -> None:
+        a = getattr(self, name)
+        b = np.zeros((a.shape[0] * 2, a.shape[1]), dtype=a.dtype)
+        b[: a.shape[0]] = a
+        setattr(self, name, b)
+
+    def _more_lags(self) -> None:
+        used = int(self.S[K.S_LAG_USED])
+        left = self.lags[used:]
+        drawn = sample_many(self.lag_model, np.zeros(LAG_BATCH, dtype=np.int64))
+        assert drawn is not None
+        self.lags = np.concatenate([left, drawn])
+        self.S[K.S_LAG_USED] = 0
+        self.S[K.S_LAG_N] = len(self.lags)
+
+    def handle(self, status: int) -> bool:
+        """Deal with a kernel stop; True when the kernel should be called again."""
+        self.drain()
+        if status == K.ST_DONE:
+            return False
+        if status == K.ST_GROW_ORDERS:
+            self._grow("OI")
+            self._grow("OF")
+        elif status == K.ST_GROW_HEAP:
+            self._grow("HI")
+            self._grow("HF")
+        elif status == K.ST_GROW_REQUESTS:
+            self._grow("RI")
+            self._grow("RF")
+        elif status == K.ST_NEED_LAGS:
+            self._more_lags()
+        elif status == K.ST_UNSUPPORTED:
+            if int(self.S[K.S_WHY]) == K.U_LOOK_AHEAD:
+                raise LookAheadError(K.UNSUPPORTED_TEXT[K.U_LOOK_AHEAD])
+            raise KernelUnsupported(K.UNSUPPORTED_TEXT[int(self.S[K.S_WHY])])
+        return True
+
+    # ------------------------------------------------------------ output
+
+    def _kev_texts(self, rid: int) -> tuple[str, str, str]:
+        """The rule advisor's key, raw JSON and reason for request ``rid``, from Python (the reference),
+        after checking the kernel decided the same numbers."""
+        t = self._texts.get(rid)
+        if t is not None:
+            return t
+        RI, RF = self.RI[rid], self.RF[rid]
+        ctx = KevContext(
+            request_id=rid,
+            ts_ns=int(RI[K.RI_TS]),
+            symbol=self.symbol,
+            label=LABEL_NAMES[int(RI[K.RI_LABEL])],
+            label_seq=int(RI[K.RI_LABEL_SEQ]),
+            p_label=float(RF[K.RF_P]),
+            mid=float(RF[K.RF_MID]),
+            spread=float(RF[K.RF_SPREAD]),
+            imbalance=float(RF[K.RF_IMB]),
+            position=float(RF[K.RF_POS]),
+            max_position=float(RF[K.RF_MAXPOS]),
+        )
+        raw = self.advisor.decide(ctx)
+        mine = (
+            ACTIONS[int(RI[K.RI_ACTION])],
+            float(RF[K.RF_TARGET]),
+            float(RF[K.RF_HEDGE]),
+            float(RF[K.RF_SLIP]),
+        )
+        ref = (raw["action"], raw["target_position"], raw["hedge_ratio"], raw["max_slippage_bps"])
+        if mine != ref:
+            raise AssertionError(f"kernel's Kev decision {mine} != RuleKev's {ref} for request {rid}")
+        t = (
+            self.advisor.key(ctx),
+            orjson.dumps(raw, option=orjson.OPT_SORT_KEYS).decode(),
+            str(raw["reason"]),
+        )
+        self._texts[rid] = t
+        return t
+
+    def drain(self) -> None:
+        """Turn the kernel's buffered rows into tables for the log."""
+        NOUT, OUTI, OUTF = self.NOUT, self.OUTI, self.OUTF
+        for s, stream in enumerate(K.OUT_STREAMS):
+            n = int(NOUT[s])
+            if not n:
+                continue
+            ints, floats = OUTI[s, :n], OUTF[s, :n]
+            self.streams[stream].add(
+                pa.Table.from_arrays(self._columns(s, n, ints, floats), schema=_no_seq(stream))
+            )
+        NOUT[:] = 0
+
+    def _sym(self, n: int) -> pa.Array:
+        return pa.array([self.symbol], pa.string()).take(pa.array(np.zeros(n, dtype=np.int64)))
+
+    def _columns(self, s: int, n: int, ints: np.ndarray, floats: np.ndarray) -> list[pa.Array]:
+        side = ("buy", "sell")
+        otype = ("limit", "market")
+        if s == K.O_KEV_QUEUE:
+            ts = pa.array(ints[:, 0].copy())
+            return [
+                ts,
+                ts,
+                pa.array(ints[:, 1].copy()),
+                _text(K.QUEUE_KINDS, ints[:, 2]),
+                pa.array(ints[:, 3].copy()),
+            ]
+        if s == K.O_KEV_REQUEST:
+            return [
+                pa.array(ints[:, 0].copy()),
+                pa.array(ints[:, 1].copy()),
+                pa.array(ints[:, 2].copy()),
+                self._sym(n),
+                _text(LABEL_NAMES, ints[:, 3]),
+                pa.array(ints[:, 4].copy()),
+                *(pa.array(floats[:, k].copy()) for k in range(4)),
+                pa.array(ints[:, 5].copy()),
+            ]
+        if s == K.O_KEV_RESPONSE:
+            ok = ints[:, 2].astype(bool)
+            keys, raws = [], []
+            for rid, good in zip(ints[:, 1].tolist(), ok.tolist(), strict=True):
+                if good:
+                    key, raw, _ = self._kev_texts(rid)
+                else:
+                    key = raw = ""
+                keys.append(key)
+                raws.append(raw)
+            ts = pa.array(ints[:, 0].copy())
+            zero_f = pa.array(np.zeros(n))
+            zero_i = pa.array(np.zeros(n, dtype=np.int64))
+            return [
+                ts,
+                ts,
+                pa.array(ints[:, 1].copy()),
+                pa.array(ok),
+                pa.array(["" if g else self.timeout_text for g in ok.tolist()], pa.string()),
+                pa.array(ints[:, 3].copy()),
+                pa.array([self.advisor.name], pa.string()).take(zero_i),
+                pa.array(keys, pa.string()),
+                pa.array(raws, pa.string()),
+                zero_f,
+                zero_f,
+                zero_i,
+                zero_i,
+            ]
+        if s == K.O_COMMAND:
+            reasons = [self._kev_texts(rid)[2] for rid in ints[:, 3].tolist()]
+            return [
+                pa.array(ints[:, 0].copy()),
+                pa.array(ints[:, 1].copy()),
+                pa.array(ints[:, 2].copy()),
+                pa.array(ints[:, 3].copy()),
+                self._sym(n),
+                _text(ACTIONS, ints[:, 4]),
+                *(pa.array(floats[:, k].copy()) for k in range(3)),
+                pa.array(reasons, pa.string()),
+                pa.array(ints[:, 5].copy()),
+            ]
+        if s == K.O_RISK:
+            ts = pa.array(ints[:, 0].copy())
+            return [
+                ts,
+                ts,
+                _prefixed("dh-", ints[:, 1].copy()),
+                self._sym(n),
+                _text(("new", "cancel"), ints[:, 2]),
+                _text(side, ints[:, 3]),
+                _text(otype, ints[:, 4]),
+                pa.array(floats[:, 0].copy()),
+                pa.array(floats[:, 1].copy()),
+                _text(("quote", "kev", "flatten", "cancel"), ints[:, 5]),
+                pa.array(ints[:, 6].copy()),
+                pa.array(ints[:, 7].astype(bool)),
+                _text(K.REASON_TEXT, ints[:, 8]),
+            ]
+        if s == K.O_ORDER:
+            return [
+                pa.array(ints[:, 0].copy()),
+                pa.array(ints[:, 1].copy()),
+                _prefixed("dh-", ints[:, 2].copy()),
+                self._sym(n),
+                _text(K.ORDER_KINDS, ints[:, 3]),
+                _text(side, ints[:, 4]),
+                _text(otype, ints[:, 5]),
+                pa.array(floats[:, 0].copy()),
+                pa.array(floats[:, 1].copy()),
+                _text(K.REASON_TEXT, ints[:, 6]),
+            ]
+        if s == K.O_FILL:
+            return [
+                pa.array(ints[:, 0].copy()),
+                pa.array(ints[:, 1].copy()),
+                _prefixed("dh-", ints[:, 2].copy()),
+                self._sym(n),
+                _text(side, ints[:, 3]),
+                pa.array(floats[:, 0].copy()),
+                pa.array(floats[:, 1].copy()),
+                _text(("maker", "taker"), ints[:, 4]),
+                _decimal_array(ints[:, 5].copy()),
+                _decimal_array(ints[:, 6].copy()),
+                pa.array(floats[:, 2].copy()),
+            ]
+        # latency
+        start, end = ints[:, 0].copy(), ints[:, 1].copy()
+        ref_n = ints[:, 4]
+        is_kev = ints[:, 3] == K.REF_KEV
+        refs = pc.if_else(pa.array(is_kev), _prefixed("kev:", ref_n.copy()), _prefixed("dh-", ref_n.copy()))
+        return [
+            pa.array(start),
+            pa.array(end),
+            _text(K.SPAN_NAMES, ints[:, 2]),
+            refs,
+            pa.array(start),
+            pa.array(end),
+            pa.array(end - start),
+        ]
+
+
+_NO_SEQ: dict[str, pa.Schema] = {}
+
+
+def _no_seq(stream: str) -> pa.Schema:
+    s = _NO_SEQ.get(stream)
+    if s is None:
+        full = STREAMS[stream].schema
+        s = _NO_SEQ[stream] = pa.schema([f for f in full if f.name != "seq"])
+    return s
+
+
+def run_kernel(
+    run: KernelRun,
+    walk: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    book_levels: Callable[[int, int], np.ndarray],
+    b_loc: np.ndarray,
+    labels: np.ndarray,
+    probs: np.ndarray,
+    trades: tuple[np.ndarray, np.ndarray, np.ndarray],
+    add_labels: Callable[[np.ndarray, np.ndarray], None],
+    bar: Any = None,
+) -> None:
+    """The whole walk, then the timers left at its end. ``book_levels(r0, r1)``: rows r0..r1-1 of the
+    tape as a (rows x 60) float64 array (bid_px, bid_sz, ask_px, ask_sz)."""
+    ts, prio, kind, row = walk
+    t_px, t_sz, t_side = trades
+    n = len(ts)
+    labels = np.ascontiguousarray(labels)
+    S = run.S
+    for start in range(0, n, WALK_CHUNK):
+        end = min(n, start + WALK_CHUNK)
+        if bar is not None:
+            bar.update(start)
+        k = kind[start:end]
+        r = row[start:end]
+        books = r[k != 1]
+        if len(books):
+            r0, r1 = int(books.min()), int(books.max()) + 1
+        else:
+            r0, r1 = 0, 0
+        levels = book_levels(r0, r1) if r1 > r0 else np.zeros((0, 60))
+        while True:
+            before = int(S[K.S_WALK])
+            status = K.run(
+                ts,
+                prio,
+                kind,
+                row,
+                end,
+                levels,
+                r0,
+                b_loc,
+                labels,
+                probs,
+                t_px,
+                t_sz,
+                t_side,
+                run.lags,
+                S,
+                run.SF,
+                run.C,
+                run.CF,
+                run.OI,
+                run.OF,
+                run.RI,
+                run.RF,
+                run.HI,
+                run.HF,
+                run.work,
+                run.rest,
+                run.kq,
+                run.inflight,
+                run.recent,
+                run.eng_book,
+                run.x_book,
+                run.OUTI,
+                run.OUTF,
+                run.NOUT,
+                OUT_CAP,
+            )
+            after = int(S[K.S_WALK])
+            if after > before:
+                seg = slice(before, after)
+                m = kind[seg] == 4
+                if m.any():
+                    add_labels(row[seg][m], ts[seg][m])
+            if not run.handle(int(status)):
+                break
+    while True:
+        status = K.run_all(
+            S,
+            run.SF,
+            run.C,
+            run.CF,
+            run.OI,
+            run.OF,
+            run.RI,
+            run.RF,
+            run.HI,
+            run.HF,
+            run.work,
+            run.rest,
+            run.kq,
+            run.inflight,
+            run.recent,
+            run.eng_book,
+            run.x_book,
+            b_loc,
+            run.lags,
+            run.OUTI,
+            run.OUTF,
+            run.NOUT,
+            OUT_CAP,
+        )
+        if not run.handle(int(status)):
+            break

@@ -1,0 +1,2063 @@
+"""The replay's compiled twin: engine, risk gateway, Kev queue, rule Kev and simulated exchange as one
+numba state machine over the merged walk.
+
+It is a transcription of ``engine/core.py``, ``engine/risk.py``, ``engine/strategy.py``,
+``engine/kev/queue.py``, ``engine/kev/rules.py``, ``replay/sim_exchange.py`` and ``engine/fills.py``
+for the configurations :mod:`replay.fast_path` accepts, and its contract is *equality*: the same
+events, field for field and bit for bit, as the Python engine gives on the same walk
+(``tests/test_replay_kernel.py`` checks whole runs). Python stays the reference and the code live
+mode runs; change the two together.
+
+Exactness, where floats alone would not give it:
+
+- ``round(x, n)``: CPython rounds the exact binary value half-even and returns the nearest double;
+  :func:`pyround` does the same with an exact product (Dekker) and one correctly rounded division.
+- Money: the portfolio is Decimal in Python. Here position, cash and fees are integers of 1e-12
+  (prices of ``px_decimals`` digits, checked to be their own shortest repr, as ``Decimal(repr(px))``
+  reads them), quantized half-even as ``Decimal.quantize`` does. The loss stop compares a float
+  estimate of the PnL with the limit and gives up when the two are too close to call.
+- Python's ``min``/``max`` return the first argument on ties and NaN: :func:`pmin`/:func:`pmax`.
+
+Anything it cannot reproduce exactly makes it stop with ``ST_UNSUPPORTED``; the driver then runs
+the general path instead. It never guesses.
+
+Layout: state lives in numpy arrays so a run can stop (an output buffer is full, a table must grow,
+Kev lags must be drawn) and resume where it stopped. Strings are codes; :mod:`replay.fast_path`
+turns rows into the event log's Arrow tables.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+# ---------------------------------------------------------------- codes (shared with fast_path)
+BUY, SELL = 0, 1
+LIMIT, MARKET = 0, 1
+SRC_QUOTE, SRC_KEV, SRC_FLATTEN, SRC_CANCEL = 0, 1, 2, 3
+INTENT_NEW, INTENT_CANCEL = 0, 1
+LIQ_MAKER, LIQ_TAKER = 0, 1
+# order status
+PENDING_NEW, LIVE, PENDING_CANCEL, DONE = 0, 1, 2, 3
+# order event kinds
+OK_NEW, OK_CANCEL, OK_ACK, OK_REJECT, OK_CANCEL_ACK, OK_DONE = 0, 1, 2, 3, 4, 5
+ORDER_KINDS = ("new", "cancel", "ack", "reject", "cancel_ack", "done")
+# reasons (risk reasons first, in engine.risk.REASONS order, then exchange reasons)
+R_OK, R_BAD_ORDER, R_KILL, R_NO_BOOK, R_STALE_BOOK, R_MAX_QTY = 0, 1, 2, 3, 4, 5
+R_MAX_POS, R_MAX_DELTA, R_BAND, R_SLIP, R_RATE, R_LOSS, R_STALE_ADVICE = 6, 7, 8, 9, 10, 11, 12
+R_EMPTY, R_NO_MARKET, R_FILLED, R_IOC, R_CANCEL_NOT_FOUND = 13, 14, 15, 16, 17
+REASON_TEXT = (
+    "ok",
+    "bad_order",
+    "kill_switch",
+    "no_book",
+    "stale_book",
+    "max_order_qty",
+    "max_position",
+    "max_net_delta",
+    "price_band",
+    "max_slippage",
+    "order_rate",
+    "loss_stop",
+    "stale_advice",
+    "",
+    "no_market",
+    "filled",
+    "ioc_remainder_expired",
+    "cancel_rejected:order_not_found",
+)
+# labels by class index (engine.core.LABEL_NAMES)
+L_HOLD, L_BUY, L_SELL, L_EMERGENCY = 0, 1, 2, 3
+# Kev queue note kinds
+Q_ENQUEUED, Q_OVERFLOW, Q_STALE, Q_CONFLATED, Q_TIMEOUT, Q_LATE = 0, 1, 2, 3, 4, 5
+QUEUE_KINDS = ("enqueued", "dropped_overflow", "dropped_stale", "dropped_conflated", "timeout", "late_reply")
+POLICY_DROP_OLDEST, POLICY_FIFO, POLICY_CONFLATE = 0, 1, 2
+# Kev actions (engine.kev.command.ACTIONS) and the rule that chose one (for the reason text)
+A_HOLD, A_LEAN_BUY, A_LEAN_SELL, A_FLATTEN = 0, 1, 2, 3
+WHY_EMERGENCY, WHY_WEAK, WHY_LEAN = 0, 1, 2
+# latency span names; refs are "dh-N" (order) or "kev:N" (request)
+SPAN_TICK_TO_ORDER, SPAN_ORDER_ENTRY, SPAN_KEV_QUEUE, SPAN_KEV = 0, 1, 2, 3
+SPAN_NAMES = ("tick_to_order", "order_entry", "kev_queue", "kev")
+REF_ORDER, REF_KEV = 0, 1
+# fill models
+FM_TOUCH, FM_THROUGH, FM_QUEUE_POWER, FM_QUEUE_LOG, FM_RISK_AVERSE = 0, 1, 2, 3, 4
+
+# timer kinds
+T_ARRIVE, T_ARRIVE_CANCEL, T_REPORT, T_KEV_TIMEOUT, T_KEV_DONE = 0, 1, 2, 3, 4
+M_ACK, M_REJECT, M_CANCEL_ACK, M_DONE, M_FILL = 0, 1, 2, 3, 4
+PRIO_KEV, PRIO_EXCH_IN, PRIO_EXCH_OUT = 52, 61, 62
+
+# statuses
+ST_DONE, ST_OUT_FULL, ST_GROW_ORDERS, ST_GROW_HEAP, ST_GROW_REQUESTS, ST_NEED_LAGS = 0, 1, 2, 3, 4, 5
+ST_UNSUPPORTED = 9
+# why unsupported
+U_NONE, U_ROUND, U_PX_DECIMALS, U_OVERFLOW, U_LOSS_STOP_CLOSE, U_TABLE, U_LOOK_AHEAD = 0, 1, 2, 3, 4, 5, 6
+UNSUPPORTED_TEXT = (
+    "",
+    "a value round() cannot reproduce exactly here",
+    "a fill price that is not a short decimal",
+    "money beyond int64",
+    "PnL too close to the loss stop to decide in floats",
+    "more working orders or queued Kev requests than the kernel's tables hold",
+    "a label asked for before its book was received",
+)
+
+# ---------------------------------------------------------------- state layout
+# S (int64 scalars)
+(
+    S_NOW,
+    S_OID,
+    S_RID,
+    S_CMD_ID,
+    S_LABELS,
+    S_LAST_KEV_OFFER,
+    S_EMERGENCY_UNTIL,
+    S_LAST_REQUOTE,
+    S_LAST_REBALANCE,
+    S_ENG_ROW,
+    S_XBOOK,
+    S_KILL,
+    S_CMD,
+    S_CMD_ACTION,
+    S_CMD_TS_RECV,
+    S_CMD_VALID_UNTIL,
+    S_HEAP_N,
+    S_HEAP_SEQ,
+    S_NWORK,
+    S_NREST,
+    S_RECENT_HEAD,
+    S_RECENT_TAIL,
+    S_KQ_N,
+    S_INFLIGHT_N,
+    S_POS,
+    S_CASH,
+    S_FEES,
+    S_LAG_USED,
+    S_LAG_N,
+    S_WALK,
+    S_WHY,
+    S_NREQ_CAP,
+    S_ENG_BOOK,
+) = range(33)
+S_LAST_LABEL_NAME = 34  # engine.label, as its class index
+S_SIZE = 40
+# SF (float64 scalars)
+SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
+SF_SIZE = 8
+# C (int64 config)
+(
+    C_REQUOTE_MIN,
+    C_REBALANCE_MIN,
+    C_EMERGENCY_HOLD,
+    C_KEV_MIN_INTERVAL,
+    C_KEV_QUEUE_MAX,
+    C_KEV_POLICY,
+    C_KEV_MAX_IN_FLIGHT,
+    C_KEV_TIMEOUT,
+    C_KEV_STALE,
+    C_KEV_TTL,
+    C_ENTRY_NS,
+    C_RESPONSE_NS,
+    C_CANCEL_NS,
+    C_FILL_MODEL,
+    C_OFFSET_TICKS,
+    C_LABEL_SKEW,
+    C_MAX_ORDERS_PER_S,
+    C_STALE_BOOK,
+    C_MAX_ADVICE_AGE,
+    C_PX_DECIMALS,
+    C_MAKER_NUM,
+    C_MAKER_EXP,
+    C_TAKER_NUM,
+    C_TAKER_EXP,
+) = range(24)
+C_SIZE = 32
+# CF (float64 config)
+(
+    CF_TICK,
+    CF_SIZE_STEP,
+    CF_MIN_QTY,
+    CF_QUOTE_QTY,
+    CF_INV_SKEW,
+    CF_MAX_POSITION,
+    CF_MAX_DELTA,
+    CF_MAX_ORDER_QTY,
+    CF_MAX_SLIP,
+    CF_BAND,
+    CF_LOSS_STOP,
+    CF_QUEUE_N,
+    CF_STEP_FRACTION,
+    CF_MIN_PROB,
+) = range(14)
+CF_SIZE = 16
+
+# Per-order table: OI (int64) / OF (float64) columns, row = oid number.
+OI_SIDE, OI_TYPE, OI_SENT, OI_STATUS, OI_REDUCE, OI_SOURCE = 0, 1, 2, 3, 4, 5
+OI_COLS = 6
+OF_PX, OF_QTY, OF_FILLED, OF_SLIP, OF_XFILLED, OF_AHEAD, OF_LEVEL, OF_TRADED = 0, 1, 2, 3, 4, 5, 6, 7
+OF_COLS = 8
+# Per-request table (row = request id): RI / RF
+RI_TS, RI_LABEL, RI_LABEL_SEQ, RI_ACTION, RI_WHY, RI_STARTED = 0, 1, 2, 3, 4, 5
+RI_COLS = 6
+RF_P, RF_MID, RF_SPREAD, RF_IMB, RF_POS, RF_TARGET, RF_HEDGE, RF_SLIP, RF_MAXPOS = 0, 1, 2, 3, 4, 5, 6, 7, 8
+RF_COLS = 9
+# Timer heap: HI (ts, prio, seq, kind, a, b, c), HF (f1, f2)
+HI_COLS, HF_COLS = 7, 2
+
+# Output streams: index, int columns, float columns
+O_KEV_QUEUE, O_KEV_REQUEST, O_KEV_RESPONSE, O_COMMAND, O_RISK, O_ORDER, O_FILL, O_LATENCY = range(8)
+OUT_STREAMS = ("kev_queue", "kev_request", "kev_response", "command", "risk", "order", "fill", "latency")
+# kev_queue: ts, request_id, kind, depth
+# kev_request: ts_event, ts_recv, request_id, label, label_seq, queue_wait | mid, spread, imbalance, position
+# kev_response: ts, request_id, ok, lag_ns, timeout (1) or reply (0)
+# command: ts_event, ts_recv, command_id, request_id, action, valid_until | target, hedge, slip
+# risk: ts, oid, intent, side, type, source, advice_age, accepted, reason | px, qty
+# order: ts_event, ts_recv, oid, kind, side, type, reason | px, qty
+# fill: ts_event, ts_recv, oid, side, liquidity, notional_units, fee_units | px, qty, position_after
+# latency: start, end, name, ref_kind, ref_n
+OUT_ICOLS = np.array([4, 6, 5, 6, 9, 7, 7, 5], dtype=np.int64)
+OUT_FCOLS = np.array([1, 4, 1, 3, 2, 2, 3, 1], dtype=np.int64)
+OUT_MAXI, OUT_MAXF = 9, 4
+
+# Headroom checked before each walk entry and each timer: no single step emits more than this.
+MARGIN = 256
+WORK_CAP, REST_CAP, KQ_CAP = 64, 64, 16
+EPS = 1e-12
+NAN = math.nan
+_SPLIT = 134217729.0  # 2**27 + 1 (Dekker)
+_TWO52 = 4503599627370496.0
+
+_POW10 = np.array([10.0**k for k in range(23)])
+
+
+# ---------------------------------------------------------------- exact helpers
+
+
+@nb.njit(cache=True, inline="always")
+def pmin(a: float, b: float) -> float:
+    """Python's ``min(a, b)`` on floats: ``b`` only if ``b < a``."""
+    return b if b < a else a
+
+
+@nb.njit(cache=True, inline="always")
+def pmax(a: float, b: float) -> float:
+    """Python's ``max(a, b)`` on floats: ``b`` only if ``b > a``."""
+    return b if b > a else a
+
+
+@nb.njit(cache=True)
+def pyround(x: float, nd: int) -> float:
+    """CPython's ``round(x, nd)`` for ``0 <= nd <= 22``; NaN (with finite ``x``) when it cannot be
+    computed exactly here (``|x| * 10**nd >= 2**52``); the caller then gives up."""
+    if not math.isfinite(x):
+        return x
+    p = _POW10[nd]
+    ax = abs(x)
+    hi = ax * p
+    if hi >= _TWO52:
+        return NAN
+    # lo: the exact rounding error of ax * p (Dekker's two-product)
+    c = _SPLIT * ax
+    ah = c - (c - ax)
+    al = ax - ah
+    c = _SPLIT * p
+    bh = c - (c - p)
+    bl = p - bh
+    lo = ((ah * bh - hi) + ah * bl + al * bh) + al * bl
+    fl = math.floor(hi)
+    r = hi - fl  # exact
+    if r < 0.25:
+        n = fl
+    else:
+        s = (r - 0.5) + lo  # its sign is the sign of the exact (r - 0.5 + lo)
+        if s > 0:
+            n = fl + 1.0
+        elif s < 0:
+            n = fl
+        else:
+            n = fl if fl - 2.0 * math.floor(fl / 2.0) == 0.0 else fl + 1.0
+    res = n / p
+    return -res if x < 0 or (x == 0 and math.copysign(1.0, x) < 0) else res
+
+
+@nb.njit(cache=True, inline="always")
+def _div_half_even(a: int, d: int) -> int:
+    """``a / d`` rounded half-even (d > 0): ``Decimal.quantize``'s default rounding."""
+    q = a // d
+    r = a - q * d
+    twice = 2 * r
+    if twice > d or (twice == d and q % 2 != 0):
+        q += 1
+    return q
+
+
+# ---------------------------------------------------------------- output
+
+
+@nb.njit(cache=True, inline="always")
+def _out(OUTI, OUTF, NOUT, stream):
+    k = NOUT[stream]
+    NOUT[stream] = k + 1
+    return k
+
+
+# ---------------------------------------------------------------- timer heap
+
+
+@nb.njit(cache=True)
+def _heap_push(S, HI, HF, ts, prio, kind, a, b, c6, f1, f2):
+    n = S[S_HEAP_N]
+    seq = S[S_HEAP_SEQ]
+    S[S_HEAP_SEQ] = seq + 1
+    i = n
+    S[S_HEAP_N] = n + 1
+    # sift up
+    while i > 0:
+        parent = (i - 1) >> 1
+        pt, pp, ps = HI[parent, 0], HI[parent, 1], HI[parent, 2]
+        if pt < ts or (pt == ts and (pp < prio or (pp == prio and ps < seq))):
+            break
+        for c in range(HI_COLS):
+            HI[i, c] = HI[parent, c]
+        HF[i, 0] = HF[parent, 0]
+        HF[i, 1] = HF[parent, 1]
+        i = parent
+    HI[i, 0] = ts
+    HI[i, 1] = prio
+    HI[i, 2] = seq
+    HI[i, 3] = kind
+    HI[i, 4] = a
+    HI[i, 5] = b
+    HI[i, 6] = c6
+    HF[i, 0] = f1
+    HF[i, 1] = f2
+
+
+@nb.njit(cache=True, inline="always")
+def _less(HI, i, j):
+    a0, b0 = HI[i, 0], HI[j, 0]
+    if a0 != b0:
+        return a0 < b0
+    a1, b1 = HI[i, 1], HI[j, 1]
+    if a1 != b1:
+        return a1 < b1
+    return HI[i, 2] < HI[j, 2]
+
+
+@nb.njit(cache=True)
+def _heap_pop(S, HI, HF, tmpi, tmpf):
+    """Pop the least timer into tmpi/tmpf."""
+    n = S[S_HEAP_N] - 1
+    S[S_HEAP_N] = n
+    for c in range(HI_COLS):
+        tmpi[c] = HI[0, c]
+    tmpf[0] = HF[0, 0]
+    tmpf[1] = HF[0, 1]
+    if n == 0:
+        return
+    # move last to root and sift down
+    for c in range(HI_COLS):
+        HI[0, c] = HI[n, c]
+    HF[0, 0] = HF[n, 0]
+    HF[0, 1] = HF[n, 1]
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= n:
+            break
+        m = left
+        right = left + 1
+        if right < n and _less(HI, right, left):
+            m = right
+        if not _less(HI, m, i):
+            break
+        for c in range(HI_COLS):
+            t = HI[i, c]
+            HI[i, c] = HI[m, c]
+            HI[m, c] = t
+        for c in range(HF_COLS):
+            t2 = HF[i, c]
+            HF[i, c] = HF[m, c]
+            HF[m, c] = t2
+        i = m
+
+
+# ---------------------------------------------------------------- book helpers
+
+
+@nb.njit(cache=True)
+def _level_qty(bk, side, px):
+    """engine.fills.level_qty: size at px on our side; -1.0 for 'beyond the window' (None)."""
+    off = 0 if side == BUY else 30
+    half_tick = 1e-9 * pmax(1.0, abs(px))
+    deepest = NAN
+    for i in range(15):
+        p = bk[off + i]
+        if p != p:
+            return 0.0
+        if abs(p - px) <= half_tick:
+            return bk[off + 15 + i]
+        deepest = p
+    beyond = px < deepest if side == BUY else px > deepest
+    return -1.0 if beyond else 0.0
+
+
+@nb.njit(cache=True)
+def _walk_book(bk, side, qty, lpx, lq):
+    """engine.book.walk_book into lpx/lq; returns the number of levels, or -1 if round() failed."""
+    off = 30 if side == BUY else 0
+    left = qty
+    n = 0
+    for i in range(15):
+        p = bk[off + i]
+        s = bk[off + 15 + i]
+        if left <= 1e-12 or math.isnan(p):
+            break
+        take = pyround(pmin(left, s), 12)
+        if take != take and s == s:
+            return -1
+        lpx[n] = p
+        lq[n] = take
+        n += 1
+        left -= take
+    return n
+
+
+@nb.njit(cache=True)
+def _imbalance(bk):
+    b = 0.0
+    a = 0.0
+    for i in range(15):
+        s = bk[15 + i]
+        if s == s:
+            b += s
+    for i in range(15):
+        s = bk[45 + i]
+        if s == s:
+            a += s
+    return (b - a) / (b + a) if b + a > 0 else 0.0
+
+
+# ---------------------------------------------------------------- money
+
+
+@nb.njit(cache=True)
+def _px_units(px, dec):
+    """``Decimal(repr(px))`` as an integer of 10**-dec, or -1 << 62 when it is not one."""
+    p = _POW10[dec]
+    v = px * p
+    if not (abs(v) < 1e15):
+        return -(1 << 62)
+    n = np.rint(v)
+    if n / p != px:
+        return -(1 << 62)
+    return np.int64(n)
+
+
+@nb.njit(cache=True)
+def _qty_units(q):
+    """``Decimal(repr(q))`` as an integer of 1e-12, for sizes rounded to 12 digits (or shorter)."""
+    v = q * 1e12
+    if not (abs(v) < 1e15):
+        return -(1 << 62)
+    n = np.rint(v)
+    if n / 1e12 != q:
+        return -(1 << 62)
+    return np.int64(n)
+
+
+# ---------------------------------------------------------------- the machine
+
+
+@nb.njit(cache=True)
+def _risk_state_pnl_bad(S, CF, mid):
+    """-1: PnL > -stop (no loss stop), 1: PnL <= -stop, 0: too close to call."""
+    pos = S[S_POS] / 1e12
+    cash = S[S_CASH] / 1e12
+    est = cash + pos * mid
+    lim = -CF[CF_LOSS_STOP]
+    tol = 1e-6 * (1.0 + abs(cash) + abs(pos * mid))
+    if est > lim + tol:
+        return -1
+    if est < lim - tol:
+        return 1
+    return 0
+
+
+@nb.njit(cache=True)
+def run(
+    walk_ts,
+    walk_prio,
+    walk_kind,
+    walk_row,
+    walk_end,
+    levels,
+    level_row0,
+    b_loc,
+    labels,
+    probs,
+    t_px,
+    t_sz,
+    t_side,
+    lags,
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    rest,
+    kq,
+    inflight,
+    recent,
+    eng_book,
+    x_book,
+    OUTI,
+    OUTF,
+    NOUT,
+    out_cap,
+):
+    """Run the walk from S[S_WALK] to walk_end. Returns a status (ST_*)."""
+    tmpi = np.zeros(HI_COLS, dtype=np.int64)
+    tmpf = np.zeros(HF_COLS, dtype=np.float64)
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
+    i = S[S_WALK]
+    while i < walk_end:
+        t = walk_ts[i]
+        p = walk_prio[i]
+        # timers that sort before this entry
+        while S[S_HEAP_N] > 0 and (HI[0, 0] < t or (HI[0, 0] == t and HI[0, 1] < p)):
+            st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
+            if st != ST_DONE:
+                return st
+            _heap_pop(S, HI, HF, tmpi, tmpf)
+            S[S_NOW] = tmpi[0]
+            _timer(
+                tmpi,
+                tmpf,
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                RI,
+                RF,
+                HI,
+                HF,
+                work,
+                rest,
+                kq,
+                inflight,
+                recent,
+                eng_book,
+                x_book,
+                b_loc,
+                lags,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
+            if S[S_WHY] != U_NONE:
+                return ST_UNSUPPORTED
+        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
+        if st != ST_DONE:
+            return st
+        S[S_NOW] = t
+        k = walk_kind[i]
+        r = walk_row[i]
+        if k == 0:  # book at the exchange
+            j = r - level_row0
+            for c in range(60):
+                x_book[c] = levels[j, c]
+            S[S_XBOOK] = 1
+            _x_on_book(S, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT)
+        elif k == 2:  # book at the engine
+            j = r - level_row0
+            for c in range(60):
+                eng_book[c] = levels[j, c]
+            S[S_ENG_ROW] = r
+            S[S_ENG_BOOK] = 1
+        elif k == 4:  # Laya's label of book r becomes visible
+            if b_loc[r] > t:  # never read a label whose book has not arrived (no look-ahead)
+                S[S_WHY] = U_LOOK_AHEAD
+                return ST_UNSUPPORTED
+            S[S_LABELS] += 1
+            _on_label(
+                r,
+                labels[r],
+                probs[r, labels[r]],
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                RI,
+                RF,
+                HI,
+                HF,
+                work,
+                rest,
+                kq,
+                inflight,
+                recent,
+                eng_book,
+                x_book,
+                b_loc,
+                levels,
+                level_row0,
+                lags,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
+        elif k == 1:  # trade at the exchange
+            if S[S_NREST] > 0:
+                _x_on_trade(S, C, CF, OI, OF, HI, HF, rest, t_px[r], t_sz[r], t_side[r], OUTI, OUTF, NOUT)
+        # kind 3 (trade at the engine): Engine.on_trade does nothing
+        if S[S_WHY] != U_NONE:
+            return ST_UNSUPPORTED
+        i += 1
+        S[S_WALK] = i
+    return ST_DONE
+
+
+@nb.njit(cache=True)
+def run_all(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    rest,
+    kq,
+    inflight,
+    recent,
+    eng_book,
+    x_book,
+    b_loc,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    out_cap,
+):
+    """The end of the tape: every pending timer, in order (ReplayClock.run_all)."""
+    tmpi = np.zeros(HI_COLS, dtype=np.int64)
+    tmpf = np.zeros(HF_COLS, dtype=np.float64)
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
+    while S[S_HEAP_N] > 0:
+        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
+        if st != ST_DONE:
+            return st
+        _heap_pop(S, HI, HF, tmpi, tmpf)
+        S[S_NOW] = tmpi[0]
+        _timer(
+            tmpi,
+            tmpf,
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            RI,
+            RF,
+            HI,
+            HF,
+            work,
+            rest,
+            kq,
+            inflight,
+            recent,
+            eng_book,
+            x_book,
+            b_loc,
+            lags,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+        if S[S_WHY] != U_NONE:
+            return ST_UNSUPPORTED
+    return ST_DONE
+
+
+@nb.njit(cache=True)
+def _headroom(S, OI, RI, HI, NOUT, out_cap, lags):
+    for s in range(8):
+        if NOUT[s] + MARGIN > out_cap:
+            return ST_OUT_FULL
+    if S[S_OID] + MARGIN >= OI.shape[0]:
+        return ST_GROW_ORDERS
+    if S[S_HEAP_N] + MARGIN >= HI.shape[0]:
+        return ST_GROW_HEAP
+    if S[S_RID] + MARGIN >= RI.shape[0]:
+        return ST_GROW_REQUESTS
+    if S[S_LAG_USED] + KQ_CAP > S[S_LAG_N]:
+        return ST_NEED_LAGS
+    return ST_DONE
+
+
+# ---------------------------------------------------------------- engine: events
+
+
+@nb.njit(cache=True)
+def _order_event(OUTI, OUTF, NOUT, OI, OF, oid, kind, ts_event, ts_recv, reason):
+    k = NOUT[O_ORDER]
+    NOUT[O_ORDER] = k + 1
+    OUTI[O_ORDER, k, 0] = ts_event
+    OUTI[O_ORDER, k, 1] = ts_recv
+    OUTI[O_ORDER, k, 2] = oid
+    OUTI[O_ORDER, k, 3] = kind
+    OUTI[O_ORDER, k, 4] = OI[oid, OI_SIDE]
+    OUTI[O_ORDER, k, 5] = OI[oid, OI_TYPE]
+    OUTI[O_ORDER, k, 6] = reason
+    OUTF[O_ORDER, k, 0] = OF[oid, OF_PX]
+    OUTF[O_ORDER, k, 1] = OF[oid, OF_QTY]
+
+
+@nb.njit(cache=True)
+def _span(OUTI, NOUT, name, ref_kind, ref_n, start, end):
+    k = NOUT[O_LATENCY]
+    NOUT[O_LATENCY] = k + 1
+    OUTI[O_LATENCY, k, 0] = start
+    OUTI[O_LATENCY, k, 1] = end
+    OUTI[O_LATENCY, k, 2] = name
+    OUTI[O_LATENCY, k, 3] = ref_kind
+    OUTI[O_LATENCY, k, 4] = ref_n
+
+
+@nb.njit(cache=True)
+def _queue_note(OUTI, NOUT, now, rid, kind, depth):
+    k = NOUT[O_KEV_QUEUE]
+    NOUT[O_KEV_QUEUE] = k + 1
+    OUTI[O_KEV_QUEUE, k, 0] = now
+    OUTI[O_KEV_QUEUE, k, 1] = rid
+    OUTI[O_KEV_QUEUE, k, 2] = kind
+    OUTI[O_KEV_QUEUE, k, 3] = depth
+
+
+@nb.njit(cache=True)
+def _risk_row(OUTI, OUTF, NOUT, now, oid, intent, side, otype, source, age, ok, reason, px, qty):
+    k = NOUT[O_RISK]
+    NOUT[O_RISK] = k + 1
+    OUTI[O_RISK, k, 0] = now
+    OUTI[O_RISK, k, 1] = oid
+    OUTI[O_RISK, k, 2] = intent
+    OUTI[O_RISK, k, 3] = side
+    OUTI[O_RISK, k, 4] = otype
+    OUTI[O_RISK, k, 5] = source
+    OUTI[O_RISK, k, 6] = age
+    OUTI[O_RISK, k, 7] = 1 if ok else 0
+    OUTI[O_RISK, k, 8] = reason
+    OUTF[O_RISK, k, 0] = px
+    OUTF[O_RISK, k, 1] = qty
+
+
+# ---------------------------------------------------------------- engine: risk
+
+
+@nb.njit(cache=True)
+def _position(S):
+    return S[S_POS] / 1e12
+
+
+@nb.njit(cache=True)
+def _check_new(
+    S,
+    C,
+    CF,
+    OI,
+    OF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    side,
+    otype,
+    px,
+    qty,
+    reduce_only,
+    slip,
+    source,
+    age,
+    now,
+    lpx,
+    lq,
+):
+    """engine.risk.check for a new order; returns the reason code (R_OK when accepted)."""
+    if not (qty > 0 and math.isfinite(qty)) or (otype == LIMIT and not (px > 0 and math.isfinite(px))):
+        return R_BAD_ORDER
+    if S[S_KILL] != 0:
+        return R_KILL
+    if source == SRC_KEV and age > C[C_MAX_ADVICE_AGE]:
+        return R_STALE_ADVICE
+    if S[S_ENG_BOOK] == 0:
+        return R_NO_BOOK
+    if now - b_loc[S[S_ENG_ROW]] > C[C_STALE_BOOK]:
+        return R_STALE_BOOK
+    if qty > CF[CF_MAX_ORDER_QTY] + 1e-12:
+        return R_MAX_QTY
+    position = _position(S)
+    signed = qty if side == BUY else -qty
+    reduces = position != 0 and abs(position + signed) < abs(position) + 1e-12 and position * signed < 0
+    reducing = reduce_only or reduces
+    # open quantities of working orders, summed in insertion order as _build_risk_state does
+    buy = 0.0
+    sell = 0.0
+    for w in range(S[S_NWORK]):
+        o = work[w]
+        if OI[o, OI_SIDE] == BUY:
+            buy += OF[o, OF_QTY] - OF[o, OF_FILLED]
+        else:
+            sell += OF[o, OF_QTY] - OF[o, OF_FILLED]
+    open_same = buy if side == BUY else -sell
+    worst = position + open_same + signed
+    mid = (eng_book[0] + eng_book[30]) / 2.0
+    if not reducing:
+        if abs(worst) > CF[CF_MAX_POSITION] + 1e-12:
+            return R_MAX_POS
+        if abs(worst) * mid > CF[CF_MAX_DELTA]:
+            return R_MAX_DELTA
+    if otype == LIMIT:
+        if abs(px - mid) / mid * 1e4 > CF[CF_BAND]:
+            return R_BAND
+    else:
+        n = _walk_book(eng_book, side, qty, lpx, lq)
+        if n < 0:
+            S[S_WHY] = U_ROUND
+            return R_OK
+        filled = 0.0
+        for j in range(n):
+            filled += lq[j]
+        max_bps = CF[CF_MAX_SLIP]
+        if slip == slip:  # not None
+            max_bps = pmin(max_bps, slip)
+        q = 0.0
+        for j in range(n):
+            q += lq[j]
+        if q > 0:
+            num = 0.0
+            for j in range(n):
+                num += lpx[j] * lq[j]
+            avg = num / q
+        else:
+            avg = NAN
+        if filled < qty - 1e-12 or abs(avg - mid) / mid * 1e4 > max_bps:
+            return R_SLIP
+    # order rate: accepted new orders in (now - 1 s, now]
+    cutoff = now - 1_000_000_000
+    head = S[S_RECENT_HEAD]
+    tail = S[S_RECENT_TAIL]
+    while head < tail and recent[head % recent.shape[0]] <= cutoff:
+        head += 1
+    S[S_RECENT_HEAD] = head
+    if tail - head >= C[C_MAX_ORDERS_PER_S]:
+        return R_RATE
+    if not reducing:
+        bad = _risk_state_pnl_bad(S, CF, mid)
+        if bad == 0:
+            S[S_WHY] = U_LOSS_STOP_CLOSE
+            return R_OK
+        if bad == 1:
+            return R_LOSS
+    return R_OK
+
+
+# ---------------------------------------------------------------- engine: orders
+
+
+@nb.njit(cache=True)
+def _send_new(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    HI,
+    HF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    side,
+    otype,
+    px,
+    qty,
+    origin,
+    slip,
+    reduce_only,
+    source,
+    age,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    oid = S[S_OID] + 1
+    S[S_OID] = oid
+    now = S[S_NOW]
+    reason = _check_new(
+        S,
+        C,
+        CF,
+        OI,
+        OF,
+        work,
+        recent,
+        eng_book,
+        b_loc,
+        side,
+        otype,
+        px,
+        qty,
+        reduce_only,
+        slip,
+        source,
+        age,
+        now,
+        lpx,
+        lq,
+    )
+    if S[S_WHY] != U_NONE:
+        return
+    ok = reason == R_OK
+    _risk_row(OUTI, OUTF, NOUT, now, oid, INTENT_NEW, side, otype, source, age, ok, reason, px, qty)
+    if not ok:
+        return
+    tail = S[S_RECENT_TAIL]
+    if tail - S[S_RECENT_HEAD] >= recent.shape[0]:
+        S[S_WHY] = U_TABLE
+        return
+    recent[tail % recent.shape[0]] = now
+    S[S_RECENT_TAIL] = tail + 1
+    OI[oid, OI_SIDE] = side
+    OI[oid, OI_TYPE] = otype
+    OI[oid, OI_SENT] = now
+    OI[oid, OI_STATUS] = PENDING_NEW
+    OI[oid, OI_REDUCE] = 1 if reduce_only else 0
+    OI[oid, OI_SOURCE] = source
+    OF[oid, OF_PX] = px
+    OF[oid, OF_QTY] = qty
+    OF[oid, OF_FILLED] = 0.0
+    OF[oid, OF_SLIP] = slip
+    nw = S[S_NWORK]
+    if nw >= WORK_CAP:
+        S[S_WHY] = U_TABLE
+        return
+    work[nw] = oid
+    S[S_NWORK] = nw + 1
+    _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_NEW, now, now, R_EMPTY)
+    _span(OUTI, NOUT, SPAN_TICK_TO_ORDER, REF_ORDER, oid, origin, now)
+    _heap_push(S, HI, HF, now + C[C_ENTRY_NS], PRIO_EXCH_IN, T_ARRIVE, oid, 0, 0, 0.0, 0.0)
+
+
+@nb.njit(cache=True)
+def _send_cancel(S, C, OI, OF, HI, HF, oid, OUTI, OUTF, NOUT):
+    now = S[S_NOW]
+    _risk_row(
+        OUTI,
+        OUTF,
+        NOUT,
+        now,
+        oid,
+        INTENT_CANCEL,
+        OI[oid, OI_SIDE],
+        OI[oid, OI_TYPE],
+        SRC_CANCEL,
+        -1,
+        True,
+        R_OK,
+        OF[oid, OF_PX],
+        OF[oid, OF_QTY] - OF[oid, OF_FILLED],
+    )
+    OI[oid, OI_STATUS] = PENDING_CANCEL
+    _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_CANCEL, now, now, R_EMPTY)
+    _heap_push(S, HI, HF, now + C[C_CANCEL_NS], PRIO_EXCH_IN, T_ARRIVE_CANCEL, oid, 0, 0, 0.0, 0.0)
+
+
+@nb.njit(cache=True)
+def _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT):
+    n = S[S_NWORK]
+    snapshot = work[:n].copy()
+    for w in range(n):
+        o = snapshot[w]
+        if OI[o, OI_TYPE] == LIMIT and (OI[o, OI_STATUS] == PENDING_NEW or OI[o, OI_STATUS] == LIVE):
+            _send_cancel(S, C, OI, OF, HI, HF, o, OUTI, OUTF, NOUT)
+
+
+@nb.njit(cache=True)
+def _finish(S, OI, work, oid):
+    OI[oid, OI_STATUS] = DONE
+    n = S[S_NWORK]
+    for w in range(n):
+        if work[w] == oid:
+            for v in range(w, n - 1):
+                work[v] = work[v + 1]
+            S[S_NWORK] = n - 1
+            return
+
+
+@nb.njit(cache=True)
+def _target(S, SF, CF, now):
+    if S[S_CMD] == 0 or now > S[S_CMD_VALID_UNTIL]:
+        return 0.0
+    if S[S_CMD_ACTION] == A_FLATTEN:
+        return 0.0
+    m = CF[CF_MAX_POSITION]
+    return pmax(-m, pmin(m, SF[SF_CMD_TARGET]))
+
+
+@nb.njit(cache=True)
+def _round_px(CF, px):
+    """ContractConfig.round_px: round(round(px / tick) * tick, 10)."""
+    tick = CF[CF_TICK]
+    return pyround(np.rint(px / tick) * tick, 10)
+
+
+@nb.njit(cache=True)
+def _requote(
+    S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, origin, force, OUTI, OUTF, NOUT, lpx, lq
+):
+    now = S[S_NOW]
+    if S[S_ENG_BOOK] == 0 or (not force and now - S[S_LAST_REQUOTE] < C[C_REQUOTE_MIN]):
+        return
+    S[S_LAST_REQUOTE] = now
+    if now < S[S_EMERGENCY_UNTIL] or S[S_KILL] != 0:
+        _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT)
+        return
+    position = _position(S)
+    # strategy.desired_quotes
+    tick = CF[CF_TICK]
+    maxpos = CF[CF_MAX_POSITION]
+    target = _target(S, SF, CF, now)
+    inv = (position - target) / maxpos if maxpos > 0 else 0.0
+    lab = S[S_LAST_LABEL_NAME]
+    sig = 1 if lab == L_BUY else (-1 if lab == L_SELL else 0)
+    shift = float(sig * C[C_LABEL_SKEW]) - inv * CF[CF_INV_SKEW]
+    best_bid = eng_book[0]
+    best_ask = eng_book[30]
+    bid = pmin(best_bid + (shift - C[C_OFFSET_TICKS]) * tick, best_ask - tick)
+    ask = pmax(best_ask + (shift + C[C_OFFSET_TICKS]) * tick, best_bid + tick)
+    qq = CF[CF_QUOTE_QTY]
+    want_buy = position + qq <= maxpos + 1e-12
+    want_sell = position - qq >= -maxpos - 1e-12
+    bid_px = _round_px(CF, bid) if want_buy else 0.0
+    ask_px = _round_px(CF, ask) if want_sell else 0.0
+    if (want_buy and bid_px != bid_px and bid == bid) or (want_sell and ask_px != ask_px and ask == ask):
+        S[S_WHY] = U_ROUND
+        return
+    if S[S_NWORK] == 0:
+        if want_buy:
+            _send_new(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                HI,
+                HF,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                BUY,
+                LIMIT,
+                bid_px,
+                qq,
+                origin,
+                NAN,
+                False,
+                SRC_QUOTE,
+                -1,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
+            if S[S_WHY] != U_NONE:
+                return
+        if want_sell:
+            _send_new(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                HI,
+                HF,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                SELL,
+                LIMIT,
+                ask_px,
+                qq,
+                origin,
+                NAN,
+                False,
+                SRC_QUOTE,
+                -1,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
+        return
+    half_tick = tick / 2
+    for side in range(2):
+        want = want_buy if side == BUY else want_sell
+        qpx = bid_px if side == BUY else ask_px
+        n = S[S_NWORK]
+        sel = np.empty(n, dtype=np.int64)
+        m = 0
+        for w in range(n):
+            o = work[w]
+            if OI[o, OI_SIDE] == side and OI[o, OI_TYPE] == LIMIT:
+                sel[m] = o
+                m += 1
+        keep = False
+        if want:
+            for j in range(m):
+                if abs(OF[sel[j], OF_PX] - qpx) < half_tick:
+                    keep = True
+                    break
+        for j in range(m):
+            o = sel[j]
+            if not keep and (OI[o, OI_STATUS] == PENDING_NEW or OI[o, OI_STATUS] == LIVE):
+                _send_cancel(S, C, OI, OF, HI, HF, o, OUTI, OUTF, NOUT)
+        if want and m == 0:
+            _send_new(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                HI,
+                HF,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                side,
+                LIMIT,
+                qpx,
+                qq,
+                origin,
+                NAN,
+                False,
+                SRC_QUOTE,
+                -1,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
+            if S[S_WHY] != U_NONE:
+                return
+
+
+@nb.njit(cache=True)
+def _rebalance(
+    S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
+):
+    now = S[S_NOW]
+    if S[S_CMD] == 0 or now > S[S_CMD_VALID_UNTIL] or S[S_ENG_BOOK] == 0:
+        return
+    if now - S[S_LAST_REBALANCE] < C[C_REBALANCE_MIN]:
+        return
+    position = _position(S)
+    diff = _target(S, SF, CF, now) - position
+    if abs(diff) < CF[CF_QUOTE_QTY] - 1e-12:
+        return
+    for w in range(S[S_NWORK]):
+        if OI[work[w], OI_TYPE] == MARKET:
+            return
+    step = CF[CF_SIZE_STEP]
+    x = pmin(abs(diff), CF[CF_MAX_ORDER_QTY])
+    qty = pyround(float(np.int64(x / step + 1e-9)) * step, 10)
+    if qty != qty:
+        S[S_WHY] = U_ROUND
+        return
+    if qty < CF[CF_MIN_QTY]:
+        return
+    S[S_LAST_REBALANCE] = now
+    side = BUY if diff > 0 else SELL
+    flatten = S[S_CMD_ACTION] == A_FLATTEN
+    _send_new(
+        S,
+        SF,
+        C,
+        CF,
+        OI,
+        OF,
+        HI,
+        HF,
+        work,
+        recent,
+        eng_book,
+        b_loc,
+        side,
+        MARKET,
+        NAN,
+        qty,
+        origin,
+        SF[SF_CMD_SLIP],
+        flatten,
+        SRC_FLATTEN if flatten else SRC_KEV,
+        now - S[S_CMD_TS_RECV],
+        OUTI,
+        OUTF,
+        NOUT,
+        lpx,
+        lq,
+    )
+
+
+# ---------------------------------------------------------------- engine: Laya and Kev
+
+
+@nb.njit(cache=True)
+def _on_label(
+    r,
+    label_id,
+    p_label32,
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    rest,
+    kq,
+    inflight,
+    recent,
+    eng_book,
+    x_book,
+    b_loc,
+    levels,
+    level_row0,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    now = S[S_NOW]
+    S[S_LAST_LABEL_NAME] = label_id
+    origin = b_loc[r]
+    if label_id == L_EMERGENCY:
+        S[S_EMERGENCY_UNTIL] = now + C[C_EMERGENCY_HOLD]
+        _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT)
+    if label_id != L_HOLD and now - S[S_LAST_KEV_OFFER] >= C[C_KEV_MIN_INTERVAL]:
+        _offer_kev(
+            r,
+            label_id,
+            float(p_label32),
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            RI,
+            RF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            levels,
+            level_row0,
+            kq,
+            inflight,
+            lags,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+        if S[S_WHY] != U_NONE:
+            return
+    if now - S[S_LAST_REQUOTE] >= C[C_REQUOTE_MIN]:
+        _requote(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            origin,
+            False,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+        if S[S_WHY] != U_NONE:
+            return
+    if S[S_CMD] != 0 and now <= S[S_CMD_VALID_UNTIL] and now - S[S_LAST_REBALANCE] >= C[C_REBALANCE_MIN]:
+        _rebalance(
+            S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
+        )
+
+
+@nb.njit(cache=True)
+def _offer_kev(
+    r,
+    label_id,
+    p_label,
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    levels,
+    level_row0,
+    kq,
+    inflight,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    now = S[S_NOW]
+    S[S_LAST_KEV_OFFER] = now
+    rid = S[S_RID] + 1
+    S[S_RID] = rid
+    # the labelled book's levels (the tape row r)
+    j = r - level_row0
+    bid0 = levels[j, 0]
+    ask0 = levels[j, 30]
+    mid = (bid0 + ask0) / 2.0
+    spread = pyround(ask0 - bid0, 10)
+    imb = pyround(_imbalance(levels[j]), 6)
+    p = pyround(p_label, 6)
+    if (spread != spread and ask0 - bid0 == ask0 - bid0) or imb != imb or p != p:
+        S[S_WHY] = U_ROUND
+        return
+    RI[rid, RI_TS] = now
+    RI[rid, RI_LABEL] = label_id
+    RI[rid, RI_LABEL_SEQ] = S[S_LABELS] - 1
+    RF[rid, RF_P] = p
+    RF[rid, RF_MID] = mid
+    RF[rid, RF_SPREAD] = spread
+    RF[rid, RF_IMB] = imb
+    RF[rid, RF_POS] = _position(S)
+    RF[rid, RF_MAXPOS] = CF[CF_MAX_POSITION]
+    # KevQueue.offer
+    policy = C[C_KEV_POLICY]
+    n = S[S_KQ_N]
+    if policy == POLICY_CONFLATE:
+        while n > 0:
+            old = kq[0]
+            for v in range(n - 1):
+                kq[v] = kq[v + 1]
+            n -= 1
+            _queue_note(OUTI, NOUT, now, old, Q_CONFLATED, n)
+    elif n >= C[C_KEV_QUEUE_MAX]:
+        if policy == POLICY_FIFO:
+            _queue_note(OUTI, NOUT, now, rid, Q_OVERFLOW, n)
+            S[S_KQ_N] = n
+            _kev_pump(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                RI,
+                RF,
+                HI,
+                HF,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                kq,
+                inflight,
+                lags,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
+            return
+        old = kq[0]
+        for v in range(n - 1):
+            kq[v] = kq[v + 1]
+        n -= 1
+        _queue_note(OUTI, NOUT, now, old, Q_OVERFLOW, n)
+    if n >= KQ_CAP:
+        S[S_WHY] = U_TABLE
+        return
+    kq[n] = rid
+    n += 1
+    S[S_KQ_N] = n
+    _queue_note(OUTI, NOUT, now, rid, Q_ENQUEUED, n)
+    _kev_pump(
+        S,
+        SF,
+        C,
+        CF,
+        OI,
+        OF,
+        RI,
+        RF,
+        HI,
+        HF,
+        work,
+        recent,
+        eng_book,
+        b_loc,
+        kq,
+        inflight,
+        lags,
+        OUTI,
+        OUTF,
+        NOUT,
+        lpx,
+        lq,
+    )
+
+
+@nb.njit(cache=True)
+def _kev_pump(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    kq,
+    inflight,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    while S[S_INFLIGHT_N] < C[C_KEV_MAX_IN_FLIGHT]:
+        if not _kev_start_next(S, SF, C, CF, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
+            break
+
+
+@nb.njit(cache=True)
+def _kev_start_next(S, SF, C, CF, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
+    now = S[S_NOW]
+    n = S[S_KQ_N]
+    rid = -1
+    while n > 0:  # KevQueue.take
+        c = kq[0]
+        for v in range(n - 1):
+            kq[v] = kq[v + 1]
+        n -= 1
+        if now - RI[c, RI_TS] > C[C_KEV_STALE]:
+            _queue_note(OUTI, NOUT, now, c, Q_STALE, n)
+            continue
+        rid = c
+        break
+    S[S_KQ_N] = n
+    if rid < 0:
+        return False
+    m = S[S_INFLIGHT_N]
+    if m >= KQ_CAP:
+        S[S_WHY] = U_TABLE
+        return False
+    inflight[m] = rid
+    S[S_INFLIGHT_N] = m + 1
+    k = NOUT[O_KEV_REQUEST]
+    NOUT[O_KEV_REQUEST] = k + 1
+    ts = RI[rid, RI_TS]
+    OUTI[O_KEV_REQUEST, k, 0] = ts
+    OUTI[O_KEV_REQUEST, k, 1] = now
+    OUTI[O_KEV_REQUEST, k, 2] = rid
+    OUTI[O_KEV_REQUEST, k, 3] = RI[rid, RI_LABEL]
+    OUTI[O_KEV_REQUEST, k, 4] = RI[rid, RI_LABEL_SEQ]
+    OUTI[O_KEV_REQUEST, k, 5] = now - ts
+    OUTF[O_KEV_REQUEST, k, 0] = RF[rid, RF_MID]
+    OUTF[O_KEV_REQUEST, k, 1] = RF[rid, RF_SPREAD]
+    OUTF[O_KEV_REQUEST, k, 2] = RF[rid, RF_IMB]
+    OUTF[O_KEV_REQUEST, k, 3] = RF[rid, RF_POS]
+    _span(OUTI, NOUT, SPAN_KEV_QUEUE, REF_KEV, rid, ts, now)
+    _heap_push(S, HI, HF, now + C[C_KEV_TIMEOUT], PRIO_KEV, T_KEV_TIMEOUT, rid, now, 0, 0.0, 0.0)
+    # SimKevBackend.start: RuleKev decides now; the reply is due after a lag drawn now
+    _rule_kev(RI, RF, CF, rid)
+    RI[rid, RI_STARTED] = now
+    lag = lags[S[S_LAG_USED]]
+    S[S_LAG_USED] += 1
+    _heap_push(S, HI, HF, now + lag, PRIO_KEV, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
+    return True
+
+
+@nb.njit(cache=True)
+def _rule_kev(RI, RF, CF, rid):
+    """engine.kev.rules.RuleKev.decide, numbers only (fast_path writes the texts)."""
+    maxpos = RF[rid, RF_MAXPOS]
+    step = maxpos * CF[CF_STEP_FRACTION]
+    mid = RF[rid, RF_MID]
+    spread_bps = RF[rid, RF_SPREAD] / mid * 1e4 if mid > 0 else 0.0
+    slip = pyround(pmin(10.0, pmax(1.0, 2.0 * spread_bps)), 2)
+    RF[rid, RF_SLIP] = slip
+    label = RI[rid, RI_LABEL]
+    position = RF[rid, RF_POS]
+    if label == L_EMERGENCY:
+        RI[rid, RI_ACTION] = A_FLATTEN
+        RI[rid, RI_WHY] = WHY_EMERGENCY
+        RF[rid, RF_TARGET] = 0.0
+        RF[rid, RF_HEDGE] = 1.0
+        return
+    RF[rid, RF_HEDGE] = 0.0
+    if RF[rid, RF_P] < CF[CF_MIN_PROB]:
+        RI[rid, RI_ACTION] = A_HOLD
+        RI[rid, RI_WHY] = WHY_WEAK
+        RF[rid, RF_TARGET] = position
+        return
+    sign = 1.0 if label == L_BUY else -1.0
+    agree = sign * RF[rid, RF_IMB] >= 0
+    target = position + sign * step * (1.0 if agree else 0.5)
+    target = pmax(-maxpos, pmin(maxpos, target))
+    RI[rid, RI_ACTION] = A_LEAN_BUY if sign > 0 else A_LEAN_SELL
+    RI[rid, RI_WHY] = WHY_LEAN
+    RF[rid, RF_TARGET] = pyround(target, 6)
+
+
+@nb.njit(cache=True)
+def _inflight_pop(S, inflight, rid):
+    n = S[S_INFLIGHT_N]
+    for w in range(n):
+        if inflight[w] == rid:
+            for v in range(w, n - 1):
+                inflight[v] = inflight[v + 1]
+            S[S_INFLIGHT_N] = n - 1
+            return True
+    return False
+
+
+# ---------------------------------------------------------------- timers
+
+
+@nb.njit(cache=True)
+def _timer(
+    tmpi,
+    tmpf,
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    rest,
+    kq,
+    inflight,
+    recent,
+    eng_book,
+    x_book,
+    b_loc,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    kind = tmpi[3]
+    a = tmpi[4]
+    b = tmpi[5]
+    now = S[S_NOW]
+    if kind == T_ARRIVE:
+        _x_arrive(S, C, CF, OI, OF, HI, HF, rest, x_book, a, OUTI, OUTF, NOUT, lpx, lq)
+    elif kind == T_ARRIVE_CANCEL:
+        found = False
+        n = S[S_NREST]
+        for w in range(n):
+            if rest[w] == a:
+                for v in range(w, n - 1):
+                    rest[v] = rest[v + 1]
+                S[S_NREST] = n - 1
+                found = True
+                break
+        if found:
+            _report(S, C, HI, HF, M_CANCEL_ACK, a, 0, 0.0, 0.0)
+        else:
+            _report(S, C, HI, HF, M_REJECT, a, R_CANCEL_NOT_FOUND, 0.0, 0.0)
+    elif kind == T_REPORT:
+        _engine_report(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            b & 0xFF,
+            a,
+            b >> 8,
+            tmpf,
+            tmpi[6],
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+    elif kind == T_KEV_TIMEOUT:
+        if _inflight_pop(S, inflight, a):
+            _queue_note(OUTI, NOUT, now, a, Q_TIMEOUT, S[S_KQ_N])
+            k = NOUT[O_KEV_RESPONSE]
+            NOUT[O_KEV_RESPONSE] = k + 1
+            OUTI[O_KEV_RESPONSE, k, 0] = now
+            OUTI[O_KEV_RESPONSE, k, 1] = a
+            OUTI[O_KEV_RESPONSE, k, 2] = 0
+            OUTI[O_KEV_RESPONSE, k, 3] = now - b
+            OUTI[O_KEV_RESPONSE, k, 4] = 1
+            _kev_pump(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                RI,
+                RF,
+                HI,
+                HF,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                kq,
+                inflight,
+                lags,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
+    elif kind == T_KEV_DONE:
+        if not _inflight_pop(S, inflight, a):
+            _queue_note(OUTI, NOUT, now, a, Q_LATE, S[S_KQ_N])
+            return
+        k = NOUT[O_KEV_RESPONSE]
+        NOUT[O_KEV_RESPONSE] = k + 1
+        OUTI[O_KEV_RESPONSE, k, 0] = now
+        OUTI[O_KEV_RESPONSE, k, 1] = a
+        OUTI[O_KEV_RESPONSE, k, 2] = 1
+        OUTI[O_KEV_RESPONSE, k, 3] = b
+        OUTI[O_KEV_RESPONSE, k, 4] = 0
+        _span(OUTI, NOUT, SPAN_KEV, REF_KEV, a, now - b, now)
+        cid = S[S_CMD_ID] + 1
+        S[S_CMD_ID] = cid
+        k = NOUT[O_COMMAND]
+        NOUT[O_COMMAND] = k + 1
+        ts_ctx = RI[a, RI_TS]
+        valid_until = now + C[C_KEV_TTL]
+        OUTI[O_COMMAND, k, 0] = ts_ctx
+        OUTI[O_COMMAND, k, 1] = now
+        OUTI[O_COMMAND, k, 2] = cid
+        OUTI[O_COMMAND, k, 3] = a
+        OUTI[O_COMMAND, k, 4] = RI[a, RI_ACTION]
+        OUTI[O_COMMAND, k, 5] = valid_until
+        OUTF[O_COMMAND, k, 0] = RF[a, RF_TARGET]
+        OUTF[O_COMMAND, k, 1] = RF[a, RF_HEDGE]
+        OUTF[O_COMMAND, k, 2] = RF[a, RF_SLIP]
+        S[S_CMD] = 1
+        S[S_CMD_ACTION] = RI[a, RI_ACTION]
+        S[S_CMD_TS_RECV] = now
+        S[S_CMD_VALID_UNTIL] = valid_until
+        SF[SF_CMD_TARGET] = RF[a, RF_TARGET]
+        SF[SF_CMD_SLIP] = RF[a, RF_SLIP]
+        SF[SF_CMD_HEDGE] = RF[a, RF_HEDGE]
+        _rebalance(
+            S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, ts_ctx, OUTI, OUTF, NOUT, lpx, lq
+        )
+        if S[S_WHY] != U_NONE:
+            return
+        _kev_pump(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            RI,
+            RF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            kq,
+            inflight,
+            lags,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+
+
+@nb.njit(cache=True)
+def _report(S, C, HI, HF, method, oid, arg, f1, f2):
+    """SimExchange._report: the engine hears of it after the response latency, with ts_event = now."""
+    now = S[S_NOW]
+    _heap_push(
+        S, HI, HF, now + C[C_RESPONSE_NS], PRIO_EXCH_OUT, T_REPORT, oid, method | (arg << 8), now, f1, f2
+    )
+
+
+@nb.njit(cache=True)
+def _engine_report(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    HI,
+    HF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    m,
+    oid,
+    arg,
+    tmpf,
+    ts_event,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    now = S[S_NOW]
+    if m == M_ACK:
+        if OI[oid, OI_STATUS] == PENDING_NEW:
+            OI[oid, OI_STATUS] = LIVE
+        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_ACK, ts_event, now, R_EMPTY)
+        _span(OUTI, NOUT, SPAN_ORDER_ENTRY, REF_ORDER, oid, OI[oid, OI_SENT], now)
+    elif m == M_REJECT:
+        _finish(S, OI, work, oid)
+        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_REJECT, ts_event, now, arg)
+    elif m == M_CANCEL_ACK:
+        _finish(S, OI, work, oid)
+        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_CANCEL_ACK, ts_event, now, R_EMPTY)
+        _requote(
+            S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, now, True, OUTI, OUTF, NOUT, lpx, lq
+        )
+    elif m == M_DONE:
+        _finish(S, OI, work, oid)
+        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_DONE, ts_event, now, arg)
+    else:  # M_FILL: px, qty in tmpf, liquidity in arg
+        _on_fill(S, C, OI, OF, oid, tmpf[0], tmpf[1], arg, ts_event, now, OUTI, OUTF, NOUT)
+
+
+@nb.njit(cache=True)
+def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
+    side = OI[oid, OI_SIDE]
+    pu = _px_units(px, C[C_PX_DECIMALS])
+    qu = _qty_units(qty)
+    if pu == -(1 << 62) or qu == -(1 << 62):
+        S[S_WHY] = U_PX_DECIMALS
+        return
+    if pu != 0 and abs(qu) > (1 << 62) // abs(pu):
+        S[S_WHY] = U_OVERFLOW
+        return
+    notional = _div_half_even(pu * qu, np.int64(10) ** C[C_PX_DECIMALS])
+    num = C[C_MAKER_NUM] if liq == LIQ_MAKER else C[C_TAKER_NUM]
+    ex = C[C_MAKER_EXP] if liq == LIQ_MAKER else C[C_TAKER_EXP]
+    if num != 0 and abs(notional) > (1 << 62) // abs(num):
+        S[S_WHY] = U_OVERFLOW
+        return
+    fee = _div_half_even(notional * num, np.int64(10) ** ex)
+    if side == BUY:
+        S[S_POS] += qu
+        S[S_CASH] -= notional
+    else:
+        S[S_POS] -= qu
+        S[S_CASH] += notional
+    S[S_CASH] -= fee
+    S[S_FEES] += fee
+    if abs(S[S_CASH]) > (1 << 61) or abs(S[S_POS]) > (1 << 52):
+        S[S_WHY] = U_OVERFLOW
+        return
+    OF[oid, OF_FILLED] += qty
+    k = NOUT[O_FILL]
+    NOUT[O_FILL] = k + 1
+    OUTI[O_FILL, k, 0] = ts_event
+    OUTI[O_FILL, k, 1] = now
+    OUTI[O_FILL, k, 2] = oid
+    OUTI[O_FILL, k, 3] = side
+    OUTI[O_FILL, k, 4] = liq
+    OUTI[O_FILL, k, 5] = notional
+    OUTI[O_FILL, k, 6] = fee
+    OUTF[O_FILL, k, 0] = px
+    OUTF[O_FILL, k, 1] = qty
+    OUTF[O_FILL, k, 2] = _position(S)
+
+
+# ---------------------------------------------------------------- exchange
+
+
+@nb.njit(cache=True)
+def _report_fill(S, C, HI, HF, oid, px, qty, liq):
+    _report(S, C, HI, HF, M_FILL, oid, liq, px, qty)
+
+
+@nb.njit(cache=True)
+def _x_fill(S, C, OI, OF, HI, HF, rest, oid, px, qty):
+    """SimExchange._fill (maker)."""
+    q = pyround(qty, 12)
+    if q != q:
+        S[S_WHY] = U_ROUND
+        return
+    OF[oid, OF_XFILLED] += q
+    _report_fill(S, C, HI, HF, oid, px, q, LIQ_MAKER)
+    if OF[oid, OF_QTY] - OF[oid, OF_XFILLED] <= EPS:
+        n = S[S_NREST]
+        for w in range(n):
+            if rest[w] == oid:
+                for v in range(w, n - 1):
+                    rest[v] = rest[v + 1]
+                S[S_NREST] = n - 1
+                break
+        _report(S, C, HI, HF, M_DONE, oid, R_FILLED, 0.0, 0.0)
+
+
+@nb.njit(cache=True)
+def _on_new(C, CF, OI, OF, oid, x_book, has_book):
+    fm = C[C_FILL_MODEL]
+    if fm == FM_TOUCH or fm == FM_THROUGH:
+        OF[oid, OF_AHEAD] = 0.0
+        return
+    q = _level_qty(x_book, OI[oid, OI_SIDE], OF[oid, OF_PX]) if has_book else -1.0
+    OF[oid, OF_AHEAD] = q if q >= 0 else 0.0
+    OF[oid, OF_LEVEL] = q if q >= 0 else NAN
+    OF[oid, OF_TRADED] = 0.0
+
+
+@nb.njit(cache=True)
+def _prob(CF, fm, front, back):
+    if fm == FM_QUEUE_POWER:
+        n = CF[CF_QUEUE_N]
+        fb = back**n
+        ff = front**n
+        return fb / (fb + ff) if fb + ff > 0 else 1.0
+    fb = math.log1p(back)
+    ff = math.log1p(front)
+    return fb / (fb + ff) if fb + ff > 0 else 1.0
+
+
+@nb.njit(cache=True)
+def _on_depth(C, CF, OI, OF, oid, bk):
+    fm = C[C_FILL_MODEL]
+    if fm == FM_TOUCH or fm == FM_THROUGH:
+        return
+    q = _level_qty(bk, OI[oid, OI_SIDE], OF[oid, OF_PX])
+    traded = OF[oid, OF_TRADED]
+    OF[oid, OF_TRADED] = 0.0
+    if q < 0:  # left the window
+        OF[oid, OF_LEVEL] = NAN
+        return
+    prev = OF[oid, OF_LEVEL]
+    OF[oid, OF_LEVEL] = q
+    if prev != prev:
+        OF[oid, OF_AHEAD] = pmin(OF[oid, OF_AHEAD], q)
+        return
+    chg = prev - q - traded
+    if fm == FM_RISK_AVERSE:
+        OF[oid, OF_AHEAD] = pmax(0.0, pmin(OF[oid, OF_AHEAD], q))
+        return
+    if chg <= 0:
+        OF[oid, OF_AHEAD] = pmin(OF[oid, OF_AHEAD], q)
+        return
+    front = OF[oid, OF_AHEAD]
+    back = pmax(prev - front, 0.0)
+    p = _prob(CF, fm, front, back)
+    if not math.isfinite(p):
+        p = 1.0
+    est = front - (1.0 - p) * chg + pmin(back - p * chg, 0.0)
+    OF[oid, OF_AHEAD] = pmax(0.0, pmin(est, q))
+
+
+@nb.njit(cache=True)
+def _on_trade_fm(C, OI, OF, oid, px, sz, tside):
+    """FillModel.on_trade: the quantity this trade fills."""
+    side = OI[oid, OI_SIDE]
+    opposite = (side == BUY and tside == SELL) or (side == SELL and tside == BUY)
+    if not opposite:
+        return 0.0
+    opx = OF[oid, OF_PX]
+    through = px < opx if side == BUY else px > opx
+    at = abs(opx - px) <= 1e-9 * pmax(1.0, abs(opx))
+    remaining = OF[oid, OF_QTY] - OF[oid, OF_XFILLED]
+    fm = C[C_FILL_MODEL]
+    if fm == FM_TOUCH:
+        return pmin(remaining, sz) if (at or through) else 0.0
+    if fm == FM_THROUGH:
+        return pmin(remaining, sz) if through else 0.0
+    if through:
+        OF[oid, OF_AHEAD] = 0.0
+        return pmin(remaining, sz)
+    if not at:
+        return 0.0
+    OF[oid, OF_TRADED] += sz
+    OF[oid, OF_AHEAD] -= sz
+    if OF[oid, OF_AHEAD] >= 0:
+        return 0.0
+    filled = pmin(remaining, -OF[oid, OF_AHEAD])
+    OF[oid, OF_AHEAD] = 0.0
+    return filled
+
+
+@nb.njit(cache=True)
+def _x_on_book(S, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
+    n = S[S_NREST]
+    if n == 0:
+        return
+    snapshot = rest[:n].copy()
+    for w in range(n):
+        o = snapshot[w]
+        _on_depth(C, CF, OI, OF, o, x_book)
+        opx = OF[o, OF_PX]
+        crossed = x_book[30] <= opx if OI[o, OI_SIDE] == BUY else x_book[0] >= opx
+        if crossed:
+            _x_fill(S, C, OI, OF, HI, HF, rest, o, opx, OF[o, OF_QTY] - OF[o, OF_XFILLED])
+            if S[S_WHY] != U_NONE:
+                return
+
+
+@nb.njit(cache=True)
+def _x_on_trade(S, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, NOUT):
+    left = sz
+    n = S[S_NREST]
+    snapshot = rest[:n].copy()
+    for w in range(n):
+        if left <= EPS:
+            break
+        o = snapshot[w]
+        q = pmin(_on_trade_fm(C, OI, OF, o, px, sz, tside), left)
+        if q > EPS:
+            left -= q
+            _x_fill(S, C, OI, OF, HI, HF, rest, o, OF[o, OF_PX], q)
+            if S[S_WHY] != U_NONE:
+                return
+
+
+@nb.njit(cache=True)
+def _x_arrive(S, C, CF, OI, OF, HI, HF, rest, x_book, oid, OUTI, OUTF, NOUT, lpx, lq):
+    if S[S_XBOOK] == 0:
+        _report(S, C, HI, HF, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
+        return
+    _report(S, C, HI, HF, M_ACK, oid, 0, 0.0, 0.0)
+    side = OI[oid, OI_SIDE]
+    otype = OI[oid, OI_TYPE]
+    qty = OF[oid, OF_QTY]
+    limit = OF[oid, OF_PX] if otype == LIMIT else NAN
+    n = _walk_book(x_book, side, qty, lpx, lq)
+    if n < 0:
+        S[S_WHY] = U_ROUND
+        return
+    filled = 0.0
+    for j in range(n):
+        px = lpx[j]
+        if not math.isnan(limit) and ((side == BUY and px > limit) or (side == SELL and px < limit)):
+            break
+        _report_fill(S, C, HI, HF, oid, px, lq[j], LIQ_TAKER)
+        filled += lq[j]
+    remaining = qty - filled
+    if otype == MARKET:
+        _report(S, C, HI, HF, M_DONE, oid, R_FILLED if remaining <= 1e-12 else R_IOC, 0.0, 0.0)
+    elif remaining <= 1e-12:
+        _report(S, C, HI, HF, M_DONE, oid, R_FILLED, 0.0, 0.0)
+    else:
+        OF[oid, OF_XFILLED] = filled
+        _on_new(C, CF, OI, OF, oid, x_book, True)
+        nr = S[S_NREST]
+        if nr >= REST_CAP:
+            S[S_WHY] = U_TABLE
+            return
+        rest[nr] = oid
+        S[S_NREST] = nr + 1

@@ -1,0 +1,200 @@
+"""The compiled replay kernel gives the Python engine's events exactly: the same Parquet files, byte for
+byte, the same manifest and digest, over fill models, Kev queue policies, timeouts, latencies and the
+loss stop; and it hands a run back to the Python engine whenever it cannot be exact."""
+
+from dataclasses import replace
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import replay.fast_path as fast_path
+from engine.contract import ContractConfig
+from engine.eventlog import OUTPUT_STREAMS
+from engine.risk import RiskLimits
+from replay import kernel as K
+from replay.driver import LookAheadError, ReplayConfig, run_replay
+from replay.simulator import simulate_session
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory) -> Path:
+    return simulate_session(tmp_path_factory.mktemp("sim") / "s", minutes=2.0, seed=31)
+
+
+def _same(session: Path, cfg: ReplayConfig, tmp: Path, name: str) -> tuple:
+    """Run ``cfg`` on the Python engine and on the kernel; assert identical output; return both."""
+    py = run_replay(session, cfg, out_dir=tmp / f"{name}-py", kernel=False)
+    kn = run_replay(session, cfg, out_dir=tmp / f"{name}-k")
+    assert kn.path == "kernel", kn.path
+    assert py.path.startswith("python")
+    assert kn.digest == py.digest
+    assert kn.counts == py.counts
+    for s in OUTPUT_STREAMS:
+        a = (py.run_dir / "events" / f"{s}.parquet").read_bytes()
+        b = (kn.run_dir / "events" / f"{s}.parquet").read_bytes()
+        assert a == b, f"{s}.parquet differs"
+    assert (py.run_dir / "manifest.json").read_bytes() == (kn.run_dir / "manifest.json").read_bytes()
+    return py, kn
+
+
+@pytest.mark.parametrize("x", [0.0, -0.0, 0.5, 1.5, 2.5, -2.5, 2.675, 0.125, 1e-7, 37000.15, 1e15, -1e-300])
+@pytest.mark.parametrize("nd", [0, 2, 6, 10, 12])
+def test_pyround_is_cpythons_round(x, nd):
+    got = K.pyround(x, nd)
+    if abs(x) * 10.0**nd >= 2.0**52:
+        assert np.isnan(got)  # the kernel gives up instead of guessing
+        return
+    want = round(x, nd)
+    assert got == want and np.copysign(1.0, got) == np.copysign(1.0, want), (x, nd, got, want)
+
+
+def test_pyround_matches_on_random_values_and_ties():
+    rng = np.random.default_rng(5)
+    xs = np.concatenate(
+        [
+            rng.uniform(-1e5, 1e5, 20_000),
+            rng.uniform(0, 1, 20_000),
+            np.round(rng.uniform(0, 5e4, 20_000) / 0.05) * 0.05,  # prices a tick apart, mids
+            (rng.integers(0, 10**6, 20_000) + 0.5) / 10**6,  # decimal ties, inexact in binary
+        ]
+    )
+    for nd in (2, 6, 10, 12):
+        for x in xs.tolist():
+            if abs(x) * 10.0**nd < 2.0**52:
+                assert K.pyround(x, nd) == round(x, nd), (x, nd)
+
+
+def test_default_run_is_identical(session, tmp_path):
+    py, kn = _same(session, ReplayConfig(seed=3), tmp_path, "default")
+    assert py.counts["order"] > 100 and py.counts["kev_response"] > 10
+
+
+@pytest.mark.parametrize("fill_model", sorted(fast_path.FILL_MODEL_CODES))
+def test_every_fill_model_is_identical(session, tmp_path, fill_model):
+    cfg = ReplayConfig(seed=4, fill_model=fill_model, risk=RiskLimits(daily_loss_stop_usd=1e9))
+    py, _ = _same(session, cfg, tmp_path, fill_model)
+    assert py.counts["fill"] > 0
+
+
+SLOW_KEV = {"kev_lag_p5_ms": 1500.0, "kev_lag_p95_ms": 3000.0, "kev_timeout_ms": 5000}
+
+
+@pytest.mark.parametrize(
+    "change, expect",
+    [
+        ({**SLOW_KEV, "kev_queue_policy": "fifo", "kev_queue_max": 1}, ("kev_queue", "dropped_overflow")),
+        ({**SLOW_KEV, "kev_queue_policy": "drop_oldest"}, ("kev_queue", "dropped_overflow")),
+        ({**SLOW_KEV, "kev_queue_policy": "conflate"}, ("kev_queue", "dropped_conflated")),
+        ({**SLOW_KEV, "kev_stale_after_ms": 300}, ("kev_queue", "dropped_stale")),
+        ({"kev_max_in_flight": 3, "kev_timeout_ms": 260}, ("kev_queue", "late_reply")),
+        ({"kev_min_interval_ms": 500, "kev_advice_ttl_ms": 800}, ("order", "new")),
+        (
+            {"exchange_feed": "local", "latency_order_entry": "const:0ns", "latency_cancel": "const:1ms"},
+            ("order", "cancel_ack"),
+        ),
+        ({"scale_order": 0.5, "scale_kev": 2.0, "latency_order_response": "const:3ms"}, ("order", "ack")),
+        ({"latency_laya": "lognormal:p5=100us,p95=20ms"}, ("order", "ack")),
+        ({"latency_feed": "lognormal:p5=1ms,p95=20ms"}, ("order", "ack")),
+    ],
+)
+def test_engine_settings_are_identical(session, tmp_path, change, expect):
+    # (features v1: tests/test_research.py compares a v1 batch replay, the kernel's, with a tick one)
+    cfg = replace(ReplayConfig(seed=6, risk=RiskLimits(daily_loss_stop_usd=1e9)), **change)
+    py, _ = _same(session, cfg, tmp_path, "x")
+    stream, kind = expect
+    assert kind in set(_column(py.run_dir, stream, "kind"))  # the branch was taken, not just agreed on
+
+
+def test_risk_limits_and_quotes_are_identical(session, tmp_path):
+    risk = RiskLimits(
+        max_position=0.006,
+        max_order_qty=0.004,
+        max_orders_per_s=3,
+        price_band_bps=2.0,
+        max_slippage_bps=0.005,  # below half a spread: market orders are refused
+        daily_loss_stop_usd=1e9,
+    )
+    cfg = ReplayConfig(seed=8, risk=risk)
+    cfg = replace(cfg, quotes=replace(cfg.quotes, requote_min_ns=20_000_000, offset_ticks=0, quote_qty=0.003))
+    py, _ = _same(session, cfg, tmp_path, "limits")
+    reasons = {r for r in _column(py.run_dir, "risk", "reason")}
+    assert {"max_position", "order_rate", "max_slippage"} <= reasons
+
+
+def test_loss_stop_and_fees_are_identical(session, tmp_path):
+    contract = ContractConfig(maker_fee_rate=Decimal("0.00013"), taker_fee_rate=Decimal("0.00075"))
+    cfg = ReplayConfig(seed=2, contract=contract, risk=RiskLimits(daily_loss_stop_usd=0.05))
+    py, _ = _same(session, cfg, tmp_path, "loss")
+    assert "loss_stop" in set(_column(py.run_dir, "risk", "reason"))
+
+
+def _column(run_dir: Path, stream: str, name: str) -> list:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(run_dir / "events" / f"{stream}.parquet", columns=[name]).column(0).to_pylist()
+
+
+def test_stopping_and_resuming_changes_nothing(session, tmp_path, monkeypatch):
+    """Tiny buffers and tables: the kernel stops for room, growth and Kev lags all the time."""
+    cfg = ReplayConfig(seed=5, risk=RiskLimits(daily_loss_stop_usd=1e9))
+    whole = run_replay(session, cfg, out_dir=tmp_path / "whole")
+    monkeypatch.setattr(fast_path, "OUT_CAP", K.MARGIN + 40)
+    monkeypatch.setattr(fast_path, "WALK_CHUNK", 1000)
+    monkeypatch.setattr(fast_path, "INITIAL_ROWS", K.MARGIN + 8)
+    monkeypatch.setattr(fast_path, "LAG_BATCH", 3)
+    small = run_replay(session, cfg, out_dir=tmp_path / "small")
+    assert small.path == "kernel" and small.digest == whole.digest
+    for s in OUTPUT_STREAMS:
+        a = (whole.run_dir / "events" / f"{s}.parquet").read_bytes()
+        assert a == (small.run_dir / "events" / f"{s}.parquet").read_bytes(), s
+
+
+def test_configurations_it_cannot_reproduce_run_in_python(session, tmp_path):
+    cfg = ReplayConfig(seed=3, latency_order_entry="lognormal:p5=2ms,p95=9ms")
+    r = run_replay(session, cfg, out_dir=tmp_path / "a")
+    assert r.path.startswith("python") and "order entry" in r.path
+    r = run_replay(session, ReplayConfig(seed=3, laya_mode="tick"), out_dir=tmp_path / "b")
+    assert r.path == "python (labels computed per tick)"
+
+
+def test_a_kernel_that_gives_up_mid_run_leaves_a_python_run(session, tmp_path, monkeypatch):
+    cfg = ReplayConfig(seed=7)
+    ref = run_replay(session, cfg, out_dir=tmp_path / "ref", kernel=False)
+    calls = {"n": 0}
+    handle = fast_path.KernelRun.handle
+
+    def give_up_on_the_third(self, status):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            self.S[K.S_WHY] = K.U_LOSS_STOP_CLOSE
+            status = K.ST_UNSUPPORTED
+        return handle(self, status)
+
+    monkeypatch.setattr(fast_path, "OUT_CAP", K.MARGIN + 40)  # stops early, after writing some rows
+    monkeypatch.setattr(fast_path.KernelRun, "handle", give_up_on_the_third)
+    r = run_replay(session, cfg, out_dir=tmp_path / "r")
+    assert r.path.startswith("python (PnL too close to the loss stop")
+    assert r.digest == ref.digest
+    for s in OUTPUT_STREAMS:
+        assert (r.run_dir / "events" / f"{s}.parquet").read_bytes() == (
+            ref.run_dir / "events" / f"{s}.parquet"
+        ).read_bytes()
+    assert not (tmp_path / "r.tmp").exists()
+
+
+def test_the_kernel_cannot_read_a_label_before_its_book_arrived(session, tmp_path, monkeypatch):
+    """A planted walk entry delivers a label earlier than its book's receipt: refused, not read."""
+    real = fast_path.run_kernel
+
+    def planted(run, walk, *args, **kw):
+        ts, prio, kind, row = (a.copy() for a in walk)
+        i = int(np.flatnonzero(kind == 4)[50])
+        j = int(np.flatnonzero((kind == 4) & (row == row[i] + 20))[0])  # a later book's label ...
+        row[i] = row[j]  # ... delivered at the earlier label's time
+        return real(run, (ts, prio, kind, row), *args, **kw)
+
+    monkeypatch.setattr(fast_path, "run_kernel", planted)
+    with pytest.raises(LookAheadError):
+        run_replay(session, ReplayConfig(seed=1), out_dir=tmp_path / "r")
