@@ -60,11 +60,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+# Row groups of 65 536 rows: a replay streams the book levels a row group at a time
+# (replay/book_source.py), so its memory does not grow with the session.
+ROW_GROUP_ROWS = 65_536
+
+
 def atomic_write_parquet(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` via ``path.tmp`` + fsync + rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd", write_statistics=True)
+    pq.write_table(table, tmp, compression="zstd", write_statistics=True, row_group_size=ROW_GROUP_ROWS)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -47,6 +47,7 @@ from engine.store import SessionError, open_session, write_json
 from engine.strategy import QuoteConfig
 from replay import fast_path
 from replay.batch_latency import sample_many
+from replay.book_source import StreamedBooks, one_symbol
 from replay.fast_path import KernelRun, KernelUnsupported, LookAheadError, unsupported
 from replay.label_columns import LabelColumns
 from replay.sim_exchange import SimExchange
@@ -160,7 +161,7 @@ class RunResult:
     wall_s: float
     laya: dict[str, Any]
     kev: dict[str, Any]
-    path: str = "python"  # "kernel", or "python (why not the kernel)"
+    path: str = "python"  # "kernel ...", or "python (why not the kernel)"
 
     @property
     def snapshots_per_s(self) -> float:
@@ -271,14 +272,18 @@ class _Tape:
         feed: LatencyModel | None,
         scale_feed: float,
         exchange_feed: str = "event",
+        streamed: StreamedBooks | None = None,
     ) -> None:
         self.symbol = books.column("symbol")[0].as_py()
+        self._streamed = streamed
         self.b_seq = _col(books, "seq", "int64")
         self.b_evt = _col(books, "ts_event", "int64")
         self.b_exch_seq = _col(books, "exch_seq", "int64")
         # Book levels stay in the Arrow table; (chunk x 15) arrays per side are built on demand.
-        self._books = books.select(
-            [f"{s}_{i}" for s in ("bid_px", "bid_sz", "ask_px", "ask_sz") for i in range(15)]
+        self._books = (
+            books.select([f"{s}_{i}" for s in ("bid_px", "bid_sz", "ask_px", "ask_sz") for i in range(15)])
+            if streamed is None
+            else None
         )
         self._chunks: dict[int, tuple[np.ndarray, list[int], list[int], list[int], list[int]]] = {}
         self._trade_chunk_no = -1
@@ -365,6 +370,9 @@ class _Tape:
 
     def levels(self, r0: int, r1: int) -> np.ndarray:
         """Book rows r0..r1-1 as one (rows x 60) float64 array: bid_px, bid_sz, ask_px, ask_sz."""
+        if self._streamed is not None:
+            return self._streamed.levels(r0, r1)
+        assert self._books is not None
         part = self._books.slice(r0, r1 - r0)
         return np.column_stack([_col(part, name) for name in part.column_names])
 
@@ -549,7 +557,26 @@ def _run_replay(
     session.verify()
     if "books15" not in session.manifest["streams"]:
         raise SessionError(f"{session.root} has no books15 stream to replay")
-    book_table = _for_symbol(session.read_table("books15"), cfg.symbol)
+    # Laya refuses a model trained on other features than the replay computes (cfg.laya_features).
+    laya = Laya(
+        LayaConfig(
+            model_path=Path(cfg.model_path), provider=cfg.laya_provider, feature_version=cfg.laya_features
+        )
+    )
+    # The kernel with batch v0 labels streams the book levels a block at a time (flat memory); any
+    # other run reads the whole table.
+    streamed: StreamedBooks | None = None
+    book_files = session.files("books15")
+    if (
+        kernel
+        and cfg.laya_features == "v0"
+        and cfg.laya_mode == "batch"
+        and one_symbol(book_files, cfg.symbol)
+    ):
+        streamed = StreamedBooks(book_files, laya, STREAMS["books15"].schema)
+        book_table = streamed.small_columns()
+    else:
+        book_table = _for_symbol(session.read_table("books15"), cfg.symbol)
     if book_table.num_rows == 0:
         raise DualhubError(f"{session.root} has no books15 rows for {cfg.symbol}")
     trade_table = _for_symbol(
@@ -562,15 +589,8 @@ def _run_replay(
         if cfg.latency_feed == "recorded"
         else _checked_latency(cfg.latency_feed, rng_feed, "latency_feed")
     )
-    tape = _Tape(book_table, trade_table, feed, cfg.scale_feed, cfg.exchange_feed)
+    tape = _Tape(book_table, trade_table, feed, cfg.scale_feed, cfg.exchange_feed, streamed)
     n_books, n_trades = book_table.num_rows, trade_table.num_rows
-
-    # Laya refuses a model trained on other features than the replay computes (cfg.laya_features).
-    laya = Laya(
-        LayaConfig(
-            model_path=Path(cfg.model_path), provider=cfg.laya_provider, feature_version=cfg.laya_features
-        )
-    )
 
     def latency(spec: str, rng: np.random.Generator, scale: float, name: str) -> LatencyModel:
         model = _checked_latency(spec, rng, name)
@@ -588,6 +608,8 @@ def _run_replay(
         labeler: Callable[[BookSnapshot], tuple[int, np.ndarray]] = _v1_labeler(
             laya, cfg.laya_mode, book_table, trade_table, tape, clock
         )
+    elif streamed is not None:  # labels computed block by block as the walk reads the levels
+        labeler = _BatchLabeler(tape.b_seq, streamed.labels, streamed.probs, clock)
     elif cfg.laya_mode == "batch":
         labels, probs = _batch_v0(laya, book_table)
         labeler = _BatchLabeler(tape.b_seq, labels, probs, clock)
@@ -627,6 +649,9 @@ def _run_replay(
         if not kernel
         else unsupported(cfg, engine, exchange, advisor, labels_walked, batch_labels)
     )
+    if why and streamed is not None:  # the Python engine needs the whole table: start again
+        log.abandon()
+        raise KernelUnsupported(why)
     if not why:
         assert isinstance(labeler, _BatchLabeler)
         try:
@@ -637,7 +662,8 @@ def _run_replay(
         finally:
             if bar is not None:
                 bar.close()
-        return _finish(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, "kernel")
+        path = "kernel" if streamed is None else f"kernel (books streamed, {streamed.blocks_read} blocks)"
+        return _finish(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path)
     books_in_flight: dict[int, BookSnapshot] = {}  # seen by the exchange, not yet by the engine
     trades_in_flight: dict[int, Trade] = {}
     # Labels drawn up front (label_due): received books waiting for their label's time.
@@ -705,7 +731,7 @@ def _run_kernel(
         walk,
         tape.levels,
         tape.b_loc,
-        np.asarray(labeler.labels, dtype=np.int64),
+        labeler.labels,  # the same arrays: a streamed tape fills them block by block
         labeler.probs,
         (tape.t_px, tape.t_sz, t_side),
         labels.add_many,

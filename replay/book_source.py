@@ -1,0 +1,104 @@
+"""A session's books15 levels read a block at a time, so a replay never holds the whole book table.
+
+The walk needs a book's 60 level values (bid/ask prices and sizes) when the exchange or the engine
+receives it, and Laya's label shortly after. :class:`StreamedBooks` reads the Parquet row groups that
+cover one block of :data:`BLOCK` rows when the walk first needs it, computes the block's features and
+labels in one batch (the same 65 536-row batches as ``replay.driver._batch_v0``, so the labels are
+bit-identical to a whole-session batch), keeps the levels of the last two blocks and drops the rest.
+Memory is then the per-row columns (times, seqs, labels: ~40 bytes a book) plus two blocks, whatever
+the session's length, provided its files were written in row groups of a block or less
+(``engine.store`` writes 65 536).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.events import BOOK_LEVELS
+from engine.laya.features_fast import features_v0_table
+from engine.laya.model import Laya
+
+BLOCK = 65_536  # rows per label batch: replay.driver._batch_v0's chunk
+LEVEL_COLUMNS = [f"{s}_{i}" for s in ("bid_px", "bid_sz", "ask_px", "ask_sz") for i in range(BOOK_LEVELS)]
+SMALL_COLUMNS = ["ts_event", "ts_recv", "seq", "symbol", "exch_seq"]
+
+
+class StreamedBooks:
+    """Level rows and labels of one symbol's books15 parts, block by block."""
+
+    def __init__(self, files: list[Path], laya: Laya, schema: pa.Schema) -> None:
+        self._laya = laya
+        self._schema = schema
+        self._files = list(files)
+        self._groups: list[tuple[pq.ParquetFile, int, int, int]] = []  # (file, group, first row, rows)
+        row = 0
+        for f in files:
+            pf = pq.ParquetFile(f)
+            for g in range(pf.metadata.num_row_groups):
+                n = pf.metadata.row_group(g).num_rows
+                self._groups.append((pf, g, row, n))
+                row += n
+        self.num_rows = row
+        self.labels = np.zeros(row, dtype=np.int8)
+        self.probs = np.zeros((row, 4), dtype=np.float32)
+        self._blocks: dict[int, np.ndarray] = {}  # block number -> (rows x 60) levels
+        self._labelled = np.zeros((row + BLOCK - 1) // BLOCK, dtype=bool)
+        self.blocks_read = 0
+
+    def small_columns(self) -> pa.Table:
+        """Every row's times, seqs and symbol (no levels)."""
+        if not self._files:
+            return self._schema.empty_table().select(SMALL_COLUMNS)
+        return pa.concat_tables([pq.read_table(f, columns=SMALL_COLUMNS) for f in self._files])
+
+    def _read_block(self, b: int) -> np.ndarray:
+        lo, hi = b * BLOCK, min(self.num_rows, (b + 1) * BLOCK)
+        pieces = []
+        for pf, g, first, n in self._groups:
+            if first + n <= lo or first >= hi:
+                continue
+            t = pf.read_row_group(g, columns=LEVEL_COLUMNS)
+            a, z = max(lo, first) - first, min(hi, first + n) - first
+            pieces.append(t.slice(a, z - a))
+        table = pa.concat_tables(pieces)
+        self.blocks_read += 1
+        if not self._labelled[b]:
+            lab, pr = self._laya.predict_batch(features_v0_table(table))
+            self.labels[lo:hi] = lab.astype(np.int8)
+            self.probs[lo:hi] = pr.astype(np.float32)
+            self._labelled[b] = True
+        return np.column_stack(
+            [
+                table.column(c).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+                for c in LEVEL_COLUMNS
+            ]
+        )
+
+    def levels(self, r0: int, r1: int) -> np.ndarray:
+        """Rows r0..r1-1 as one (rows x 60) float64 array: bid_px, bid_sz, ask_px, ask_sz."""
+        first, last = r0 // BLOCK, (r1 - 1) // BLOCK
+        for b in range(first, last + 1):
+            if b not in self._blocks:
+                self._blocks[b] = self._read_block(b)
+        for b in [k for k in self._blocks if k < first - 1]:  # the walk moves forward: keep two
+            del self._blocks[b]
+        parts = []
+        for b in range(first, last + 1):
+            lo = max(r0, b * BLOCK) - b * BLOCK
+            hi = min(r1, (b + 1) * BLOCK) - b * BLOCK
+            parts.append(self._blocks[b][lo:hi])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def one_symbol(files: list[Path], symbol: str) -> bool:
+    """Whether every row of these parts is ``symbol`` (then rows need no filtering)."""
+    for f in files:
+        col = pq.read_table(f, columns=["symbol"]).column(0)
+        if col.null_count or len(col.unique()) != 1 or col[0].as_py() != symbol:
+            if len(col):
+                return False
+    return True
