@@ -65,23 +65,34 @@ def session_from_gen_books(data: Path, out: Path, n: int | None) -> Path:
 
 
 def run_dualhub(
-    session: Path, out: Path, fill_model: str, loss_stop_usd: float | None = None
-) -> tuple[float, float, int, str]:
-    """One replay in a fresh process, so peak RSS is this run's."""
+    session: Path,
+    out: Path,
+    fill_model: str,
+    loss_stop_usd: float | None = None,
+    *,
+    kernel: bool = True,
+    one_core: bool = False,
+) -> tuple[float, float, int, str, str]:
+    """One replay in a fresh process, so peak RSS is this run's: (wall, rate, rss, events, digest, path)."""
     risk = "" if loss_stop_usd is None else f", risk=RiskLimits(daily_loss_stop_usd={loss_stop_usd!r})"
     code = (
         "import re, sys\n"
         "from engine.risk import RiskLimits\n"
         "from replay.driver import ReplayConfig, run_replay\n"
         f"cfg = ReplayConfig(fill_model={fill_model!r}{risk})\n"
-        f"r = run_replay({str(session)!r}, cfg, out_dir={str(out)!r}, overwrite=True)\n"
+        f"r = run_replay({str(session)!r}, cfg, out_dir={str(out)!r}, overwrite=True, kernel={kernel!r})\n"
         # VmHWM is this process's peak (ru_maxrss would carry the parent's peak across exec).
         "rss = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"
+        "print(r.path)\n"
         "print(r.wall_s, r.snapshots_per_s, rss, sum(r.counts.values()), r.digest)\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    wall, rate, rss, events, digest = p.stdout.split()[-5:]
-    return float(wall), float(rate), float(rss), int(events), digest
+    cmd = [sys.executable, "-c", code]
+    if one_core:  # the whole process, its writer thread included, on CPU 0
+        cmd = ["taskset", "-c", "0", *cmd]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    lines = p.stdout.strip().splitlines()
+    wall, rate, rss, events, digest = lines[-1].split()
+    return float(wall), float(rate), float(rss), int(events), digest, lines[-2]
 
 
 def workload(run: Path) -> str:
@@ -98,13 +109,14 @@ def workload(run: Path) -> str:
     )
 
 
-def run_hbt(python: str, data: Path) -> tuple[float, float | None] | None:
+def run_hbt(python: str, data: Path, one_core: bool = False) -> tuple[float, float | None] | None:
     """hftbacktest end to end from Parquet, snapshots/s: (feed loop, orders every 100 ms). The first is
     the figure its script reports and the issue quotes; the second, conversion + its order strategy's
     backtest, is the one to set beside a dualhub run that trades."""
     script = SHARED_BENCH / "bench_hftbacktest.py"
+    cmd = [python, str(script), "--runs", "1", "--data", str(data)]
     p = subprocess.run(
-        [python, str(script), "--runs", "1", "--data", str(data)],
+        ["taskset", "-c", "0", *cmd] if one_core else cmd,
         capture_output=True,
         text=True,
         env={"BENCH_DIR": str(data.parent), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
@@ -137,24 +149,39 @@ def main() -> None:
         help="the risk gateway's daily loss stop (default: RiskLimits' 100 USD, which this data trips early, "
         "after which most quotes are rejected); a large value keeps the strategy trading",
     )
+    ap.add_argument(
+        "--one-core",
+        action="store_true",
+        help="pin each run (dualhub with its Parquet writer thread, and hftbacktest) to CPU 0 with taskset",
+    )
+    ap.add_argument(
+        "--python-engine",
+        action="store_true",
+        help="run the Python engine instead of the compiled kernel (run_replay(kernel=False)): the A/B",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as td:
         session = session_from_gen_books(args.data, Path(td) / "s", args.n or None)
         ours, theirs, theirs_orders, digests = [], [], [], set()
         for i in range(args.repeat):
-            wall, rate, rss, events, digest = run_dualhub(
-                session, Path(td) / "run", args.fill_model, args.loss_stop_usd
+            wall, rate, rss, events, digest, path = run_dualhub(
+                session,
+                Path(td) / "run",
+                args.fill_model,
+                args.loss_stop_usd,
+                kernel=not args.python_engine,
+                one_core=args.one_core,
             )
             ours.append(rate)
             digests.add(digest)
             print(
                 f"dualhub run {i}: {wall:.1f} s, {rate:,.0f} snapshots/s, "
-                f"peak RSS {rss:,.0f} MB, {events:,} events out"
+                f"peak RSS {rss:,.0f} MB, {events:,} events out; engine: {path}"
             )
             if i == 0:
                 print(workload(Path(td) / "run"))
             if args.hbt_python:
-                r = run_hbt(args.hbt_python, args.data)
+                r = run_hbt(args.hbt_python, args.data, args.one_core)
                 if r:
                     theirs.append(r[0])
                     line = f"hftbacktest run {i}: {r[0]:,.0f} snapshots/s end to end (feed loop)"
@@ -164,7 +191,8 @@ def main() -> None:
                     print(line)
         med = statistics.median(ours)
         print(
-            f"dualhub median: {med:,.0f} snapshots/s (fill model {args.fill_model}); "
+            f"dualhub median: {med:,.0f} snapshots/s (fill model {args.fill_model}"
+            f"{', one core' if args.one_core else ''}); "
             f"digests identical: {len(digests) == 1}"
         )
         if theirs:

@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.events import BOOK_LEVELS
-from engine.laya.features_fast import features_v0_table
+from engine.laya.features import N_FEATURES
+from engine.laya.features_fast import features_v0_rows
 from engine.laya.model import Laya
 
 BLOCK = 65_536  # rows per label batch: replay.driver._batch_v0's chunk
@@ -66,17 +67,21 @@ class StreamedBooks:
             pieces.append(t.slice(a, z - a))
         table = pa.concat_tables(pieces)
         self.blocks_read += 1
-        if not self._labelled[b]:
-            lab, pr = self._laya.predict_batch(features_v0_table(table))
-            self.labels[lo:hi] = lab.astype(np.int8)
-            self.probs[lo:hi] = pr.astype(np.float32)
-            self._labelled[b] = True
-        return np.column_stack(
+        levels = np.column_stack(
             [
                 table.column(c).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
                 for c in LEVEL_COLUMNS
             ]
         )
+        if not self._labelled[b]:
+            # the per-tick feature kernel on each row, as features_v0_table runs it: the same bits
+            x = np.zeros((hi - lo, N_FEATURES), dtype=np.float32)
+            features_v0_rows(levels, x)
+            lab, pr = self._laya.predict_batch(x)
+            self.labels[lo:hi] = lab.astype(np.int8)
+            self.probs[lo:hi] = pr.astype(np.float32)
+            self._labelled[b] = True
+        return levels
 
     def levels(self, r0: int, r1: int) -> np.ndarray:
         """Rows r0..r1-1 as one (rows x 60) float64 array: bid_px, bid_sz, ask_px, ask_sz."""

@@ -52,7 +52,7 @@ FILL_MODEL_CODES = {
 assert set(FILL_MODEL_CODES) == set(FILL_MODELS)
 WALK_CHUNK = 1 << 16  # walk entries per kernel call (the book levels it needs are made per call)
 OUT_CAP = 1 << 15  # rows per output stream between two drains
-INITIAL_ROWS = 4096  # first size of the order, request and timer tables (they double as needed)
+INITIAL_ROWS = 4096  # first size of the order ring, request and timer tables (they double as needed)
 LAG_BATCH = 4096  # Kev lags drawn at a time
 
 
@@ -197,6 +197,7 @@ class KernelRun:
         self.lag_model = engine.kev.lag
         self.timeout_text = f"timeout after {e.kev_timeout_ns / 1e6:.0f} ms: no advice"
         self.S = np.zeros(K.S_SIZE, dtype=np.int64)
+        self.S[K.S_OLDEST] = 1  # order ids start at 1
         far = -(1 << 62)
         for i in (K.S_LAST_KEV_OFFER, K.S_EMERGENCY_UNTIL, K.S_LAST_REQUOTE, K.S_LAST_REBALANCE):
             self.S[i] = far
@@ -242,8 +243,9 @@ class KernelRun:
         CF[K.CF_STEP_FRACTION] = advisor.step_fraction
         CF[K.CF_MIN_PROB] = advisor.min_prob
         n0 = INITIAL_ROWS
-        self.OI = np.zeros((n0, K.OI_COLS), dtype=np.int64)
-        self.OF = np.zeros((n0, K.OF_COLS), dtype=np.float64)
+        ring = 1 << max(0, n0 - 1).bit_length()  # a power of two: order N's row is N & (ring - 1)
+        self.OI = np.zeros((ring, K.OI_COLS), dtype=np.int64)
+        self.OF = np.zeros((ring, K.OF_COLS), dtype=np.float64)
         self.RI = np.zeros((n0, K.RI_COLS), dtype=np.int64)
         self.RF = np.zeros((n0, K.RF_COLS), dtype=np.float64)
         self.HI = np.zeros((n0, K.HI_COLS), dtype=np.int64)
@@ -270,6 +272,16 @@ class KernelRun:
         b[: a.shape[0]] = a
         setattr(self, name, b)
 
+    def _grow_orders(self) -> None:
+        """Double the order ring: each order that may be in use moves to its row in the larger ring."""
+        rows = self.OI.shape[0]
+        oids = np.arange(int(self.S[K.S_OLDEST]), int(self.S[K.S_OID]) + 1, dtype=np.int64)
+        for name in ("OI", "OF"):
+            a = getattr(self, name)
+            b = np.zeros((rows * 2, a.shape[1]), dtype=a.dtype)
+            b[oids & (rows * 2 - 1)] = a[oids & (rows - 1)]
+            setattr(self, name, b)
+
     def _more_lags(self) -> None:
         used = int(self.S[K.S_LAG_USED])
         left = self.lags[used:]
@@ -285,8 +297,7 @@ class KernelRun:
         if status == K.ST_DONE:
             return False
         if status == K.ST_GROW_ORDERS:
-            self._grow("OI")
-            self._grow("OF")
+            self._grow_orders()
         elif status == K.ST_GROW_HEAP:
             self._grow("HI")
             self._grow("HF")
@@ -353,6 +364,8 @@ class KernelRun:
                 pa.Table.from_arrays(self._columns(s, n, ints, floats), schema=_no_seq(stream))
             )
         NOUT[:] = 0
+        # A request's texts serve its response and command, written by the same timer: never after.
+        self._texts.clear()
 
     def _sym(self, n: int) -> pa.Array:
         return pa.array([self.symbol], pa.string()).take(pa.array(np.zeros(n, dtype=np.int64)))

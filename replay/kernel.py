@@ -142,6 +142,7 @@ UNSUPPORTED_TEXT = (
     S_ENG_BOOK,
 ) = range(33)
 S_LAST_LABEL_NAME = 34  # engine.label, as its class index
+S_OLDEST = 35  # the oldest order that may still be in use
 S_SIZE = 40
 # SF (float64 scalars)
 SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
@@ -193,9 +194,11 @@ C_SIZE = 32
 ) = range(14)
 CF_SIZE = 16
 
-# Per-order table: OI (int64) / OF (float64) columns, row = oid number.
+# Per-order table: OI (int64) / OF (float64) columns, a ring: order N lives in row N & (rows - 1). A row
+# is taken again only once its order is done, off the book and named by no pending timer (S_OLDEST).
 OI_SIDE, OI_TYPE, OI_SENT, OI_STATUS, OI_REDUCE, OI_SOURCE = 0, 1, 2, 3, 4, 5
-OI_COLS = 6
+OI_OID, OI_REFS, OI_RESTING = 6, 7, 8  # the slot's order, its pending timers, resting at the exchange
+OI_COLS = 9
 OF_PX, OF_QTY, OF_FILLED, OF_SLIP, OF_XFILLED, OF_AHEAD, OF_LEVEL, OF_TRADED = 0, 1, 2, 3, 4, 5, 6, 7
 OF_COLS = 8
 # Per-request table (row = request id): RI / RF
@@ -307,7 +310,9 @@ def _out(OUTI, OUTF, NOUT, stream):
 
 
 @nb.njit(cache=True)
-def _heap_push(S, HI, HF, ts, prio, kind, a, b, c6, f1, f2):
+def _heap_push(S, HI, HF, OI, ts, prio, kind, a, b, c6, f1, f2):
+    if kind <= T_REPORT:  # the timer names order a: its row stays taken until the timer ran
+        OI[a & (OI.shape[0] - 1), OI_REFS] += 1
     n = S[S_HEAP_N]
     seq = S[S_HEAP_SEQ]
     S[S_HEAP_SEQ] = seq + 1
@@ -710,7 +715,18 @@ def _headroom(S, OI, RI, HI, NOUT, out_cap, lags):
     for s in range(8):
         if NOUT[s] + MARGIN > out_cap:
             return ST_OUT_FULL
-    if S[S_OID] + MARGIN >= OI.shape[0]:
+    # the ring: the next MARGIN orders must find rows no order in use holds
+    mask = OI.shape[0] - 1
+    oldest = S[S_OLDEST]
+    while oldest <= S[S_OID]:
+        r = oldest & mask
+        if OI[r, OI_OID] == oldest and (
+            OI[r, OI_STATUS] != DONE or OI[r, OI_REFS] != 0 or OI[r, OI_RESTING] != 0
+        ):
+            break  # still in use (an order the risk gateway refused never took a row)
+        oldest += 1
+    S[S_OLDEST] = oldest
+    if S[S_OID] + MARGIN - oldest >= OI.shape[0]:
         return ST_GROW_ORDERS
     if S[S_HEAP_N] + MARGIN >= HI.shape[0]:
         return ST_GROW_HEAP
@@ -732,11 +748,11 @@ def _order_event(OUTI, OUTF, NOUT, OI, OF, oid, kind, ts_event, ts_recv, reason)
     OUTI[O_ORDER, k, 1] = ts_recv
     OUTI[O_ORDER, k, 2] = oid
     OUTI[O_ORDER, k, 3] = kind
-    OUTI[O_ORDER, k, 4] = OI[oid, OI_SIDE]
-    OUTI[O_ORDER, k, 5] = OI[oid, OI_TYPE]
+    OUTI[O_ORDER, k, 4] = OI[oid & (OI.shape[0] - 1), OI_SIDE]
+    OUTI[O_ORDER, k, 5] = OI[oid & (OI.shape[0] - 1), OI_TYPE]
     OUTI[O_ORDER, k, 6] = reason
-    OUTF[O_ORDER, k, 0] = OF[oid, OF_PX]
-    OUTF[O_ORDER, k, 1] = OF[oid, OF_QTY]
+    OUTF[O_ORDER, k, 0] = OF[oid & (OF.shape[0] - 1), OF_PX]
+    OUTF[O_ORDER, k, 1] = OF[oid & (OF.shape[0] - 1), OF_QTY]
 
 
 @nb.njit(cache=True)
@@ -830,10 +846,10 @@ def _check_new(
     sell = 0.0
     for w in range(S[S_NWORK]):
         o = work[w]
-        if OI[o, OI_SIDE] == BUY:
-            buy += OF[o, OF_QTY] - OF[o, OF_FILLED]
+        if OI[o & (OI.shape[0] - 1), OI_SIDE] == BUY:
+            buy += OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_FILLED]
         else:
-            sell += OF[o, OF_QTY] - OF[o, OF_FILLED]
+            sell += OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_FILLED]
     open_same = buy if side == BUY else -sell
     worst = position + open_same + signed
     mid = (eng_book[0] + eng_book[30]) / 2.0
@@ -956,16 +972,19 @@ def _send_new(
         return
     recent[tail % recent.shape[0]] = now
     S[S_RECENT_TAIL] = tail + 1
-    OI[oid, OI_SIDE] = side
-    OI[oid, OI_TYPE] = otype
-    OI[oid, OI_SENT] = now
-    OI[oid, OI_STATUS] = PENDING_NEW
-    OI[oid, OI_REDUCE] = 1 if reduce_only else 0
-    OI[oid, OI_SOURCE] = source
-    OF[oid, OF_PX] = px
-    OF[oid, OF_QTY] = qty
-    OF[oid, OF_FILLED] = 0.0
-    OF[oid, OF_SLIP] = slip
+    OI[oid & (OI.shape[0] - 1), OI_OID] = oid
+    OI[oid & (OI.shape[0] - 1), OI_REFS] = 0
+    OI[oid & (OI.shape[0] - 1), OI_RESTING] = 0
+    OI[oid & (OI.shape[0] - 1), OI_SIDE] = side
+    OI[oid & (OI.shape[0] - 1), OI_TYPE] = otype
+    OI[oid & (OI.shape[0] - 1), OI_SENT] = now
+    OI[oid & (OI.shape[0] - 1), OI_STATUS] = PENDING_NEW
+    OI[oid & (OI.shape[0] - 1), OI_REDUCE] = 1 if reduce_only else 0
+    OI[oid & (OI.shape[0] - 1), OI_SOURCE] = source
+    OF[oid & (OF.shape[0] - 1), OF_PX] = px
+    OF[oid & (OF.shape[0] - 1), OF_QTY] = qty
+    OF[oid & (OF.shape[0] - 1), OF_FILLED] = 0.0
+    OF[oid & (OF.shape[0] - 1), OF_SLIP] = slip
     nw = S[S_NWORK]
     if nw >= WORK_CAP:
         S[S_WHY] = U_TABLE
@@ -974,7 +993,7 @@ def _send_new(
     S[S_NWORK] = nw + 1
     _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_NEW, now, now, R_EMPTY)
     _span(OUTI, NOUT, SPAN_TICK_TO_ORDER, REF_ORDER, oid, origin, now)
-    _heap_push(S, HI, HF, now + C[C_ENTRY_NS], PRIO_EXCH_IN, T_ARRIVE, oid, 0, 0, 0.0, 0.0)
+    _heap_push(S, HI, HF, OI, now + C[C_ENTRY_NS], PRIO_EXCH_IN, T_ARRIVE, oid, 0, 0, 0.0, 0.0)
 
 
 @nb.njit(cache=True)
@@ -987,18 +1006,18 @@ def _send_cancel(S, C, OI, OF, HI, HF, oid, OUTI, OUTF, NOUT):
         now,
         oid,
         INTENT_CANCEL,
-        OI[oid, OI_SIDE],
-        OI[oid, OI_TYPE],
+        OI[oid & (OI.shape[0] - 1), OI_SIDE],
+        OI[oid & (OI.shape[0] - 1), OI_TYPE],
         SRC_CANCEL,
         -1,
         True,
         R_OK,
-        OF[oid, OF_PX],
-        OF[oid, OF_QTY] - OF[oid, OF_FILLED],
+        OF[oid & (OF.shape[0] - 1), OF_PX],
+        OF[oid & (OF.shape[0] - 1), OF_QTY] - OF[oid & (OF.shape[0] - 1), OF_FILLED],
     )
-    OI[oid, OI_STATUS] = PENDING_CANCEL
+    OI[oid & (OI.shape[0] - 1), OI_STATUS] = PENDING_CANCEL
     _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_CANCEL, now, now, R_EMPTY)
-    _heap_push(S, HI, HF, now + C[C_CANCEL_NS], PRIO_EXCH_IN, T_ARRIVE_CANCEL, oid, 0, 0, 0.0, 0.0)
+    _heap_push(S, HI, HF, OI, now + C[C_CANCEL_NS], PRIO_EXCH_IN, T_ARRIVE_CANCEL, oid, 0, 0, 0.0, 0.0)
 
 
 @nb.njit(cache=True)
@@ -1007,13 +1026,16 @@ def _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT):
     snapshot = work[:n].copy()
     for w in range(n):
         o = snapshot[w]
-        if OI[o, OI_TYPE] == LIMIT and (OI[o, OI_STATUS] == PENDING_NEW or OI[o, OI_STATUS] == LIVE):
+        if OI[o & (OI.shape[0] - 1), OI_TYPE] == LIMIT and (
+            OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
+            or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
+        ):
             _send_cancel(S, C, OI, OF, HI, HF, o, OUTI, OUTF, NOUT)
 
 
 @nb.njit(cache=True)
 def _finish(S, OI, work, oid):
-    OI[oid, OI_STATUS] = DONE
+    OI[oid & (OI.shape[0] - 1), OI_STATUS] = DONE
     n = S[S_NWORK]
     for w in range(n):
         if work[w] == oid:
@@ -1143,18 +1165,21 @@ def _requote(
         m = 0
         for w in range(n):
             o = work[w]
-            if OI[o, OI_SIDE] == side and OI[o, OI_TYPE] == LIMIT:
+            if OI[o & (OI.shape[0] - 1), OI_SIDE] == side and OI[o & (OI.shape[0] - 1), OI_TYPE] == LIMIT:
                 sel[m] = o
                 m += 1
         keep = False
         if want:
             for j in range(m):
-                if abs(OF[sel[j], OF_PX] - qpx) < half_tick:
+                if abs(OF[sel[j] & (OF.shape[0] - 1), OF_PX] - qpx) < half_tick:
                     keep = True
                     break
         for j in range(m):
             o = sel[j]
-            if not keep and (OI[o, OI_STATUS] == PENDING_NEW or OI[o, OI_STATUS] == LIVE):
+            if not keep and (
+                OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
+                or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
+            ):
                 _send_cancel(S, C, OI, OF, HI, HF, o, OUTI, OUTF, NOUT)
         if want and m == 0:
             _send_new(
@@ -1203,7 +1228,7 @@ def _rebalance(
     if abs(diff) < CF[CF_QUOTE_QTY] - 1e-12:
         return
     for w in range(S[S_NWORK]):
-        if OI[work[w], OI_TYPE] == MARKET:
+        if OI[work[w] & (OI.shape[0] - 1), OI_TYPE] == MARKET:
             return
     step = CF[CF_SIZE_STEP]
     x = pmin(abs(diff), CF[CF_MAX_ORDER_QTY])
@@ -1506,12 +1531,12 @@ def _kev_pump(
     lq,
 ):
     while S[S_INFLIGHT_N] < C[C_KEV_MAX_IN_FLIGHT]:
-        if not _kev_start_next(S, SF, C, CF, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
+        if not _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
             break
 
 
 @nb.njit(cache=True)
-def _kev_start_next(S, SF, C, CF, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
+def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
     now = S[S_NOW]
     n = S[S_KQ_N]
     rid = -1
@@ -1548,13 +1573,13 @@ def _kev_start_next(S, SF, C, CF, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF
     OUTF[O_KEV_REQUEST, k, 2] = RF[rid, RF_IMB]
     OUTF[O_KEV_REQUEST, k, 3] = RF[rid, RF_POS]
     _span(OUTI, NOUT, SPAN_KEV_QUEUE, REF_KEV, rid, ts, now)
-    _heap_push(S, HI, HF, now + C[C_KEV_TIMEOUT], PRIO_KEV, T_KEV_TIMEOUT, rid, now, 0, 0.0, 0.0)
+    _heap_push(S, HI, HF, OI, now + C[C_KEV_TIMEOUT], PRIO_KEV, T_KEV_TIMEOUT, rid, now, 0, 0.0, 0.0)
     # SimKevBackend.start: RuleKev decides now; the reply is due after a lag drawn now
     _rule_kev(RI, RF, CF, rid)
     RI[rid, RI_STARTED] = now
     lag = lags[S[S_LAG_USED]]
     S[S_LAG_USED] += 1
-    _heap_push(S, HI, HF, now + lag, PRIO_KEV, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
+    _heap_push(S, HI, HF, OI, now + lag, PRIO_KEV, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
     return True
 
 
@@ -1636,6 +1661,8 @@ def _timer(
 ):
     kind = tmpi[3]
     a = tmpi[4]
+    if kind <= T_REPORT:
+        OI[a & (OI.shape[0] - 1), OI_REFS] -= 1
     b = tmpi[5]
     now = S[S_NOW]
     if kind == T_ARRIVE:
@@ -1648,12 +1675,13 @@ def _timer(
                 for v in range(w, n - 1):
                     rest[v] = rest[v + 1]
                 S[S_NREST] = n - 1
+                OI[a & (OI.shape[0] - 1), OI_RESTING] = 0
                 found = True
                 break
         if found:
-            _report(S, C, HI, HF, M_CANCEL_ACK, a, 0, 0.0, 0.0)
+            _report(S, C, OI, HI, HF, M_CANCEL_ACK, a, 0, 0.0, 0.0)
         else:
-            _report(S, C, HI, HF, M_REJECT, a, R_CANCEL_NOT_FOUND, 0.0, 0.0)
+            _report(S, C, OI, HI, HF, M_REJECT, a, R_CANCEL_NOT_FOUND, 0.0, 0.0)
     elif kind == T_REPORT:
         _engine_report(
             S,
@@ -1779,11 +1807,11 @@ def _timer(
 
 
 @nb.njit(cache=True)
-def _report(S, C, HI, HF, method, oid, arg, f1, f2):
+def _report(S, C, OI, HI, HF, method, oid, arg, f1, f2):
     """SimExchange._report: the engine hears of it after the response latency, with ts_event = now."""
     now = S[S_NOW]
     _heap_push(
-        S, HI, HF, now + C[C_RESPONSE_NS], PRIO_EXCH_OUT, T_REPORT, oid, method | (arg << 8), now, f1, f2
+        S, HI, HF, OI, now + C[C_RESPONSE_NS], PRIO_EXCH_OUT, T_REPORT, oid, method | (arg << 8), now, f1, f2
     )
 
 
@@ -1814,10 +1842,10 @@ def _engine_report(
 ):
     now = S[S_NOW]
     if m == M_ACK:
-        if OI[oid, OI_STATUS] == PENDING_NEW:
-            OI[oid, OI_STATUS] = LIVE
+        if OI[oid & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW:
+            OI[oid & (OI.shape[0] - 1), OI_STATUS] = LIVE
         _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_ACK, ts_event, now, R_EMPTY)
-        _span(OUTI, NOUT, SPAN_ORDER_ENTRY, REF_ORDER, oid, OI[oid, OI_SENT], now)
+        _span(OUTI, NOUT, SPAN_ORDER_ENTRY, REF_ORDER, oid, OI[oid & (OI.shape[0] - 1), OI_SENT], now)
     elif m == M_REJECT:
         _finish(S, OI, work, oid)
         _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_REJECT, ts_event, now, arg)
@@ -1836,7 +1864,7 @@ def _engine_report(
 
 @nb.njit(cache=True)
 def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
-    side = OI[oid, OI_SIDE]
+    side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     pu = _px_units(px, C[C_PX_DECIMALS])
     qu = _qty_units(qty)
     if pu == -(1 << 62) or qu == -(1 << 62):
@@ -1863,7 +1891,7 @@ def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
     if abs(S[S_CASH]) > (1 << 61) or abs(S[S_POS]) > (1 << 52):
         S[S_WHY] = U_OVERFLOW
         return
-    OF[oid, OF_FILLED] += qty
+    OF[oid & (OF.shape[0] - 1), OF_FILLED] += qty
     k = NOUT[O_FILL]
     NOUT[O_FILL] = k + 1
     OUTI[O_FILL, k, 0] = ts_event
@@ -1882,8 +1910,8 @@ def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
 
 
 @nb.njit(cache=True)
-def _report_fill(S, C, HI, HF, oid, px, qty, liq):
-    _report(S, C, HI, HF, M_FILL, oid, liq, px, qty)
+def _report_fill(S, C, OI, HI, HF, oid, px, qty, liq):
+    _report(S, C, OI, HI, HF, M_FILL, oid, liq, px, qty)
 
 
 @nb.njit(cache=True)
@@ -1893,29 +1921,34 @@ def _x_fill(S, C, OI, OF, HI, HF, rest, oid, px, qty):
     if q != q:
         S[S_WHY] = U_ROUND
         return
-    OF[oid, OF_XFILLED] += q
-    _report_fill(S, C, HI, HF, oid, px, q, LIQ_MAKER)
-    if OF[oid, OF_QTY] - OF[oid, OF_XFILLED] <= EPS:
+    OF[oid & (OF.shape[0] - 1), OF_XFILLED] += q
+    _report_fill(S, C, OI, HI, HF, oid, px, q, LIQ_MAKER)
+    if OF[oid & (OF.shape[0] - 1), OF_QTY] - OF[oid & (OF.shape[0] - 1), OF_XFILLED] <= EPS:
         n = S[S_NREST]
         for w in range(n):
             if rest[w] == oid:
                 for v in range(w, n - 1):
                     rest[v] = rest[v + 1]
                 S[S_NREST] = n - 1
+                OI[oid & (OI.shape[0] - 1), OI_RESTING] = 0
                 break
-        _report(S, C, HI, HF, M_DONE, oid, R_FILLED, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED, 0.0, 0.0)
 
 
 @nb.njit(cache=True)
 def _on_new(C, CF, OI, OF, oid, x_book, has_book):
     fm = C[C_FILL_MODEL]
     if fm == FM_TOUCH or fm == FM_THROUGH:
-        OF[oid, OF_AHEAD] = 0.0
+        OF[oid & (OF.shape[0] - 1), OF_AHEAD] = 0.0
         return
-    q = _level_qty(x_book, OI[oid, OI_SIDE], OF[oid, OF_PX]) if has_book else -1.0
-    OF[oid, OF_AHEAD] = q if q >= 0 else 0.0
-    OF[oid, OF_LEVEL] = q if q >= 0 else NAN
-    OF[oid, OF_TRADED] = 0.0
+    q = (
+        _level_qty(x_book, OI[oid & (OI.shape[0] - 1), OI_SIDE], OF[oid & (OF.shape[0] - 1), OF_PX])
+        if has_book
+        else -1.0
+    )
+    OF[oid & (OF.shape[0] - 1), OF_AHEAD] = q if q >= 0 else 0.0
+    OF[oid & (OF.shape[0] - 1), OF_LEVEL] = q if q >= 0 else NAN
+    OF[oid & (OF.shape[0] - 1), OF_TRADED] = 0.0
 
 
 @nb.njit(cache=True)
@@ -1935,60 +1968,60 @@ def _on_depth(C, CF, OI, OF, oid, bk):
     fm = C[C_FILL_MODEL]
     if fm == FM_TOUCH or fm == FM_THROUGH:
         return
-    q = _level_qty(bk, OI[oid, OI_SIDE], OF[oid, OF_PX])
-    traded = OF[oid, OF_TRADED]
-    OF[oid, OF_TRADED] = 0.0
+    q = _level_qty(bk, OI[oid & (OI.shape[0] - 1), OI_SIDE], OF[oid & (OF.shape[0] - 1), OF_PX])
+    traded = OF[oid & (OF.shape[0] - 1), OF_TRADED]
+    OF[oid & (OF.shape[0] - 1), OF_TRADED] = 0.0
     if q < 0:  # left the window
-        OF[oid, OF_LEVEL] = NAN
+        OF[oid & (OF.shape[0] - 1), OF_LEVEL] = NAN
         return
-    prev = OF[oid, OF_LEVEL]
-    OF[oid, OF_LEVEL] = q
+    prev = OF[oid & (OF.shape[0] - 1), OF_LEVEL]
+    OF[oid & (OF.shape[0] - 1), OF_LEVEL] = q
     if prev != prev:
-        OF[oid, OF_AHEAD] = pmin(OF[oid, OF_AHEAD], q)
+        OF[oid & (OF.shape[0] - 1), OF_AHEAD] = pmin(OF[oid & (OF.shape[0] - 1), OF_AHEAD], q)
         return
     chg = prev - q - traded
     if fm == FM_RISK_AVERSE:
-        OF[oid, OF_AHEAD] = pmax(0.0, pmin(OF[oid, OF_AHEAD], q))
+        OF[oid & (OF.shape[0] - 1), OF_AHEAD] = pmax(0.0, pmin(OF[oid & (OF.shape[0] - 1), OF_AHEAD], q))
         return
     if chg <= 0:
-        OF[oid, OF_AHEAD] = pmin(OF[oid, OF_AHEAD], q)
+        OF[oid & (OF.shape[0] - 1), OF_AHEAD] = pmin(OF[oid & (OF.shape[0] - 1), OF_AHEAD], q)
         return
-    front = OF[oid, OF_AHEAD]
+    front = OF[oid & (OF.shape[0] - 1), OF_AHEAD]
     back = pmax(prev - front, 0.0)
     p = _prob(CF, fm, front, back)
     if not math.isfinite(p):
         p = 1.0
     est = front - (1.0 - p) * chg + pmin(back - p * chg, 0.0)
-    OF[oid, OF_AHEAD] = pmax(0.0, pmin(est, q))
+    OF[oid & (OF.shape[0] - 1), OF_AHEAD] = pmax(0.0, pmin(est, q))
 
 
 @nb.njit(cache=True)
 def _on_trade_fm(C, OI, OF, oid, px, sz, tside):
     """FillModel.on_trade: the quantity this trade fills."""
-    side = OI[oid, OI_SIDE]
+    side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     opposite = (side == BUY and tside == SELL) or (side == SELL and tside == BUY)
     if not opposite:
         return 0.0
-    opx = OF[oid, OF_PX]
+    opx = OF[oid & (OF.shape[0] - 1), OF_PX]
     through = px < opx if side == BUY else px > opx
     at = abs(opx - px) <= 1e-9 * pmax(1.0, abs(opx))
-    remaining = OF[oid, OF_QTY] - OF[oid, OF_XFILLED]
+    remaining = OF[oid & (OF.shape[0] - 1), OF_QTY] - OF[oid & (OF.shape[0] - 1), OF_XFILLED]
     fm = C[C_FILL_MODEL]
     if fm == FM_TOUCH:
         return pmin(remaining, sz) if (at or through) else 0.0
     if fm == FM_THROUGH:
         return pmin(remaining, sz) if through else 0.0
     if through:
-        OF[oid, OF_AHEAD] = 0.0
+        OF[oid & (OF.shape[0] - 1), OF_AHEAD] = 0.0
         return pmin(remaining, sz)
     if not at:
         return 0.0
-    OF[oid, OF_TRADED] += sz
-    OF[oid, OF_AHEAD] -= sz
-    if OF[oid, OF_AHEAD] >= 0:
+    OF[oid & (OF.shape[0] - 1), OF_TRADED] += sz
+    OF[oid & (OF.shape[0] - 1), OF_AHEAD] -= sz
+    if OF[oid & (OF.shape[0] - 1), OF_AHEAD] >= 0:
         return 0.0
-    filled = pmin(remaining, -OF[oid, OF_AHEAD])
-    OF[oid, OF_AHEAD] = 0.0
+    filled = pmin(remaining, -OF[oid & (OF.shape[0] - 1), OF_AHEAD])
+    OF[oid & (OF.shape[0] - 1), OF_AHEAD] = 0.0
     return filled
 
 
@@ -2001,10 +2034,21 @@ def _x_on_book(S, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
     for w in range(n):
         o = snapshot[w]
         _on_depth(C, CF, OI, OF, o, x_book)
-        opx = OF[o, OF_PX]
-        crossed = x_book[30] <= opx if OI[o, OI_SIDE] == BUY else x_book[0] >= opx
+        opx = OF[o & (OF.shape[0] - 1), OF_PX]
+        crossed = x_book[30] <= opx if OI[o & (OI.shape[0] - 1), OI_SIDE] == BUY else x_book[0] >= opx
         if crossed:
-            _x_fill(S, C, OI, OF, HI, HF, rest, o, opx, OF[o, OF_QTY] - OF[o, OF_XFILLED])
+            _x_fill(
+                S,
+                C,
+                OI,
+                OF,
+                HI,
+                HF,
+                rest,
+                o,
+                opx,
+                OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_XFILLED],
+            )
             if S[S_WHY] != U_NONE:
                 return
 
@@ -2021,7 +2065,7 @@ def _x_on_trade(S, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, NOUT)
         q = pmin(_on_trade_fm(C, OI, OF, o, px, sz, tside), left)
         if q > EPS:
             left -= q
-            _x_fill(S, C, OI, OF, HI, HF, rest, o, OF[o, OF_PX], q)
+            _x_fill(S, C, OI, OF, HI, HF, rest, o, OF[o & (OF.shape[0] - 1), OF_PX], q)
             if S[S_WHY] != U_NONE:
                 return
 
@@ -2029,13 +2073,13 @@ def _x_on_trade(S, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, NOUT)
 @nb.njit(cache=True)
 def _x_arrive(S, C, CF, OI, OF, HI, HF, rest, x_book, oid, OUTI, OUTF, NOUT, lpx, lq):
     if S[S_XBOOK] == 0:
-        _report(S, C, HI, HF, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
         return
-    _report(S, C, HI, HF, M_ACK, oid, 0, 0.0, 0.0)
-    side = OI[oid, OI_SIDE]
-    otype = OI[oid, OI_TYPE]
-    qty = OF[oid, OF_QTY]
-    limit = OF[oid, OF_PX] if otype == LIMIT else NAN
+    _report(S, C, OI, HI, HF, M_ACK, oid, 0, 0.0, 0.0)
+    side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
+    otype = OI[oid & (OI.shape[0] - 1), OI_TYPE]
+    qty = OF[oid & (OF.shape[0] - 1), OF_QTY]
+    limit = OF[oid & (OF.shape[0] - 1), OF_PX] if otype == LIMIT else NAN
     n = _walk_book(x_book, side, qty, lpx, lq)
     if n < 0:
         S[S_WHY] = U_ROUND
@@ -2045,15 +2089,15 @@ def _x_arrive(S, C, CF, OI, OF, HI, HF, rest, x_book, oid, OUTI, OUTF, NOUT, lpx
         px = lpx[j]
         if not math.isnan(limit) and ((side == BUY and px > limit) or (side == SELL and px < limit)):
             break
-        _report_fill(S, C, HI, HF, oid, px, lq[j], LIQ_TAKER)
+        _report_fill(S, C, OI, HI, HF, oid, px, lq[j], LIQ_TAKER)
         filled += lq[j]
     remaining = qty - filled
     if otype == MARKET:
-        _report(S, C, HI, HF, M_DONE, oid, R_FILLED if remaining <= 1e-12 else R_IOC, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED if remaining <= 1e-12 else R_IOC, 0.0, 0.0)
     elif remaining <= 1e-12:
-        _report(S, C, HI, HF, M_DONE, oid, R_FILLED, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED, 0.0, 0.0)
     else:
-        OF[oid, OF_XFILLED] = filled
+        OF[oid & (OF.shape[0] - 1), OF_XFILLED] = filled
         _on_new(C, CF, OI, OF, oid, x_book, True)
         nr = S[S_NREST]
         if nr >= REST_CAP:
@@ -2061,3 +2105,4 @@ def _x_arrive(S, C, CF, OI, OF, HI, HF, rest, x_book, oid, OUTI, OUTF, NOUT, lpx
             return
         rest[nr] = oid
         S[S_NREST] = nr + 1
+        OI[oid & (OI.shape[0] - 1), OI_RESTING] = 1

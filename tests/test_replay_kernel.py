@@ -144,7 +144,17 @@ def test_stopping_and_resuming_changes_nothing(session, tmp_path, monkeypatch):
     monkeypatch.setattr(fast_path, "WALK_CHUNK", 1000)
     monkeypatch.setattr(fast_path, "INITIAL_ROWS", K.MARGIN + 8)
     monkeypatch.setattr(fast_path, "LAG_BATCH", 3)
+    handle, grown = fast_path.KernelRun.handle, []
+
+    def handle_and_grow(self, status):  # the order ring also doubles (rows move) a few times mid-run
+        if len(grown) < 3 and int(self.S[K.S_OID]) > 200 * (len(grown) + 1):
+            self._grow_orders()
+            grown.append(self.OI.shape[0])
+        return handle(self, status)
+
+    monkeypatch.setattr(fast_path.KernelRun, "handle", handle_and_grow)
     small = run_replay(session, cfg, out_dir=tmp_path / "small")
+    assert grown == [1024, 2048, 4096]
     assert small.path.startswith("kernel") and small.digest == whole.digest
     for s in OUTPUT_STREAMS:
         a = (whole.run_dir / "events" / f"{s}.parquet").read_bytes()

@@ -66,6 +66,15 @@ def _features_v0_columns(cols, out):  # pragma: no cover - compiled
         features_v0_levels(cols[:, :, r], out[r])
 
 
+@njit(cache=True, nogil=True)
+def features_v0_rows(levels, out):  # pragma: no cover - compiled
+    """``levels``: float64 (n, 60) C-ordered rows of bid px, bid sz, ask px, ask sz (15 each, NaN =
+    missing); ``out``: float32 (n, 128). The per-tick kernel per row, reading rows in memory order (the
+    replay's streamed blocks are laid out so)."""
+    for r in range(out.shape[0]):
+        features_v0_levels(levels[r].reshape((4, _LEVELS)), out[r])
+
+
 def features_v0_table(table: pa.Table) -> np.ndarray:
     """:func:`engine.laya.features.features_v0_batch` compiled: ``(n, 128)`` float32, bit-identical
     (``tests/test_laya.py``), one pass over the Arrow columns without the numpy temporaries."""
