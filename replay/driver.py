@@ -51,6 +51,7 @@ from replay.book_source import StreamedBooks, one_symbol
 from replay.fast_path import KernelRun, KernelUnsupported, LookAheadError, unsupported
 from replay.label_columns import LabelColumns
 from replay.sim_exchange import SimExchange
+from replay.walk import StreamedWalk, WalkStream
 
 RUN_SCHEMA_VERSION = 1
 KEV_MODES = ("sim", "cassette", "llm")
@@ -292,8 +293,10 @@ class _Tape:
         self.t_evt = _col(trades, "ts_event", "int64")
         self.t_px = _col(trades, "px")
         self.t_sz = _col(trades, "sz")
-        self.t_side = trades.column("side").to_pylist()
-        self.t_id = trades.column("trade_id").to_pylist()
+        # Python strings per trade only for the Python engine's Trade objects (built on first use)
+        self._trades_side, self._trades_id = trades.column("side"), trades.column("trade_id")
+        self._t_side: list[str] | None = None
+        self._t_id: list[str] | None = None
         self.b_loc = self._local(_col(books, "ts_recv", "int64"), self.b_evt, feed, scale_feed)
         self.t_loc = self._local(_col(trades, "ts_recv", "int64"), self.t_evt, feed, scale_feed)
         # The exchange cannot see a print after we do (local clocks can run behind the exchange's).
@@ -309,6 +312,38 @@ class _Tape:
         if scale != 1.0:
             recv = evt + np.rint((recv - evt) * scale).astype(np.int64)
         return recv
+
+    @property
+    def t_side(self) -> list[str]:
+        if self._t_side is None:
+            self._t_side = self._trades_side.to_pylist()
+        return self._t_side
+
+    @property
+    def t_id(self) -> list[str]:
+        if self._t_id is None:
+            self._t_id = self._trades_id.to_pylist()
+        return self._t_id
+
+    def t_side_codes(self) -> np.ndarray:
+        """Aggressor side per trade: 0 buy, 1 sell, -1 anything else (the kernel's codes)."""
+        side = self._trades_side
+        buy = pc.fill_null(pc.equal(side, "buy"), False).to_numpy(zero_copy_only=False)
+        sell = pc.fill_null(pc.equal(side, "sell"), False).to_numpy(zero_copy_only=False)
+        return np.where(buy, 0, np.where(sell, 1, -1)).astype(np.int64)
+
+    def walk_streams(self, label_due: np.ndarray) -> list[WalkStream]:
+        """The walk's streams for :class:`replay.walk.StreamedWalk`: :meth:`order`'s entries (kinds 0, 1, 2
+        and 4; no kind 3) without building them all."""
+        nb = len(self.b_seq)
+        rank = np.empty(nb, dtype=np.int64)
+        rank[self.engine_book_order()] = np.arange(nb)
+        return [
+            WalkStream(self.b_exch, PRIO_EXCH_BOOK, self.b_seq, 0),
+            WalkStream(self.t_exch, PRIO_EXCH_TRADE, self.t_seq, 1),
+            WalkStream(self.b_loc, PRIO_LOCAL_BOOK, self.b_seq, 2),
+            WalkStream(label_due, PRIO_LABEL, rank, 4),
+        ]
 
     def engine_book_order(self) -> np.ndarray:
         """Book rows in the order the engine receives them (the walk's kind-2 entries)."""
@@ -600,10 +635,18 @@ def _run_replay(
     label_due = _label_due(tape, laya_latency)
     # Engine.on_trade is a no-op unless the engine says otherwise: then its walk entries are skipped.
     engine_trades = Engine.uses_trades
-    ts, prio, kind, row = tape.order(label_due, engine_trades)
     labels_walked = label_due is not None  # else Engine.on_book schedules each label on the clock
+    # The kernel takes the walk a chunk at a time from a merge of the streams; the Python engine walks
+    # the whole sorted order. The same entries in the same order (replay/walk.py).
+    walk: StreamedWalk | None = None
+    if kernel and label_due is not None and not engine_trades:
+        walk = StreamedWalk(tape.walk_streams(label_due), fast_path.WALK_CHUNK)
+        start_ns, n_walk = walk.first_ts(), walk.total
+    else:
+        ts, prio, kind, row = tape.order(label_due, engine_trades)
+        start_ns, n_walk = int(ts[0]), len(ts)
     del label_due
-    clock = ReplayClock(start_ns=int(ts[0]))
+    clock = ReplayClock(start_ns=start_ns)
     if cfg.laya_features == "v1":
         labeler: Callable[[BookSnapshot], tuple[int, np.ndarray]] = _v1_labeler(
             laya, cfg.laya_mode, book_table, trade_table, tape, clock
@@ -642,20 +685,21 @@ def _run_replay(
     )
     exchange.engine = engine
 
-    bar = _progress(progress, len(ts))
+    bar = _progress(progress, n_walk)
     batch_labels = isinstance(labeler, _BatchLabeler)
     why = (
         "kernel=False"
         if not kernel
         else unsupported(cfg, engine, exchange, advisor, labels_walked, batch_labels)
     )
-    if why and streamed is not None:  # the Python engine needs the whole table: start again
+    if why and (streamed is not None or walk is not None):  # the Python engine needs the whole tape
         log.abandon()
         raise KernelUnsupported(why)
     if not why:
         assert isinstance(labeler, _BatchLabeler)
         try:
-            _run_kernel(cfg, engine, exchange, advisor, log, tape, labeler, (ts, prio, kind, row), bar)
+            assert walk is not None
+            _run_kernel(cfg, engine, exchange, advisor, log, tape, labeler, walk, bar)
         except BaseException:  # KernelUnsupported (rerun in Python by run_replay), or a real error
             log.abandon()
             raise
@@ -719,13 +763,12 @@ def _run_kernel(
     log: EventLog,
     tape: _Tape,
     labeler: _BatchLabeler,
-    walk: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    walk: StreamedWalk,
     bar: Any,
 ) -> None:
     run = KernelRun(cfg, engine, exchange, advisor, log, tape.symbol, len(tape.b_seq))
     labels = LabelColumns(log, tape.symbol, tape.b_evt, tape.b_seq, tape.b_loc, labeler.labels, labeler.probs)
-    side_code = {"buy": 0, "sell": 1}
-    t_side = np.array([side_code.get(s, -1) for s in tape.t_side], dtype=np.int64)
+    t_side = tape.t_side_codes()
     fast_path.run_kernel(
         run,
         walk,

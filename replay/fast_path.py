@@ -31,6 +31,7 @@ from engine.kev.sim import SimKevBackend
 from engine.latency import ConstantLatency, LatencyModel, ScaledLatency
 from replay import kernel as K
 from replay.batch_latency import sample_many
+from replay.walk import StreamedWalk
 
 
 class LookAheadError(RuntimeError):
@@ -263,6 +264,13 @@ class KernelRun:
         self.lags = np.zeros(0, dtype=np.int64)
         self.streams = {s: _KernelStream(log, s) for s in K.OUT_STREAMS}
         self._texts: dict[int, tuple[str, str, str]] = {}  # request id -> (key, raw, reason)
+
+    def state(self) -> tuple[np.ndarray, ...]:
+        """The kernel's state arrays, in its functions' argument order (S ... x_book)."""
+        return (
+            self.S, self.SF, self.C, self.CF, self.OI, self.OF, self.RI, self.RF, self.HI, self.HF, self.work,
+            self.rest, self.kq, self.inflight, self.recent, self.eng_book, self.x_book,
+        )  # fmt: skip
 
     # ------------------------------------------------------------ growth
 
@@ -507,7 +515,7 @@ def _no_seq(stream: str) -> pa.Schema:
 
 def run_kernel(
     run: KernelRun,
-    walk: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    walk: StreamedWalk,
     book_levels: Callable[[int, int], np.ndarray],
     b_loc: np.ndarray,
     labels: np.ndarray,
@@ -516,97 +524,35 @@ def run_kernel(
     add_labels: Callable[[np.ndarray, np.ndarray], None],
     bar: Any = None,
 ) -> None:
-    """The whole walk, then the timers left at its end. ``book_levels(r0, r1)``: rows r0..r1-1 of the
-    tape as a (rows x 60) float64 array (bid_px, bid_sz, ask_px, ask_sz)."""
-    ts, prio, kind, row = walk
+    """The whole walk, a chunk at a time, then the timers left at its end. ``book_levels(r0, r1)``:
+    rows r0..r1-1 of the tape as a (rows x 60) float64 array (bid_px, bid_sz, ask_px, ask_sz)."""
     t_px, t_sz, t_side = trades
-    n = len(ts)
-    labels = np.ascontiguousarray(labels)
     S = run.S
-    for start in range(0, n, WALK_CHUNK):
-        end = min(n, start + WALK_CHUNK)
+    done = 0
+    while (chunk := walk.next_chunk()) is not None:
+        ts, prio, kind, row = chunk
+        n = len(ts)
         if bar is not None:
-            bar.update(start)
-        k = kind[start:end]
-        r = row[start:end]
-        books = r[k != 1]
-        if len(books):
-            r0, r1 = int(books.min()), int(books.max()) + 1
-        else:
-            r0, r1 = 0, 0
+            bar.update(done)
+        books = row[kind != 1]
+        r0, r1 = (int(books.min()), int(books.max()) + 1) if len(books) else (0, 0)
         levels = book_levels(r0, r1) if r1 > r0 else np.zeros((0, 60))
+        S[K.S_WALK] = 0
         while True:
             before = int(S[K.S_WALK])
             status = K.run(
-                ts,
-                prio,
-                kind,
-                row,
-                end,
-                levels,
-                r0,
-                b_loc,
-                labels,
-                probs,
-                t_px,
-                t_sz,
-                t_side,
-                run.lags,
-                S,
-                run.SF,
-                run.C,
-                run.CF,
-                run.OI,
-                run.OF,
-                run.RI,
-                run.RF,
-                run.HI,
-                run.HF,
-                run.work,
-                run.rest,
-                run.kq,
-                run.inflight,
-                run.recent,
-                run.eng_book,
-                run.x_book,
-                run.OUTI,
-                run.OUTF,
-                run.NOUT,
-                OUT_CAP,
-            )
+                ts, prio, kind, row, n, levels, r0, b_loc, labels, probs, t_px, t_sz, t_side, run.lags,
+                *run.state(), run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
+            )  # fmt: skip
             after = int(S[K.S_WALK])
             if after > before:
-                seg = slice(before, after)
-                m = kind[seg] == 4
+                m = kind[before:after] == 4
                 if m.any():
-                    add_labels(row[seg][m], ts[seg][m])
+                    add_labels(row[before:after][m], ts[before:after][m])
             if not run.handle(int(status)):
                 break
+        done += n
     while True:
-        status = K.run_all(
-            S,
-            run.SF,
-            run.C,
-            run.CF,
-            run.OI,
-            run.OF,
-            run.RI,
-            run.RF,
-            run.HI,
-            run.HF,
-            run.work,
-            run.rest,
-            run.kq,
-            run.inflight,
-            run.recent,
-            run.eng_book,
-            run.x_book,
-            b_loc,
-            run.lags,
-            run.OUTI,
-            run.OUTF,
-            run.NOUT,
-            OUT_CAP,
-        )
+        status = K.run_all(*run.state(), b_loc, run.lags, run.OUTI, run.OUTF, run.NOUT, OUT_CAP)
         if not run.handle(int(status)):
             break

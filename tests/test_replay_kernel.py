@@ -199,11 +199,19 @@ def test_the_kernel_cannot_read_a_label_before_its_book_arrived(session, tmp_pat
     real = fast_path.run_kernel
 
     def planted(run, walk, *args, **kw):
-        ts, prio, kind, row = (a.copy() for a in walk)
-        i = int(np.flatnonzero(kind == 4)[50])
-        j = int(np.flatnonzero((kind == 4) & (row == row[i] + 20))[0])  # a later book's label ...
-        row[i] = row[j]  # ... delivered at the earlier label's time
-        return real(run, (ts, prio, kind, row), *args, **kw)
+        next_chunk, first = walk.next_chunk, [True]
+
+        def plant():
+            chunk = next_chunk()
+            if chunk is not None and first[0]:
+                first[0] = False
+                ts, prio, kind, row = chunk
+                i = int(np.flatnonzero(kind == 4)[50])
+                row[i] = row[i] + 20  # a later book's label, delivered at this label's time
+            return chunk
+
+        walk.next_chunk = plant
+        return real(run, walk, *args, **kw)
 
     monkeypatch.setattr(fast_path, "run_kernel", planted)
     with pytest.raises(LookAheadError):
@@ -243,3 +251,35 @@ def test_a_multi_symbol_session_reads_its_symbol(tmp_path):
     w.close()
     _, kn = _same(tmp_path / "ab", ReplayConfig(seed=2), tmp_path, "multi")
     assert kn.path == "kernel"
+
+
+@pytest.mark.parametrize("feed", ["recorded", "lognormal:p5=1ms,p95=300ms"])
+def test_the_merged_walk_is_the_sorted_walk(session, feed):
+    """replay/walk.py's chunked merge gives tape.order()'s entries in its order, ties included."""
+    import replay.driver as driver
+    from engine.latency import parse_latency
+    from engine.store import open_session
+    from replay.walk import StreamedWalk
+
+    s = open_session(session)
+    rng = np.random.default_rng(1)
+    tape = driver._Tape(
+        s.read_table("books15"),
+        s.read_table("trade"),
+        None if feed == "recorded" else parse_latency(feed, rng),
+        1.0,
+    )
+    due = driver._label_due(tape, parse_latency("lognormal:p5=100us,p95=150ms", rng))
+    due[::7] = tape.b_loc[::7] + 5  # ties between labels and other entries at one time
+    want = tape.order(due, engine_trades=False)
+    walk = StreamedWalk(tape.walk_streams(due), chunk=333)
+    got = [[], [], [], []]
+    while (chunk := walk.next_chunk()) is not None:
+        for acc, part in zip(got, chunk, strict=True):
+            acc.append(part.copy())
+    assert walk.total == len(want[0])
+    for a, b in zip(want, got, strict=True):
+        c = np.concatenate(b)
+        assert c.dtype == a.dtype and np.array_equal(c, a)
+    unsorted = [w for w in walk._perm if len(w)]
+    assert unsorted  # the modelled latencies put some stream out of its own order: the merge sorted it
