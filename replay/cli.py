@@ -30,6 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("session", type=Path, help="session directory (has manifest.json)")
     p.add_argument("--out", type=Path, help="run directory (default SESSION/runs/run-<config hash>)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    p.add_argument(
+        "--python-engine",
+        action="store_true",
+        help="run the Python engine even where the compiled replay kernel applies (the same events, slower)",
+    )
     p.add_argument("--seed", type=int, default=1, help="seed for every component's RNG")
     p.add_argument("--model", type=Path, help="Laya ONNX model (default data/models/laya-v0.onnx)")
     p.add_argument("--provider", choices=("auto", "cuda", "cpu"), default="auto", help="Laya provider")
@@ -130,6 +135,7 @@ def _print_result(res) -> None:  # type: ignore[no-untyped-def]
     )
     kev = res.kev
     print(f"Kev: {kev['mode']} ({kev['name']})" + ("" if kev["deterministic"] else ", NOT deterministic"))
+    print(f"engine: {res.path}")
     print(f"run: {res.run_dir}")
     print(f"digest: {res.digest}")
 
@@ -138,7 +144,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from engine.report.report import print_report
     from replay.driver import run_replay
 
-    res = run_replay(args.session, _config(args), out_dir=args.out, overwrite=args.overwrite, progress=True)
+    res = run_replay(
+        args.session,
+        _config(args),
+        out_dir=args.out,
+        overwrite=args.overwrite,
+        progress=True,
+        kernel=not getattr(args, "python_engine", False),
+    )
     _print_result(res)
     if args.report:
         print_report(res.run_dir)

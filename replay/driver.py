@@ -802,7 +802,7 @@ def _finish(
         "deterministic": bool(getattr(advisor, "deterministic", True)),
         **{k: getattr(advisor, k) for k in ("hits", "misses", "live_calls") if hasattr(advisor, k)},
     }
-    _finish_run(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor_info)
+    _finish_run(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor_info, path)
     return RunResult(
         run_dir, log.digest, log.counts(), n_books, n_trades, wall, laya.describe(), advisor_info, path
     )
@@ -829,6 +829,7 @@ def _finish_run(
     n_books: int,
     n_trades: int,
     advisor_info: dict[str, Any],
+    path: str = "python",
 ) -> None:
     files = log.write()
     info = laya.describe()
@@ -858,10 +859,14 @@ def _finish_run(
         shutil.rmtree(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp.rename(run_dir)
-    # The provider is a fact about this machine, not about the run's inputs: kept beside the manifest.
+    # The provider and the engine path are facts about this run's machine and code path, not about its
+    # inputs (both paths give the same events): kept beside the manifest.
     write_json(
         run_dir / "runtime.json",
-        {k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
+        {
+            **{k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
+            "engine_path": path,
+        },
     )
 
 

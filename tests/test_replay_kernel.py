@@ -7,6 +7,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
 import replay.fast_path as fast_path
@@ -36,6 +37,7 @@ def _same(session: Path, cfg: ReplayConfig, tmp: Path, name: str) -> tuple:
         b = (kn.run_dir / "events" / f"{s}.parquet").read_bytes()
         assert a == b, f"{s}.parquet differs"
     assert (py.run_dir / "manifest.json").read_bytes() == (kn.run_dir / "manifest.json").read_bytes()
+    assert orjson.loads((kn.run_dir / "runtime.json").read_bytes())["engine_path"] == kn.path
     return py, kn
 
 
@@ -283,3 +285,16 @@ def test_the_merged_walk_is_the_sorted_walk(session, feed):
         assert c.dtype == a.dtype and np.array_equal(c, a)
     unsorted = [w for w in walk._perm if len(w)]
     assert unsorted  # the modelled latencies put some stream out of its own order: the merge sorted it
+
+
+def test_the_cli_says_which_engine_ran(session, tmp_path, capsys):
+    from dualhub.cli import main
+
+    assert main(["replay", str(session), "--out", str(tmp_path / "k")]) == 0
+    assert "engine: kernel" in capsys.readouterr().out
+    assert main(["replay", str(session), "--out", str(tmp_path / "p"), "--python-engine"]) == 0
+    out = capsys.readouterr().out
+    assert "engine: python (kernel=False)" in out
+    k = orjson.loads((tmp_path / "k" / "manifest.json").read_bytes())
+    p = orjson.loads((tmp_path / "p" / "manifest.json").read_bytes())
+    assert k["digest"] == p["digest"]
