@@ -22,6 +22,7 @@ from engine.contract import ContractConfig
 from engine.core import LABEL_NAMES, Engine, EngineConfig
 from engine.eventlog import EventLog
 from engine.events import STREAMS
+from engine.fastinit import frozen_maker
 from engine.fills import FILL_MODELS
 from engine.kev.advisor import KevContext
 from engine.kev.command import ACTIONS
@@ -36,6 +37,9 @@ from replay.walk import StreamedWalk
 
 class LookAheadError(RuntimeError):
     """A component asked for data it could not have seen yet (``ts_recv > now``)."""
+
+
+_kev_context = frozen_maker(KevContext)
 
 
 class KernelUnsupported(RuntimeError):
@@ -251,8 +255,8 @@ class KernelRun:
         self.RF = np.zeros((n0, K.RF_COLS), dtype=np.float64)
         self.HI = np.zeros((n0, K.HI_COLS), dtype=np.int64)
         self.HF = np.zeros((n0, K.HF_COLS), dtype=np.float64)
-        self.work = np.zeros(K.WORK_CAP, dtype=np.int64)
-        self.rest = np.zeros(K.REST_CAP, dtype=np.int64)
+        self.work = np.zeros(3 * K.WORK_CAP, dtype=np.int64)  # the list, then two scratch copies
+        self.rest = np.zeros(2 * K.REST_CAP, dtype=np.int64)
         self.kq = np.zeros(K.KQ_CAP, dtype=np.int64)
         self.inflight = np.zeros(K.KQ_CAP, dtype=np.int64)
         self.recent = np.zeros(r.max_orders_per_s + 16, dtype=np.int64)
@@ -329,18 +333,18 @@ class KernelRun:
         if t is not None:
             return t
         RI, RF = self.RI[rid], self.RF[rid]
-        ctx = KevContext(
-            request_id=rid,
-            ts_ns=int(RI[K.RI_TS]),
-            symbol=self.symbol,
-            label=LABEL_NAMES[int(RI[K.RI_LABEL])],
-            label_seq=int(RI[K.RI_LABEL_SEQ]),
-            p_label=float(RF[K.RF_P]),
-            mid=float(RF[K.RF_MID]),
-            spread=float(RF[K.RF_SPREAD]),
-            imbalance=float(RF[K.RF_IMB]),
-            position=float(RF[K.RF_POS]),
-            max_position=float(RF[K.RF_MAXPOS]),
+        ctx = _kev_context(  # KevContext fields in order
+            rid,
+            int(RI[K.RI_TS]),
+            self.symbol,
+            LABEL_NAMES[int(RI[K.RI_LABEL])],
+            int(RI[K.RI_LABEL_SEQ]),
+            float(RF[K.RF_P]),
+            float(RF[K.RF_MID]),
+            float(RF[K.RF_SPREAD]),
+            float(RF[K.RF_IMB]),
+            float(RF[K.RF_POS]),
+            float(RF[K.RF_MAXPOS]),
         )
         raw = self.advisor.decide(ctx)
         mine = (

@@ -226,7 +226,7 @@ OUT_MAXI, OUT_MAXF = 9, 4
 
 # Headroom checked before each walk entry and each timer: no single step emits more than this.
 MARGIN = 256
-WORK_CAP, REST_CAP, KQ_CAP = 64, 64, 16
+WORK_CAP, REST_CAP, KQ_CAP = 64, 64, 16  # work holds 3 x WORK_CAP and rest 2 x REST_CAP: scratch after
 EPS = 1e-12
 NAN = math.nan
 _SPLIT = 134217729.0  # 2**27 + 1 (Dekker)
@@ -1023,7 +1023,9 @@ def _send_cancel(S, C, OI, OF, HI, HF, oid, OUTI, OUTF, NOUT):
 @nb.njit(cache=True)
 def _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT):
     n = S[S_NWORK]
-    snapshot = work[:n].copy()
+    snapshot = work[WORK_CAP : 2 * WORK_CAP]  # scratch: the list as it was (cancels do not change it)
+    for w in range(n):
+        snapshot[w] = work[w]
     for w in range(n):
         o = snapshot[w]
         if OI[o & (OI.shape[0] - 1), OI_TYPE] == LIMIT and (
@@ -1161,7 +1163,7 @@ def _requote(
         want = want_buy if side == BUY else want_sell
         qpx = bid_px if side == BUY else ask_px
         n = S[S_NWORK]
-        sel = np.empty(n, dtype=np.int64)
+        sel = work[2 * WORK_CAP : 3 * WORK_CAP]  # scratch: this side's working limit orders
         m = 0
         for w in range(n):
             o = work[w]
@@ -2030,7 +2032,9 @@ def _x_on_book(S, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
     n = S[S_NREST]
     if n == 0:
         return
-    snapshot = rest[:n].copy()
+    snapshot = rest[REST_CAP : 2 * REST_CAP]  # scratch: the book as it was before fills remove orders
+    for w in range(n):
+        snapshot[w] = rest[w]
     for w in range(n):
         o = snapshot[w]
         _on_depth(C, CF, OI, OF, o, x_book)
@@ -2057,7 +2061,9 @@ def _x_on_book(S, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
 def _x_on_trade(S, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, NOUT):
     left = sz
     n = S[S_NREST]
-    snapshot = rest[:n].copy()
+    snapshot = rest[REST_CAP : 2 * REST_CAP]
+    for w in range(n):
+        snapshot[w] = rest[w]
     for w in range(n):
         if left <= EPS:
             break
