@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.events import BOOK_LEVELS
@@ -54,7 +55,10 @@ class StreamedBooks:
         """Every row's times, seqs and symbol (no levels)."""
         if not self._files:
             return self._schema.empty_table().select(SMALL_COLUMNS)
-        return pa.concat_tables([pq.read_table(f, columns=SMALL_COLUMNS) for f in self._files])
+        # symbol as a dictionary: one string, not a million
+        return pa.concat_tables(
+            [pq.read_table(f, columns=SMALL_COLUMNS, read_dictionary=["symbol"]) for f in self._files]
+        )
 
     def _read_block(self, b: int) -> np.ndarray:
         lo, hi = b * BLOCK, min(self.num_rows, (b + 1) * BLOCK)
@@ -62,7 +66,7 @@ class StreamedBooks:
         for pf, g, first, n in self._groups:
             if first + n <= lo or first >= hi:
                 continue
-            t = pf.read_row_group(g, columns=LEVEL_COLUMNS)
+            t = pf.read_row_group(g, columns=LEVEL_COLUMNS, use_threads=False)
             a, z = max(lo, first) - first, min(hi, first + n) - first
             pieces.append(t.slice(a, z - a))
         table = pa.concat_tables(pieces)
@@ -100,10 +104,21 @@ class StreamedBooks:
 
 
 def one_symbol(files: list[Path], symbol: str) -> bool:
-    """Whether every row of these parts is ``symbol`` (then rows need no filtering)."""
+    """Whether every row of these parts is ``symbol`` (then rows need no filtering): from the row groups'
+    statistics where written (min == max == symbol, no nulls), else from the column itself."""
     for f in files:
-        col = pq.read_table(f, columns=["symbol"]).column(0)
-        if col.null_count or len(col.unique()) != 1 or col[0].as_py() != symbol:
-            if len(col):
+        pf = pq.ParquetFile(f)
+        idx = pf.schema_arrow.get_field_index("symbol")
+        known = True
+        for g in range(pf.metadata.num_row_groups):
+            st = pf.metadata.row_group(g).column(idx).statistics
+            if st is None or not st.has_min_max or st.null_count != 0:
+                known = False
+                break
+            if st.min != symbol or st.max != symbol:
+                return False
+        if not known:
+            col = pq.read_table(f, columns=["symbol"], read_dictionary=["symbol"]).column(0)
+            if col.null_count or (len(col) and set(pc.unique(col).to_pylist()) != {symbol}):
                 return False
     return True

@@ -298,3 +298,26 @@ def test_the_cli_says_which_engine_ran(session, tmp_path, capsys):
     k = orjson.loads((tmp_path / "k" / "manifest.json").read_bytes())
     p = orjson.loads((tmp_path / "p" / "manifest.json").read_bytes())
     assert k["digest"] == p["digest"]
+
+
+@pytest.mark.parametrize("stats", [True, False])
+def test_one_symbol_reads_statistics_or_the_column(tmp_path, stats):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from replay.book_source import one_symbol
+
+    def part(name, symbols):
+        path = tmp_path / f"{name}-{stats}.parquet"
+        pq.write_table(
+            pa.table({"symbol": symbols, "x": list(range(len(symbols)))}), path, write_statistics=stats
+        )
+        return path
+
+    one = part("one", ["BTCUSDT"] * 5)
+    two = part("two", ["BTCUSDT", "ETHUSDT", "BTCUSDT"])
+    empty = part("empty", pa.array([], pa.string()))
+    assert one_symbol([one, empty], "BTCUSDT")
+    assert not one_symbol([one], "ETHUSDT")
+    assert not one_symbol([one, two], "BTCUSDT")
+    assert not one_symbol([part("null", ["BTCUSDT", None])], "BTCUSDT")
