@@ -321,3 +321,42 @@ def test_one_symbol_reads_statistics_or_the_column(tmp_path, stats):
     assert not one_symbol([one], "ETHUSDT")
     assert not one_symbol([one, two], "BTCUSDT")
     assert not one_symbol([part("null", ["BTCUSDT", None])], "BTCUSDT")
+
+
+def test_random_configurations_are_identical(session, tmp_path):
+    """Twelve configurations drawn (seeded) from the space the kernel covers: the same bytes each time."""
+    rng = np.random.default_rng(2026)
+    for k in range(12):
+        risk = RiskLimits(
+            max_position=float(rng.choice([0.004, 0.01, 0.05])),
+            max_order_qty=float(rng.choice([0.002, 0.004, 0.02])),
+            max_orders_per_s=int(rng.integers(2, 12)),
+            price_band_bps=float(rng.choice([1.0, 5.0, 50.0])),
+            max_slippage_bps=float(rng.choice([0.01, 1.0, 5.0])),
+            daily_loss_stop_usd=float(rng.choice([0.02, 0.5, 100.0, 1e9])),
+            max_advice_age_ns=int(rng.choice([1, 300_000_000, 3_000_000_000])),
+        )
+        base = ReplayConfig(seed=int(rng.integers(1, 1000)), risk=risk)
+        cfg = replace(
+            base,
+            fill_model=str(rng.choice(sorted(fast_path.FILL_MODEL_CODES))),
+            kev_queue_policy=str(rng.choice(["drop_oldest", "fifo", "conflate"])),
+            kev_queue_max=int(rng.integers(1, 4)),
+            kev_max_in_flight=int(rng.integers(1, 3)),
+            kev_timeout_ms=int(rng.choice([150, 400, 2000])),
+            kev_stale_after_ms=int(rng.choice([100, 1000])),
+            kev_lag_p5_ms=float(rng.choice([50.0, 200.0])),
+            kev_lag_p95_ms=float(rng.choice([400.0, 900.0])),
+            latency_order_entry=str(rng.choice(["const:0ns", "const:2ms", "const:30ms"])),
+            latency_order_response=str(rng.choice(["const:1ms", "const:5ms"])),
+            latency_cancel=str(rng.choice(["const:1ms", "const:10ms"])),
+            latency_laya=str(rng.choice(["const:200us", "lognormal:p5=50us,p95=5ms"])),
+            exchange_feed=str(rng.choice(["event", "local"])),
+            quotes=replace(
+                base.quotes,
+                requote_min_ns=int(rng.choice([50_000_000, 250_000_000])),
+                offset_ticks=int(rng.integers(0, 3)),
+                rebalance_min_ns=int(rng.choice([200_000_000, 1_000_000_000])),
+            ),
+        )
+        _same(session, cfg, tmp_path, f"r{k}")
