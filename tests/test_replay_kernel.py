@@ -360,3 +360,23 @@ def test_random_configurations_are_identical(session, tmp_path):
             ),
         )
         _same(session, cfg, tmp_path, f"r{k}")
+
+
+def test_the_kernels_codes_name_the_engines_texts():
+    from engine.core import LABEL_NAMES
+    from engine.kev.command import ACTIONS
+    from engine.kev.queue import POLICIES
+    from engine.risk import REASONS
+
+    risk_codes = [K.R_OK, K.R_BAD_ORDER, K.R_KILL, K.R_NO_BOOK, K.R_STALE_BOOK, K.R_MAX_QTY, K.R_MAX_POS]
+    risk_codes += [K.R_MAX_DELTA, K.R_BAND, K.R_SLIP, K.R_RATE, K.R_LOSS, K.R_STALE_ADVICE]
+    assert [K.REASON_TEXT[c] for c in risk_codes] == list(REASONS)
+    assert [LABEL_NAMES[c] for c in (K.L_HOLD, K.L_BUY, K.L_SELL, K.L_EMERGENCY)] == [
+        "HOLD",
+        "LEAN_BUY",
+        "LEAN_SELL",
+        "EMERGENCY",
+    ]
+    assert [ACTIONS[c] for c in (K.A_HOLD, K.A_LEAN_BUY, K.A_LEAN_SELL, K.A_FLATTEN)] == list(ACTIONS)
+    policies = (K.POLICY_DROP_OLDEST, K.POLICY_FIFO, K.POLICY_CONFLATE)
+    assert [POLICIES[c] for c in policies] == ["drop_oldest", "fifo", "conflate"]
