@@ -545,8 +545,8 @@ def run_kernel(
         while True:
             before = int(S[K.S_WALK])
             status = K.run(
-                ts, prio, kind, row, n, levels, r0, labels, probs, t_px, t_sz, t_side,
-                (*run.state(), b_loc, run.lags), (run.OUTI, run.OUTF, run.NOUT), OUT_CAP,
+                ts, prio, kind, row, n, levels, r0, b_loc, labels, probs, t_px, t_sz, t_side, run.lags,
+                *run.state(), run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
             )  # fmt: skip
             after = int(S[K.S_WALK])
             if after > before:
@@ -557,6 +557,6 @@ def run_kernel(
                 break
         done += n
     while True:
-        status = K.run_all((*run.state(), b_loc, run.lags), (run.OUTI, run.OUTF, run.NOUT), OUT_CAP)
+        status = K.run_all(*run.state(), b_loc, run.lags, run.OUTI, run.OUTF, run.NOUT, OUT_CAP)
         if not run.handle(int(status)):
             break

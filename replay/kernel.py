@@ -58,9 +58,6 @@ REASON_TEXT = (
     "ioc_remainder_expired",
     "cancel_rejected:order_not_found",
 )
-assert REASON_TEXT[R_STALE_ADVICE] == "stale_advice" and REASON_TEXT[R_CANCEL_NOT_FOUND].startswith(
-    "cancel_rejected"
-)
 # labels by class index (engine.core.LABEL_NAMES)
 L_HOLD, L_BUY, L_SELL, L_EMERGENCY = 0, 1, 2, 3
 # Kev queue note kinds
@@ -478,32 +475,92 @@ def _risk_state_pnl_bad(S, CF, mid):
 
 
 @nb.njit(cache=True)
-def run(walk_ts, walk_prio, walk_kind, walk_row, walk_end, levels, level_row0, labels, probs,
-        t_px, t_sz, t_side, st, out, out_cap):  # fmt: skip
-    """Run the walk from S[S_WALK] to walk_end; returns a status (ST_*). ``st``: the state arrays
-    (S ... x_book, b_loc, lags), ``out``: the output buffers (OUTI, OUTF, NOUT)."""
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
+def run(
+    walk_ts,
+    walk_prio,
+    walk_kind,
+    walk_row,
+    walk_end,
+    levels,
+    level_row0,
+    b_loc,
+    labels,
+    probs,
+    t_px,
+    t_sz,
+    t_side,
+    lags,
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    rest,
+    kq,
+    inflight,
+    recent,
+    eng_book,
+    x_book,
+    OUTI,
+    OUTF,
+    NOUT,
+    out_cap,
+):
+    """Run the walk from S[S_WALK] to walk_end. Returns a status (ST_*)."""
     tmpi = np.zeros(HI_COLS, dtype=np.int64)
     tmpf = np.zeros(HF_COLS, dtype=np.float64)
-    sc = (tmpi, tmpf, np.zeros(16, dtype=np.float64), np.zeros(16, dtype=np.float64))  # scratch
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
     i = S[S_WALK]
     while i < walk_end:
         t = walk_ts[i]
         p = walk_prio[i]
         # timers that sort before this entry
         while S[S_HEAP_N] > 0 and (HI[0, 0] < t or (HI[0, 0] == t and HI[0, 1] < p)):
-            status = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
-            if status != ST_DONE:
-                return status
+            st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
+            if st != ST_DONE:
+                return st
             _heap_pop(S, HI, HF, tmpi, tmpf)
             S[S_NOW] = tmpi[0]
-            _timer(st, out, sc)
+            _timer(
+                tmpi,
+                tmpf,
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                RI,
+                RF,
+                HI,
+                HF,
+                work,
+                rest,
+                kq,
+                inflight,
+                recent,
+                eng_book,
+                x_book,
+                b_loc,
+                lags,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
             if S[S_WHY] != U_NONE:
                 return ST_UNSUPPORTED
-        status = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
-        if status != ST_DONE:
-            return status
+        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
+        if st != ST_DONE:
+            return st
         S[S_NOW] = t
         k = walk_kind[i]
         r = walk_row[i]
@@ -512,7 +569,7 @@ def run(walk_ts, walk_prio, walk_kind, walk_row, walk_end, levels, level_row0, l
             for c in range(60):
                 x_book[c] = levels[j, c]
             S[S_XBOOK] = 1
-            _x_on_book(st, out)
+            _x_on_book(S, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT)
         elif k == 2:  # book at the engine
             j = r - level_row0
             for c in range(60):
@@ -524,10 +581,40 @@ def run(walk_ts, walk_prio, walk_kind, walk_row, walk_end, levels, level_row0, l
                 S[S_WHY] = U_LOOK_AHEAD
                 return ST_UNSUPPORTED
             S[S_LABELS] += 1
-            _on_label(st, out, sc, r, labels[r], probs[r, labels[r]], levels, level_row0)
+            _on_label(
+                r,
+                labels[r],
+                probs[r, labels[r]],
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                RI,
+                RF,
+                HI,
+                HF,
+                work,
+                rest,
+                kq,
+                inflight,
+                recent,
+                eng_book,
+                x_book,
+                b_loc,
+                levels,
+                level_row0,
+                lags,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
         elif k == 1:  # trade at the exchange
             if S[S_NREST] > 0:
-                _x_on_trade(st, out, t_px[r], t_sz[r], t_side[r])
+                _x_on_trade(S, C, CF, OI, OF, HI, HF, rest, t_px[r], t_sz[r], t_side[r], OUTI, OUTF, NOUT)
         # kind 3 (trade at the engine): Engine.on_trade does nothing
         if S[S_WHY] != U_NONE:
             return ST_UNSUPPORTED
@@ -537,20 +624,70 @@ def run(walk_ts, walk_prio, walk_kind, walk_row, walk_end, levels, level_row0, l
 
 
 @nb.njit(cache=True)
-def run_all(st, out, out_cap):
+def run_all(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    rest,
+    kq,
+    inflight,
+    recent,
+    eng_book,
+    x_book,
+    b_loc,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    out_cap,
+):
     """The end of the tape: every pending timer, in order (ReplayClock.run_all)."""
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
     tmpi = np.zeros(HI_COLS, dtype=np.int64)
     tmpf = np.zeros(HF_COLS, dtype=np.float64)
-    sc = (tmpi, tmpf, np.zeros(16, dtype=np.float64), np.zeros(16, dtype=np.float64))
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
     while S[S_HEAP_N] > 0:
-        status = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
-        if status != ST_DONE:
-            return status
+        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
+        if st != ST_DONE:
+            return st
         _heap_pop(S, HI, HF, tmpi, tmpf)
         S[S_NOW] = tmpi[0]
-        _timer(st, out, sc)
+        _timer(
+            tmpi,
+            tmpf,
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            RI,
+            RF,
+            HI,
+            HF,
+            work,
+            rest,
+            kq,
+            inflight,
+            recent,
+            eng_book,
+            x_book,
+            b_loc,
+            lags,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
         if S[S_WHY] != U_NONE:
             return ST_UNSUPPORTED
     return ST_DONE
@@ -648,10 +785,29 @@ def _position(S):
 
 
 @nb.njit(cache=True)
-def _check_new(st, sc, side, otype, px, qty, reduce_only, slip, source, age, now):
+def _check_new(
+    S,
+    C,
+    CF,
+    OI,
+    OF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    side,
+    otype,
+    px,
+    qty,
+    reduce_only,
+    slip,
+    source,
+    age,
+    now,
+    lpx,
+    lq,
+):
     """engine.risk.check for a new order; returns the reason code (R_OK when accepted)."""
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    tmpi, tmpf, lpx, lq = sc
     if not (qty > 0 and math.isfinite(qty)) or (otype == LIMIT and not (px > 0 and math.isfinite(px))):
         return R_BAD_ORDER
     if S[S_KILL] != 0:
@@ -734,14 +890,59 @@ def _check_new(st, sc, side, otype, px, qty, reduce_only, slip, source, age, now
 
 
 @nb.njit(cache=True)
-def _send_new(st, out, sc, side, otype, px, qty, origin, slip, reduce_only, source, age):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
-    tmpi, tmpf, lpx, lq = sc
+def _send_new(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    HI,
+    HF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    side,
+    otype,
+    px,
+    qty,
+    origin,
+    slip,
+    reduce_only,
+    source,
+    age,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
     oid = S[S_OID] + 1
     S[S_OID] = oid
     now = S[S_NOW]
-    reason = _check_new(st, sc, side, otype, px, qty, reduce_only, slip, source, age, now)
+    reason = _check_new(
+        S,
+        C,
+        CF,
+        OI,
+        OF,
+        work,
+        recent,
+        eng_book,
+        b_loc,
+        side,
+        otype,
+        px,
+        qty,
+        reduce_only,
+        slip,
+        source,
+        age,
+        now,
+        lpx,
+        lq,
+    )
     if S[S_WHY] != U_NONE:
         return
     ok = reason == R_OK
@@ -779,9 +980,7 @@ def _send_new(st, out, sc, side, otype, px, qty, origin, slip, reduce_only, sour
 
 
 @nb.njit(cache=True)
-def _send_cancel(st, out, oid):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
+def _send_cancel(S, C, OI, OF, HI, HF, oid, OUTI, OUTF, NOUT):
     now = S[S_NOW]
     _risk_row(
         OUTI,
@@ -805,9 +1004,7 @@ def _send_cancel(st, out, oid):
 
 
 @nb.njit(cache=True)
-def _cancel_all(st, out):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
+def _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT):
     n = S[S_NWORK]
     snapshot = work[WORK_CAP : 2 * WORK_CAP]  # scratch: the list as it was (cancels do not change it)
     for w in range(n):
@@ -818,7 +1015,7 @@ def _cancel_all(st, out):
             OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
             or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
         ):
-            _send_cancel(st, out, o)
+            _send_cancel(S, C, OI, OF, HI, HF, o, OUTI, OUTF, NOUT)
 
 
 @nb.njit(cache=True)
@@ -851,16 +1048,15 @@ def _round_px(CF, px):
 
 
 @nb.njit(cache=True)
-def _requote(st, out, sc, origin, force):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
-    tmpi, tmpf, lpx, lq = sc
+def _requote(
+    S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, origin, force, OUTI, OUTF, NOUT, lpx, lq
+):
     now = S[S_NOW]
     if S[S_ENG_BOOK] == 0 or (not force and now - S[S_LAST_REQUOTE] < C[C_REQUOTE_MIN]):
         return
     S[S_LAST_REQUOTE] = now
     if now < S[S_EMERGENCY_UNTIL] or S[S_KILL] != 0:
-        _cancel_all(st, out)
+        _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT)
         return
     position = _position(S)
     # strategy.desired_quotes
@@ -885,11 +1081,65 @@ def _requote(st, out, sc, origin, force):
         return
     if S[S_NWORK] == 0:
         if want_buy:
-            _send_new(st, out, sc, BUY, LIMIT, bid_px, qq, origin, NAN, False, SRC_QUOTE, -1)
+            _send_new(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                HI,
+                HF,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                BUY,
+                LIMIT,
+                bid_px,
+                qq,
+                origin,
+                NAN,
+                False,
+                SRC_QUOTE,
+                -1,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
             if S[S_WHY] != U_NONE:
                 return
         if want_sell:
-            _send_new(st, out, sc, SELL, LIMIT, ask_px, qq, origin, NAN, False, SRC_QUOTE, -1)
+            _send_new(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                HI,
+                HF,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                SELL,
+                LIMIT,
+                ask_px,
+                qq,
+                origin,
+                NAN,
+                False,
+                SRC_QUOTE,
+                -1,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
         return
     half_tick = tick / 2
     for side in range(2):
@@ -915,18 +1165,44 @@ def _requote(st, out, sc, origin, force):
                 OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
                 or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
             ):
-                _send_cancel(st, out, o)
+                _send_cancel(S, C, OI, OF, HI, HF, o, OUTI, OUTF, NOUT)
         if want and m == 0:
-            _send_new(st, out, sc, side, LIMIT, qpx, qq, origin, NAN, False, SRC_QUOTE, -1)
+            _send_new(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                HI,
+                HF,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                side,
+                LIMIT,
+                qpx,
+                qq,
+                origin,
+                NAN,
+                False,
+                SRC_QUOTE,
+                -1,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
             if S[S_WHY] != U_NONE:
                 return
 
 
 @nb.njit(cache=True)
-def _rebalance(st, out, sc, origin):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
-    tmpi, tmpf, lpx, lq = sc
+def _rebalance(
+    S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
+):
     now = S[S_NOW]
     if S[S_CMD] == 0 or now > S[S_CMD_VALID_UNTIL] or S[S_ENG_BOOK] == 0:
         return
@@ -951,9 +1227,18 @@ def _rebalance(st, out, sc, origin):
     side = BUY if diff > 0 else SELL
     flatten = S[S_CMD_ACTION] == A_FLATTEN
     _send_new(
-        st,
-        out,
-        sc,
+        S,
+        SF,
+        C,
+        CF,
+        OI,
+        OF,
+        HI,
+        HF,
+        work,
+        recent,
+        eng_book,
+        b_loc,
         side,
         MARKET,
         NAN,
@@ -963,6 +1248,11 @@ def _rebalance(st, out, sc, origin):
         flatten,
         SRC_FLATTEN if flatten else SRC_KEV,
         now - S[S_CMD_TS_RECV],
+        OUTI,
+        OUTF,
+        NOUT,
+        lpx,
+        lq,
     )
 
 
@@ -970,33 +1260,135 @@ def _rebalance(st, out, sc, origin):
 
 
 @nb.njit(cache=True)
-def _on_label(st, out, sc, r, label_id, p_label32, levels, level_row0):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
-    tmpi, tmpf, lpx, lq = sc
+def _on_label(
+    r,
+    label_id,
+    p_label32,
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    rest,
+    kq,
+    inflight,
+    recent,
+    eng_book,
+    x_book,
+    b_loc,
+    levels,
+    level_row0,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
     now = S[S_NOW]
     S[S_LAST_LABEL_NAME] = label_id
     origin = b_loc[r]
     if label_id == L_EMERGENCY:
         S[S_EMERGENCY_UNTIL] = now + C[C_EMERGENCY_HOLD]
-        _cancel_all(st, out)
+        _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT)
     if label_id != L_HOLD and now - S[S_LAST_KEV_OFFER] >= C[C_KEV_MIN_INTERVAL]:
-        _offer_kev(st, out, sc, r, label_id, float(p_label32), levels, level_row0)
+        _offer_kev(
+            r,
+            label_id,
+            float(p_label32),
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            RI,
+            RF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            levels,
+            level_row0,
+            kq,
+            inflight,
+            lags,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
         if S[S_WHY] != U_NONE:
             return
     if now - S[S_LAST_REQUOTE] >= C[C_REQUOTE_MIN]:
-        _requote(st, out, sc, origin, False)
+        _requote(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            origin,
+            False,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
         if S[S_WHY] != U_NONE:
             return
     if S[S_CMD] != 0 and now <= S[S_CMD_VALID_UNTIL] and now - S[S_LAST_REBALANCE] >= C[C_REBALANCE_MIN]:
-        _rebalance(st, out, sc, origin)
+        _rebalance(
+            S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
+        )
 
 
 @nb.njit(cache=True)
-def _offer_kev(st, out, sc, r, label_id, p_label, levels, level_row0):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
-    tmpi, tmpf, lpx, lq = sc
+def _offer_kev(
+    r,
+    label_id,
+    p_label,
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    levels,
+    level_row0,
+    kq,
+    inflight,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
     now = S[S_NOW]
     S[S_LAST_KEV_OFFER] = now
     rid = S[S_RID] + 1
@@ -1035,7 +1427,30 @@ def _offer_kev(st, out, sc, r, label_id, p_label, levels, level_row0):
         if policy == POLICY_FIFO:
             _queue_note(OUTI, NOUT, now, rid, Q_OVERFLOW, n)
             S[S_KQ_N] = n
-            _kev_pump(st, out, sc)
+            _kev_pump(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                RI,
+                RF,
+                HI,
+                HF,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                kq,
+                inflight,
+                lags,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
             return
         old = kq[0]
         for v in range(n - 1):
@@ -1049,23 +1464,64 @@ def _offer_kev(st, out, sc, r, label_id, p_label, levels, level_row0):
     n += 1
     S[S_KQ_N] = n
     _queue_note(OUTI, NOUT, now, rid, Q_ENQUEUED, n)
-    _kev_pump(st, out, sc)
+    _kev_pump(
+        S,
+        SF,
+        C,
+        CF,
+        OI,
+        OF,
+        RI,
+        RF,
+        HI,
+        HF,
+        work,
+        recent,
+        eng_book,
+        b_loc,
+        kq,
+        inflight,
+        lags,
+        OUTI,
+        OUTF,
+        NOUT,
+        lpx,
+        lq,
+    )
 
 
 @nb.njit(cache=True)
-def _kev_pump(st, out, sc):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
-    tmpi, tmpf, lpx, lq = sc
+def _kev_pump(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    kq,
+    inflight,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
     while S[S_INFLIGHT_N] < C[C_KEV_MAX_IN_FLIGHT]:
-        if not _kev_start_next(st, out):
+        if not _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
             break
 
 
 @nb.njit(cache=True)
-def _kev_start_next(st, out):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
+def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
     now = S[S_NOW]
     n = S[S_KQ_N]
     rid = -1
@@ -1160,10 +1616,34 @@ def _inflight_pop(S, inflight, rid):
 
 
 @nb.njit(cache=True)
-def _timer(st, out, sc):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
-    tmpi, tmpf, lpx, lq = sc
+def _timer(
+    tmpi,
+    tmpf,
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    rest,
+    kq,
+    inflight,
+    recent,
+    eng_book,
+    x_book,
+    b_loc,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
     kind = tmpi[3]
     a = tmpi[4]
     if kind <= T_REPORT:
@@ -1171,7 +1651,7 @@ def _timer(st, out, sc):
     b = tmpi[5]
     now = S[S_NOW]
     if kind == T_ARRIVE:
-        _x_arrive(st, out, sc, a)
+        _x_arrive(S, C, CF, OI, OF, HI, HF, rest, x_book, a, OUTI, OUTF, NOUT, lpx, lq)
     elif kind == T_ARRIVE_CANCEL:
         found = False
         n = S[S_NREST]
@@ -1184,11 +1664,34 @@ def _timer(st, out, sc):
                 found = True
                 break
         if found:
-            _report(st, M_CANCEL_ACK, a, 0, 0.0, 0.0)
+            _report(S, C, OI, HI, HF, M_CANCEL_ACK, a, 0, 0.0, 0.0)
         else:
-            _report(st, M_REJECT, a, R_CANCEL_NOT_FOUND, 0.0, 0.0)
+            _report(S, C, OI, HI, HF, M_REJECT, a, R_CANCEL_NOT_FOUND, 0.0, 0.0)
     elif kind == T_REPORT:
-        _engine_report(st, out, sc, b & 0xFF, a, b >> 8, tmpi[6])
+        _engine_report(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            b & 0xFF,
+            a,
+            b >> 8,
+            tmpf,
+            tmpi[6],
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
     elif kind == T_KEV_TIMEOUT:
         if _inflight_pop(S, inflight, a):
             _queue_note(OUTI, NOUT, now, a, Q_TIMEOUT, S[S_KQ_N])
@@ -1199,7 +1702,30 @@ def _timer(st, out, sc):
             OUTI[O_KEV_RESPONSE, k, 2] = 0
             OUTI[O_KEV_RESPONSE, k, 3] = now - b
             OUTI[O_KEV_RESPONSE, k, 4] = 1
-            _kev_pump(st, out, sc)
+            _kev_pump(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                RI,
+                RF,
+                HI,
+                HF,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                kq,
+                inflight,
+                lags,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
     elif kind == T_KEV_DONE:
         if not _inflight_pop(S, inflight, a):
             _queue_note(OUTI, NOUT, now, a, Q_LATE, S[S_KQ_N])
@@ -1234,16 +1760,40 @@ def _timer(st, out, sc):
         SF[SF_CMD_TARGET] = RF[a, RF_TARGET]
         SF[SF_CMD_SLIP] = RF[a, RF_SLIP]
         SF[SF_CMD_HEDGE] = RF[a, RF_HEDGE]
-        _rebalance(st, out, sc, ts_ctx)
+        _rebalance(
+            S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, ts_ctx, OUTI, OUTF, NOUT, lpx, lq
+        )
         if S[S_WHY] != U_NONE:
             return
-        _kev_pump(st, out, sc)
+        _kev_pump(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            RI,
+            RF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            kq,
+            inflight,
+            lags,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
 
 
 @nb.njit(cache=True)
-def _report(st, method, oid, arg, f1, f2):
+def _report(S, C, OI, HI, HF, method, oid, arg, f1, f2):
     """SimExchange._report: the engine hears of it after the response latency, with ts_event = now."""
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
     now = S[S_NOW]
     _heap_push(
         S, HI, HF, OI, now + C[C_RESPONSE_NS], PRIO_EXCH_OUT, T_REPORT, oid, method | (arg << 8), now, f1, f2
@@ -1251,10 +1801,30 @@ def _report(st, method, oid, arg, f1, f2):
 
 
 @nb.njit(cache=True)
-def _engine_report(st, out, sc, m, oid, arg, ts_event):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
-    tmpi, tmpf, lpx, lq = sc
+def _engine_report(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    HI,
+    HF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    m,
+    oid,
+    arg,
+    tmpf,
+    ts_event,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
     now = S[S_NOW]
     if m == M_ACK:
         if OI[oid & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW:
@@ -1267,18 +1837,18 @@ def _engine_report(st, out, sc, m, oid, arg, ts_event):
     elif m == M_CANCEL_ACK:
         _finish(S, OI, work, oid)
         _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_CANCEL_ACK, ts_event, now, R_EMPTY)
-        _requote(st, out, sc, now, True)
+        _requote(
+            S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, now, True, OUTI, OUTF, NOUT, lpx, lq
+        )
     elif m == M_DONE:
         _finish(S, OI, work, oid)
         _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_DONE, ts_event, now, arg)
     else:  # M_FILL: px, qty in tmpf, liquidity in arg
-        _on_fill(st, out, oid, tmpf[0], tmpf[1], arg, ts_event, now)
+        _on_fill(S, C, OI, OF, oid, tmpf[0], tmpf[1], arg, ts_event, now, OUTI, OUTF, NOUT)
 
 
 @nb.njit(cache=True)
-def _on_fill(st, out, oid, px, qty, liq, ts_event, now):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
+def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
     side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     pu = _px_units(px, C[C_PX_DECIMALS])
     qu = _qty_units(qty)
@@ -1325,21 +1895,19 @@ def _on_fill(st, out, oid, px, qty, liq, ts_event, now):
 
 
 @nb.njit(cache=True)
-def _report_fill(st, oid, px, qty, liq):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    _report(st, M_FILL, oid, liq, px, qty)
+def _report_fill(S, C, OI, HI, HF, oid, px, qty, liq):
+    _report(S, C, OI, HI, HF, M_FILL, oid, liq, px, qty)
 
 
 @nb.njit(cache=True)
-def _x_fill(st, oid, px, qty):
+def _x_fill(S, C, OI, OF, HI, HF, rest, oid, px, qty):
     """SimExchange._fill (maker)."""
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
     q = pyround(qty, 12)
     if q != q:
         S[S_WHY] = U_ROUND
         return
     OF[oid & (OF.shape[0] - 1), OF_XFILLED] += q
-    _report_fill(st, oid, px, q, LIQ_MAKER)
+    _report_fill(S, C, OI, HI, HF, oid, px, q, LIQ_MAKER)
     if OF[oid & (OF.shape[0] - 1), OF_QTY] - OF[oid & (OF.shape[0] - 1), OF_XFILLED] <= EPS:
         n = S[S_NREST]
         for w in range(n):
@@ -1349,7 +1917,7 @@ def _x_fill(st, oid, px, qty):
                 S[S_NREST] = n - 1
                 OI[oid & (OI.shape[0] - 1), OI_RESTING] = 0
                 break
-        _report(st, M_DONE, oid, R_FILLED, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED, 0.0, 0.0)
 
 
 @nb.njit(cache=True)
@@ -1443,9 +2011,7 @@ def _on_trade_fm(C, OI, OF, oid, px, sz, tside):
 
 
 @nb.njit(cache=True)
-def _x_on_book(st, out):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
+def _x_on_book(S, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
     n = S[S_NREST]
     if n == 0:
         return
@@ -1458,15 +2024,24 @@ def _x_on_book(st, out):
         opx = OF[o & (OF.shape[0] - 1), OF_PX]
         crossed = x_book[30] <= opx if OI[o & (OI.shape[0] - 1), OI_SIDE] == BUY else x_book[0] >= opx
         if crossed:
-            _x_fill(st, o, opx, OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_XFILLED])
+            _x_fill(
+                S,
+                C,
+                OI,
+                OF,
+                HI,
+                HF,
+                rest,
+                o,
+                opx,
+                OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_XFILLED],
+            )
             if S[S_WHY] != U_NONE:
                 return
 
 
 @nb.njit(cache=True)
-def _x_on_trade(st, out, px, sz, tside):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
+def _x_on_trade(S, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, NOUT):
     left = sz
     n = S[S_NREST]
     snapshot = rest[REST_CAP : 2 * REST_CAP]
@@ -1479,20 +2054,17 @@ def _x_on_trade(st, out, px, sz, tside):
         q = pmin(_on_trade_fm(C, OI, OF, o, px, sz, tside), left)
         if q > EPS:
             left -= q
-            _x_fill(st, o, OF[o & (OF.shape[0] - 1), OF_PX], q)
+            _x_fill(S, C, OI, OF, HI, HF, rest, o, OF[o & (OF.shape[0] - 1), OF_PX], q)
             if S[S_WHY] != U_NONE:
                 return
 
 
 @nb.njit(cache=True)
-def _x_arrive(st, out, sc, oid):
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, b_loc, lags = st
-    OUTI, OUTF, NOUT = out
-    tmpi, tmpf, lpx, lq = sc
+def _x_arrive(S, C, CF, OI, OF, HI, HF, rest, x_book, oid, OUTI, OUTF, NOUT, lpx, lq):
     if S[S_XBOOK] == 0:
-        _report(st, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
         return
-    _report(st, M_ACK, oid, 0, 0.0, 0.0)
+    _report(S, C, OI, HI, HF, M_ACK, oid, 0, 0.0, 0.0)
     side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     otype = OI[oid & (OI.shape[0] - 1), OI_TYPE]
     qty = OF[oid & (OF.shape[0] - 1), OF_QTY]
@@ -1506,13 +2078,13 @@ def _x_arrive(st, out, sc, oid):
         px = lpx[j]
         if not math.isnan(limit) and ((side == BUY and px > limit) or (side == SELL and px < limit)):
             break
-        _report_fill(st, oid, px, lq[j], LIQ_TAKER)
+        _report_fill(S, C, OI, HI, HF, oid, px, lq[j], LIQ_TAKER)
         filled += lq[j]
     remaining = qty - filled
     if otype == MARKET:
-        _report(st, M_DONE, oid, R_FILLED if remaining <= 1e-12 else R_IOC, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED if remaining <= 1e-12 else R_IOC, 0.0, 0.0)
     elif remaining <= 1e-12:
-        _report(st, M_DONE, oid, R_FILLED, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED, 0.0, 0.0)
     else:
         OF[oid & (OF.shape[0] - 1), OF_XFILLED] = filled
         _on_new(C, CF, OI, OF, oid, x_book, True)
