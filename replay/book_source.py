@@ -5,9 +5,10 @@ receives it, and Laya's label shortly after. :class:`StreamedBooks` reads the Pa
 cover one block of :data:`BLOCK` rows when the walk first needs it, computes the block's features and
 labels in one batch (the same 65 536-row batches as ``replay.driver._batch_v0``, so the labels are
 bit-identical to a whole-session batch), keeps the levels of the last two blocks and drops the rest.
-Memory is then the per-row columns (times, seqs, labels: ~40 bytes a book) plus two blocks, whatever
-the session's length, provided its files were written in row groups of a block or less
-(``engine.store`` writes 65 536).
+The levels' memory is then two blocks whatever the session's length, provided its files were written
+in row groups of a block or less (``engine.store`` writes 65 536). What a replay still holds per book
+is its per-row columns: times, seqs and labels here, trade columns and walk keys elsewhere (~0.2 KB a
+book in all, measured: 1M-snapshot peak RSS 0.75 GB).
 """
 
 from __future__ import annotations
