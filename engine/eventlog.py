@@ -53,6 +53,18 @@ _ROW_FIELDS: Final = {
 }
 
 
+# zstd, and dictionary pages for string columns only: numbers (probabilities, prices, times) are nearly
+# all distinct, and dictionary-encoding them cost the 1M-label stream 0.57 s of writing instead of
+# 0.27 s and left its file larger (51 MB instead of 36).
+_PARQUET_OPTIONS: Final = {
+    s: {
+        "compression": "zstd",
+        "use_dictionary": [f.name for f in STREAMS[s].schema if pa.types.is_string(f.type)],
+    }
+    for s in OUTPUT_STREAMS
+}
+
+
 def rows_to_table(stream: str, rows: list[tuple[Any, ...]], first_seq: int) -> pa.Table:
     """Arrow table of a stream from rows (field values in schema order, ``seq`` left out)."""
     schema = STREAMS[stream].schema
@@ -205,7 +217,7 @@ class EventLog:
         w = self._writers.get(stream)
         if w is None:
             w = self._writers[stream] = pq.ParquetWriter(
-                self._dir / f"{stream}.parquet", STREAMS[stream].schema, compression="zstd"
+                self._dir / f"{stream}.parquet", STREAMS[stream].schema, **_PARQUET_OPTIONS[stream]
             )
         if self._io is None:
             self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eventlog")
@@ -272,7 +284,7 @@ class EventLog:
             if w is not None:
                 w.close()
             else:
-                pq.write_table(STREAMS[stream].schema.empty_table(), path, compression="zstd")
+                pq.write_table(STREAMS[stream].schema.empty_table(), path, **_PARQUET_OPTIONS[stream])
             with open(path, "rb+") as f:
                 os.fsync(f.fileno())
             files[f"events/{stream}.parquet"] = {"rows": self._count(stream), "sha256": sha256_file(path)}
