@@ -48,7 +48,7 @@ from engine.strategy import QuoteConfig
 from replay import fast_path
 from replay.batch_latency import sample_many
 from replay.book_source import StreamedBooks, one_symbol
-from replay.fast_path import KernelRun, KernelUnsupported, LookAheadError, unsupported
+from replay.fast_path import KernelRun, KernelUnsupported, LookAheadError, config_unsupported, unsupported
 from replay.label_columns import LabelColumns
 from replay.sim_exchange import SimExchange
 from replay.walk import StreamedWalk, WalkStream
@@ -588,6 +588,9 @@ def _run_replay(
 ) -> RunResult:
     cfg = config or ReplayConfig()
     t0 = time.perf_counter()
+    early = config_unsupported(cfg) if kernel else ""
+    if early:  # known from the config: the Python engine from the start
+        kernel = False
     session = open_session(session_dir)
     session.verify()
     if "books15" not in session.manifest["streams"]:
@@ -687,7 +690,7 @@ def _run_replay(
 
     bar = _progress(progress, n_walk)
     batch_labels = isinstance(labeler, _BatchLabeler)
-    why = (
+    why = early or (
         "kernel=False"
         if not kernel
         else unsupported(cfg, engine, exchange, advisor, labels_walked, batch_labels)

@@ -84,6 +84,29 @@ def _tick_decimals(tick: float) -> int | None:
     return None if parts is None or parts[1] > 8 else parts[1]
 
 
+def config_unsupported(cfg: Any) -> str:
+    """:func:`unsupported`'s answer where the replay config alone decides it, asked before any data is
+    read (so a run the kernel cannot take is not set up twice). "" does not promise the kernel runs."""
+    if sys.version_info >= (3, 12):
+        return "Python >= 3.12 sums floats with compensation; the kernel sums as 3.11 does"
+    if cfg.kev_mode != "sim":
+        return f"Kev mode {cfg.kev_mode!r} (the kernel has the rule advisor only)"
+    if cfg.kev_lag_fit:
+        return "a Kev lag model that cannot be drawn in a batch"
+    if cfg.laya_mode != "batch" or cfg.latency_laya.startswith("recorded:"):
+        return "labels computed per tick"
+    for name, spec in (
+        ("order entry", cfg.latency_order_entry),
+        ("order response", cfg.latency_order_response),
+        ("cancel", cfg.latency_cancel),
+    ):
+        if not spec.startswith("const:"):
+            return f"a non-constant {name} latency (its draws interleave with the others')"
+    if cfg.fill_model not in FILL_MODEL_CODES:
+        return f"fill model {cfg.fill_model!r}"
+    return ""
+
+
 def unsupported(
     cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_walked: bool, by_row: bool
 ) -> str:

@@ -163,9 +163,15 @@ def test_stopping_and_resuming_changes_nothing(session, tmp_path, monkeypatch):
         assert a == (small.run_dir / "events" / f"{s}.parquet").read_bytes(), s
 
 
-def test_configurations_it_cannot_reproduce_run_in_python(session, tmp_path):
+def test_configurations_it_cannot_reproduce_run_in_python(session, tmp_path, monkeypatch):
+    import replay.driver as driver
+
+    built = []
+    real = driver.StreamedBooks
+    monkeypatch.setattr(driver, "StreamedBooks", lambda *a, **k: built.append(1) or real(*a, **k))
     cfg = ReplayConfig(seed=3, latency_order_entry="lognormal:p5=2ms,p95=9ms")
     r = run_replay(session, cfg, out_dir=tmp_path / "a")
+    assert not built  # known from the config: no streamed set-up to throw away
     assert r.path.startswith("python") and "order entry" in r.path
     r = run_replay(session, ReplayConfig(seed=3, laya_mode="tick"), out_dir=tmp_path / "b")
     assert r.path == "python (labels computed per tick)"
