@@ -798,6 +798,7 @@ def _finish(
     t0: float,
     path: str,
 ) -> RunResult:
+    """Write the event log's last rows, the manifest and runtime.json; rename the run into place."""
     wall = time.perf_counter() - t0
     advisor_info = {
         "mode": cfg.kev_mode,
@@ -805,35 +806,6 @@ def _finish(
         "deterministic": bool(getattr(advisor, "deterministic", True)),
         **{k: getattr(advisor, k) for k in ("hits", "misses", "live_calls") if hasattr(advisor, k)},
     }
-    _finish_run(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor_info, path)
-    return RunResult(
-        run_dir, log.digest, log.counts(), n_books, n_trades, wall, laya.describe(), advisor_info, path
-    )
-
-
-def _start_run_dir(run_dir: Path, overwrite: bool) -> Path:
-    """The run is written into ``<run>.tmp`` and renamed at the end: a half-written run never looks
-    finished."""
-    if run_dir.exists() and not overwrite:
-        raise DualhubError(f"{run_dir} exists; pass --overwrite (or another --out) to replace it")
-    tmp = run_dir.with_name(run_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "events").mkdir(parents=True)
-    return tmp
-
-
-def _finish_run(
-    tmp: Path,
-    run_dir: Path,
-    log: EventLog,
-    session: Any,
-    cfg: ReplayConfig,
-    laya: Laya,
-    n_books: int,
-    n_trades: int,
-    advisor_info: dict[str, Any],
-    path: str = "python",
-) -> None:
     files = log.write()
     info = laya.describe()
     manifest = {
@@ -871,6 +843,20 @@ def _finish_run(
             "engine_path": path,
         },
     )
+    return RunResult(
+        run_dir, log.digest, log.counts(), n_books, n_trades, wall, laya.describe(), advisor_info, path
+    )
+
+
+def _start_run_dir(run_dir: Path, overwrite: bool) -> Path:
+    """The run is written into ``<run>.tmp`` and renamed at the end: a half-written run never looks
+    finished."""
+    if run_dir.exists() and not overwrite:
+        raise DualhubError(f"{run_dir} exists; pass --overwrite (or another --out) to replace it")
+    tmp = run_dir.with_name(run_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "events").mkdir(parents=True)
+    return tmp
 
 
 def _progress(enabled: bool, total: int) -> Any:
