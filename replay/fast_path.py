@@ -110,10 +110,12 @@ def config_unsupported(cfg: Any) -> str:
 def unsupported(
     cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_walked: bool, by_row: bool
 ) -> str:
-    """Why this replay must run on the Python engine ("" when the kernel can run it)."""
-    if sys.version_info >= (3, 12):
-        return "Python >= 3.12 sums floats with compensation; the kernel sums as 3.11 does"
-    if type(advisor) is not RuleKev or cfg.kev_mode != "sim":
+    """Why this replay must run on the Python engine ("" when the kernel can run it): the config's
+    reasons, then what only the built engine, exchange and advisor tell."""
+    why = config_unsupported(cfg)
+    if why:
+        return why
+    if type(advisor) is not RuleKev:
         return f"Kev mode {cfg.kev_mode!r} (the kernel has the rule advisor only)"
     kev = engine.kev
     if not isinstance(kev, SimKevBackend) or kev.use_recorded_lag:
@@ -131,8 +133,6 @@ def unsupported(
     ):
         if _const_ns(m) is None:
             return f"a non-constant {name} latency (its draws interleave with the others')"
-    if cfg.fill_model not in FILL_MODEL_CODES:
-        return f"fill model {cfg.fill_model!r}"
     c = engine.cfg.contract
     if type(c) is not ContractConfig or _tick_decimals(c.tick) is None:
         return "a contract whose tick is not a short decimal"
