@@ -49,6 +49,10 @@ class StreamedBooks:
         self.labels = np.zeros(row, dtype=np.int8)
         self.probs = np.zeros((row, 4), dtype=np.float32)
         self._blocks: dict[int, np.ndarray] = {}  # block number -> (rows x 60) levels
+        # Buffers of dropped blocks are refilled rather than freed: a fresh 31 MB array per block
+        # costs its page faults again (~15 ms a block, measured), and three are enough for a walk.
+        self._spare: list[np.ndarray] = []
+        self._x = np.zeros((0, N_FEATURES), dtype=np.float32)  # features, reused block to block
         self._labelled = np.zeros((row + BLOCK - 1) // BLOCK, dtype=bool)
         self.blocks_read = 0
 
@@ -72,15 +76,18 @@ class StreamedBooks:
             pieces.append(t.slice(a, z - a))
         table = pa.concat_tables(pieces)
         self.blocks_read += 1
-        levels = np.column_stack(
-            [
-                table.column(c).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-                for c in LEVEL_COLUMNS
-            ]
+        buf = self._spare.pop() if self._spare else np.empty((BLOCK, len(LEVEL_COLUMNS)), dtype=np.float64)
+        levels = buf[: hi - lo]
+        np.stack(
+            [table.column(c).to_numpy(zero_copy_only=False).astype(np.float64, copy=False) for c in LEVEL_COLUMNS],
+            axis=1,
+            out=levels,
         )
         if not self._labelled[b]:
             # the per-tick feature kernel on each row, as features_v0_table runs it: the same bits
-            x = np.zeros((hi - lo, N_FEATURES), dtype=np.float32)
+            if len(self._x) < hi - lo:
+                self._x = np.empty((BLOCK, N_FEATURES), dtype=np.float32)  # every row is overwritten
+            x = self._x[: hi - lo]
             features_v0_rows(levels, x)
             lab, pr = self._laya.predict_batch(x)
             self.labels[lo:hi] = lab.astype(np.int8)
@@ -89,13 +96,14 @@ class StreamedBooks:
         return levels
 
     def levels(self, r0: int, r1: int) -> np.ndarray:
-        """Rows r0..r1-1 as one (rows x 60) float64 array: bid_px, bid_sz, ask_px, ask_sz."""
+        """Rows r0..r1-1 as one (rows x 60) float64 array: bid_px, bid_sz, ask_px, ask_sz. It is valid
+        until the next call, which may refill its buffer."""
         first, last = r0 // BLOCK, (r1 - 1) // BLOCK
+        for b in sorted(k for k in self._blocks if k < first - 1):  # the walk moves forward: keep two
+            self._spare.append(self._blocks.pop(b).base)
         for b in range(first, last + 1):
             if b not in self._blocks:
                 self._blocks[b] = self._read_block(b)
-        for b in [k for k in self._blocks if k < first - 1]:  # the walk moves forward: keep two
-            del self._blocks[b]
         parts = []
         for b in range(first, last + 1):
             lo = max(r0, b * BLOCK) - b * BLOCK

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from engine.events import BOOK_LEVELS, BookSnapshot, Label, events_to_table, table_to_events
 from engine.laya.features import FEATURE_VERSION, N_FEATURES, features_v0, features_v0_batch
-from engine.laya.features_fast import features_v0_table
+from engine.laya.features_fast import features_v0_table, pymod
 from engine.laya.model import CPU, CUDA, Laya, LayaConfig, LayaModelError
 from engine.laya.training import build_training_set, future_move_bps, make_labels, train_model
 
@@ -142,6 +142,25 @@ def test_features_layout_by_hand() -> None:
     assert not features_v0(empty).any()
     assert features_v0_batch(events_to_table([book, empty], "books15")).tolist() == [f.tolist(), [0.0] * 128]
     assert features_v0_table(events_to_table([book, empty], "books15")).tolist() == [f.tolist(), [0.0] * 128]
+
+
+def test_pymod_is_python_modulo_bit_for_bit() -> None:
+    """The compiled features' floor-and-multiply residue against CPython's ``%``: near multiples of
+    the modulus (one ulp either side), every magnitude, the fast range's edge, and what falls back."""
+    rng = np.random.default_rng(7)
+    xs: list[float] = [0.0, -0.0, 1e-320, 5e-324, 0.5, 1.0, 127.5, 254.99999999999997, 255.0, 999.9999999999999]
+    xs += [float("inf"), float("-inf"), 1e300, -1e300, -3.5, -1000.0, -1e-300, 2.0**49, 2.0**49 - 1, 2.0**53 + 2]
+    for m in (1000.0, 255.0):
+        ks = np.concatenate([np.arange(1, 3000), rng.integers(1, 2**40, 3000)]).astype(np.float64)
+        exact = ks * m
+        xs += exact.tolist() + np.nextafter(exact, 0).tolist() + np.nextafter(exact, np.inf).tolist()
+    xs += (10.0 ** rng.uniform(-8, 15, 20_000)).tolist()  # every magnitude
+    xs += (rng.exponential(1.5, 20_000) * rng.choice([1e-3, 1.0, 1e3], 20_000) * 100.0).tolist()  # sz * 100
+    xs += (np.round(rng.uniform(1, 200_000, 20_000) * 10) / 10).tolist()  # prices on a 0.1 tick
+    for m in (1000.0, 255.0):
+        for x in xs:
+            got, want = pymod(x, m, 1.0 / m), x % m
+            assert got.hex() == want.hex(), (x, m, got, want)
 
 
 # -- labels ---------------------------------------------------------------------------------------
