@@ -73,10 +73,7 @@ def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
     }
 
 
-_PARQUET_OPTIONS: Final = {
-    s: _parquet_options(STREAMS[s].schema)
-    for s in OUTPUT_STREAMS
-}
+_PARQUET_OPTIONS: Final = {s: _parquet_options(STREAMS[s].schema) for s in OUTPUT_STREAMS}
 
 
 def rows_to_table(stream: str, rows: list[tuple[Any, ...]], first_seq: int) -> pa.Table:

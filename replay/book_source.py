@@ -79,7 +79,10 @@ class StreamedBooks:
         buf = self._spare.pop() if self._spare else np.empty((BLOCK, len(LEVEL_COLUMNS)), dtype=np.float64)
         levels = buf[: hi - lo]
         np.stack(
-            [table.column(c).to_numpy(zero_copy_only=False).astype(np.float64, copy=False) for c in LEVEL_COLUMNS],
+            [
+                table.column(c).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+                for c in LEVEL_COLUMNS
+            ],
             axis=1,
             out=levels,
         )

@@ -148,8 +148,30 @@ def test_pymod_is_python_modulo_bit_for_bit() -> None:
     """The compiled features' floor-and-multiply residue against CPython's ``%``: near multiples of
     the modulus (one ulp either side), every magnitude, the fast range's edge, and what falls back."""
     rng = np.random.default_rng(7)
-    xs: list[float] = [0.0, -0.0, 1e-320, 5e-324, 0.5, 1.0, 127.5, 254.99999999999997, 255.0, 999.9999999999999]
-    xs += [float("inf"), float("-inf"), 1e300, -1e300, -3.5, -1000.0, -1e-300, 2.0**49, 2.0**49 - 1, 2.0**53 + 2]
+    xs: list[float] = [
+        0.0,
+        -0.0,
+        1e-320,
+        5e-324,
+        0.5,
+        1.0,
+        127.5,
+        254.99999999999997,
+        255.0,
+        999.9999999999999,
+    ]
+    xs += [
+        float("inf"),
+        float("-inf"),
+        1e300,
+        -1e300,
+        -3.5,
+        -1000.0,
+        -1e-300,
+        2.0**49,
+        2.0**49 - 1,
+        2.0**53 + 2,
+    ]
     for m in (1000.0, 255.0):
         ks = np.concatenate([np.arange(1, 3000), rng.integers(1, 2**40, 3000)]).astype(np.float64)
         exact = ks * m
