@@ -46,8 +46,8 @@ class StreamedBooks:
                 self._groups.append((pf, g, row, n))
                 row += n
         self.num_rows = row
-        self.labels = np.zeros(row, dtype=np.int8)
-        self.probs = np.zeros((row, 4), dtype=np.float32)
+        self.labels: np.ndarray = np.zeros(row, dtype=np.int8)
+        self.probs: np.ndarray = np.zeros((row, 4), dtype=np.float32)
         self._blocks: dict[int, np.ndarray] = {}  # block number -> (rows x 60) levels
         # Buffers of dropped blocks are refilled rather than freed: a fresh 31 MB array per block
         # costs its page faults again (~15 ms a block, measured), and three are enough for a walk.

@@ -51,6 +51,7 @@ from replay.book_source import StreamedBooks, one_symbol
 from replay.fast_path import KernelRun, KernelUnsupported, LookAheadError, config_unsupported, unsupported
 from replay.label_columns import LabelColumns
 from replay.sim_exchange import SimExchange
+from replay.tape_stream import StreamedTape, TapeDisorder, constant_ns, streamable
 from replay.walk import StreamedWalk, WalkStream
 
 RUN_SCHEMA_VERSION = 1
@@ -181,21 +182,33 @@ class _BatchLabeler:
     labels of future books exist in memory, and this guard is what keeps them unreadable.
     """
 
-    def __init__(self, seqs: np.ndarray, labels: np.ndarray, probs: np.ndarray, clock: ReplayClock) -> None:
-        # Book seqs are per stream across symbols, so one symbol's seqs can skip: look rows up by seq
-        # (binary search over the sorted seqs; a dict of a million ints would cost ~100 MB).
-        if len(seqs) > 1 and not bool(np.all(np.diff(seqs) > 0)):
-            raise ValueError("book seqs must be strictly increasing within a session stream")
+    def __init__(
+        self, seqs: np.ndarray, labels: np.ndarray, probs: np.ndarray, clock: ReplayClock, lazy: bool = False
+    ) -> None:
+        """``lazy``: the arrays are filled as the replay goes (a streamed tape, which checks the seqs
+        itself); they are looked at on the first call, which only the Python engine makes."""
         self.seqs = np.asarray(seqs, dtype=np.int64)
         self.labels, self.probs, self.clock = labels, probs, clock
-        n = len(self.seqs)
+        self._n = len(self.seqs)
+        self._ready = False
+        if not lazy:
+            self._prepare()
+
+    def _prepare(self) -> None:
+        # Book seqs are per stream across symbols, so one symbol's seqs can skip: look rows up by seq
+        # (binary search over the sorted seqs; a dict of a million ints would cost ~100 MB).
+        n, seqs = self._n, self.seqs
+        if n > 1 and not bool(np.all(np.diff(seqs) > 0)):
+            raise ValueError("book seqs must be strictly increasing within a session stream")
         # Contiguous seqs (the usual one-symbol session): a row is seq - first, no search needed.
-        self._first = int(self.seqs[0]) if n else 0
-        self._contiguous = n > 0 and int(self.seqs[-1]) - self._first == n - 1
-        self._n = n
-        self._label_ids: list[int] = np.asarray(labels).tolist()  # ints: cheaper per look-up than int(a[i])
+        self._first = int(seqs[0]) if n else 0
+        self._contiguous = n > 0 and int(seqs[-1]) - self._first == n - 1
+        self._label_ids: list[int] = np.asarray(self.labels).tolist()  # ints: cheaper than int(a[i])
+        self._ready = True
 
     def __call__(self, book: BookSnapshot) -> tuple[int, np.ndarray]:
+        if not self._ready:
+            self._prepare()
         if book.ts_recv > self.clock.now_ns():
             raise LookAheadError(
                 f"label of book seq {book.seq} asked at {self.clock.now_ns()} < {book.ts_recv}"
@@ -564,9 +577,25 @@ def run_replay(
     gc.disable()
     try:
         try:
-            return _run_replay(
-                session_dir, config, out_dir=out_dir, overwrite=overwrite, progress=progress, kernel=kernel
-            )
+            try:
+                return _run_replay(
+                    session_dir,
+                    config,
+                    out_dir=out_dir,
+                    overwrite=overwrite,
+                    progress=progress,
+                    kernel=kernel,
+                )
+            except TapeDisorder as e:  # rows out of order in the files: the whole-table tape sorts them
+                return _run_replay(
+                    session_dir,
+                    config,
+                    out_dir=out_dir,
+                    overwrite=True,
+                    progress=progress,
+                    kernel=kernel,
+                    whole_tape=str(e),
+                )
         except KernelUnsupported as e:  # met mid-run: nothing of it is kept, the Python engine runs it
             result = _run_replay(
                 session_dir, config, out_dir=out_dir, overwrite=True, progress=progress, kernel=False
@@ -585,7 +614,10 @@ def _run_replay(
     overwrite: bool,
     progress: bool,
     kernel: bool = False,
+    whole_tape: str = "",
 ) -> RunResult:
+    """``whole_tape``: why the per-row columns must be read whole (else they are streamed where they can
+    be)."""
     cfg = config or ReplayConfig()
     t0 = time.perf_counter()
     early = config_unsupported(cfg) if kernel else ""
@@ -603,8 +635,22 @@ def _run_replay(
     )
     # The kernel with batch v0 labels streams the book levels a block at a time (flat memory); any
     # other run reads the whole table.
+    rng_feed, rng_laya, rng_order = _rng(cfg.seed, 2), _rng(cfg.seed, 3), _rng(cfg.seed, 4)
+
+    def latency(spec: str, rng: np.random.Generator, scale: float, name: str) -> LatencyModel:
+        model = _checked_latency(spec, rng, name)
+        return model if scale == 1.0 else ScaledLatency(model, scale)
+
+    laya_latency = latency(cfg.latency_laya, rng_laya, cfg.scale_laya, "latency_laya")
+    # Engine.on_trade is a no-op unless the engine says otherwise: then its walk entries are skipped.
+    engine_trades = Engine.uses_trades
+    # The kernel with batch v0 labels streams the book levels a block at a time, and, when the files
+    # hold every stream in order, the per-row columns too (replay/tape_stream.py: flat memory); any
+    # other run reads the whole table.
     streamed: StreamedBooks | None = None
     book_files = session.files("books15")
+    trade_files = session.files("trade") if "trade" in session.streams else []
+    tape: _Tape | StreamedTape
     if (
         kernel
         and cfg.laya_features == "v0"
@@ -612,51 +658,73 @@ def _run_replay(
         and one_symbol(book_files, cfg.symbol)
     ):
         streamed = StreamedBooks(book_files, laya, STREAMS["books15"].schema)
-        book_table = streamed.small_columns()
+    if whole_tape:
+        why_whole = whole_tape
+    elif engine_trades:
+        why_whole = "the engine reads trades"
     else:
-        book_table = _for_symbol(session.read_table("books15"), cfg.symbol)
-    if book_table.num_rows == 0:
-        raise DualhubError(f"{session.root} has no books15 rows for {cfg.symbol}")
-    trade_table = _for_symbol(
-        session.read_table("trade") if "trade" in session.streams else STREAMS["trade"].schema.empty_table(),
-        cfg.symbol,
-    )
-    rng_feed, rng_laya, rng_order = _rng(cfg.seed, 2), _rng(cfg.seed, 3), _rng(cfg.seed, 4)
-    feed = (
-        None
-        if cfg.latency_feed == "recorded"
-        else _checked_latency(cfg.latency_feed, rng_feed, "latency_feed")
-    )
-    tape = _Tape(book_table, trade_table, feed, cfg.scale_feed, cfg.exchange_feed, streamed)
-    n_books, n_trades = book_table.num_rows, trade_table.num_rows
-
-    def latency(spec: str, rng: np.random.Generator, scale: float, name: str) -> LatencyModel:
-        model = _checked_latency(spec, rng, name)
-        return model if scale == 1.0 else ScaledLatency(model, scale)
-
-    laya_latency = latency(cfg.latency_laya, rng_laya, cfg.scale_laya, "latency_laya")
-    label_due = _label_due(tape, laya_latency)
-    # Engine.on_trade is a no-op unless the engine says otherwise: then its walk entries are skipped.
-    engine_trades = Engine.uses_trades
-    labels_walked = label_due is not None  # else Engine.on_book schedules each label on the clock
-    # The kernel takes the walk a chunk at a time from a merge of the streams; the Python engine walks
-    # the whole sorted order. The same entries in the same order (replay/walk.py).
+        why_whole = streamable(cfg.symbol, trade_files, cfg.latency_feed, cfg.scale_feed, laya_latency)
     walk: StreamedWalk | None = None
-    if kernel and label_due is not None and not engine_trades:
-        walk = StreamedWalk(tape.walk_streams(label_due), fast_path.WALK_CHUNK)
-        start_ns, n_walk = walk.first_ts(), walk.total
+    if streamed is not None and not why_whole:
+        if streamed.num_rows == 0:
+            raise DualhubError(f"{session.root} has no books15 rows for {cfg.symbol}")
+        tape = StreamedTape(
+            book_files,
+            trade_files,
+            streamed,
+            cfg.symbol,
+            cfg.exchange_feed,
+            int(constant_ns(laya_latency) or 0),
+            (PRIO_EXCH_BOOK, PRIO_EXCH_TRADE, PRIO_LOCAL_BOOK, PRIO_LABEL),
+        )
+        walk = tape.walk(fast_path.WALK_CHUNK)
+        start_ns, n_walk = tape.first_ts(), walk.total
+        n_books, n_trades = tape.n_books, tape.n_trades
+        labels_walked = True
+        book_table = trade_table = None
     else:
-        ts, prio, kind, row = tape.order(label_due, engine_trades)
-        start_ns, n_walk = int(ts[0]), len(ts)
-    del label_due
+        if streamed is not None:
+            book_table = streamed.small_columns()
+        else:
+            book_table = _for_symbol(session.read_table("books15"), cfg.symbol)
+        if book_table.num_rows == 0:
+            raise DualhubError(f"{session.root} has no books15 rows for {cfg.symbol}")
+        trade_table = _for_symbol(
+            session.read_table("trade")
+            if "trade" in session.streams
+            else STREAMS["trade"].schema.empty_table(),
+            cfg.symbol,
+        )
+        feed = (
+            None
+            if cfg.latency_feed == "recorded"
+            else _checked_latency(cfg.latency_feed, rng_feed, "latency_feed")
+        )
+        tape = _Tape(book_table, trade_table, feed, cfg.scale_feed, cfg.exchange_feed, streamed)
+        n_books, n_trades = book_table.num_rows, trade_table.num_rows
+        label_due = _label_due(tape, laya_latency)
+        labels_walked = label_due is not None  # else Engine.on_book schedules each label on the clock
+        # The kernel takes the walk a chunk at a time from a merge of the streams; the Python engine
+        # walks the whole sorted order. The same entries in the same order (replay/walk.py).
+        if kernel and label_due is not None and not engine_trades:
+            walk = StreamedWalk(tape.walk_streams(label_due), fast_path.WALK_CHUNK)
+            start_ns, n_walk = walk.first_ts(), walk.total
+        else:
+            ts, prio, kind, row = tape.order(label_due, engine_trades)
+            start_ns, n_walk = int(ts[0]), len(ts)
+        del label_due
     clock = ReplayClock(start_ns=start_ns)
     if cfg.laya_features == "v1":
+        assert isinstance(tape, _Tape) and book_table is not None and trade_table is not None
         labeler: Callable[[BookSnapshot], tuple[int, np.ndarray]] = _v1_labeler(
             laya, cfg.laya_mode, book_table, trade_table, tape, clock
         )
     elif streamed is not None:  # labels computed block by block as the walk reads the levels
-        labeler = _BatchLabeler(tape.b_seq, streamed.labels, streamed.probs, clock)
+        # a streamed tape checks its seqs as it reads them: nothing here may look at unread rows
+        lazy = isinstance(tape, StreamedTape)
+        labeler = _BatchLabeler(tape.b_seq, streamed.labels, streamed.probs, clock, lazy=lazy)
     elif cfg.laya_mode == "batch":
+        assert book_table is not None
         labels, probs = _batch_v0(laya, book_table)
         labeler = _BatchLabeler(tape.b_seq, labels, probs, clock)
     else:
@@ -709,8 +777,14 @@ def _run_replay(
         finally:
             if bar is not None:
                 bar.close()
-        path = "kernel" if streamed is None else f"kernel (books streamed, {streamed.blocks_read} blocks)"
+        if isinstance(tape, StreamedTape):
+            path = f"kernel (books and tape streamed, {streamed.blocks_read if streamed else 0} blocks)"
+        elif streamed is not None:
+            path = f"kernel (books streamed, {streamed.blocks_read} blocks; tape whole: {why_whole})"
+        else:
+            path = "kernel"
         return _finish(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path)
+    assert isinstance(tape, _Tape)
     books_in_flight: dict[int, BookSnapshot] = {}  # seen by the exchange, not yet by the engine
     trades_in_flight: dict[int, Trade] = {}
     # Labels drawn up front (label_due): received books waiting for their label's time.
@@ -764,14 +838,32 @@ def _run_kernel(
     exchange: SimExchange,
     advisor: Any,
     log: EventLog,
-    tape: _Tape,
+    tape: _Tape | StreamedTape,
     labeler: _BatchLabeler,
     walk: StreamedWalk,
     bar: Any,
 ) -> None:
     run = KernelRun(cfg, engine, exchange, advisor, log, tape.symbol, len(tape.b_seq))
     labels = LabelColumns(log, tape.symbol, tape.b_evt, tape.b_seq, tape.b_loc, labeler.labels, labeler.probs)
-    t_side = tape.t_side_codes()
+    between: Callable[[], None] | None = None
+    if isinstance(tape, StreamedTape):
+        t_side = tape.t_side
+        streamed_tape, chunk, cursors = tape, fast_path.WALK_CHUNK, walk.cursors
+
+        def between() -> None:
+            # Readers of book rows: the merge's three book streams (in row order, so a cursor is the
+            # next row), the engine's last book and the label events not yet written.
+            b0, t0, b2, b4 = (int(c) for c in cursors)
+            needed = min(b0, b2, b4, int(run.S[fast_path.K.S_ENG_ROW]))
+            pending = labels.oldest_row()
+            if pending is not None:
+                needed = min(needed, pending)
+            streamed_tape.release(needed, t0)
+            # a chunk takes at most `chunk` entries from any one stream
+            streamed_tape.fill(max(b0, b2, b4) + chunk, t0 + chunk)
+
+    else:
+        t_side = tape.t_side_codes()
     fast_path.run_kernel(
         run,
         walk,
@@ -782,6 +874,7 @@ def _run_kernel(
         (tape.t_px, tape.t_sz, t_side),
         labels.add_many,
         bar,
+        between,
     )
 
 

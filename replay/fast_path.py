@@ -550,13 +550,20 @@ def run_kernel(
     trades: tuple[np.ndarray, np.ndarray, np.ndarray],
     add_labels: Callable[[np.ndarray, np.ndarray], None],
     bar: Any = None,
+    between: Callable[[], None] | None = None,
 ) -> None:
     """The whole walk, a chunk at a time, then the timers left at its end. ``book_levels(r0, r1)``:
-    rows r0..r1-1 of the tape as a (rows x 60) float64 array (bid_px, bid_sz, ask_px, ask_sz)."""
+    rows r0..r1-1 of the tape as a (rows x 60) float64 array (bid_px, bid_sz, ask_px, ask_sz).
+    ``between`` runs before each chunk is merged (a streamed tape fills rows ahead, releases behind)."""
     t_px, t_sz, t_side = trades
     S = run.S
     done = 0
-    while (chunk := walk.next_chunk()) is not None:
+    while True:
+        if between is not None:
+            between()
+        chunk = walk.next_chunk()
+        if chunk is None:
+            break
         ts, prio, kind, row = chunk
         n = len(ts)
         if bar is not None:

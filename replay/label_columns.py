@@ -61,6 +61,10 @@ class LabelColumns:
         if len(self._row) >= self._flush_rows:
             self._flush("label")
 
+    def oldest_row(self) -> int | None:
+        """The lowest book row a label not yet handed to the log refers to (None when none is)."""
+        return min(self._row) if self._row else None
+
     def add_many(self, rows: np.ndarray, ts_recv: np.ndarray) -> None:
         """:meth:`add` for many labels at once (batch labels only), flushing at the same points."""
         if self._by_row is None:

@@ -109,7 +109,9 @@ def _merge(
 class StreamedWalk:
     """The walk over ``streams``, ``chunk`` entries at a time."""
 
-    def __init__(self, streams: list[WalkStream], chunk: int) -> None:
+    def __init__(self, streams: list[WalkStream], chunk: int, *, presorted: bool = False) -> None:
+        """``presorted``: the caller vouches that every stream is in (ts, seq) order (a
+        ``replay.tape_stream.StreamedTape`` checks it as it fills rows), so no row is looked at here."""
         if len(streams) != 4:
             raise ValueError(f"the merge takes four streams, not {len(streams)}")
         self.total = sum(len(s.ts) for s in streams)
@@ -118,7 +120,7 @@ class StreamedWalk:
             self._args += [
                 np.asarray(s.ts, dtype=np.int64),
                 np.asarray(s.seq, dtype=np.int64),
-                _in_order(s.ts, s.seq),
+                np.zeros(0, dtype=np.int64) if presorted else _in_order(s.ts, s.seq),
             ]
         self._perm = self._args[2::3]
         self._prio = np.array([s.priority for s in streams], dtype=np.int64)
@@ -130,6 +132,11 @@ class StreamedWalk:
             np.empty(chunk, dtype=np.int8),
             np.empty(chunk, dtype=np.int64),
         )
+
+    @property
+    def cursors(self) -> np.ndarray:
+        """Entries taken so far from each stream (in the streams' order)."""
+        return self._cursors
 
     def first_ts(self) -> int:
         return min(int(ts.min()) for ts in self._args[0::3] if len(ts))

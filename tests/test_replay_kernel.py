@@ -241,7 +241,80 @@ def test_streamed_levels_in_small_blocks_and_row_groups(tmp_path, monkeypatch):
     monkeypatch.setattr(fast_path, "WALK_CHUNK", 150)  # walk chunks straddle blocks
     _, kn = _same(s, ReplayConfig(seed=2), tmp_path, "small")
     n_books = kn.books
-    assert kn.path == f"kernel (books streamed, {(n_books + 63) // 64} blocks)"
+    assert kn.path == f"kernel (books and tape streamed, {(n_books + 63) // 64} blocks)"
+
+
+def test_the_streamed_tape_hands_back_rows_behind_the_walk(tmp_path, monkeypatch):
+    """Per-row columns filled a row group ahead and released with no margin behind every reader: a
+    reader counted wrong would read a handed-back zero and change the run. The same run, and pages
+    were really handed back."""
+    import engine.store as store
+    import replay.book_source as book_source
+    import replay.tape_stream as tape_stream
+
+    monkeypatch.setattr(store, "ROW_GROUP_ROWS", 300)
+    s = simulate_session(tmp_path / "s", minutes=6.0, seed=21)
+    monkeypatch.setattr(book_source, "BLOCK", 256)
+    monkeypatch.setattr(fast_path, "WALK_CHUNK", 700)
+    monkeypatch.setattr(tape_stream, "RELEASE_MARGIN", 0)
+    tapes = []
+    init = tape_stream.StreamedTape.__init__
+
+    def keep(self, *a, **kw):
+        init(self, *a, **kw)
+        tapes.append(self)
+
+    monkeypatch.setattr(tape_stream.StreamedTape, "__init__", keep)
+    for name, cfg in [
+        ("quotes", ReplayConfig(seed=3)),
+        ("trading", ReplayConfig(seed=3, risk=RiskLimits(daily_loss_stop_usd=1e12), fill_model="touch")),
+    ]:
+        _, kn = _same(s, cfg, tmp_path, name)
+        assert kn.path.startswith("kernel (books and tape streamed"), kn.path
+        tape = tapes[-1]
+        assert tape.b_filled == tape.n_books and tape.t_filled == tape.n_trades > 0
+        page_rows = tape_stream._PAGE // 8
+        # every int64 column of both kinds gave back all but the last few pages' worth of rows
+        for v in tape._book_maps[:6]:
+            assert v._released // 8 > tape.n_books - 3 * fast_path.WALK_CHUNK - page_rows, v._released
+        for v in tape._trade_maps:
+            assert v._released > 0
+
+
+def test_virtual_rows_read_zero_once_handed_back():
+    from replay.tape_stream import _PAGE, VirtualRows
+
+    v = VirtualRows(10 * _PAGE // 8, np.int64)
+    v.array[:] = 7
+    v.release_below(3 * _PAGE // 8 + 5)  # whole pages only: rows of page 3 stay
+    assert not v.array[: 3 * _PAGE // 8].any()
+    assert (v.array[3 * _PAGE // 8 :] == 7).all()
+    p = VirtualRows(100, np.float32, (4,))
+    assert p.array.shape == (100, 4) and p.array.dtype == np.float32 and not p.array.any()
+
+
+def test_rows_out_of_order_in_the_files_start_over_on_the_whole_tape(tmp_path):
+    """A book whose recorded arrival is later than the next one's: the streamed tape finds it while
+    filling, and the run starts over on the whole-table tape (which sorts), with the same events."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from engine.store import SessionWriter, open_session
+
+    src = open_session(simulate_session(tmp_path / "a", minutes=2.0, seed=8))
+    books = src.read_table("books15")
+    recv = books.column("ts_recv").to_numpy().copy()
+    recv[500] = recv[503] + 1_000  # arrives after the three books behind it
+    books = books.set_column(books.schema.get_field_index("ts_recv"), "ts_recv", pa.array(recv))
+    assert not pc.all(
+        pc.greater_equal(pc.subtract(books.column("ts_recv")[1:], books.column("ts_recv")[:-1]), 0)
+    ).as_py()
+    w = SessionWriter(tmp_path / "b", source="test", symbols=["BTCUSDT"])
+    w.add_table("books15", books)
+    w.add_table("trade", src.read_table("trade"))
+    w.close()
+    _, kn = _same(tmp_path / "b", ReplayConfig(seed=2), tmp_path, "disorder")
+    assert "tape whole: books by arrival is not in (ts, seq) order" in kn.path, kn.path
 
 
 def test_a_multi_symbol_session_reads_its_symbol(tmp_path):
