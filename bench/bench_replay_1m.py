@@ -32,7 +32,10 @@ from engine.store import SessionWriter
 SHARED_BENCH = Path(__file__).resolve().parents[2] / "shared" / "bench"
 
 
-def session_from_gen_books(data: Path, out: Path, n: int | None) -> Path:
+def session_from_gen_books(data: Path, out: Path, n: int | None, tile: int = 1) -> Path:
+    """A dualhub session of gen_books' first ``n`` snapshots and their trades, ``tile`` times end to end
+    (each copy shifted in time past the one before, seqs and trade ids continued): a longer session of
+    the same market, to show how memory grows with length."""
     books = pq.read_table(data / "books_wide.parquet")
     trades = pq.read_table(data / "trades.parquet")
     if n:
@@ -57,11 +60,28 @@ def session_from_gen_books(data: Path, out: Path, n: int | None) -> Path:
             "side": pc.cast(trades.column("side"), pa.string()),
         }
     )
-    w = SessionWriter(out, source=f"gen_books:{data}", symbols=["BTCUSDT"])
-    w.add_table("books15", b)
-    w.add_table("trade", t)
+    w = SessionWriter(
+        out, source=f"gen_books:{data}" + (f" x{tile}" if tile > 1 else ""), symbols=["BTCUSDT"]
+    )
+    span = max(pc.max(b.column("ts_recv")).as_py(), pc.max(t.column("ts_recv")).as_py())
+    span = span - min(pc.min(b.column("ts_event")).as_py(), pc.min(t.column("ts_event")).as_py()) + 10**9
+    for k in range(tile):
+        w.add_table("books15", _shifted(b, k * span, k * b.num_rows, ["exch_seq"]))
+        tk = _shifted(t, k * span, k * t.num_rows, [])
+        if k:
+            ids = pc.binary_join_element_wise(tk.column("trade_id"), pa.scalar(f"-{k}"), "")
+            tk = tk.set_column(tk.schema.get_field_index("trade_id"), "trade_id", ids)
+        w.add_table("trade", tk)
     w.close()
     return out
+
+
+def _shifted(t: pa.Table, dt: int, dseq: int, more_seqs: list[str]) -> pa.Table:
+    if not dt and not dseq:
+        return t
+    for c, d in [("ts_event", dt), ("ts_recv", dt), ("seq", dseq)] + [(m, dseq) for m in more_seqs]:
+        t = t.set_column(t.schema.get_field_index(c), c, pc.add(t.column(c), d))
+    return t
 
 
 def run_dualhub(
@@ -141,6 +161,13 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True, help="gen_books.py output directory")
     ap.add_argument("-n", type=int, default=0, help="use the first n snapshots (0 = all)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--tile",
+        type=int,
+        default=1,
+        help="replay the data this many times end to end (a K-times longer session; hftbacktest still "
+        "runs the data once): peak RSS against length shows whether memory stays flat",
+    )
     ap.add_argument("--fill-model", default="queue_power2")
     ap.add_argument("--hbt-python", help="python of a venv with hftbacktest 2.4.4")
     ap.add_argument(
@@ -161,7 +188,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as td:
-        session = session_from_gen_books(args.data, Path(td) / "s", args.n or None)
+        session = session_from_gen_books(args.data, Path(td) / "s", args.n or None, args.tile)
         ours, theirs, theirs_orders, digests = [], [], [], set()
         for i in range(args.repeat):
             wall, rate, rss, events, digest, path = run_dualhub(

@@ -6,9 +6,9 @@ cover one block of :data:`BLOCK` rows when the walk first needs it, computes the
 labels in one batch (the same 65 536-row batches as ``replay.driver._batch_v0``, so the labels are
 bit-identical to a whole-session batch), keeps the levels of the last two blocks and drops the rest.
 The levels' memory is then two blocks whatever the session's length, provided its files were written
-in row groups of a block or less (``engine.store`` writes 65 536). What a replay still holds per book
-is its per-row columns: times, seqs and labels here, trade columns and walk keys elsewhere (~0.2 KB a
-book in all, measured: 1M-snapshot peak RSS 0.75 GB).
+in row groups of a block or less (``engine.store`` writes 65 536). The per-row labels and
+probabilities (and the other per-row columns) are streamed by ``replay.tape_stream`` where the
+session allows it.
 """
 
 from __future__ import annotations
