@@ -143,7 +143,6 @@ class StreamedTape:
         self._order = [_Order("books by exchange time"), _Order("books by arrival"), _Order("labels")]
         self._t_order = _Order("trades by exchange time")
         self._seq_last: int | None = None
-        self.blocks_read = 0
 
     # -- what the kernel run reads ------------------------------------------------------------
 
@@ -200,7 +199,6 @@ class StreamedTape:
         self.b_evt[lo:hi], self.b_seq[lo:hi], self.b_loc[lo:hi] = evt, seq, loc
         self.b_exch[lo:hi], self.label_due[lo:hi], self.rank[lo:hi] = exch, due, rank
         self.b_filled = hi
-        self.blocks_read += 1
 
     def _fill_trades(self) -> None:
         pf, g, n = self._tgroups[self._tg]
