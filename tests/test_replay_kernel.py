@@ -253,7 +253,16 @@ def test_the_streamed_tape_hands_back_rows_behind_the_walk(tmp_path, monkeypatch
     import replay.tape_stream as tape_stream
 
     monkeypatch.setattr(store, "ROW_GROUP_ROWS", 300)
-    s = simulate_session(tmp_path / "s", minutes=6.0, seed=21)
+    sim = store.open_session(simulate_session(tmp_path / "sim", minutes=6.0, seed=21))
+    # several parts of uneven sizes, so blocks and row groups straddle files
+    s = tmp_path / "s"
+    w = store.SessionWriter(s, source="test", symbols=["BTCUSDT"])
+    for stream, cuts in (("books15", (0, 1000, 1777)), ("trade", (0, 2500))):
+        t = sim.read_table(stream)
+        for a, b in zip(cuts, (*cuts[1:], t.num_rows), strict=True):
+            w.add_table(stream, t.slice(a, b - a))
+    w.close()
+    assert len(list((s / "books15").glob("part-*.parquet"))) == 3
     monkeypatch.setattr(book_source, "BLOCK", 256)
     monkeypatch.setattr(fast_path, "WALK_CHUNK", 700)
     monkeypatch.setattr(tape_stream, "RELEASE_MARGIN", 0)
