@@ -326,6 +326,28 @@ def test_rows_out_of_order_in_the_files_start_over_on_the_whole_tape(tmp_path):
     assert "tape whole: books by arrival is not in (ts, seq) order" in kn.path, kn.path
 
 
+@pytest.mark.parametrize("kernel", [True, False])
+def test_book_seqs_that_do_not_rise_are_refused_on_either_path(tmp_path, kernel):
+    """A repeated book seq (a broken recording) is a clear error, found mid-way by the streamed tape
+    as it reads rows and up front by the whole tape; no run directory is left behind."""
+    import pyarrow as pa
+
+    from engine.store import SessionWriter, open_session
+
+    src = open_session(simulate_session(tmp_path / "a", minutes=1.0, seed=8))
+    books = src.read_table("books15")
+    seq = books.column("seq").to_numpy().copy()
+    seq[400] = seq[399]
+    books = books.set_column(books.schema.get_field_index("seq"), "seq", pa.array(seq))
+    w = SessionWriter(tmp_path / "b", source="test", symbols=["BTCUSDT"])
+    w.add_table("books15", books)
+    w.add_table("trade", src.read_table("trade"))
+    w.close()
+    with pytest.raises(ValueError, match="book seqs must be strictly increasing"):
+        run_replay(tmp_path / "b", ReplayConfig(seed=2), out_dir=tmp_path / "r", kernel=kernel)
+    assert not (tmp_path / "r").exists() and not (tmp_path / "r.tmp").exists()
+
+
 def test_a_multi_symbol_session_reads_its_symbol(tmp_path):
     """Two symbols in one session: the kernel runs on the filtered table (not streamed), the same run."""
     import pyarrow as pa
