@@ -274,8 +274,8 @@ class KernelRun:
         ring = 1 << max(0, n0 - 1).bit_length()  # a power of two: order N's row is N & (ring - 1)
         self.OI = np.zeros((ring, K.OI_COLS), dtype=np.int64)
         self.OF = np.zeros((ring, K.OF_COLS), dtype=np.float64)
-        self.RI = np.zeros((n0, K.RI_COLS), dtype=np.int64)
-        self.RF = np.zeros((n0, K.RF_COLS), dtype=np.float64)
+        self.RI = np.zeros((ring, K.RI_COLS), dtype=np.int64)  # a ring too: request N in row N & (ring - 1)
+        self.RF = np.zeros((ring, K.RF_COLS), dtype=np.float64)
         self.HI = np.zeros((n0, K.HI_COLS), dtype=np.int64)
         self.HF = np.zeros((n0, K.HF_COLS), dtype=np.float64)
         self.work = np.zeros(3 * K.WORK_CAP, dtype=np.int64)  # the list, then two scratch copies
@@ -317,6 +317,37 @@ class KernelRun:
             b[oids & (rows * 2 - 1)] = a[oids & (rows - 1)]
             setattr(self, name, b)
 
+    def _oldest_request(self) -> int:
+        """The lowest request id whose row the kernel may still read: one in the Kev queue or in flight.
+        A timer naming a request reads its row only while it is in flight (a reply after the timeout and
+        a timeout after the reply only note it), and this is called right after a drain, so no buffered
+        output row names one either (a response's texts are made from its row at drain time)."""
+        S = self.S
+        oldest = int(S[K.S_RID]) + 1
+        kq = self.kq[: int(S[K.S_KQ_N])]
+        fl = self.inflight[: int(S[K.S_INFLIGHT_N])]
+        for ids in (kq, fl):
+            if len(ids):
+                oldest = min(oldest, int(ids.min()))
+        return oldest
+
+    def _ring_requests(self) -> None:
+        """Room for the next requests: rows of finished requests are reused (request N in row
+        N & (rows-1)); the ring doubles, moving what is in use, only when that is not enough."""
+        S = self.S
+        oldest = self._oldest_request()
+        rows = self.RI.shape[0]
+        if int(S[K.S_RID]) + K.MARGIN - oldest >= rows:
+            while int(S[K.S_RID]) + K.MARGIN - oldest >= rows:
+                rows *= 2
+            rids = np.arange(oldest, int(S[K.S_RID]) + 1, dtype=np.int64)
+            for name in ("RI", "RF"):
+                a = getattr(self, name)
+                b = np.zeros((rows, a.shape[1]), dtype=a.dtype)
+                b[rids & (rows - 1)] = a[rids & (a.shape[0] - 1)]
+                setattr(self, name, b)
+        S[K.S_RID_OLDEST] = oldest
+
     def _more_lags(self) -> None:
         used = int(self.S[K.S_LAG_USED])
         left = self.lags[used:]
@@ -337,8 +368,7 @@ class KernelRun:
             self._grow("HI")
             self._grow("HF")
         elif status == K.ST_GROW_REQUESTS:
-            self._grow("RI")
-            self._grow("RF")
+            self._ring_requests()
         elif status == K.ST_NEED_LAGS:
             self._more_lags()
         elif status == K.ST_UNSUPPORTED:
@@ -355,7 +385,7 @@ class KernelRun:
         t = self._texts.get(rid)
         if t is not None:
             return t
-        RI, RF = self.RI[rid], self.RF[rid]
+        RI, RF = self.RI[rid & (self.RI.shape[0] - 1)], self.RF[rid & (self.RF.shape[0] - 1)]
         ctx = _kev_context(  # KevContext fields in order
             rid,
             int(RI[K.RI_TS]),

@@ -130,7 +130,8 @@ UNSUPPORTED_TEXT = (
     S_WHY,
     S_NREQ_CAP,
     S_ENG_BOOK,
-) = range(33)
+    S_RID_OLDEST,
+) = range(34)
 S_LAST_LABEL_NAME = 34  # engine.label, as its class index
 S_OLDEST = 35  # the oldest order that may still be in use
 S_SIZE = 40
@@ -713,7 +714,7 @@ def _headroom(S, OI, RI, HI, NOUT, out_cap, lags):
         return ST_GROW_ORDERS
     if S[S_HEAP_N] + MARGIN >= HI.shape[0]:
         return ST_GROW_HEAP
-    if S[S_RID] + MARGIN >= RI.shape[0]:
+    if S[S_RID] + MARGIN - S[S_RID_OLDEST] >= RI.shape[0]:  # requests live in a ring, as orders do
         return ST_GROW_REQUESTS
     if S[S_LAG_USED] + KQ_CAP > S[S_LAG_N]:
         return ST_NEED_LAGS
@@ -1404,15 +1405,15 @@ def _offer_kev(
     if (spread != spread and ask0 - bid0 == ask0 - bid0) or imb != imb or p != p:
         S[S_WHY] = U_ROUND
         return
-    RI[rid, RI_TS] = now
-    RI[rid, RI_LABEL] = label_id
-    RI[rid, RI_LABEL_SEQ] = S[S_LABELS] - 1
-    RF[rid, RF_P] = p
-    RF[rid, RF_MID] = mid
-    RF[rid, RF_SPREAD] = spread
-    RF[rid, RF_IMB] = imb
-    RF[rid, RF_POS] = _position(S)
-    RF[rid, RF_MAXPOS] = CF[CF_MAX_POSITION]
+    RI[rid & (RI.shape[0] - 1), RI_TS] = now
+    RI[rid & (RI.shape[0] - 1), RI_LABEL] = label_id
+    RI[rid & (RI.shape[0] - 1), RI_LABEL_SEQ] = S[S_LABELS] - 1
+    RF[rid & (RF.shape[0] - 1), RF_P] = p
+    RF[rid & (RF.shape[0] - 1), RF_MID] = mid
+    RF[rid & (RF.shape[0] - 1), RF_SPREAD] = spread
+    RF[rid & (RF.shape[0] - 1), RF_IMB] = imb
+    RF[rid & (RF.shape[0] - 1), RF_POS] = _position(S)
+    RF[rid & (RF.shape[0] - 1), RF_MAXPOS] = CF[CF_MAX_POSITION]
     # KevQueue.offer
     policy = C[C_KEV_POLICY]
     n = S[S_KQ_N]
@@ -1530,7 +1531,7 @@ def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, 
         for v in range(n - 1):
             kq[v] = kq[v + 1]
         n -= 1
-        if now - RI[c, RI_TS] > C[C_KEV_STALE]:
+        if now - RI[c & (RI.shape[0] - 1), RI_TS] > C[C_KEV_STALE]:
             _queue_note(OUTI, NOUT, now, c, Q_STALE, n)
             continue
         rid = c
@@ -1546,22 +1547,22 @@ def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, 
     S[S_INFLIGHT_N] = m + 1
     k = NOUT[O_KEV_REQUEST]
     NOUT[O_KEV_REQUEST] = k + 1
-    ts = RI[rid, RI_TS]
+    ts = RI[rid & (RI.shape[0] - 1), RI_TS]
     OUTI[O_KEV_REQUEST, k, 0] = ts
     OUTI[O_KEV_REQUEST, k, 1] = now
     OUTI[O_KEV_REQUEST, k, 2] = rid
-    OUTI[O_KEV_REQUEST, k, 3] = RI[rid, RI_LABEL]
-    OUTI[O_KEV_REQUEST, k, 4] = RI[rid, RI_LABEL_SEQ]
+    OUTI[O_KEV_REQUEST, k, 3] = RI[rid & (RI.shape[0] - 1), RI_LABEL]
+    OUTI[O_KEV_REQUEST, k, 4] = RI[rid & (RI.shape[0] - 1), RI_LABEL_SEQ]
     OUTI[O_KEV_REQUEST, k, 5] = now - ts
-    OUTF[O_KEV_REQUEST, k, 0] = RF[rid, RF_MID]
-    OUTF[O_KEV_REQUEST, k, 1] = RF[rid, RF_SPREAD]
-    OUTF[O_KEV_REQUEST, k, 2] = RF[rid, RF_IMB]
-    OUTF[O_KEV_REQUEST, k, 3] = RF[rid, RF_POS]
+    OUTF[O_KEV_REQUEST, k, 0] = RF[rid & (RF.shape[0] - 1), RF_MID]
+    OUTF[O_KEV_REQUEST, k, 1] = RF[rid & (RF.shape[0] - 1), RF_SPREAD]
+    OUTF[O_KEV_REQUEST, k, 2] = RF[rid & (RF.shape[0] - 1), RF_IMB]
+    OUTF[O_KEV_REQUEST, k, 3] = RF[rid & (RF.shape[0] - 1), RF_POS]
     _span(OUTI, NOUT, SPAN_KEV_QUEUE, REF_KEV, rid, ts, now)
     _heap_push(S, HI, HF, OI, now + C[C_KEV_TIMEOUT], PRIO_KEV, T_KEV_TIMEOUT, rid, now, 0, 0.0, 0.0)
     # SimKevBackend.start: RuleKev decides now; the reply is due after a lag drawn now
     _rule_kev(RI, RF, CF, rid)
-    RI[rid, RI_STARTED] = now
+    RI[rid & (RI.shape[0] - 1), RI_STARTED] = now
     lag = lags[S[S_LAG_USED]]
     S[S_LAG_USED] += 1
     _heap_push(S, HI, HF, OI, now + lag, PRIO_KEV, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
@@ -1571,33 +1572,33 @@ def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, 
 @nb.njit(cache=True)
 def _rule_kev(RI, RF, CF, rid):
     """engine.kev.rules.RuleKev.decide, numbers only (fast_path writes the texts)."""
-    maxpos = RF[rid, RF_MAXPOS]
+    maxpos = RF[rid & (RF.shape[0] - 1), RF_MAXPOS]
     step = maxpos * CF[CF_STEP_FRACTION]
-    mid = RF[rid, RF_MID]
-    spread_bps = RF[rid, RF_SPREAD] / mid * 1e4 if mid > 0 else 0.0
+    mid = RF[rid & (RF.shape[0] - 1), RF_MID]
+    spread_bps = RF[rid & (RF.shape[0] - 1), RF_SPREAD] / mid * 1e4 if mid > 0 else 0.0
     slip = pyround(pmin(10.0, pmax(1.0, 2.0 * spread_bps)), 2)
-    RF[rid, RF_SLIP] = slip
-    label = RI[rid, RI_LABEL]
-    position = RF[rid, RF_POS]
+    RF[rid & (RF.shape[0] - 1), RF_SLIP] = slip
+    label = RI[rid & (RI.shape[0] - 1), RI_LABEL]
+    position = RF[rid & (RF.shape[0] - 1), RF_POS]
     if label == L_EMERGENCY:
-        RI[rid, RI_ACTION] = A_FLATTEN
-        RI[rid, RI_WHY] = WHY_EMERGENCY
-        RF[rid, RF_TARGET] = 0.0
-        RF[rid, RF_HEDGE] = 1.0
+        RI[rid & (RI.shape[0] - 1), RI_ACTION] = A_FLATTEN
+        RI[rid & (RI.shape[0] - 1), RI_WHY] = WHY_EMERGENCY
+        RF[rid & (RF.shape[0] - 1), RF_TARGET] = 0.0
+        RF[rid & (RF.shape[0] - 1), RF_HEDGE] = 1.0
         return
-    RF[rid, RF_HEDGE] = 0.0
-    if RF[rid, RF_P] < CF[CF_MIN_PROB]:
-        RI[rid, RI_ACTION] = A_HOLD
-        RI[rid, RI_WHY] = WHY_WEAK
-        RF[rid, RF_TARGET] = position
+    RF[rid & (RF.shape[0] - 1), RF_HEDGE] = 0.0
+    if RF[rid & (RF.shape[0] - 1), RF_P] < CF[CF_MIN_PROB]:
+        RI[rid & (RI.shape[0] - 1), RI_ACTION] = A_HOLD
+        RI[rid & (RI.shape[0] - 1), RI_WHY] = WHY_WEAK
+        RF[rid & (RF.shape[0] - 1), RF_TARGET] = position
         return
     sign = 1.0 if label == L_BUY else -1.0
-    agree = sign * RF[rid, RF_IMB] >= 0
+    agree = sign * RF[rid & (RF.shape[0] - 1), RF_IMB] >= 0
     target = position + sign * step * (1.0 if agree else 0.5)
     target = pmax(-maxpos, pmin(maxpos, target))
-    RI[rid, RI_ACTION] = A_LEAN_BUY if sign > 0 else A_LEAN_SELL
-    RI[rid, RI_WHY] = WHY_LEAN
-    RF[rid, RF_TARGET] = pyround(target, 6)
+    RI[rid & (RI.shape[0] - 1), RI_ACTION] = A_LEAN_BUY if sign > 0 else A_LEAN_SELL
+    RI[rid & (RI.shape[0] - 1), RI_WHY] = WHY_LEAN
+    RF[rid & (RF.shape[0] - 1), RF_TARGET] = pyround(target, 6)
 
 
 @nb.njit(cache=True)
@@ -1742,24 +1743,24 @@ def _timer(
         S[S_CMD_ID] = cid
         k = NOUT[O_COMMAND]
         NOUT[O_COMMAND] = k + 1
-        ts_ctx = RI[a, RI_TS]
+        ts_ctx = RI[a & (RI.shape[0] - 1), RI_TS]
         valid_until = now + C[C_KEV_TTL]
         OUTI[O_COMMAND, k, 0] = ts_ctx
         OUTI[O_COMMAND, k, 1] = now
         OUTI[O_COMMAND, k, 2] = cid
         OUTI[O_COMMAND, k, 3] = a
-        OUTI[O_COMMAND, k, 4] = RI[a, RI_ACTION]
+        OUTI[O_COMMAND, k, 4] = RI[a & (RI.shape[0] - 1), RI_ACTION]
         OUTI[O_COMMAND, k, 5] = valid_until
-        OUTF[O_COMMAND, k, 0] = RF[a, RF_TARGET]
-        OUTF[O_COMMAND, k, 1] = RF[a, RF_HEDGE]
-        OUTF[O_COMMAND, k, 2] = RF[a, RF_SLIP]
+        OUTF[O_COMMAND, k, 0] = RF[a & (RF.shape[0] - 1), RF_TARGET]
+        OUTF[O_COMMAND, k, 1] = RF[a & (RF.shape[0] - 1), RF_HEDGE]
+        OUTF[O_COMMAND, k, 2] = RF[a & (RF.shape[0] - 1), RF_SLIP]
         S[S_CMD] = 1
-        S[S_CMD_ACTION] = RI[a, RI_ACTION]
+        S[S_CMD_ACTION] = RI[a & (RI.shape[0] - 1), RI_ACTION]
         S[S_CMD_TS_RECV] = now
         S[S_CMD_VALID_UNTIL] = valid_until
-        SF[SF_CMD_TARGET] = RF[a, RF_TARGET]
-        SF[SF_CMD_SLIP] = RF[a, RF_SLIP]
-        SF[SF_CMD_HEDGE] = RF[a, RF_HEDGE]
+        SF[SF_CMD_TARGET] = RF[a & (RF.shape[0] - 1), RF_TARGET]
+        SF[SF_CMD_SLIP] = RF[a & (RF.shape[0] - 1), RF_SLIP]
+        SF[SF_CMD_HEDGE] = RF[a & (RF.shape[0] - 1), RF_HEDGE]
         _rebalance(
             S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, ts_ctx, OUTI, OUTF, NOUT, lpx, lq
         )

@@ -163,6 +163,45 @@ def test_stopping_and_resuming_changes_nothing(session, tmp_path, monkeypatch):
         assert a == (small.run_dir / "events" / f"{s}.parquet").read_bytes(), s
 
 
+@pytest.mark.parametrize("kev", ["fast", "slow", "slow_fifo"])
+def test_the_kev_request_ring_reuses_the_rows_of_finished_requests(tmp_path, monkeypatch, kev):
+    """A model that labels most books non-HOLD offers Kev ~every book, so the requests wrap a
+    512-row ring several times and the rows of finished ones are reused. With a Kev that answers
+    after ~150 s, a queued or in-flight request outlives 512 newer ones, and the ring must grow
+    around it instead. Either way the run is the Python engine's."""
+    from tests.test_laya import _linear_onnx
+
+    model = _linear_onnx(tmp_path / "busy.onnx")
+    s = simulate_session(tmp_path / "s", minutes=5.0, seed=14)
+    monkeypatch.setattr(fast_path, "INITIAL_ROWS", K.MARGIN + 8)  # rings of 512 rows
+    rings = []
+    ring_requests = fast_path.KernelRun._ring_requests
+
+    def note_ring(self):
+        ring_requests(self)
+        rings.append((int(self.S[K.S_RID_OLDEST]), int(self.S[K.S_RID]), self.RI.shape[0]))
+
+    monkeypatch.setattr(fast_path.KernelRun, "_ring_requests", note_ring)
+    cfg = ReplayConfig(seed=4, model_path=str(model))
+    if kev != "fast":
+        cfg = replace(
+            cfg,
+            kev_lag_p5_ms=150_000.0,
+            kev_lag_p95_ms=160_000.0,
+            kev_timeout_ms=400_000,
+            kev_stale_after_ms=10**9,
+            kev_queue_policy="fifo" if kev == "slow_fifo" else "drop_oldest",
+        )
+    _same(s, cfg, tmp_path, "ring")
+    assert rings and rings[-1][1] > 3 * 512, rings[-3:]
+    if kev == "fast":  # finished requests' rows reused: the ring never grew
+        assert all(rows == 512 for _, _, rows in rings) and rings[-1][0] > 512
+    elif kev == "slow":  # grew around the one in flight, whose successors then freed rows again
+        assert rings[-1][2] > 512 and rings[-1][0] > 512
+    else:  # the FIFO queue holds an early request to the end: the ring grows around it
+        assert rings[-1][2] > 512 and rings[-1][0] < 4
+
+
 def test_configurations_it_cannot_reproduce_run_in_python(session, tmp_path, monkeypatch):
     import replay.driver as driver
 
