@@ -15,6 +15,7 @@ same script, alternating, and print the ratio of medians.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import resource
 import statistics
@@ -109,6 +110,8 @@ def run_dualhub(
     cmd = [sys.executable, "-c", code]
     if one_core:  # the whole process, its writer thread included, on CPU 0
         cmd = ["taskset", "-c", "0", *cmd]
+    # the previous run's dirty pages (hftbacktest writes ~GB of npz) are not written back during this one
+    os.sync()
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
     lines = p.stdout.strip().splitlines()
     wall, rate, rss, events, digest = lines[-1].split()
@@ -135,6 +138,7 @@ def run_hbt(python: str, data: Path, one_core: bool = False) -> tuple[float, flo
     backtest, is the one to set beside a dualhub run that trades."""
     script = SHARED_BENCH / "bench_hftbacktest.py"
     cmd = [python, str(script), "--runs", "1", "--data", str(data)]
+    os.sync()
     p = subprocess.run(
         ["taskset", "-c", "0", *cmd] if one_core else cmd,
         capture_output=True,
