@@ -51,7 +51,14 @@ from replay.book_source import StreamedBooks, one_symbol
 from replay.fast_path import KernelRun, KernelUnsupported, LookAheadError, config_unsupported, unsupported
 from replay.label_columns import LabelColumns
 from replay.sim_exchange import SimExchange
-from replay.tape_stream import StreamedTape, TapeDisorder, constant_ns, streamable
+from replay.tape_stream import (
+    StreamedTape,
+    TapeDisorder,
+    constant_ns,
+    exchange_times,
+    side_codes,
+    streamable,
+)
 from replay.walk import StreamedWalk, WalkStream
 
 RUN_SCHEMA_VERSION = 1
@@ -312,11 +319,8 @@ class _Tape:
         self._t_id: list[str] | None = None
         self.b_loc = self._local(_col(books, "ts_recv", "int64"), self.b_evt, feed, scale_feed)
         self.t_loc = self._local(_col(trades, "ts_recv", "int64"), self.t_evt, feed, scale_feed)
-        # The exchange cannot see a print after we do (local clocks can run behind the exchange's).
-        self.b_exch = np.minimum(self.b_evt, self.b_loc)
-        self.t_exch = np.minimum(self.t_evt, self.t_loc)
-        if exchange_feed == "local":  # a paper exchange sees the market when the engine does
-            self.b_exch, self.t_exch = self.b_loc, self.t_loc
+        self.b_exch = exchange_times(self.b_evt, self.b_loc, exchange_feed)
+        self.t_exch = exchange_times(self.t_evt, self.t_loc, exchange_feed)
 
     @staticmethod
     def _local(recv: np.ndarray, evt: np.ndarray, feed: LatencyModel | None, scale: float) -> np.ndarray:
@@ -340,10 +344,7 @@ class _Tape:
 
     def t_side_codes(self) -> np.ndarray:
         """Aggressor side per trade: 0 buy, 1 sell, -1 anything else (the kernel's codes)."""
-        side = self._trades_side
-        buy = pc.fill_null(pc.equal(side, "buy"), False).to_numpy(zero_copy_only=False)
-        sell = pc.fill_null(pc.equal(side, "sell"), False).to_numpy(zero_copy_only=False)
-        return np.where(buy, 0, np.where(sell, 1, -1)).astype(np.int64)
+        return side_codes(self._trades_side)
 
     def walk_streams(self, label_due: np.ndarray) -> list[WalkStream]:
         """The walk's streams for :class:`replay.walk.StreamedWalk`: :meth:`order`'s entries (kinds 0, 1, 2

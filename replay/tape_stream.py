@@ -26,18 +26,33 @@ import mmap
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.latency import ConstantLatency, LatencyModel, ScaledLatency
 from replay.batch_latency import sample_many
-from replay.book_source import BLOCK, StreamedBooks
+from replay.book_source import BLOCK, StreamedBooks, one_symbol
 from replay.walk import StreamedWalk, WalkStream
 
 _PAGE = mmap.PAGESIZE
 # Rows kept behind the first row a reader may still need (tests set 0: then a miscounted reader would
 # read a handed-back zero and change the run).
 RELEASE_MARGIN = BLOCK
+
+
+def side_codes(side: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Aggressor side per trade: 0 buy, 1 sell, -1 anything else (the kernel's codes)."""
+    buy = pc.fill_null(pc.equal(side, "buy"), False).to_numpy(zero_copy_only=False)
+    sell = pc.fill_null(pc.equal(side, "sell"), False).to_numpy(zero_copy_only=False)
+    return np.where(buy, 0, np.where(sell, 1, -1)).astype(np.int64)
+
+
+def exchange_times(evt: np.ndarray, loc: np.ndarray, exchange_feed: str) -> np.ndarray:
+    """When the simulated exchange sees each row: its event time, never after the engine receives it
+    (local clocks can run behind the exchange's), or the arrival itself with ``exchange_feed='local'``
+    (a paper exchange sees the market when the engine does)."""
+    return loc if exchange_feed == "local" else np.minimum(evt, loc)
 
 
 class TapeDisorder(RuntimeError):
@@ -125,7 +140,7 @@ class StreamedTape:
     ) -> None:
         self.symbol = symbol
         self._books = books
-        self._local_exchange = exchange_feed == "local"
+        self._exchange_feed = exchange_feed
         self._laya_ns = laya_latency_ns
         self._prio = priorities
         self._bgroups, self._tgroups = _rows(book_files), _rows(trade_files)
@@ -190,7 +205,7 @@ class StreamedTape:
         ):
             raise ValueError("book seqs must be strictly increasing within a session stream")
         self._seq_last = int(seq[-1])
-        exch = loc if self._local_exchange else np.minimum(evt, loc)  # as _Tape: never after arrival
+        exch = exchange_times(evt, loc, self._exchange_feed)
         due = loc + self._laya_ns
         rank = np.arange(lo, hi, dtype=np.int64)
         self._order[0].check(exch, seq)
@@ -210,13 +225,10 @@ class StreamedTape:
         evt = t.column("ts_event").to_numpy().astype(np.int64, copy=False)
         loc = t.column("ts_recv").to_numpy().astype(np.int64, copy=False)
         seq = t.column("seq").to_numpy().astype(np.int64, copy=False)
-        exch = loc if self._local_exchange else np.minimum(evt, loc)
+        exch = exchange_times(evt, loc, self._exchange_feed)
         self._t_order.check(exch, seq)
-        side = t.column("side")
-        buy = pc.fill_null(pc.equal(side, "buy"), False).to_numpy(zero_copy_only=False)
-        sell = pc.fill_null(pc.equal(side, "sell"), False).to_numpy(zero_copy_only=False)
         self.t_seq[lo:hi], self.t_exch[lo:hi] = seq, exch
-        self.t_side[lo:hi] = np.where(buy, 0, np.where(sell, 1, -1))
+        self.t_side[lo:hi] = side_codes(t.column("side"))
         self.t_px[lo:hi] = t.column("px").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
         self.t_sz[lo:hi] = t.column("sz").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
         self.t_filled = hi
@@ -234,8 +246,6 @@ def streamable(
     symbol: str, trade_files: list[Path], latency_feed: str, scale_feed: float, laya: LatencyModel
 ) -> str:
     """Why the streamed tape cannot take this run ('' when it can, given rows in order)."""
-    from replay.book_source import one_symbol
-
     if latency_feed != "recorded" or scale_feed != 1.0:
         return "a feed latency model moves arrivals"
     if constant_ns(laya) is None:
