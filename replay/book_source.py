@@ -37,13 +37,13 @@ class StreamedBooks:
         self._laya = laya
         self._schema = schema
         self._files = list(files)
-        self._groups: list[tuple[pq.ParquetFile, int, int, int]] = []  # (file, group, first row, rows)
+        self.groups: list[tuple[pq.ParquetFile, int, int, int]] = []  # (file, group, first row, rows)
         row = 0
         for f in files:
             pf = pq.ParquetFile(f)
             for g in range(pf.metadata.num_row_groups):
                 n = pf.metadata.row_group(g).num_rows
-                self._groups.append((pf, g, row, n))
+                self.groups.append((pf, g, row, n))
                 row += n
         self.num_rows = row
         self.labels: np.ndarray = np.zeros(row, dtype=np.int8)
@@ -68,7 +68,7 @@ class StreamedBooks:
     def _read_block(self, b: int) -> np.ndarray:
         lo, hi = b * BLOCK, min(self.num_rows, (b + 1) * BLOCK)
         pieces = []
-        for pf, g, first, n in self._groups:
+        for pf, g, first, n in self.groups:
             if first + n <= lo or first >= hi:
                 continue
             t = pf.read_row_group(g, columns=LEVEL_COLUMNS, use_threads=False)

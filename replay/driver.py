@@ -670,9 +670,8 @@ def _run_replay(
         if streamed.num_rows == 0:
             raise DualhubError(f"{session.root} has no books15 rows for {cfg.symbol}")
         tape = StreamedTape(
-            book_files,
-            trade_files,
             streamed,
+            trade_files,
             cfg.symbol,
             cfg.exchange_feed,
             int(constant_ns(laya_latency) or 0),

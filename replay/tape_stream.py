@@ -130,9 +130,8 @@ class StreamedTape:
 
     def __init__(
         self,
-        book_files: list[Path],
-        trade_files: list[Path],
         books: StreamedBooks,
+        trade_files: list[Path],
         symbol: str,
         exchange_feed: str,
         laya_latency_ns: int,
@@ -143,7 +142,9 @@ class StreamedTape:
         self._exchange_feed = exchange_feed
         self._laya_ns = laya_latency_ns
         self._prio = priorities
-        self._bgroups, self._tgroups = _rows(book_files), _rows(trade_files)
+        # the books' row groups as StreamedBooks found them (no second read of the footers)
+        self._bgroups = [(pf, g, n) for pf, g, _, n in books.groups]
+        self._tgroups = _rows(trade_files)
         nb, nt = books.num_rows, sum(n for _, _, n in self._tgroups)
         self.n_books, self.n_trades = nb, nt
         vb = [VirtualRows(nb, np.int64) for _ in range(6)]
