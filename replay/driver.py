@@ -634,8 +634,6 @@ def _run_replay(
             model_path=Path(cfg.model_path), provider=cfg.laya_provider, feature_version=cfg.laya_features
         )
     )
-    # The kernel with batch v0 labels streams the book levels a block at a time (flat memory); any
-    # other run reads the whole table.
     rng_feed, rng_laya, rng_order = _rng(cfg.seed, 2), _rng(cfg.seed, 3), _rng(cfg.seed, 4)
 
     def latency(spec: str, rng: np.random.Generator, scale: float, name: str) -> LatencyModel:
