@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import orjson
 
-from engine.book import imbalance
+from engine.book import imbalance, tradable
 from engine.clock import Clock
 from engine.contract import ContractConfig
 from engine.eventlog import EventLog
@@ -499,7 +499,10 @@ class Engine:
             self._position(),
             buy,
             sell,
-            self._pnl_at((book.bid_px[0] + book.ask_px[0]) / 2.0) if book is not None else 0.0,  # mid
+            # mid; on a book that is not tradable no rule reads the PnL (Decimal math on inf raises)
+            self._pnl_at((book.bid_px[0] + book.ask_px[0]) / 2.0)
+            if book is not None and tradable(book)
+            else 0.0,
             self._recent_tuple,
             self.kill_switch,
         )

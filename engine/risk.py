@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from engine.book import avg_price, walk_book
+from engine.book import avg_price, tradable, walk_book
 from engine.events import BookSnapshot, Nanos
 
 REASONS: Final = (
@@ -28,6 +28,8 @@ REASONS: Final = (
     "order_rate",
     "loss_stop",
     "stale_advice",
+    "bad_book",
+    "reduce_only",
 )
 
 
@@ -46,11 +48,19 @@ class RiskLimits:
     max_advice_age_ns: Nanos = 3_000_000_000  # orders acting on older Kev advice are refused
 
     def __post_init__(self) -> None:
-        for name in ("max_position", "max_net_delta_usd", "max_order_qty", "max_slippage_bps"):
-            if getattr(self, name) <= 0:
+        # `not (x > 0)` also refuses NaN, which would switch a rule off (every comparison is false).
+        for name in (
+            "max_position",
+            "max_net_delta_usd",
+            "max_order_qty",
+            "max_slippage_bps",
+            "price_band_bps",
+            "daily_loss_stop_usd",
+        ):
+            if not getattr(self, name) > 0:
                 raise ValueError(f"RiskLimits.{name} must be > 0")
-        if self.max_orders_per_s <= 0 or self.stale_book_ns <= 0:
-            raise ValueError("RiskLimits.max_orders_per_s and stale_book_ns must be > 0")
+        if not (self.max_orders_per_s > 0 and self.stale_book_ns > 0 and self.max_advice_age_ns > 0):
+            raise ValueError("RiskLimits.max_orders_per_s, stale_book_ns and max_advice_age_ns must be > 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,15 +92,19 @@ class RiskState:
     kill_switch: bool = False
 
 
-def _reduces(position: float, side: str, qty: float) -> bool:
+def reduce_only_ok(position: float, side: str, qty: float) -> bool:
+    """Whether a reduce-only order can only shrink ``position``: opposite side, no bigger than it. The
+    gateway asks it of the engine's position, the venues (simulated and local exchange) of theirs."""
     signed = qty if side == "buy" else -qty
-    return position != 0 and abs(position + signed) < abs(position) + 1e-12 and position * signed < 0
+    return position * signed < 0 and qty <= abs(position) + 1e-12
 
 
 def check(
     limits: RiskLimits, state: RiskState, intent: OrderIntent, book: BookSnapshot | None, now_ns: Nanos
 ) -> tuple[bool, str]:
-    """Accept or reject one intent. Cancels are always allowed: they only ever reduce risk."""
+    """Accept or reject one intent. Cancels are always allowed: they only ever reduce risk.
+
+    Every limit is written ``not (value <= limit)``, so a NaN anywhere rejects instead of passing."""
     if intent.intent == "cancel":
         return True, "ok"
     side, qty, order_type = intent.side, intent.qty, intent.order_type
@@ -104,28 +118,33 @@ def check(
         return False, "bad_order"
     if state.kill_switch:
         return False, "kill_switch"
-    if intent.source == "kev" and intent.advice_age_ns > limits.max_advice_age_ns:
+    if intent.source == "kev" and not (intent.advice_age_ns <= limits.max_advice_age_ns):
         return False, "stale_advice"
     if book is None:
         return False, "no_book"
-    if now_ns - book.ts_recv > limits.stale_book_ns:
+    if not tradable(book):
+        return False, "bad_book"
+    if not (now_ns - book.ts_recv <= limits.stale_book_ns):
         return False, "stale_book"
-    if qty > limits.max_order_qty + 1e-12:
+    if not (qty <= limits.max_order_qty + 1e-12):
         return False, "max_order_qty"
     position = state.position
-    reducing = intent.reduce_only or _reduces(position, side, qty)
+    if intent.reduce_only and not reduce_only_ok(position, side, qty):
+        return False, "reduce_only"
     signed = qty if side == "buy" else -qty
-    # Worst case: every resting order on the same side fills too.
+    # Worst case: every resting order on the same side fills too. An order "reduces" only when even
+    # then the position shrinks; only such an order may pass the position and loss limits.
     open_same = state.open_buy_qty if side == "buy" else -state.open_sell_qty
     worst = position + open_same + signed
-    mid = book.mid
+    reducing = abs(worst) < abs(position) - 1e-12
+    mid = (book.bid_px[0] + book.ask_px[0]) / 2.0
     if not reducing:
-        if abs(worst) > limits.max_position + 1e-12:
+        if not (abs(worst) <= limits.max_position + 1e-12):
             return False, "max_position"
-        if abs(worst) * mid > limits.max_net_delta_usd:
+        if not (abs(worst) * mid <= limits.max_net_delta_usd):
             return False, "max_net_delta"
     if order_type == "limit":
-        if abs(intent.px - mid) / mid * 1e4 > limits.price_band_bps:
+        if not (abs(intent.px - mid) / mid * 1e4 <= limits.price_band_bps):
             return False, "price_band"
     else:
         levels = walk_book(book, side, qty)
@@ -133,11 +152,11 @@ def check(
         max_bps = limits.max_slippage_bps
         if intent.max_slippage_bps is not None:
             max_bps = min(max_bps, intent.max_slippage_bps)
-        if filled < qty - 1e-12 or abs(avg_price(levels) - mid) / mid * 1e4 > max_bps:
+        if not (filled >= qty - 1e-12 and abs(avg_price(levels) - mid) / mid * 1e4 <= max_bps):
             return False, "max_slippage"
     window_start = now_ns - 1_000_000_000
     if len([t for t in state.recent_order_ns if t > window_start]) >= limits.max_orders_per_s:
         return False, "order_rate"
-    if state.pnl_usd <= -limits.daily_loss_stop_usd and not reducing:
+    if not (state.pnl_usd > -limits.daily_loss_stop_usd) and not reducing:
         return False, "loss_stop"
     return True, "ok"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.book import tradable
 from engine.contract import ContractConfig
 from engine.events import BookSnapshot, Nanos
 from engine.fastinit import frozen_maker
@@ -39,8 +40,14 @@ def desired_quotes(
     target: float,
     max_position: float,
 ) -> list[Quote]:
-    """The bid and ask we want resting now (possibly none on a side that would breach the limit)."""
+    """The bid and ask we want resting now (possibly none on a side that would breach the limit).
+
+    None at all on a book that is not :func:`~engine.book.tradable`: quoting around a NaN, infinite,
+    one-sided or crossed top is quoting around nothing (the engine then pulls what rests)."""
     tick = contract.tick
+    # Past 2**52 ticks a price is no longer a multiple of the tick (and round() of it may overflow).
+    if not tradable(book) or not book.ask_px[0] < _MAX_TICKS * tick:
+        return []
     inv = (position - target) / max_position if max_position > 0 else 0.0
     shift = SIGNAL.get(label, 0) * cfg.label_skew_ticks - inv * cfg.inventory_skew_ticks
     best_bid, best_ask = book.bid_px[0], book.ask_px[0]
@@ -54,6 +61,7 @@ def desired_quotes(
     return out
 
 
+_MAX_TICKS = 2.0**52
 _ROUNDED: dict[tuple[float, float], float] = {}
 
 

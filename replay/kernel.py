@@ -49,7 +49,8 @@ ORDER_KINDS = ("new", "cancel", "ack", "reject", "cancel_ack", "done")
 # reasons (risk reasons first, in engine.risk.REASONS order, then exchange reasons)
 R_OK, R_BAD_ORDER, R_KILL, R_NO_BOOK, R_STALE_BOOK, R_MAX_QTY = 0, 1, 2, 3, 4, 5
 R_MAX_POS, R_MAX_DELTA, R_BAND, R_SLIP, R_RATE, R_LOSS, R_STALE_ADVICE = 6, 7, 8, 9, 10, 11, 12
-R_EMPTY, R_NO_MARKET, R_FILLED, R_IOC, R_CANCEL_NOT_FOUND = 13, 14, 15, 16, 17
+R_BAD_BOOK, R_REDUCE_ONLY = 13, 14
+R_EMPTY, R_NO_MARKET, R_FILLED, R_IOC, R_CANCEL_NOT_FOUND, R_REDUCE_REJECTED = 15, 16, 17, 18, 19, 20
 REASON_TEXT = (
     *REASONS,
     "",
@@ -57,6 +58,7 @@ REASON_TEXT = (
     "filled",
     "ioc_remainder_expired",
     "cancel_rejected:order_not_found",
+    "reduce_only_rejected",
 )
 # labels by class index (engine.core.LABEL_NAMES)
 L_HOLD, L_BUY, L_SELL, L_EMERGENCY = 0, 1, 2, 3
@@ -137,6 +139,7 @@ S_OLDEST = 35  # the oldest order that may still be in use
 S_SIZE = 40
 # SF (float64 scalars)
 SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
+SF_XPOS = 3  # the position as the simulated venue knows it (SimExchange.position)
 SF_SIZE = 8
 # C (int64 config)
 (
@@ -399,11 +402,15 @@ def _walk_book(bk, side, qty, lpx, lq):
     off = 30 if side == BUY else 0
     left = qty
     n = 0
+    prev = 0.0 if side == BUY else math.inf
     for i in range(15):
         p = bk[off + i]
         s = bk[off + 15 + i]
-        if left <= 1e-12 or math.isnan(p):
+        if left <= 1e-12 or not (0.0 < p < math.inf and 0.0 <= s < math.inf):
             break
+        if (p <= prev) if side == BUY else (p >= prev):
+            break
+        prev = p
         take = pyround(pmin(left, s), 12)
         if take != take and s == s:
             return -1
@@ -412,6 +419,21 @@ def _walk_book(bk, side, qty, lpx, lq):
         n += 1
         left -= take
     return n
+
+
+@nb.njit(cache=True)
+def _tradable(bk):
+    """engine.book.tradable."""
+    b = bk[0]
+    a = bk[30]
+    return 0.0 < b < a < math.inf and 0.0 < bk[15] < math.inf and 0.0 < bk[45] < math.inf
+
+
+@nb.njit(cache=True)
+def _reduce_only_ok(position, side, qty):
+    """engine.risk.reduce_only_ok."""
+    signed = qty if side == BUY else -qty
+    return position * signed < 0 and qty <= abs(position) + 1e-12
 
 
 @nb.njit(cache=True)
@@ -570,7 +592,7 @@ def run(
             for c in range(60):
                 x_book[c] = levels[j, c]
             S[S_XBOOK] = 1
-            _x_on_book(S, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT)
+            _x_on_book(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT)
         elif k == 2:  # book at the engine
             j = r - level_row0
             for c in range(60):
@@ -615,7 +637,7 @@ def run(
             )
         elif k == 1:  # trade at the exchange
             if S[S_NREST] > 0:
-                _x_on_trade(S, C, CF, OI, OF, HI, HF, rest, t_px[r], t_sz[r], t_side[r], OUTI, OUTF, NOUT)
+                _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, rest, t_px[r], t_sz[r], t_side[r], OUTI, OUTF, NOUT)
         # kind 3 (trade at the engine): Engine.on_trade does nothing
         if S[S_WHY] != U_NONE:
             return ST_UNSUPPORTED
@@ -817,14 +839,16 @@ def _check_new(
         return R_STALE_ADVICE
     if S[S_ENG_BOOK] == 0:
         return R_NO_BOOK
+    if not _tradable(eng_book):
+        return R_BAD_BOOK
     if now - b_loc[S[S_ENG_ROW]] > C[C_STALE_BOOK]:
         return R_STALE_BOOK
-    if qty > CF[CF_MAX_ORDER_QTY] + 1e-12:
+    if not (qty <= CF[CF_MAX_ORDER_QTY] + 1e-12):
         return R_MAX_QTY
     position = _position(S)
+    if reduce_only and not _reduce_only_ok(position, side, qty):
+        return R_REDUCE_ONLY
     signed = qty if side == BUY else -qty
-    reduces = position != 0 and abs(position + signed) < abs(position) + 1e-12 and position * signed < 0
-    reducing = reduce_only or reduces
     # open quantities of working orders, summed in insertion order as _build_risk_state does
     buy = 0.0
     sell = 0.0
@@ -836,14 +860,15 @@ def _check_new(
             sell += OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_FILLED]
     open_same = buy if side == BUY else -sell
     worst = position + open_same + signed
+    reducing = abs(worst) < abs(position) - 1e-12
     mid = (eng_book[0] + eng_book[30]) / 2.0
     if not reducing:
-        if abs(worst) > CF[CF_MAX_POSITION] + 1e-12:
+        if not (abs(worst) <= CF[CF_MAX_POSITION] + 1e-12):
             return R_MAX_POS
-        if abs(worst) * mid > CF[CF_MAX_DELTA]:
+        if not (abs(worst) * mid <= CF[CF_MAX_DELTA]):
             return R_MAX_DELTA
     if otype == LIMIT:
-        if abs(px - mid) / mid * 1e4 > CF[CF_BAND]:
+        if not (abs(px - mid) / mid * 1e4 <= CF[CF_BAND]):
             return R_BAND
     else:
         n = _walk_book(eng_book, side, qty, lpx, lq)
@@ -866,7 +891,7 @@ def _check_new(
             avg = num / q
         else:
             avg = NAN
-        if filled < qty - 1e-12 or abs(avg - mid) / mid * 1e4 > max_bps:
+        if not (filled >= qty - 1e-12 and abs(avg - mid) / mid * 1e4 <= max_bps):
             return R_SLIP
     # order rate: accepted new orders in (now - 1 s, now]
     cutoff = now - 1_000_000_000
@@ -1062,6 +1087,7 @@ def _requote(
     position = _position(S)
     # strategy.desired_quotes
     tick = CF[CF_TICK]
+    quotable = _tradable(eng_book) and eng_book[30] < 4503599627370496.0 * tick  # 2**52 ticks
     maxpos = CF[CF_MAX_POSITION]
     target = _target(S, SF, CF, now)
     inv = (position - target) / maxpos if maxpos > 0 else 0.0
@@ -1073,8 +1099,8 @@ def _requote(
     bid = pmin(best_bid + (shift - C[C_OFFSET_TICKS]) * tick, best_ask - tick)
     ask = pmax(best_ask + (shift + C[C_OFFSET_TICKS]) * tick, best_bid + tick)
     qq = CF[CF_QUOTE_QTY]
-    want_buy = position + qq <= maxpos + 1e-12
-    want_sell = position - qq >= -maxpos - 1e-12
+    want_buy = quotable and position + qq <= maxpos + 1e-12
+    want_sell = quotable and position - qq >= -maxpos - 1e-12
     bid_px = _round_px(CF, bid) if want_buy else 0.0
     ask_px = _round_px(CF, ask) if want_sell else 0.0
     if (want_buy and bid_px != bid_px and bid == bid) or (want_sell and ask_px != ask_px and ask == ask):
@@ -1652,7 +1678,7 @@ def _timer(
     b = tmpi[5]
     now = S[S_NOW]
     if kind == T_ARRIVE:
-        _x_arrive(S, C, CF, OI, OF, HI, HF, rest, x_book, a, OUTI, OUTF, NOUT, lpx, lq)
+        _x_arrive(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, a, OUTI, OUTF, NOUT, lpx, lq)
     elif kind == T_ARRIVE_CANCEL:
         found = False
         n = S[S_NREST]
@@ -1901,13 +1927,14 @@ def _report_fill(S, C, OI, HI, HF, oid, px, qty, liq):
 
 
 @nb.njit(cache=True)
-def _x_fill(S, C, OI, OF, HI, HF, rest, oid, px, qty):
+def _x_fill(S, SF, C, OI, OF, HI, HF, rest, oid, px, qty):
     """SimExchange._fill (maker)."""
     q = pyround(qty, 12)
     if q != q:
         S[S_WHY] = U_ROUND
         return
     OF[oid & (OF.shape[0] - 1), OF_XFILLED] += q
+    SF[SF_XPOS] += q if OI[oid & (OI.shape[0] - 1), OI_SIDE] == BUY else -q
     _report_fill(S, C, OI, HI, HF, oid, px, q, LIQ_MAKER)
     if OF[oid & (OF.shape[0] - 1), OF_QTY] - OF[oid & (OF.shape[0] - 1), OF_XFILLED] <= EPS:
         n = S[S_NREST]
@@ -2012,7 +2039,7 @@ def _on_trade_fm(C, OI, OF, oid, px, sz, tside):
 
 
 @nb.njit(cache=True)
-def _x_on_book(S, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
+def _x_on_book(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
     n = S[S_NREST]
     if n == 0:
         return
@@ -2027,6 +2054,7 @@ def _x_on_book(S, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
         if crossed:
             _x_fill(
                 S,
+                SF,
                 C,
                 OI,
                 OF,
@@ -2042,7 +2070,7 @@ def _x_on_book(S, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
 
 
 @nb.njit(cache=True)
-def _x_on_trade(S, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, NOUT):
+def _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, NOUT):
     left = sz
     n = S[S_NREST]
     snapshot = rest[REST_CAP : 2 * REST_CAP]
@@ -2055,20 +2083,23 @@ def _x_on_trade(S, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, NOUT)
         q = pmin(_on_trade_fm(C, OI, OF, o, px, sz, tside), left)
         if q > EPS:
             left -= q
-            _x_fill(S, C, OI, OF, HI, HF, rest, o, OF[o & (OF.shape[0] - 1), OF_PX], q)
+            _x_fill(S, SF, C, OI, OF, HI, HF, rest, o, OF[o & (OF.shape[0] - 1), OF_PX], q)
             if S[S_WHY] != U_NONE:
                 return
 
 
 @nb.njit(cache=True)
-def _x_arrive(S, C, CF, OI, OF, HI, HF, rest, x_book, oid, OUTI, OUTF, NOUT, lpx, lq):
+def _x_arrive(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, oid, OUTI, OUTF, NOUT, lpx, lq):
     if S[S_XBOOK] == 0:
         _report(S, C, OI, HI, HF, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
         return
-    _report(S, C, OI, HI, HF, M_ACK, oid, 0, 0.0, 0.0)
     side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     otype = OI[oid & (OI.shape[0] - 1), OI_TYPE]
     qty = OF[oid & (OF.shape[0] - 1), OF_QTY]
+    if OI[oid & (OI.shape[0] - 1), OI_REDUCE] != 0 and not _reduce_only_ok(SF[SF_XPOS], side, qty):
+        _report(S, C, OI, HI, HF, M_REJECT, oid, R_REDUCE_REJECTED, 0.0, 0.0)
+        return
+    _report(S, C, OI, HI, HF, M_ACK, oid, 0, 0.0, 0.0)
     limit = OF[oid & (OF.shape[0] - 1), OF_PX] if otype == LIMIT else NAN
     n = _walk_book(x_book, side, qty, lpx, lq)
     if n < 0:
@@ -2080,6 +2111,7 @@ def _x_arrive(S, C, CF, OI, OF, HI, HF, rest, x_book, oid, OUTI, OUTF, NOUT, lpx
         if not math.isnan(limit) and ((side == BUY and px > limit) or (side == SELL and px < limit)):
             break
         _report_fill(S, C, OI, HI, HF, oid, px, lq[j], LIQ_TAKER)
+        SF[SF_XPOS] += lq[j] if side == BUY else -lq[j]
         filled += lq[j]
     remaining = qty - filled
     if otype == MARKET:

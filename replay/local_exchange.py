@@ -50,7 +50,7 @@ from engine.contract import ContractConfig
 from engine.events import BookSnapshot, Trade
 from engine.fills import FILL_MODELS
 from engine.latency import ConstantLatency
-from engine.risk import OrderIntent
+from engine.risk import OrderIntent, reduce_only_ok
 from engine.venues.bitget_v2 import StreamCounters, decode
 from engine.venues.bitget_v2_private import PRIVATE_CHANNELS, encode_push, login_sign
 from engine.venues.bitget_v2_rest import ContractSpec, parse_contract, sign
@@ -804,6 +804,14 @@ class LocalExchange:
         )
         if open_notional + notional > self.max_notional_usdt:
             return error("40762", "The order amount exceeds the balance", t)
+        reduce_only = str(body.get("reduceOnly", "NO")).upper() == "YES"
+        pos = self.positions.get((uid, symbol))
+        if reduce_only and not reduce_only_ok(pos.qty if pos else 0.0, side, float(size)):
+            return error(
+                "40017",
+                "Parameter verification failed: reduceOnly order would open or increase a position",
+                t,
+            )
         oid = str(next(self._order_ids))
         o = _Order(
             order_id=oid,
@@ -817,7 +825,7 @@ class LocalExchange:
             size=str(body["size"]),
             px=float(price) if price is not None else math.nan,
             qty=float(size),
-            reduce_only=str(body.get("reduceOnly", "NO")).upper() == "YES",
+            reduce_only=reduce_only,
             c_time=t,
             u_time=t,
         )
@@ -832,7 +840,9 @@ class LocalExchange:
             order_type=otype,
             px=o.px,
             qty=o.qty,
-            reduce_only=o.reduce_only,
+            # checked above against this account's position; the matching engine is shared by every
+            # account, so its own (venue-wide) reduce-only check must not run again
+            reduce_only=False,
         )
         v.sim.submit(intent, now)
         self._drain(v)

@@ -18,7 +18,7 @@ from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
 from engine.fills import EPS, FillModel, QueueState
 from engine.latency import LatencyModel
-from engine.risk import OrderIntent
+from engine.risk import OrderIntent, reduce_only_ok
 
 
 class SimExchange:
@@ -39,6 +39,9 @@ class SimExchange:
         self.engine: Any = None  # set by the driver: receives on_ack/on_fill/...
         self.book: BookSnapshot | None = None
         self._resting: dict[str, QueueState] = {}
+        # The account's position as the venue knows it (fills as they happen, before any report
+        # latency): what a reduce-only order is checked against.
+        self.position = 0.0
 
     # ---------------------------------------------------------- engine -> exchange
 
@@ -92,6 +95,9 @@ class SimExchange:
         if book is None:
             self._report("on_reject", intent.client_oid, "no_market")
             return
+        if intent.reduce_only and not reduce_only_ok(self.position, intent.side, intent.qty):
+            self._report("on_reject", intent.client_oid, "reduce_only_rejected")
+            return
         self._report("on_ack", intent.client_oid)
         limit = intent.px if intent.order_type == "limit" else math.nan
         # Marketable part: walk the book up to the limit (all of it for a market order).
@@ -103,6 +109,7 @@ class SimExchange:
             ):
                 break
             self._report("on_fill", intent.client_oid, px, q, "taker")
+            self.position += q if intent.side == "buy" else -q
             filled += q
         remaining = intent.qty - filled
         if intent.order_type == "market":
@@ -126,6 +133,7 @@ class SimExchange:
     def _fill(self, st: QueueState, px: float, qty: float, liquidity: str) -> None:
         qty = round(qty, 12)
         st.filled += qty
+        self.position += qty if st.side == "buy" else -qty
         self._report("on_fill", st.client_oid, px, qty, liquidity)
         if st.remaining <= EPS:
             del self._resting[st.client_oid]

@@ -190,3 +190,32 @@ def test_market_order_walks_the_book_and_cancel_uses_its_own_latency():
     _run(clock)
     ack = ex.engine.calls[-1]
     assert ack[0] == "on_cancel_ack" and ack[-1] == t0 + 30  # reported with the exchange time it happened
+
+
+def test_the_exchange_refuses_a_reduce_only_order_that_would_not_reduce():
+    clock, ex = _exchange("touch")
+    ex.on_book(make_book(100.0, 100.1, size=1.0))
+
+    def market(oid, side, qty, reduce_only):
+        o = OrderIntent(
+            client_oid=oid,
+            symbol="BTCUSDT",
+            intent="new",
+            side=side,
+            order_type="market",
+            px=math.nan,
+            qty=qty,
+            reduce_only=reduce_only,
+        )
+        ex.submit(o, clock.now_ns())
+        _run(clock)
+        return [c[0] for c in ex.engine.calls if c[1] == oid]
+
+    assert market("r0", "sell", 0.01, True) == ["on_reject"]  # no position: nothing to reduce
+    assert ex.engine.calls[-1][2] == "reduce_only_rejected"
+    assert market("b", "buy", 0.03, False) == ["on_ack", "on_fill", "on_done"]
+    assert ex.position == pytest.approx(0.03)
+    assert market("r1", "buy", 0.01, True) == ["on_reject"]  # would increase the long
+    assert market("r2", "sell", 0.05, True) == ["on_reject"]  # would flip it short
+    assert market("r3", "sell", 0.02, True) == ["on_ack", "on_fill", "on_done"]
+    assert ex.position == pytest.approx(0.01)

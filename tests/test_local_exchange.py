@@ -376,3 +376,29 @@ def test_public_feed_rebased_to_the_exchange_clock():
             assert ex.venues["BTCUSDT"].book is not None  # the exchange matches against what it sent
 
     _run(go())
+
+
+def test_reduce_only_is_enforced_per_account(ex):
+    def market(side, size, coid, reduce_only):
+        return place_order_body(
+            symbol="BTCUSDT",
+            side=side,
+            order_type="market",
+            size=size,
+            client_oid=coid,
+            reduce_only=reduce_only,
+        )
+
+    async def go(gw):
+        with pytest.raises(BitgetParamError) as e:  # flat: a reduce-only order has nothing to reduce
+            await gw.place_order(market("sell", "0.100", "ro-0", True))
+        assert e.value.code == "40017" and "reduceOnly" in str(e.value)
+        await gw.place_order(market("buy", "0.300", "ro-1", False))
+        with pytest.raises(BitgetParamError):  # would increase the long
+            await gw.place_order(market("buy", "0.100", "ro-2", True))
+        with pytest.raises(BitgetParamError):  # would flip it short
+            await gw.place_order(market("sell", "0.500", "ro-3", True))
+        await gw.place_order(market("sell", "0.100", "ro-4", True))
+        assert ex.position("BTCUSDT") == pytest.approx(0.2)
+
+    _run(_with_gw(ex, go))

@@ -105,3 +105,92 @@ def test_walk_book_consumes_levels_in_order():
 def test_limits_are_validated():
     with pytest.raises(ValueError):
         RiskLimits(max_position=0)
+    with pytest.raises(ValueError):
+        RiskLimits(price_band_bps=math.nan)  # a NaN limit would switch its rule off
+
+
+# ---- fail closed: the holes found by issue 16, each reproduced with the default limits
+
+
+def _with_top(book, *, bid=None, ask=None, bid_sz=None, ask_sz=None):
+    def top(t, v):
+        return t if v is None else (v, *t[1:])
+
+    return replace(
+        book,
+        bid_px=top(book.bid_px, bid),
+        ask_px=top(book.ask_px, ask),
+        bid_sz=top(book.bid_sz, bid_sz),
+        ask_sz=top(book.ask_sz, ask_sz),
+    )
+
+
+DEFAULT = RiskLimits()
+WIDE = make_book(50_000.0, 50_000.1, ts=NOW, size=1.0)
+
+
+@pytest.mark.parametrize(
+    "top",
+    [
+        {"bid": math.nan},
+        {"ask": math.nan},
+        {"bid": math.inf},
+        {"ask": math.inf},
+        {"bid": -1.0},
+        {"bid": 0.0},
+        {"bid": 50_001.0},  # crossed
+        {"bid": 50_000.1},  # locked
+        {"bid_sz": math.nan},
+        {"ask_sz": 0.0},
+    ],
+)
+def test_no_new_order_without_a_valid_two_sided_book(top):
+    book = _with_top(WIDE, **top)
+    # A limit buy at 1e9 passed the price band when the mid was NaN; a market buy passed slippage.
+    assert check(DEFAULT, RiskState(), limit(px=1e9, qty=0.001), book, NOW) == (False, "bad_book")
+    assert check(DEFAULT, RiskState(), market(qty=0.001), book, NOW) == (False, "bad_book")
+    assert check(DEFAULT, RiskState(), limit(px=50_000.0, qty=0.001), WIDE, NOW) == (True, "ok")
+
+
+def test_a_reducing_order_counts_what_rests_on_its_side():
+    st = RiskState(position=0.01, open_sell_qty=0.1)
+    # worst case -0.11 against a 0.05 limit: it does not reduce anything
+    assert check(DEFAULT, st, limit(side="sell", px=50_000.1, qty=0.02), WIDE, NOW) == (False, "max_position")
+    # with nothing resting the same sell only shrinks the position
+    st = RiskState(position=0.01)
+    assert check(DEFAULT, st, limit(side="sell", px=50_000.1, qty=0.005), WIDE, NOW) == (True, "ok")
+
+
+def test_a_reducing_order_passes_the_limits_it_cannot_worsen():
+    # over the position limit and past the loss stop, a sell that shrinks the worst case still goes
+    st = RiskState(position=0.08, open_sell_qty=0.01, pnl_usd=-1e6)
+    assert check(DEFAULT, st, limit(side="sell", px=50_000.1, qty=0.02), WIDE, NOW) == (True, "ok")
+    assert check(DEFAULT, st, limit(side="buy", px=50_000.0, qty=0.001), WIDE, NOW)[0] is False
+
+
+@pytest.mark.parametrize(
+    "position, side, qty, ok",
+    [
+        (0.05, "buy", 0.02, False),  # the issue's case: a reduce-only buy on a long
+        (0.0, "sell", 0.01, False),  # nothing to reduce
+        (0.05, "sell", 0.02, True),
+        (0.01, "sell", 0.02, False),  # would flip the position
+        (-0.02, "buy", 0.02, True),
+    ],
+)
+def test_reduce_only_is_checked_not_trusted(position, side, qty, ok):
+    intent = market(side=side, qty=qty, reduce_only=True)
+    got = check(DEFAULT, RiskState(position=position), intent, WIDE, NOW)
+    assert got == ((True, "ok") if ok else (False, "reduce_only"))
+
+
+def test_walk_book_stops_at_the_first_level_that_is_not_real():
+    book = make_book(100.0, 100.1, size=0.01)
+    nan_size = replace(book, ask_sz=(0.01, math.nan, *book.ask_sz[2:]))
+    assert walk_book(nan_size, "buy", 1.0) == [(100.1, 0.01)]  # a NaN size was unlimited liquidity
+    negative = replace(book, ask_sz=(0.01, -5.0, *book.ask_sz[2:]))
+    assert walk_book(negative, "buy", 1.0) == [(100.1, 0.01)]
+    backwards = replace(book, ask_px=(100.1, 100.0, *book.ask_px[2:]))
+    assert walk_book(backwards, "buy", 1.0) == [(100.1, 0.01)]
+    # so a market order that needs those levels is refused for slippage, not filled on fiction
+    assert check(LIMITS, RiskState(), market(qty=0.015), nan_size, NOW) == (False, "max_slippage")

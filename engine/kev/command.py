@@ -53,7 +53,10 @@ def _bounded(obj: dict[str, Any], key: str, lo: float, hi: float) -> float | str
     v = obj[key]
     if isinstance(v, bool) or not isinstance(v, int | float):
         return f"{key} is {type(v).__name__}, expected number"
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond float range (JSON allows any number of digits)
+        return f"{key} is too large"
     if not math.isfinite(f):
         return f"{key} is not finite"
     if not lo <= f <= hi:
@@ -68,12 +71,13 @@ def validate_command(obj: Any) -> CommandFields | str:
     missing = [k for k in COMMAND_SCHEMA["required"] if k not in obj]
     if missing:
         return f"missing fields: {', '.join(missing)}"
-    extra = sorted(set(obj) - set(COMMAND_SCHEMA["properties"]))
+    # str(): keys of mixed types do not sort (JSON gives only strings, a Python caller may not)
+    extra = sorted(str(k)[:40] for k in set(obj) - set(COMMAND_SCHEMA["properties"]))
     if extra:
         return f"unexpected fields: {', '.join(extra)}"
     action = obj["action"]
     if action not in ACTIONS:
-        return f"action {action!r} not one of {', '.join(ACTIONS)}"
+        return f"action {repr(action)[:40]} not one of {', '.join(ACTIONS)}"
     tp = _bounded(obj, "target_position", -TARGET_POSITION_ABS_MAX, TARGET_POSITION_ABS_MAX)
     hr = _bounded(obj, "hedge_ratio", *HEDGE_RATIO_RANGE)
     ms = _bounded(obj, "max_slippage_bps", *MAX_SLIPPAGE_BPS_RANGE)
