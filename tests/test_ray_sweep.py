@@ -17,6 +17,8 @@ from replay.ray_sweep import ray_sweep
 from replay.simulator import simulate_session
 from replay.sweep import parse_grid, run_one
 
+pytestmark = pytest.mark.slow  # starts Ray clusters
+
 GRID_TOML = """
 [base]
 seed = 3
