@@ -46,7 +46,9 @@ def main() -> int:
             total.reasons.update(s.reasons)
             total.breaches.update(s.breaches)
             total.examples += s.examples[: 5 - len(total.examples)]
-            print(f"\r{total.cases:>10,} cases  {i}/{len(blocks)} blocks", end="", file=sys.stderr, flush=True)
+            print(
+                f"\r{total.cases:>10,} cases  {i}/{len(blocks)} blocks", end="", file=sys.stderr, flush=True
+            )
     wall = time.perf_counter() - t0
     print(file=sys.stderr)
     print(f"cases {total.cases:,}  intents {total.intents:,}  accepted {total.accepted:,}  ", end="")

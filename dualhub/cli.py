@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from engine.errors import DualhubError
+from engine.errors import DualhubError, os_error_text
 
 # Modules providing ``register(subparsers)``; a module that does not exist yet is skipped.
 COMMAND_MODULES = (
@@ -60,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dualhub {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a full disk, a permission, a path: the user's to fix, not a bug to trace
+        print(f"dualhub {args.command}: error: {os_error_text(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

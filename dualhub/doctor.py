@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "doctor",
         help="check that this machine can run the stack (ONNX Runtime/CUDA, Laya, Kev, exchange, machine)",
         description="Check ONNX Runtime and CUDA (package, missing libraries, active provider, warm-up), "
-        "Kev's llama-server (health, props, one schema-constrained request, determinism), the Bitget "
+        "Kev's llama-server (health, props, one schema-constrained request, its latency against the Kev "
+        "timeout, determinism), the Bitget "
         "endpoint (reachability, clock skew, contract, API keys with --live) and the machine (disk, "
         "clock source, open files, CPUs). Prints one row per check with the evidence and the fix. "
         "Exit code 1 when any check fails.",
@@ -32,6 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--model", type=Path, help="Laya ONNX model (default data/models/laya-v0.onnx)")
     p.add_argument("--kev-url", help=f"llama-server URL (default {DEFAULT_KEV_URL}; not answering = warn)")
+    p.add_argument(
+        "--kev-timeout-ms",
+        type=int,
+        help="the Kev timeout live/replay will run with: an answer slower than it fails the check (the "
+        "default 2000 ms: warns); the check recommends a value",
+    )
     p.add_argument(
         "--exchange-url",
         help="Bitget REST base URL (default https://api.bitget.com; not answering = warn); "
@@ -66,12 +73,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def cmd_doctor(a: argparse.Namespace) -> int:
     from engine.diagnostics.checks import DoctorConfig, exit_code, run_all, summary, worst
+    from engine.urls import check_url
 
+    for flag, url in (("--kev-url", a.kev_url), ("--exchange-url", a.exchange_url)):
+        if url is not None:
+            check_url(url, flag)
+    if a.kev_timeout_ms is not None and a.kev_timeout_ms <= 0:
+        raise DualhubError(f"--kev-timeout-ms must be > 0, got {a.kev_timeout_ms}")
     try:
         cfg = DoctorConfig(
             model_path=a.model,
             gpu_mem_limit_bytes=a.gpu_mem_limit_mib << 20,
             kev_url=a.kev_url,
+            kev_engine_timeout_ms=a.kev_timeout_ms,
             exchange_url=a.exchange_url,
             symbol=a.symbol,
             live=a.live,

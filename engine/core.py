@@ -35,7 +35,7 @@ from engine.events import (
 )
 from engine.fastinit import frozen_maker
 from engine.kev.advisor import KevContext, KevReply, context_body
-from engine.kev.command import CommandFields, validate_command
+from engine.kev.failures import breaker_rows, judge
 from engine.kev.queue import KevQueue, QueueNote
 from engine.latency import ConstantLatency, LatencyModel
 from engine.portfolio import Portfolio
@@ -285,13 +285,26 @@ class Engine:
         now = self.clock.now_ns()
         self._queue_notes([QueueNote(ctx.request_id, "timeout", len(self.queue))], now)
         error = f"timeout after {self.cfg.kev_timeout_ns / 1e6:.0f} ms: no advice"
-        self._kev_response(ctx, now, error=error, lag_ns=now - started_ns, key="", raw="", timings={})
+        self._kev_response(
+            ctx, now, error=error, failure="timeout", lag_ns=now - started_ns, key="", raw="", timings={}
+        )
         self._kev_pump()
 
     def _kev_response(
-        self, ctx: KevContext, now: Nanos, *, error: str, lag_ns: Nanos, key: str, raw: str, timings: dict
+        self,
+        ctx: KevContext,
+        now: Nanos,
+        *,
+        error: str,
+        failure: str,
+        lag_ns: Nanos,
+        key: str,
+        raw: str,
+        timings: dict,
+        advisor: str = "",
     ) -> None:
-        """One KevResponse event; ``error`` empty means a valid command follows."""
+        """One KevResponse event; ``error`` empty means a valid command follows, else ``failure`` is its
+        kind (engine/kev/failures.py); ``advisor``: who answered, when not the engine's advisor."""
         self.log.append(  # KevResponse row
             "kev_response",
             (
@@ -300,8 +313,9 @@ class Engine:
                 ctx.request_id,
                 not error,
                 error,
+                failure,
                 lag_ns,
-                self.advisor_name,
+                advisor or self.advisor_name,
                 key,
                 raw,
                 float(timings.get("prompt_ms", 0.0)),
@@ -313,26 +327,27 @@ class Engine:
 
     def _on_kev_done(self, ctx: KevContext, reply: KevReply, lag_ns: Nanos) -> None:
         now = self.clock.now_ns()
+        for row in breaker_rows(reply, now, ctx.request_id):  # late or not, the breaker did change
+            self.log.append("kev_breaker", row)
         if self._kev_in_flight.pop(ctx.request_id, None) is None:
             # Its timeout already fired: the engine moved on without this advice.
             self._queue_notes([QueueNote(ctx.request_id, "late_reply", len(self.queue))], now)
             return
-        verdict: CommandFields | str = (
-            validate_command(reply.raw) if reply.raw is not None else (reply.error or "no reply")
-        )
-        ok = isinstance(verdict, CommandFields)
+        verdict, error, failure = judge(reply)
         raw = orjson.dumps(reply.raw, option=orjson.OPT_SORT_KEYS).decode() if reply.raw is not None else ""
         self._kev_response(
             ctx,
             now,
-            error="" if ok else str(verdict) or "invalid",
+            error=error,
+            failure=failure,
             lag_ns=lag_ns,
             key=reply.key or _context_key(ctx),
             raw=raw,
             timings=reply.timings,
+            advisor=reply.advisor,
         )
         self._span("kev", f"kev:{ctx.request_id}", now - lag_ns, now)
-        if isinstance(verdict, CommandFields):
+        if verdict is not None:
             self._command_id += 1
             self.command = self.log.emit(
                 PortfolioCommand,
@@ -464,6 +479,31 @@ class Engine:
         """Kill switch: no new orders from now on; working orders are cancelled."""
         self.kill_switch = True
         self._cancel_all(self.clock.now_ns())
+
+    def flatten(self) -> tuple[list[str], bool]:
+        """Reduce-only market orders (``source="flatten"``, ``max_order_qty`` at most each) for the part
+        of the position that working market orders on the closing side do not cover yet. They pass the
+        risk gateway like any order; the kill switch lets exactly these through (they can only shrink
+        the position: the gateway checks reduce-only). Returns the client oids accepted and whether one
+        was refused (the order rate, a stale book: the caller may try again later)."""
+        pos = self._position()
+        side = "sell" if pos > 0 else "buy"
+        covered = sum(
+            o.qty - o.filled for o in self._working.values() if o.order_type == "market" and o.side == side
+        )
+        left = abs(pos) - covered
+        c, now, sent = self.cfg.contract, self.clock.now_ns(), []
+        while len(sent) < 100:
+            qty = c.round_qty(min(left, self.cfg.risk.max_order_qty))
+            if qty < c.min_qty:
+                return sent, False
+            oid = f"dh-{self._oid + 1}"
+            self._send_new(side, "market", math.nan, qty, now, None, True, source="flatten")
+            if oid not in self._working:
+                return sent, True
+            sent.append(oid)
+            left -= qty
+        return sent, False
 
     # ------------------------------------------------------------ orders and risk
 

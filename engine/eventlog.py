@@ -14,6 +14,10 @@ each stream's name, row count and column digests, in :data:`OUTPUT_STREAMS` orde
 whenever any field of any event changes or events within a stream change order; it does not encode
 how different streams interleave (each stream's own ``ts_recv`` and ``seq`` order it). Two runs agree
 on it exactly when they produced the same events, in any process.
+
+The decision digest is the same hash without the columns in
+:data:`engine.events.NON_DECISION_COLUMNS` (server measurements such as llama-server's
+``prompt_ms``): two runs agree on it when they decided the same, however long the model took.
 """
 
 from __future__ import annotations
@@ -31,14 +35,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.events import STREAM_OF_TYPE, STREAMS
+from engine.events import NON_DECISION_COLUMNS, STREAM_OF_TYPE, STREAMS
 from engine.store import sha256_file
 
+# A run directory's layout version (replay and live write the same one): 2 added kev_breaker, the
+# decision digest and input_quarantine.parquet; a reader refuses another version with one line.
+RUN_SCHEMA_VERSION: Final = 2
 OUTPUT_STREAMS: Final = (
     "label",
     "kev_queue",
     "kev_request",
     "kev_response",
+    "kev_breaker",
     "command",
     "risk",
     "order",
@@ -142,8 +150,29 @@ class _StreamDigest:
         d._h = {k: (a.copy(), b.copy()) for k, (a, b) in self._h.items()}
         return d
 
-    def hexdigests(self) -> list[str]:
-        return [f"{k}:{a.hexdigest()}:{b.hexdigest()}" for k, (a, b) in self._h.items()]
+    def hexdigests(self, skip: frozenset[str] = frozenset()) -> list[str]:
+        return [f"{k}:{a.hexdigest()}:{b.hexdigest()}" for k, (a, b) in self._h.items() if k not in skip]
+
+
+def _run_digest(
+    digests: dict[str, _StreamDigest], counts: dict[str, int], skip: dict[str, frozenset[str]]
+) -> str:
+    h = hashlib.sha256()
+    for stream in OUTPUT_STREAMS:
+        h.update(f"{stream}\t{counts[stream]}\n".encode())
+        h.update("\n".join(digests[stream].hexdigests(skip.get(stream, frozenset()))).encode())
+    return h.hexdigest()
+
+
+def digest_tables(tables: dict[str, pa.Table]) -> tuple[str, str]:
+    """``(digest, decision digest)`` of a whole event log given as one table per output stream (a
+    missing stream counts as empty): what :class:`EventLog` reports for the same events."""
+    digests = {s: _StreamDigest(STREAMS[s].schema) for s in OUTPUT_STREAMS}
+    counts = dict.fromkeys(OUTPUT_STREAMS, 0)
+    for s, table in tables.items():
+        digests[s].update(table)
+        counts[s] = table.num_rows
+    return _run_digest(digests, counts, {}), _run_digest(digests, counts, NON_DECISION_COLUMNS)
 
 
 # rows(first_seq, n, consume) -> the table of events first_seq .. first_seq + n - 1 of a stream whose
@@ -275,18 +304,25 @@ class EventLog:
         cls = STREAMS[stream].event_type
         return [] if table is None else [cls(**r) for r in table.to_pylist()]
 
-    @property
-    def digest(self) -> str:
-        h = hashlib.sha256()
+    def _current_digests(self) -> dict[str, _StreamDigest]:
+        out = {}
         for stream in OUTPUT_STREAMS:
             d = self._digests[stream]
             pending = self._pending(stream, consume=False)
             if pending is not None:
                 d = d.copy()
                 d.update(pending)
-            h.update(f"{stream}\t{self._count(stream)}\n".encode())
-            h.update("\n".join(d.hexdigests()).encode())
-        return h.hexdigest()
+            out[stream] = d
+        return out
+
+    @property
+    def digest(self) -> str:
+        return _run_digest(self._current_digests(), self.counts(), {})
+
+    @property
+    def decision_digest(self) -> str:
+        """The digest without the :data:`~engine.events.NON_DECISION_COLUMNS` (server measurements)."""
+        return _run_digest(self._current_digests(), self.counts(), NON_DECISION_COLUMNS)
 
     def counts(self) -> dict[str, int]:
         return {s: self._count(s) for s in OUTPUT_STREAMS}

@@ -83,6 +83,20 @@ class Quarantined:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InputQuarantined:
+    """A session row replay kept from the engine (``engine/validate.py``): the row's own times, its
+    ``stream`` and seq there (``row_seq``), and a short reason code (``crossed_book``, ``time_backwards``)."""
+
+    ts_event: Nanos
+    ts_recv: Nanos
+    seq: int
+    symbol: str
+    stream: str
+    row_seq: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Gap:
     """A window where data for ``symbol``/``channel`` is known to be missing (disconnect, seq gap)."""
 
@@ -148,7 +162,9 @@ class KevRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KevResponse:
-    """Kev's answer; ``ok`` false carries ``error``. ``lag_ns`` is request-to-response time.
+    """Kev's answer; ``ok`` false carries ``error`` and ``failure``, the error's kind code (``timeout``,
+    ``transport``, ``http_5xx``, ... :data:`engine.kev.failures.FAILURE_KINDS`; "" when ok). ``lag_ns``
+    is request-to-response time.
 
     ``key`` identifies the request (prompt template, input, model, parameters) for cassettes; ``raw``
     is the advisor's JSON text; server timings are 0 where the advisor has none.
@@ -160,6 +176,7 @@ class KevResponse:
     request_id: int
     ok: bool
     error: str
+    failure: str = ""
     lag_ns: Nanos
     advisor: str
     key: str
@@ -168,6 +185,23 @@ class KevResponse:
     predicted_ms: float
     prompt_tokens: int
     completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KevBreakerEvent:
+    """Kev's circuit breaker changed ``state`` (``open``, ``half_open``, ``closed``) for ``reason``,
+    after ``failures`` consecutive failures. The engine sees the change with the reply to
+    ``request_id`` (``ts_recv``); ``breaker_ns`` is when it happened on the breaker's own clock (the
+    replay clock in replay, the monotonic clock in live)."""
+
+    ts_event: Nanos
+    ts_recv: Nanos
+    seq: int
+    request_id: int
+    state: str
+    reason: str
+    failures: int
+    breaker_ns: Nanos
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -279,21 +313,41 @@ class ReconcileEvent:
     action: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VenueStatus:
+    """Live mode: the health of a link to the venue changed. ``component``: ``public_feed``,
+    ``private_ws`` or ``rest``; ``state``: ``up``, ``stale`` (connected, no data for ``feed_stale_s``),
+    ``down`` (disconnected or failing) or ``lost`` (not up for ``venue_lost_s``: the run ends);
+    ``age_ns``: how long since the link was last up (for ``up``: how long it had been out)."""
+
+    ts_event: Nanos
+    ts_recv: Nanos
+    seq: int
+    symbol: str
+    component: str
+    state: str
+    detail: str
+    age_ns: Nanos
+
+
 Event: TypeAlias = (
     BookSnapshot
     | Trade
     | Quarantined
+    | InputQuarantined
     | Gap
     | LabelEvent
     | KevQueueEvent
     | KevRequest
     | KevResponse
+    | KevBreakerEvent
     | PortfolioCommand
     | RiskDecision
     | OrderEvent
     | Fill
     | LatencySpan
     | ReconcileEvent
+    | VenueStatus
 )
 
 _PA_TYPES: Final[dict[Any, pa.DataType]] = {
@@ -339,18 +393,28 @@ STREAMS: Final[dict[str, StreamSpec]] = {
         _spec("books15", BookSnapshot, 10),
         _spec("trade", Trade, 20),
         _spec("quarantine", Quarantined, 30),
+        _spec("input_quarantine", InputQuarantined, 31),  # a run's log: session rows kept from the engine
         _spec("gap", Gap, 35),
         _spec("label", LabelEvent, 40),
         _spec("kev_queue", KevQueueEvent, 50),
         _spec("kev_request", KevRequest, 51),
         _spec("kev_response", KevResponse, 52),
         _spec("command", PortfolioCommand, 53),
+        _spec("kev_breaker", KevBreakerEvent, 54),
         _spec("risk", RiskDecision, 60),
         _spec("order", OrderEvent, 61),
         _spec("fill", Fill, 62),
         _spec("latency", LatencySpan, 70),
         _spec("reconcile", ReconcileEvent, 75),  # live mode only; written beside the engine's log
+        _spec("venue_status", VenueStatus, 76),  # live mode only; beside the engine's log
     )
+}
+# Columns that measure how a server worked (wall time, token counts) rather than record a decision: left
+# out of a run's decision digest (engine/eventlog.py), so two runs that decided the same share it
+# whatever the timings. (A Kev reply's effect on timing is ``lag_ns``, a decision input: kept.)
+NON_DECISION_COLUMNS: Final[dict[str, frozenset[str]]] = {
+    # llama-server's timings and token counts for an answer (the answer itself is ``raw``)
+    "kev_response": frozenset({"prompt_ms", "predicted_ms", "prompt_tokens", "completion_tokens"}),
 }
 STREAM_OF_TYPE: Final[dict[type, str]] = {s.event_type: s.name for s in STREAMS.values()}
 _FIELD_NAMES: Final[dict[type, tuple[str, ...]]] = {

@@ -116,7 +116,9 @@ def check(
         or (order_type == "limit" and not (intent.px > 0 and math.isfinite(intent.px)))
     ):
         return False, "bad_order"
-    if state.kill_switch:
+    # The kill switch stops everything but orders that can only close the position (reduce-only
+    # flattening, checked below like any order).
+    if state.kill_switch and not (intent.reduce_only and intent.source == "flatten"):
         return False, "kill_switch"
     if intent.source == "kev" and not (intent.advice_age_ns <= limits.max_advice_age_ns):
         return False, "stale_advice"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ class SessionError(DualhubError):
     """A session directory that is missing, incomplete or fails its hash check."""
 
 
+class SeqOrderError(SessionError, ValueError):
+    """A stream's seqs that do not rise strictly (a repeated seq: a broken recording)."""
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -50,14 +55,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+@contextmanager
+def _staged(path: Path) -> Iterator[Path]:
+    """``path.tmp`` to write, renamed onto ``path`` when the block succeeds and removed when it fails
+    (a full disk, Ctrl-C): never a half-written file under either name."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with _staged(path) as tmp, open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 # Row groups of 65 536 rows: a replay streams the book levels a row group at a time
@@ -68,12 +84,10 @@ ROW_GROUP_ROWS = 65_536
 def atomic_write_parquet(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` via ``path.tmp`` + fsync + rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd", write_statistics=True, row_group_size=ROW_GROUP_ROWS)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    with _staged(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd", write_statistics=True, row_group_size=ROW_GROUP_ROWS)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -191,7 +205,14 @@ class Session:
         schema = STREAMS[stream].schema
         if not files:
             return schema.empty_table()
-        return pa.concat_tables([pq.read_table(f, schema=schema) for f in files])
+        tables = []
+        for f in files:
+            open_parquet(f, schema)
+            try:
+                tables.append(pq.read_table(f, schema=schema))
+            except (pa.ArrowException, OSError) as e:
+                raise SessionError(f"{f}: cannot read it ({first_line(e)})") from None
+        return pa.concat_tables(tables)
 
     def read_events(self, stream: str) -> list[Any]:
         return table_to_events(self.read_table(stream), stream)
@@ -225,11 +246,62 @@ def open_session(root: Path | str) -> Session:
         manifest = orjson.loads(mpath.read_bytes())
     except orjson.JSONDecodeError as e:
         raise SessionError(f"{mpath} is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise SessionError(
+            f"{mpath} is not a session manifest (a JSON object), it is {type(manifest).__name__}"
+        )
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise SessionError(
             f"{root}: schema version {manifest.get('schema_version')} != supported {SCHEMA_VERSION}"
         )
+    _check_manifest(mpath, manifest)
     return Session(root, manifest)
+
+
+def _check_manifest(mpath: Path, manifest: dict[str, Any]) -> None:
+    """The keys and shapes readers rely on, so a hand-edited or foreign manifest is one clear error."""
+    if missing := [k for k in ("streams", "files") if k not in manifest]:
+        raise SessionError(f"{mpath} lacks {', '.join(missing)}: not a finished dualhub session")
+    streams, files = manifest["streams"], manifest["files"]
+    if not isinstance(streams, dict) or not all(isinstance(v, dict) for v in streams.values()):
+        raise SessionError(f"{mpath}: 'streams' must map stream names to objects")
+    if not isinstance(files, dict):
+        raise SessionError(f"{mpath}: 'files' must map file paths to objects")
+    for rel, meta in files.items():
+        parts = Path(rel).parts
+        if Path(rel).is_absolute() or ".." in parts or len(parts) != 2:
+            raise SessionError(f"{mpath}: file {rel!r} is not a <stream>/<part> path inside the session")
+        if not isinstance(meta, dict) or not isinstance(meta.get("sha256"), str):
+            raise SessionError(f"{mpath}: file {rel!r} has no sha256")
+
+
+def first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def open_parquet(path: Path, schema: pa.Schema) -> pq.ParquetFile:
+    """A session data file, opened and checked against its stream's schema: a damaged file (truncated,
+    empty) or a missing or mistyped column (text timestamps) is a SessionError naming the file and
+    column, not a pyarrow exception from deep inside a replay."""
+    try:
+        pf = pq.ParquetFile(path)
+        found = pf.schema_arrow
+    except (pa.ArrowException, OSError) as e:
+        raise SessionError(f"{path}: not a readable Parquet file ({first_line(e)})") from None
+    for field in schema:
+        i = found.get_field_index(field.name)
+        if i < 0:
+            raise SessionError(f"{path}: column {field.name!r} is missing")
+        if found.field(i).type != field.type:
+            raise SessionError(
+                f"{path}: column {field.name!r} is {found.field(i).type}, expected {field.type}"
+            )
+        if not field.nullable:
+            for g in range(pf.metadata.num_row_groups):
+                st = pf.metadata.row_group(g).column(i).statistics
+                if st is not None and st.null_count:
+                    raise SessionError(f"{path}: column {field.name!r} has {st.null_count} nulls")
+    return pf
 
 
 def iter_parts(root: Path, stream: str) -> Iterator[Path]:

@@ -7,18 +7,23 @@
 public and private WebSockets on P + 1) replaying SESSION and matching orders against its books.
 
 ``dualhub kill SESSION_DIR``: engage the kill switch of the ``dualhub live`` writing SESSION_DIR.
+
+``dualhub parity LIVE_SESSION [--out DIR]``: replay a live session as it happened and report the first
+divergence from what the live run decided (``live/parity.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import signal
 import sys
 import time
 from pathlib import Path
 
 from engine.errors import DualhubError
+from engine.urls import WS, check_url
 from engine.venues.bitget_v2 import REST_BASE_URL
 
 CONFIRM_FLAG = "--i-understand-this-trades-real-money"
@@ -45,6 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--out", type=Path, help="session directory (default data/sessions/live-<UTC time>)")
     p.add_argument("--kev-url", default="", help="llama-server URL (default: the rule advisor)")
     p.add_argument(
+        "--kev-timeout-ms",
+        type=int,
+        default=2000,
+        help="give up on a Kev answer after this long (default 2000); above the server's latency, or every "
+        "answer is discarded (`dualhub kev bench` and `dualhub doctor` recommend one)",
+    )
+    p.add_argument(
         "--kev-in-loop",
         action="store_true",
         help="run Kev's HTTP client on the tick path's event loop instead of its own process",
@@ -62,7 +74,43 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--contract-defaults", action="store_true", help="paper: do not ask the exchange for contracts"
     )
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--kill-flattens",
+        action="store_true",
+        help="the kill switch also closes positions with reduce-only market orders (risk-checked)",
+    )
+    p.add_argument("--status-every", type=float, default=10.0, help="status line every S seconds (0: none)")
+    p.add_argument(
+        "--feed-stale", type=float, default=3.0, help="warn when no market data arrives for S seconds (3)"
+    )
+    p.add_argument(
+        "--venue-lost",
+        type=float,
+        default=20.0,
+        help="end the run (live: kill switch), exit 1, when a link to the venue is out S seconds (20)",
+    )
     p.set_defaults(func=cmd_live)
+
+    p = sub.add_parser(
+        "parity",
+        help="replay a live session as it happened; print 'no divergence' or the first divergence",
+        description="Replays each run of LIVE_SESSION (runs/live-<SYMBOL>) with what the live run observed: "
+        "its Laya latencies, order and cancel delays, Kev answers with their lags (its cassette) and market "
+        "data at receipt, then compares labels, Kev and decisions with the live run's events. Exit 0: no "
+        "divergence; 1: a divergence (shown with context). A --live (real orders) session is compared up to "
+        "the first execution report: the venue's acks and fills cannot be reproduced, and it says so.",
+    )
+    p.add_argument(
+        "session",
+        metavar="LIVE_SESSION",
+        type=Path,
+        help="a `dualhub live` session directory (or one of its runs)",
+    )
+    p.add_argument(
+        "--out", type=Path, help="where the replays go (default SESSION/runs): DIR/parity-<SYMBOL>"
+    )
+    p.add_argument("--context", type=int, default=5, help="events of context around a divergence (5)")
+    p.set_defaults(func=cmd_parity)
 
     p = sub.add_parser(
         "serve-exchange",
@@ -96,6 +144,13 @@ def _symbols(text: str) -> tuple[str, ...]:
 def cmd_live(args: argparse.Namespace) -> int:
     from live.runner import DEFAULT_MODEL, LiveConfig, LiveRunner, credentials_from_env
 
+    check_url(args.exchange_url, "--exchange-url")
+    if args.ws_url:
+        check_url(args.ws_url, "--ws-url", WS)
+    if args.kev_url:
+        check_url(args.kev_url, "--kev-url")
+    if args.kev_timeout_ms <= 0:
+        raise DualhubError(f"--kev-timeout-ms must be > 0, got {args.kev_timeout_ms}")
     creds = credentials_from_env()
     if args.confirm and not args.live:
         raise DualhubError(f"{CONFIRM_FLAG} only goes with --live")
@@ -120,12 +175,22 @@ def cmd_live(args: argparse.Namespace) -> int:
         fill_model=args.fill_model,
         kev_url=args.kev_url,
         kev_process=not args.kev_in_loop,
+        kev_timeout_ms=args.kev_timeout_ms,
         kill_file=args.kill_file,
         contract_defaults=args.contract_defaults,
         seed=args.seed,
         busy_poll=args.busy_poll,
+        kill_flattens=args.kill_flattens,
+        status_every_s=args.status_every,
+        feed_stale_s=args.feed_stale,
+        venue_lost_s=args.venue_lost,
     )
-    runner = LiveRunner(cfg, credentials=creds if args.live else None, install_signals=True)
+    runner = LiveRunner(
+        cfg,
+        credentials=creds if args.live else None,
+        install_signals=True,
+        status=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     try:
         result = asyncio.run(runner.run())
     except DualhubError:
@@ -144,12 +209,82 @@ def cmd_live(args: argparse.Namespace) -> int:
             f"fills {c.get('fill', 0)}  kev {c.get('kev_response', 0)}",
             file=sys.stderr,
         )
+    for sym, health in s.get("kev_health", {}).items():
+        if health.get("warning"):
+            print(f"  WARNING  {sym} {health['warning']}", file=sys.stderr)
     if result.killed:
         print(f"  KILLED   {result.killed}", file=sys.stderr)
     if s.get("crash"):
         print(f"  CRASH    {s['crash']}", file=sys.stderr)
+    venue = s.get("venue", {})
+    if venue.get("lost"):
+        print(f"  LOST     {venue['lost']}", file=sys.stderr)
+    for link, how in venue.get("at_exit", {}).items():
+        print(f"  AT EXIT  {link} {how}", file=sys.stderr)
+    for sym, f in s.get("flatten", {}).items():
+        print(
+            f"  FLATTEN  {sym} position {f['position_before']:g} -> {f.get('position_after', float('nan')):g}"
+            f" ({len(f['orders'])} orders sent, {f['refused']} refused by the risk gateway)",
+            file=sys.stderr,
+        )
+    left = (s.get("shutdown") or {}).get("cancel_all", {}).get("left_open")
+    if isinstance(left, str) or left:
+        print(f"  OPEN     orders may still be open at the venue: {left}", file=sys.stderr)
     print(f"  shutdown {s.get('shutdown')}", file=sys.stderr)
     return result.exit_code
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    from live.parity import NOT_REPRODUCED, check_parity, live_runs
+    from replay.diff import print_diff
+
+    if args.context < 0:
+        raise DualhubError(f"--context must be >= 0, not {args.context}")
+    runs = live_runs(args.session)
+    worst = 0
+    for run in runs:
+        r = check_parity(run, args.out, context=args.context)
+        d = r.diff
+        print(f"parity: {run}  ({r.mode} run)")
+        print(f"  replay   {r.replay_run}")
+        kev = r.kev
+        print(
+            f"  kev      cassette: {kev.get('hits', 0)} hits, {kev.get('misses', 0)} misses "
+            f"({d.counts_a.get('kev_request', 0)} requests in the live run)"
+        )
+        if kev.get("misses"):
+            print(
+                f"  WARNING  {kev['misses']} Kev requests missed the run's cassette: "
+                "the replay did not get the live run's answers for them"
+            )
+        print(f"  compared {', '.join(d.streams)}: {r.compared} of the live run's {r.total} events")
+        if r.mode == "live":
+            print(f"  NOTE     {NOT_REPRODUCED}")
+            if r.window_end_ns is None:
+                print("           (no execution report in either run: the whole run is compared)")
+            else:
+                print(
+                    f"           the first report came at ts_recv {r.window_end_ns}; the "
+                    f"{r.total - r.compared} events from then on are not compared"
+                )
+        if r.labels is not None:
+            lab = r.labels
+            verdict = "DIVERGED (below)" if lab.diverged else f"no divergence ({lab.compared_a} identical)"
+            print(f"  labels   compared over the whole run (market data and Laya only): {verdict}")
+            if lab.diverged:
+                print_diff(dataclasses.replace(lab, provenance=[]))
+        if r.window_diverged:
+            # a live config beside a replay config differs in every field: no news, left out
+            print_diff(dataclasses.replace(d, provenance=[]))
+        elif d.divergence is not None:
+            print(
+                f"  no divergence before the first execution report ({d.identical_prefix} events identical); "
+                f"from ts_recv {d.divergence.ts_recv} on the runs differ, as expected with venue reports"
+            )
+        else:
+            print(f"  no divergence: {d.identical_prefix} events identical in the live run and its replay")
+        worst = max(worst, int(r.diverged))
+    return worst
 
 
 def cmd_serve_exchange(args: argparse.Namespace) -> int:

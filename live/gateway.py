@@ -132,6 +132,9 @@ class BitgetGateway:
         self._limiters[PATH_CANCEL_ALL] = RateLimiter(orders_per_s)
         self.requests = 0
         self.errors: dict[str, int] = {}
+        # the last request that got no answer at all ("" once one is answered again): the runner's
+        # venue watch reports the REST link down while it is set
+        self.transport_error = ""
         self._client = httpx.AsyncClient(
             base_url=self.base_url, timeout=httpx.Timeout(timeout_s), transport=transport
         )
@@ -177,7 +180,9 @@ class BitgetGateway:
             )
         except httpx.HTTPError as e:
             # httpx messages name the URL, never headers: nothing secret here.
-            raise GatewayTransportError(f"{method} {path}: {type(e).__name__}: {e}") from None
+            self.transport_error = f"{method} {path}: {type(e).__name__}: {e}"
+            raise GatewayTransportError(self.transport_error) from None
+        self.transport_error = ""
         try:
             return parse_envelope(resp.status_code, resp.content)
         except BitgetError as e:
@@ -304,7 +309,7 @@ class GatewayExecution:
         self._by_client: dict[str, str] = {}  # exchange client oid -> engine oid
         self._by_order_id: dict[str, str] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.closing = False  # shutdown: new orders are refused locally
+        self.closing = False  # shutdown: new orders are refused locally (not the kill switch's flatten)
         self.foreign_updates = 0
         self.fill_channel_trades: set[str] = set()
         self.fills_booked = 0
@@ -327,8 +332,9 @@ class GatewayExecution:
         self.orders[intent.client_oid] = t
         self._by_client[coid] = intent.client_oid
         engine = self.engines[intent.symbol]
-        if self.closing:
-            # Reported on the clock right after the decision that sent it (never re-entrant).
+        # At shutdown nothing new goes out but the kill switch's own flatten orders; a refusal is
+        # reported on the clock right after the decision that sent it (never re-entrant).
+        if self.closing and not (intent.reduce_only and intent.source == "flatten"):
             self._at(now_ns, partial(engine.on_reject, intent.client_oid, "shutdown", now_ns))
             t.done = True
             return
@@ -635,21 +641,35 @@ class GatewayExecution:
             await asyncio.wait(list(self.tasks), timeout=timeout_s)
         return not self.tasks
 
+    async def wait_done(self, client_oids: Sequence[str], timeout_s: float) -> bool:
+        """Wait until the venue has finished these engine orders (filled, cancelled, rejected)."""
+        deadline = time.monotonic() + timeout_s
+        while any(not self.orders[o].done for o in client_oids if o in self.orders):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
     async def cancel_everything(self) -> dict[str, Any]:
-        """Cancel-all at the venue, then check nothing of ours is still open (retry once)."""
-        out: dict[str, Any] = {"calls": 0, "cancelled": 0, "failed": 0, "left_open": None, "error": ""}
+        """Cancel-all at the venue, then list what of ours is still open there (retry once).
+
+        ``left_open``: the client oids of ours the venue still lists as open, or ``"unknown: cancel-all
+        failed: <reason>"`` when the venue could not be asked (orders may still be open there)."""
+        out: dict[str, Any] = {"calls": 0, "cancelled": 0, "failed": 0, "left_open": [], "error": ""}
         for _ in range(2):
             try:
                 res = await self.gw.cancel_all()
                 out["calls"] += 1
                 out["cancelled"] += len(res.success)
                 out["failed"] += len(res.failure)
-                left = [r for r in await self.gw.pending_orders() if r.client_oid.startswith(self.run_tag)]
-                out["left_open"] = len(left)
-                if not left:
+                pending = await self.gw.pending_orders()
+                out["left_open"] = [r.client_oid for r in pending if r.client_oid.startswith(self.run_tag)]
+                out["error"] = ""
+                if not out["left_open"]:
                     break
             except (BitgetError, GatewayTransportError) as e:
                 out["error"] = str(e)
+                out["left_open"] = f"unknown: cancel-all failed: {e}"
         return out
 
 

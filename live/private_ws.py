@@ -95,6 +95,7 @@ class PrivateStream:
         self.quarantined = 0
         self.errors: list[str] = []
         self.fatal = ""
+        self.last_error = ""  # why it is not connected now: the last drop or failed connect
 
     def _connect_delays(self) -> Generator[float, None, None]:
         yield from backoff_delays(
@@ -114,7 +115,7 @@ class PrivateStream:
             ping_interval=None,
             proxy=None,
             open_timeout=self.cfg.open_timeout_s,
-            process_exception=lambda e: None if retryable(e) else e,
+            process_exception=self._connect_failed,
             # failed connects back off on our schedule too (the library's starts at several seconds)
             reconnect_delays=self._connect_delays,
             logger=_WIRE_LOG,
@@ -134,6 +135,7 @@ class PrivateStream:
                 finally:
                     self.connected.clear()
                     self._ws = None
+                    self.last_error = self.last_error or "connection closed"
                 if self._stopping:
                     break
                 self.disconnects += 1
@@ -150,6 +152,10 @@ class PrivateStream:
             self.fatal = f"private WebSocket: {type(e).__name__}: {e}"[:300]
             self.on_fatal(self.fatal)
 
+    def _connect_failed(self, e: Exception) -> Exception | None:
+        self.last_error = f"connect failed: {type(e).__name__}: {e}"[:200]
+        return None if retryable(e) else e
+
     async def _session(self, ws: ClientConnection) -> None:
         self._ws = ws
         try:
@@ -159,6 +165,7 @@ class PrivateStream:
         except websockets.ConnectionClosed:
             return  # dropped before we were in: reconnect
         self.connects += 1
+        self.last_error = ""
         self.connected.set()
         pinger = asyncio.create_task(self._pinger(ws))
         reconcile = asyncio.create_task(self.on_connected(self.connects))
@@ -207,6 +214,7 @@ class PrivateStream:
                     raw = await ws.recv(decode=False)
             except TimeoutError:
                 log.warning("private WebSocket silent for %.0f s: reconnecting", self.cfg.silence_limit_s)
+                self.last_error = f"silent for {self.cfg.silence_limit_s:.0f} s"
                 return
             except websockets.ConnectionClosed:
                 return

@@ -28,9 +28,13 @@ One asyncio loop runs everything; nothing on the tick path waits for Kev or the 
 
 Safety: a kill switch (SIGUSR1, the kill file ``<out>/KILL`` that ``dualhub kill`` writes, or
 :meth:`LiveRunner.request_kill`) stops new orders, cancels working ones through the engine and
-cancel-alls at the venue; SIGINT/SIGTERM, ``duration_s`` or a crash stop the run, and the venue is
-always cancel-all'ed on the way out. Keys come only from the caller (the CLI reads the environment);
-nothing written or logged here contains them.
+cancel-alls at the venue (with ``kill_flattens``, reduce-only market orders close the positions first);
+SIGINT/SIGTERM, ``duration_s`` or a crash stop the run, and the venue is always cancel-all'ed on the way
+out (``left_open``: what is still open there, or in words why that is unknown). The venue watch
+(:mod:`live.health`) warns within a fraction of a second when a link drops (``feed_stale_s`` when the
+feed only goes silent), writes ``venue_status`` events, prints a status line every ``status_every_s``,
+and ends the run, exit 1, when a link stays out for ``venue_lost_s``. Keys come only from the caller
+(the CLI reads the environment); nothing written or logged here contains them.
 
 Layering: ``live/`` is an application package beside ``replay/`` and ``recorder/``; it uses the
 recorder's connection and journal and replay's simulated exchange (paper mode) rather than copies,
@@ -44,6 +48,7 @@ import dataclasses
 import gc
 import hashlib
 import logging
+import math
 import os
 import random
 import shutil
@@ -63,11 +68,12 @@ import orjson
 from engine.contract import ContractConfig
 from engine.core import PRIO_KEV, Engine, EngineConfig, KevDone, engine_config_from
 from engine.errors import DualhubError
-from engine.eventlog import EventLog
-from engine.events import BookSnapshot, ReconcileEvent, Trade, events_to_table
+from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
+from engine.events import BookSnapshot, InputQuarantined, ReconcileEvent, Trade, VenueStatus, events_to_table
 from engine.fills import FILL_MODELS
 from engine.kev.advisor import KevAdvisor, KevContext, KevReply
 from engine.kev.cassette import CASSETTE_FILE, Cassette, CassetteEntry, RecordingAdvisor
+from engine.kev.health import answer_times_ns, run_health
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.latency import parse_latency
@@ -76,11 +82,13 @@ from engine.recorded_latency import RECORDED_FILE, LatencySink, RecordingLatency
 from engine.risk import RiskLimits
 from engine.store import MANIFEST, atomic_write_parquet, open_session, sha256_file, write_json
 from engine.strategy import QuoteConfig
+from engine.validate import book_reason, top_ok, trade_ok, trade_reason
 from engine.venues.bitget_v2 import INST_TYPE, REST_BASE_URL, StreamCounters, arg
 from engine.venues.bitget_v2_rest import BitgetError, ContractSpec, Credentials
 from live.clock import LiveClock
 from live.gateway import BitgetGateway, GatewayExecution, GatewayTransportError, reconcile_event
 from live.gc_policy import IdleGC
+from live.health import LOST, Change, VenueHealth
 from live.private_ws import PrivateConfig, PrivateStream, describe
 from live.tick import TickLaya
 from recorder.connection import Connection, ConnectionConfig, SlidingWindow
@@ -93,11 +101,11 @@ log = logging.getLogger(__name__)
 
 LIVE_JSON = "live.json"
 KILL_FILE = "KILL"
-RUN_SCHEMA_VERSION = 1
 # Inputs at one timestamp, as replay merges them: the exchange sees market data before the engine.
 PRIO_KILL, PRIO_EXCH_BOOK, PRIO_EXCH_TRADE, PRIO_BOOK, PRIO_TRADE = 0, 5, 6, 10, 20
 MODES = ("paper", "live")
 EXIT_OK, EXIT_KILLED, EXIT_FAILED = 0, 3, 1
+FLATTEN_TRIES, FLATTEN_RETRY_S = 5, 0.5  # --kill-flattens: what is left is sent again, 0.5 s apart
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +157,12 @@ class LiveConfig:
     reconcile_every_s: float = 30.0
     reconcile_settle_ms: int = 3000
     ping_interval_s: float = 25.0
+    # the venue watch: a link down, or no market data for feed_stale_s, is a WARNING and a venue_status
+    # event at once; a link not up for venue_lost_s ends the run (live: the kill switch), exit 1
+    feed_stale_s: float = 3.0
+    venue_lost_s: float = 20.0
+    status_every_s: float = 10.0  # a status line this often (0: none)
+    kill_flattens: bool = False  # the kill switch also closes positions: reduce-only market orders
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -161,6 +175,8 @@ class LiveConfig:
             raise DualhubError(f"unknown Kev queue policy {self.kev_queue_policy!r}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise DualhubError("duration_s must be > 0")
+        if not (self.feed_stale_s > 0 and self.venue_lost_s > 0 and self.status_every_s >= 0):
+            raise DualhubError("feed_stale_s and venue_lost_s must be > 0, status_every_s >= 0")
         rng = np.random.default_rng(0)
         for name in ("latency_order_entry", "latency_order_response", "latency_cancel"):
             try:
@@ -267,15 +283,27 @@ class _GatedJournal:
 
 
 class _FeedConnection(Connection):
-    """The recorder's connection, also handing every frame (after the journal) to the runner."""
+    """The recorder's connection, also handing every frame (after the journal) to the runner, and
+    every journal note (connect, disconnect, failed connect) to ``on_meta``."""
 
-    def __init__(self, *args: Any, deliver: Callable[[bytes, int], None], **kw: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        deliver: Callable[[bytes, int], None],
+        on_meta: Callable[[dict[str, Any]], None],
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, **kw)
         self._deliver = deliver
+        self._on_meta = on_meta
 
     def _inspect(self, raw: bytes, ts: int) -> None:
         super()._inspect(raw, ts)
         self._deliver(raw, ts)
+
+    def _meta(self, obj: dict[str, Any], ts_ns: int | None = None) -> None:
+        super()._meta(obj, ts_ns)
+        self._on_meta(obj)
 
 
 @dataclass
@@ -291,6 +319,8 @@ class _Symbol:
     engine: Engine
     paper: SimExchange | None
     reconcile: list[ReconcileEvent] = field(default_factory=list)
+    venue: list[VenueStatus] = field(default_factory=list)
+    quarantine: list[InputQuarantined] = field(default_factory=list)  # decoded events kept from the engine
 
 
 @dataclass(frozen=True)
@@ -324,7 +354,9 @@ class LiveRunner:
         credentials: Credentials | None = None,
         advisor: KevAdvisor | None = None,
         install_signals: bool = False,
+        status: Callable[[str], None] | None = None,
     ) -> None:
+        """``status``: where the status line goes every ``status_every_s`` (default: INFO log)."""
         if cfg.mode == "live" and credentials is None:
             raise DualhubError(
                 "live mode needs API keys (BITGET_API_KEY, BITGET_API_SECRET, BITGET_API_PASSPHRASE)"
@@ -348,12 +380,14 @@ class LiveRunner:
         self.frames = 0
         self.books = 0
         self.trades = 0
+        self.quarantined: dict[str, int] = {}  # "stream:reason" -> decoded events kept from the engine
         self.execution: GatewayExecution | None = None
         self.gateway: BitgetGateway | None = None
         self.private: PrivateStream | None = None
         self.contract_source = "defaults"
         self.shutdown_info: dict[str, Any] = {}
         self.errors: list[str] = []
+        self.kev_health: dict[str, dict[str, Any]] = {}  # per symbol, engine.kev.health.run_health
         self._dispatching = False
         self.tick: TickLaya | None = None  # built with the engines (_build)
         self._gc = IdleGC() if cfg.gc_at_idle else None
@@ -374,6 +408,13 @@ class LiveRunner:
         self.stopping = False
         self._reconciling = asyncio.Lock()  # one reconciliation at a time (reconnect or periodic)
         self.reconciles = 0  # periodic checks completed
+        self.status = status or log.info
+        self.venue_health = VenueHealth(int(cfg.venue_lost_s * 1e9))
+        self.venue_lost = ""  # set when a link was out for venue_lost_s: the run ended because of it
+        self.venue_at_exit: dict[str, str] = {}  # links not up when the run stopped
+        self._last_frame_ns = 0  # receive stamp of the last public frame (the feed's age)
+        self._feed_note = ""  # the public feed's last disconnect or failed connect
+        self.flatten: dict[str, dict[str, Any]] = {}  # --kill-flattens: what was sent per symbol
 
     # ------------------------------------------------------------------ the clock and inputs
 
@@ -422,6 +463,7 @@ class LiveRunner:
         if not self.feeding:
             return
         self.frames += 1
+        self._last_frame_ns = ts
         sched = self.clock.schedule
         any_event = False
         for ev in self.tick.decode(raw, ts, self.counters):
@@ -430,6 +472,9 @@ class LiveRunner:
                 continue
             st = self.syms.get(ev.symbol)  # type: ignore[union-attr]
             if st is None:
+                continue
+            if not (top_ok(ev) if is_book else trade_ok(ev)):  # type: ignore[arg-type]
+                self._quarantine(ev, is_book)  # type: ignore[arg-type]
                 continue
             if is_book:
                 self.books += 1
@@ -444,6 +489,26 @@ class LiveRunner:
             any_event = True
         if any_event:
             self.dispatch()
+
+    def _quarantine(self, ev: BookSnapshot | Trade, is_book: bool) -> None:
+        """A decoded event the engine must not see (the codec checks levels; this is the last guard)."""
+        stream = "books15" if is_book else "trade"
+        reason = book_reason(ev) if is_book else trade_reason(ev)  # type: ignore[arg-type]
+        key = f"{stream}:{reason}"
+        self.quarantined[key] = self.quarantined.get(key, 0) + 1
+        log.warning("quarantined %s (%s seq %d)", key, ev.symbol, ev.seq)
+        st = self.syms[ev.symbol]  # the caller found it
+        st.quarantine.append(
+            InputQuarantined(
+                ts_event=ev.ts_event,
+                ts_recv=ev.ts_recv,
+                seq=len(st.quarantine),
+                symbol=ev.symbol,
+                stream=stream,
+                row_seq=ev.seq,
+                reason=reason,
+            )
+        )
 
     def _fail(self, e: BaseException) -> None:
         if self.crash is None:
@@ -467,12 +532,140 @@ class LiveRunner:
         self.killed = source
         log.warning("kill switch: %s", source)
         for st in self.syms.values():
-            t = self.inject(PRIO_KILL, st.engine.kill)
+            t = self.inject(PRIO_KILL, partial(self._kill_engine, st))
             self.killed_at_ns = self.killed_at_ns or t
         if self.execution is not None:
             task = asyncio.get_running_loop().create_task(self.execution.cancel_everything())
             self._kill_tasks.add(task)
         self.request_stop(f"kill:{source}")
+
+    def _kill_engine(self, st: _Symbol) -> None:
+        """The kill switch on one engine; with ``kill_flattens``, then its position is closed."""
+        st.engine.kill()
+        if self.cfg.kill_flattens:
+            pos = float(st.engine.portfolio.position)
+            self.flatten[st.symbol] = {"position_before": pos, "orders": [], "refused": 0}
+            self._flatten(st)
+
+    def _flatten(self, st: _Symbol) -> None:
+        """:meth:`Engine.flatten`: reduce-only market orders for what of the position no flatten order
+        covers yet (the kill switch lets only these through; every other rule applies, so a stale or
+        missing book refuses them: the position stays, and the summary says so). What is left after a
+        refusal (the order rate limit, most often: the strategy's last second counts) or a venue reject
+        is sent again at shutdown (:meth:`_finish_flatten`)."""
+        f = self.flatten[st.symbol]
+        sent, refused = st.engine.flatten()
+        f["orders"] += sent
+        f["refused"] += int(refused)
+
+    async def _finish_flatten(self) -> None:
+        """``kill_flattens``: wait for the flatten orders to finish, then send what is still open of a
+        position, ``FLATTEN_RETRY_S`` apart, until it is closed or ``FLATTEN_TRIES`` rounds are spent."""
+        for _ in range(FLATTEN_TRIES):
+            if self.execution is not None:
+                await self.execution.wait_done([o for f in self.flatten.values() for o in f["orders"]], 5.0)
+            todo = [
+                self.syms[sym]
+                for sym in self.flatten
+                if abs(float(self.syms[sym].engine.portfolio.position)) >= self.syms[sym].contract.min_qty
+            ]
+            if not todo:
+                return
+            await asyncio.sleep(FLATTEN_RETRY_S)
+            for st in todo:
+                self.inject(PRIO_KILL, partial(self._flatten, st))
+            await self._drain()  # paper: the simulated exchange fills on the clock
+
+    def _on_feed_meta(self, obj: dict[str, Any]) -> None:
+        t = obj.get("t")
+        if t == "disconnect":
+            self._feed_note = f"disconnected ({obj.get('reason')})"
+        elif t == "connect_failed":
+            self._feed_note = f"reconnecting: {obj.get('error')}"
+        elif t == "fatal":
+            self._feed_note = f"gave up: {obj.get('error')}"
+
+    def _check_venue(self) -> None:
+        """Look at every link once; each change is a WARNING and a venue_status event."""
+        now = self.clock.wall_ns()
+        stale_ns = int(self.cfg.feed_stale_s * 1e9)
+        seen: list[tuple[str, str, str, int | None]] = []
+        feed = self._feed
+        if feed is not None:
+            age = now - self._last_frame_ns
+            if not feed.stats.up and (feed.stats.connects or age > stale_ns):
+                seen.append(("public_feed", "down", self._feed_note or "not connected", None))
+            elif feed.stats.up and age > stale_ns:
+                seen.append(
+                    ("public_feed", "stale", f"no market data for {age / 1e9:.1f} s", self._last_frame_ns)
+                )
+            else:
+                seen.append(("public_feed", "up", "", None))
+        if self.private is not None:
+            up = self.private.connected.is_set()
+            seen.append(
+                ("private_ws", "up" if up else "down", self.private.fatal or self.private.last_error, None)
+            )
+        if self.gateway is not None and self.cfg.mode == "live":
+            err = self.gateway.transport_error
+            seen.append(("rest", "down" if err else "up", err, None))
+        for component, state, detail, since in seen:
+            change = self.venue_health.observe(component, state, detail, now, since)
+            if change is not None:
+                self._venue_change(change)
+
+    def _venue_change(self, ch: Change) -> None:
+        ts = self.clock.stamp()
+        for sym, st in self.syms.items():
+            st.venue.append(
+                VenueStatus(
+                    ts_event=ts,
+                    ts_recv=ts,
+                    seq=len(st.venue),
+                    symbol=sym,
+                    component=ch.component,
+                    state=ch.state,
+                    detail=ch.detail[:300],
+                    age_ns=ch.age_ns,
+                )
+            )
+        text = self._redact(f"venue: {ch.component} {ch.state}: {ch.detail}")
+        log.warning("%s", text)
+        if ch.state == LOST and not self.venue_lost:
+            self.venue_lost = text
+            self.errors.append(text)
+            if self.cfg.mode == "live":
+                self.request_kill(f"venue_lost:{ch.component}")
+            else:
+                self.request_stop(f"venue_lost:{ch.component}")
+
+    async def _watch_venue(self) -> None:
+        every = min(0.25, self.cfg.feed_stale_s / 4)
+        status_every = self.cfg.status_every_s
+        next_status = time.monotonic() + status_every
+        while True:
+            await asyncio.sleep(every)
+            self._check_venue()
+            if status_every and time.monotonic() >= next_status:
+                next_status += status_every
+                self.status(self.status_line())
+
+    def status_line(self) -> str:
+        """One line: uptime, market data age, each link, and per symbol position, open orders, fills
+        and Kev (answers, in flight, queued)."""
+        now = self.clock.wall_ns()
+        age = (now - self._last_frame_ns) / 1e9 if self._last_frame_ns else math.nan
+        links = " ".join(f"{c} {state}" for c, state in self.venue_health.states().items())
+        parts = [f"live {self.cfg.mode} {(now - self.started_ns) / 1e9:.0f}s", f"feed age {age:.1f}s {links}"]
+        for sym, st in self.syms.items():
+            e, c = st.engine, st.log.counts()
+            parts.append(
+                f"{sym} pos {float(e.portfolio.position):g} open {len(e._working)} "
+                f"orders {c.get('order', 0)} fills {c.get('fill', 0)} "
+                f"kev {c.get('kev_response', 0)} answers {len(e._kev_in_flight)} in flight "
+                f"{len(e.queue)} queued" + (" KILLED" if e.kill_switch else "")
+            )
+        return " | ".join(parts)
 
     # ------------------------------------------------------------------ setup
 
@@ -563,7 +756,7 @@ class LiveRunner:
                 from engine.kev.llama import LlamaAdvisor, LlamaConfig
                 from engine.kev.process import ProcessAdvisor
 
-                kev_cfg = LlamaConfig(base_url=cfg.kev_url)
+                kev_cfg = LlamaConfig.for_engine(cfg.kev_url, cfg.kev_timeout_ms)
                 inner = ProcessAdvisor.llama(kev_cfg) if cfg.kev_process else LlamaAdvisor(kev_cfg)
             else:
                 inner = RuleKev()
@@ -732,7 +925,9 @@ class LiveRunner:
             attempts=SlidingWindow(conn_cfg.max_connect_attempts, conn_cfg.connect_window_s),
             wall_ns=self.clock.stamp,
             deliver=self.deliver,
+            on_meta=self._on_feed_meta,
         )
+        self._last_frame_ns = self.clock.wall_ns()  # the feed's age counts from its start
         self.feeding = True
         feed_task = asyncio.create_task(self._feed.run(), name="public-feed")
         feed_task.add_done_callback(self._feed_ended)
@@ -741,6 +936,7 @@ class LiveRunner:
             asyncio.create_task(self._pump(), name="timer-pump"),
             asyncio.create_task(self._flusher(), name="journal-flush"),
             asyncio.create_task(self._kill_watch(), name="kill-file"),
+            asyncio.create_task(self._watch_venue(), name="venue-watch"),
         ]
         if self.cfg.busy_poll:
             self._tasks.append(asyncio.create_task(self.busy_poll(), name="busy-poll"))
@@ -876,6 +1072,9 @@ class LiveRunner:
     async def _shutdown(self) -> None:
         if not self._prepared:  # refused before anything was created
             return
+        if self._feed is not None:  # how the links stood when the run stopped (before we close them)
+            self._check_venue()
+            self.venue_at_exit = self.venue_health.degraded(self.clock.wall_ns())
         # 1. the feed stops: nothing more reaches the engine or the session
         self.feeding = False
         self.stopping = True
@@ -900,6 +1099,10 @@ class LiveRunner:
         # 3. the venue: cancel everything of ours, always
         if self._kill_tasks:
             await asyncio.gather(*self._kill_tasks, return_exceptions=True)
+        if self.flatten:  # before the private socket closes: the venue's fill reports come on it
+            await self._finish_flatten()
+        for sym, f in self.flatten.items():
+            f["position_after"] = float(self.syms[sym].engine.portfolio.position)
         self.shutdown_info["cancel_all"] = await self._cancel_all()
         if self.private is not None:
             self.private.stop()
@@ -926,12 +1129,12 @@ class LiveRunner:
                 async with asyncio.timeout(10.0):
                     return await self.execution.cancel_everything()
             except TimeoutError:
-                return {"error": "cancel-all timed out"}
+                return {"error": "cancel-all timed out", "left_open": "unknown: cancel-all failed: timed out"}
         resting = {s: len(st.paper._resting) for s, st in self.syms.items() if st.paper is not None}
         for st in self.syms.values():
             if st.paper is not None:
                 st.paper._resting.clear()
-        return {"paper_resting_dropped": resting}
+        return {"paper_resting_dropped": resting, "left_open": []}  # paper orders never reach a venue
 
     def _finish_files(self) -> None:
         session_manifest: dict[str, Any] | None = None
@@ -982,11 +1185,22 @@ class LiveRunner:
         rec_path = st.tmp / "events" / "reconcile.parquet"
         atomic_write_parquet(events_to_table(st.reconcile, "reconcile"), rec_path)
         files["events/reconcile.parquet"] = {"rows": len(st.reconcile), "sha256": sha256_file(rec_path)}
+        ven_path = st.tmp / "events" / "venue_status.parquet"
+        atomic_write_parquet(events_to_table(st.venue, "venue_status"), ven_path)
+        files["events/venue_status.parquet"] = {"rows": len(st.venue), "sha256": sha256_file(ven_path)}
+        # the same file a replay writes for the session rows it kept out (outside the digest)
+        q_path = st.tmp / "events" / "input_quarantine.parquet"
+        atomic_write_parquet(events_to_table(st.quarantine, "input_quarantine"), q_path)
+        files["events/input_quarantine.parquet"] = {"rows": len(st.quarantine), "sha256": sha256_file(q_path)}
         lat = st.sink.write(st.tmp)
         files[RECORDED_FILE] = {"rows": len(st.sink), "sha256": sha256_file(lat)}
         cassette = st.kev.cassette()
         cas = cassette.write(st.tmp / CASSETTE_FILE)
         files[CASSETTE_FILE] = {"rows": len(cassette), "sha256": sha256_file(cas)}
+        answers = answer_times_ns(cassette)
+        health = self.kev_health[st.symbol] = run_health(st.tmp / "events", self.cfg.kev_timeout_ms, answers)
+        if health["warning"]:
+            log.warning("%s: %s", st.symbol, health["warning"])
         session: dict[str, Any] = {"path": str(self.root.resolve())}
         if have_session:
             s = open_session(self.root)
@@ -997,6 +1211,7 @@ class LiveRunner:
             "run_schema_version": RUN_SCHEMA_VERSION,
             "kind": "live",
             "digest": st.log.digest,
+            "decision_digest": st.log.decision_digest,
             "session": session,
             "inputs": {"books15": self.books, "trade": self.trades},
             "model": {
@@ -1011,9 +1226,10 @@ class LiveRunner:
             "config_sha256": self.cfg.sha256(),
             "engine_config": _engine_config_json(engine_config(self.cfg, st.symbol, st.contract)),
             "contract_source": self.contract_source,
-            "advisor": {"mode": "live", "name": st.advisor.name, "recorded": len(cassette)},
+            "advisor": {"mode": "live", "name": st.advisor.name, "recorded": len(cassette), "health": health},
             "counts": st.log.counts(),
             "reconcile": len(st.reconcile),
+            "venue_status": len(st.venue),
             "stopped_by": self.stop_reason,
             "killed": self.killed,
             "killed_at_ns": self.killed_at_ns,
@@ -1038,19 +1254,28 @@ class LiveRunner:
             "frames": self.frames,
             "books": self.books,
             "trades": self.trades,
+            "quarantined": dict(sorted(self.quarantined.items())),
             "counts": {s: st.log.counts() for s, st in self.syms.items()},
             "reconcile": {s: len(st.reconcile) for s, st in self.syms.items()},
             "periodic_reconciles": self.reconciles,
+            "venue": {
+                "lost": self.venue_lost,
+                "at_exit": self.venue_at_exit,
+                "links": self.venue_health.states(),
+            },
+            "flatten": self.flatten,
             "shutdown": self.shutdown_info,
             "private_ws": describe(self.private),
             "gateway": {"requests": self.gateway.requests, "errors": self.gateway.errors}
             if self.gateway is not None
             else {},
             "errors": [self._redact(e) for e in self.errors[-20:]],
+            "kev_health": self.kev_health,
         }
 
     def _result(self) -> LiveResult:
-        failed = self.crash is not None or self.feed_failed
+        # a run that lost the venue, or ended while a link was out, did not end well, whatever stopped it
+        failed = self.crash is not None or self.feed_failed or self.venue_lost or self.venue_at_exit
         code = EXIT_FAILED if failed else EXIT_KILLED if self.killed else EXIT_OK
         return LiveResult(
             session_dir=self.root,

@@ -79,11 +79,14 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("import", help="import real recorded data into a session")
     isub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
-    q = isub.add_parser("binance-futures", help="Binance USD-M raw feed (<local_ts_ns> <json> lines, .gz ok)")
-    q.add_argument("file")
-    q.add_argument("--out", required=True)
-    q.add_argument("--interval-ms", type=int, default=100, help="book snapshot interval (exchange time)")
-    q.set_defaults(func=cmd_import_binance)
+    for market, what in (("futures", "USD-M futures"), ("spot", "spot")):
+        q = isub.add_parser(
+            f"binance-{market}", help=f"Binance {what} raw feed (<local_ts_ns> <json> lines, gzip ok)"
+        )
+        q.add_argument("file")
+        q.add_argument("--out", required=True, help="session directory to create (must not exist)")
+        q.add_argument("--interval-ms", type=int, default=100, help="book snapshot interval (exchange time)")
+        q.set_defaults(func=cmd_import_binance, market=market)
     q = isub.add_parser("bitget-v1", help="Bitget v1 websocket capture (cryptofeed sample format)")
     q.add_argument("file")
     q.add_argument("--out", required=True)
@@ -91,9 +94,13 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_record(a: argparse.Namespace) -> int:
+    from engine.errors import check_output_path
+    from engine.urls import WS, check_url
     from recorder.connection import ConnectionConfig
     from recorder.record import RecordConfig, print_summary, run_record
 
+    check_url(a.url, "--url", WS)
+    check_output_path(a.out, directory=True)
     try:
         cfg = RecordConfig(
             out=a.out,
@@ -183,12 +190,17 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 def cmd_import_binance(a: argparse.Namespace) -> int:
-    from recorder.importers.binance_usdm import import_binance_usdm
+    from recorder.importers.binance import import_binance
 
-    m = import_binance_usdm(a.file, a.out, interval_ms=a.interval_ms)
+    if a.interval_ms <= 0:
+        raise DualhubError(f"--interval-ms must be positive, not {a.interval_ms}")
+    m = import_binance(a.file, a.out, market=a.market, interval_ms=a.interval_ms)
     imp = m["import"]
-    streams = ", ".join(f"{k} {v['rows']}" for k, v in m["streams"].items())
-    print(f"imported {streams}; gaps {imp['gaps']}; crossed books {imp['crossed']}", file=sys.stderr)
+    print(
+        f"imported {_streams(m)}; gaps {imp['gaps']}; crossed books {imp['crossed']};"
+        f" discarded {_counts(imp['discarded'])}",
+        file=sys.stderr,
+    )
     print(a.out)
     return 0
 
@@ -197,15 +209,22 @@ def cmd_import_bitget_v1(a: argparse.Namespace) -> int:
     from recorder.importers.bitget_v1 import import_bitget_v1
 
     m = import_bitget_v1(a.file, a.out)
-    streams = ", ".join(f"{k} {v['rows']}" for k, v in m["streams"].items())
     imp = m["import"]
     print(
-        f"imported {streams}; checksums verified {imp['checksums_verified']};"
-        f" book faults {len(imp['book_faults'])}",
+        f"imported {_streams(m)}; checksums verified {imp['checksums_verified']};"
+        f" book faults {len(imp['book_faults'])}; gaps {imp['gaps']}; discarded {_counts(imp['discarded'])}",
         file=sys.stderr,
     )
     print(a.out)
     return 0
+
+
+def _streams(m: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v['rows']}" for k, v in m["streams"].items())
+
+
+def _counts(d: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,17 +14,24 @@ Books: ``books15`` pushes go through :func:`engine.venues.bitget_v2.decode`; ``b
 applied to a local book (:mod:`engine.venues.bitget_v2_books`) and, for symbols recorded without
 ``books15``, their top 15 levels are emitted as ``BookSnapshot`` into the ``books15`` stream (one
 stream per event type); a frame that breaks the book is quarantined with the reason.
+
+Gaps: a window of known missing data per channel+symbol is one ``Gap`` event (:class:`GapLog`, shared
+with the importers). The live connection journals ``gap_open``/``gap_close`` for disconnects and for
+``books`` pushes that break the local book; here, a quarantined ``books15``/``trade`` frame that still
+names its arg (:func:`frame_arg`, which reads a truncated frame too) is data lost for that arg: a gap
+from the arg's previous frame to the lost one.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from engine.events import BookSnapshot, Gap, Quarantined, Trade
-from engine.venues.bitget_v2 import PONG, Control, StreamCounters, decode
+from engine.venues.bitget_v2 import PARSERS, PONG, Control, StreamCounters, decode
 from engine.venues.bitget_v2_books import BookFault, BooksState, books_frame_events, parse_books_frame
 from engine.venues.bitget_v2_fast import (
     CH_TRADE,
@@ -50,6 +57,86 @@ def _arg_name(channel: str, inst_id: str) -> str:
     return f"{channel}:{inst_id}"
 
 
+class GapLog:
+    """Gap windows per (channel, symbol) -> ``Gap`` events (``seq`` from the feed's counters) and the
+    manifest's ``gaps`` list. Used by the normaliser and the importers, so a gap means the same in both."""
+
+    def __init__(self, counters: StreamCounters) -> None:
+        self.counters = counters
+        self.open: dict[tuple[str, str], tuple[int, str]] = {}
+        self.closed: list[dict[str, Any]] = []
+
+    def start(self, channel: str, symbol: str, start_ns: int, reason: str) -> None:
+        """Open a window (a second start for an open one is part of it)."""
+        self.open.setdefault((channel, symbol), (start_ns, reason))
+
+    def end(self, channel: str, symbol: str, end_ns: int, ts_recv: int, how: str = "") -> Gap | None:
+        g = self.open.pop((channel, symbol), None)
+        if g is None:
+            return None
+        return self.gap(channel, symbol, g[0], end_ns, ts_recv, f"{g[1]};{how}" if how else g[1])
+
+    def gap(self, channel: str, symbol: str, start_ns: int, end_ns: int, ts_recv: int, reason: str) -> Gap:
+        gap = Gap(
+            ts_event=start_ns,
+            ts_recv=ts_recv,
+            seq=self.counters.take("gap"),
+            symbol=symbol,
+            channel=channel,
+            start_ns=start_ns,
+            end_ns=max(end_ns, start_ns),
+            reason=reason,
+        )
+        self.closed.append(
+            {
+                "symbol": symbol,
+                "channel": channel,
+                "start_ns": start_ns,
+                "end_ns": gap.end_ns,
+                "reason": reason,
+            }
+        )
+        return gap
+
+    def finish(self, end_ns: int, ts_recv: int, how: str) -> list[Gap]:
+        """End every open window at ``end_ns`` (the input ended before the data came back)."""
+        return [g for ch, sym in list(self.open) if (g := self.end(ch, sym, end_ns, ts_recv, how))]
+
+
+_ARG: Final = re.compile(rb'"arg"\s*:\s*\{([^{}]*)')
+_ARG_FIELD: Final = re.compile(rb'"(channel|instId)"\s*:\s*"([^"\\]{1,64})"')
+
+
+def frame_arg(raw: bytes) -> tuple[str, str] | None:
+    """``(channel, instId)`` named by a frame's ``arg``, read from the bytes (a truncated frame still
+    names it when the cut falls after the arg); ``None`` when the frame does not name both."""
+    m = _ARG.search(raw[:1024])
+    if m is None:
+        return None
+    f = {k.decode(): v.decode("utf-8", "replace") for k, v in _ARG_FIELD.findall(m.group(1))}
+    return (f["channel"], f["instId"]) if len(f) == 2 else None
+
+
+_REASON_TAGS: Final = (
+    ("not JSON", "bad_json"),
+    ("frame is not a JSON object", "not_object"),
+    ("frame has no arg", "no_arg"),
+    ("unknown channel", "unknown_channel"),
+)
+
+
+def discard_reason(reason: str) -> str:
+    """A quarantine reason -> the short tag it is counted under (``books: checksum: ...`` ->
+    ``books_checksum``, ``trade: side ...`` -> ``trade_malformed``, ``not JSON: ...`` -> ``bad_json``)."""
+    head, _, rest = reason.partition(": ")
+    if head == "books" and rest:
+        return "books_" + rest.partition(":")[0].strip()
+    if head in PARSERS:
+        return f"{head}_malformed"
+    tag = next((t for prefix, t in _REASON_TAGS if reason.startswith(prefix)), None)
+    return tag or re.sub(r"\W+", "_", head.lower()).strip("_")[:40] or "other"
+
+
 class Normaliser:
     """Feeds journal records in order; returns the typed events each produces."""
 
@@ -66,8 +153,8 @@ class Normaliser:
         self.received: dict[str, dict[str, int]] = {}
         self.acked: dict[str, int] = {}
         self.errors: list[dict[str, Any]] = []
-        self.open_gaps: dict[str, dict[str, Any]] = {}
-        self.gaps: list[dict[str, Any]] = []
+        self.gap_log = GapLog(self.counters)
+        self.gaps = self.gap_log.closed
         self.connects = 0
         self.disconnects: list[dict[str, Any]] = []
         self.failed_connects = 0
@@ -80,6 +167,7 @@ class Normaliser:
         self.pongs = 0
         self.sent = 0
         self.quarantined = 0
+        self.discarded: dict[str, int] = {}
         self.events: dict[str, int] = {}
         self.first_ns: int | None = None
         self.last_ns: int | None = None
@@ -194,7 +282,15 @@ class Normaliser:
                 out.append(it)
             elif isinstance(it, Quarantined):
                 self.quarantined += 1
+                tag = discard_reason(it.reason)
+                self.discarded[tag] = self.discarded.get(tag, 0) + 1
                 out.append(it)
+                if frame is None and (a := frame_arg(raw)) is not None and a[0] in PARSERS:
+                    # a books15/trade frame lost: nothing rebuilds it (a broken ``books`` push is the
+                    # live connection's gap, journaled as gap_open)
+                    r = self.received.get(_arg_name(*a))
+                    start = r["last_ns"] if r else ts
+                    out.append(self.gap_log.gap(*a, start, ts, ts, f"quarantined:{tag}"))
             elif isinstance(it, BookFault):
                 self.book_faults[it.reason] = self.book_faults.get(it.reason, 0) + 1
             elif isinstance(it, Control):
@@ -215,13 +311,20 @@ class Normaliser:
     def _meta(self, m: Mapping[str, Any], ts: int) -> list[Event]:
         t = m.get("t")
         if t == "gap_open":
-            name = _arg_name(m["channel"], m["instId"])
-            self.open_gaps.setdefault(name, dict(m))
+            self.gap_log.start(
+                str(m["channel"]), str(m["instId"]), int(m["start_ns"]), str(m.get("reason", ""))
+            )
         elif t == "gap_close":
-            name = _arg_name(m["channel"], m["instId"])
-            g = self.open_gaps.pop(name, None)
+            how = str(m.get("how", ""))
+            g = self.gap_log.end(
+                str(m["channel"]),
+                str(m["instId"]),
+                int(m["end_ns"]),
+                ts,
+                "" if how == "resubscribed" else how,
+            )
             if g is not None:
-                return [self._gap(g, int(m["end_ns"]), ts, str(m.get("how", "")))]
+                return [self._gap(g)]
         elif t == "connect":
             self.connects += 1
         elif t == "disconnect":
@@ -238,41 +341,14 @@ class Normaliser:
             self.stops.append({"ts_ns": ts, "reason": m.get("reason", "")})
         return []
 
-    def _gap(self, g: Mapping[str, Any], end_ns: int, ts_recv: int, how: str) -> Gap:
-        start = int(g["start_ns"])
-        reason = str(g.get("reason", ""))
-        if how and how != "resubscribed":
-            reason = f"{reason};{how}"
-        gap = Gap(
-            ts_event=start,
-            ts_recv=ts_recv,
-            seq=self.counters.take("gap"),
-            symbol=str(g["instId"]),
-            channel=str(g["channel"]),
-            start_ns=start,
-            end_ns=max(end_ns, start),
-            reason=reason,
-        )
-        self.gaps.append(
-            {
-                "symbol": gap.symbol,
-                "channel": gap.channel,
-                "start_ns": gap.start_ns,
-                "end_ns": gap.end_ns,
-                "reason": gap.reason,
-            }
-        )
+    def _gap(self, gap: Gap) -> Gap:
         self.events["Gap"] = self.events.get("Gap", 0) + 1
         return gap
 
     def finish(self) -> list[Event]:
         """Close gaps the journal left open (a crash): they run to the last record."""
         end = self.last_ns or 0
-        out: list[Event] = [
-            self._gap(g, end, end, "unclosed_at_end_of_journal") for g in self.open_gaps.values()
-        ]
-        self.open_gaps.clear()
-        return out
+        return [self._gap(g) for g in self.gap_log.finish(end, end, "unclosed_at_end_of_journal")]
 
     # ------------------------------------------------------------ summary
 
@@ -307,6 +383,7 @@ class Normaliser:
             "pongs": self.pongs,
             "sent": self.sent,
             "quarantined": self.quarantined,
+            "discarded": dict(sorted(self.discarded.items())),
             "events": dict(sorted(self.events.items())),
             "stops": self.stops,
             "journal_first_ns": self.first_ns,

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from engine.errors import DualhubError
+from engine.errors import DualhubError, os_error_text
 from engine.store import MANIFEST, SessionWriter, write_json
 from engine.venues.bitget_v2 import INST_TYPE, WS_PUBLIC_URL, arg
 from recorder.connection import (
@@ -244,6 +244,7 @@ class Recorder:
             "live": {f"conn{c.conn_id}": asdict(c.stats) for c in self.connections},
         }
         if self.normalise_error:
+            remove_tmp_files(self.root)
             raise RecordError(
                 f"normalisation failed ({self.normalise_error}); the raw journal in "
                 f"{self.root / JOURNAL_DIR} is complete: fix the cause and run `dualhub recover {self.root}`"
@@ -262,8 +263,9 @@ class Recorder:
 
     def _flusher_done(self, t: asyncio.Task[Any]) -> None:
         if not t.cancelled() and t.exception() is not None:
-            # cannot write the journal (disk full, I/O error): stop; closing the journal re-raises it
-            log.error("journal flush failed: %s", t.exception())
+            # cannot write the journal (disk full, I/O error): stop; closing the journal re-raises it, and
+            # that error (or the stop reason) is what the user sees, once
+            log.info("journal flush failed: %s", t.exception())
             self.request_stop(f"journal_error: {t.exception()}")
 
     async def _normaliser(self, norm: Normaliser, writer: SessionWriter) -> None:
@@ -339,7 +341,26 @@ def run_record(cfg: RecordConfig) -> dict[str, Any]:
                 loop.add_signal_handler(sig, rec.request_stop, signal.Signals(sig).name)
         return await rec.run()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except OSError as e:  # a full disk, say: what reached the journal is kept, and recover finishes it
+        if not (rec.root / RECORD_JSON).exists():  # not started: nothing of ours here but that file's tmp
+            with contextlib.suppress(OSError):
+                (rec.root / (RECORD_JSON + ".tmp")).unlink()
+            raise RecordError(os_error_text(e)) from None
+        remove_tmp_files(rec.root)
+        raise RecordError(
+            f"{os_error_text(e)}; the journal up to here is on disk: fix that and run "
+            f"`dualhub recover {rec.root}`"
+        ) from None
+
+
+def remove_tmp_files(root: Path) -> None:
+    """Delete the ``*.tmp`` files an interrupted atomic write leaves (``manifest.json.tmp``,
+    ``<stream>/part-N.parquet.tmp``); the journal's ``.dhj.part`` segments are data and stay."""
+    for p in [*root.glob("*.tmp"), *root.glob("*/*.tmp")]:
+        if p.is_file():
+            p.unlink()
 
 
 def disk_free_bytes(path: Path) -> int:

@@ -2,6 +2,7 @@
 
 The journal is the source of truth and Parquet parts are derived from it, so recovery is:
 
+0. refuse, changing nothing, a segment that is not a journal segment at all (another file, random bytes);
 1. finish every dangling ``.dhj.part`` segment: cut a torn last block, fsync, rename;
 2. delete derived files (``<stream>/part-*.parquet`` and ``*.tmp`` leftovers);
 3. decode the whole journal again through the same :class:`~recorder.normalise.Normaliser`;
@@ -16,11 +17,19 @@ from typing import Any
 
 import orjson
 
+from engine.errors import os_error_text
 from engine.events import STREAMS
 from engine.store import MANIFEST, SessionError
-from recorder.journal import SegmentScan, finalise_dangling, list_segments
+from recorder.journal import MAGIC, SegmentScan, finalise_dangling, list_segments
 from recorder.normalise import Normaliser
-from recorder.record import JOURNAL_DIR, RECORD_JSON, finish, new_writer, normalise_segment
+from recorder.record import (
+    JOURNAL_DIR,
+    RECORD_JSON,
+    finish,
+    new_writer,
+    normalise_segment,
+    remove_tmp_files,
+)
 
 
 def recover(root: Path | str) -> dict[str, Any]:
@@ -30,13 +39,45 @@ def recover(root: Path | str) -> dict[str, Any]:
     rj = root / RECORD_JSON
     if not rj.exists():
         raise SessionError(f"{root} has no {RECORD_JSON}: not a dualhub recording")
-    asked = orjson.loads(rj.read_bytes())
+    try:
+        asked = orjson.loads(rj.read_bytes())
+    except orjson.JSONDecodeError as e:
+        raise SessionError(f"{rj} is not valid JSON ({e}); it says what was recorded: restore it") from None
+    if not isinstance(asked, dict) or not {"url", "symbols", "channels"} <= asked.keys():
+        raise SessionError(f"{rj} is not a recorder's {RECORD_JSON} (needs url, symbols, channels)")
     jdir = root / JOURNAL_DIR
+    _check_segments(root, jdir)
+    try:
+        return _recover(root, jdir, asked)
+    except OSError as e:  # a full disk, say: the journal is untouched, so recovery can simply run again
+        raise SessionError(
+            f"{os_error_text(e)}; the journal is intact: fix that and run `dualhub recover {root}` again"
+        ) from None
+    finally:
+        remove_tmp_files(root)  # what a write cut short (full disk, Ctrl-C) left; none after a success
+
+
+def _check_segments(root: Path, jdir: Path) -> None:
+    """Refuse, before anything is changed, a segment that is not a journal segment at all (another
+    file, random bytes): recover never cuts or deletes what it cannot read. A torn header (a crash
+    right after the segment was created) is shorter than the magic and is recovered as empty."""
+    for _index, path, _finished in list_segments(jdir):
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+        if len(head) == len(MAGIC) and head != MAGIC:
+            raise SessionError(
+                f"{path} is not a dualhub journal segment (no {MAGIC.decode()} header); nothing was changed: "
+                f"move it out of {jdir} and run `dualhub recover {root}` again"
+            )
+
+
+def _recover(root: Path, jdir: Path, asked: dict[str, Any]) -> dict[str, Any]:
     cut = finalise_dangling(jdir)
+    remove_tmp_files(root)
     for stream in STREAMS:
         d = root / stream
         if d.is_dir():
-            for p in list(d.glob("part-*.parquet")) + list(d.glob("*.tmp")):
+            for p in d.glob("part-*.parquet"):
                 p.unlink()
     writer = new_writer(root, asked)
     norm = Normaliser(asked)

@@ -20,14 +20,27 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engine.events import BOOK_LEVELS
 from engine.laya.features import N_FEATURES
 from engine.laya.features_fast import features_v0_rows
 from engine.laya.model import Laya
+from engine.store import SessionError, first_line, open_parquet
+from engine.validate import LEVEL_COLUMNS, REASONS, book_codes
 
 BLOCK = 65_536  # rows per label batch: replay.driver._batch_v0's chunk
-LEVEL_COLUMNS = [f"{s}_{i}" for s in ("bid_px", "bid_sz", "ask_px", "ask_sz") for i in range(BOOK_LEVELS)]
 SMALL_COLUMNS = ["ts_event", "ts_recv", "seq", "symbol", "exch_seq"]
+
+
+class InvalidRows(RuntimeError):
+    """A streamed block holds rows that fail validation (``engine.validate``): the replay starts over on
+    whole tables, where they are removed and reported (``replay.driver.run_replay``)."""
+
+
+def read_group(path: Path, pf: pq.ParquetFile, group: int, columns: list[str]) -> pa.Table:
+    """One row group of the session file ``path``; a damaged one is a SessionError naming it."""
+    try:
+        return pf.read_row_group(group, columns=columns, use_threads=False)
+    except (pa.ArrowException, OSError) as e:
+        raise SessionError(f"{path}: cannot read row group {group} ({first_line(e)})") from None
 
 
 class StreamedBooks:
@@ -37,13 +50,14 @@ class StreamedBooks:
         self._laya = laya
         self._schema = schema
         self._files = list(files)
-        self.groups: list[tuple[pq.ParquetFile, int, int, int]] = []  # (file, group, first row, rows)
+        # (file, group, first row, rows, path)
+        self.groups: list[tuple[pq.ParquetFile, int, int, int, Path]] = []
         row = 0
         for f in files:
-            pf = pq.ParquetFile(f)
+            pf = open_parquet(f, schema)
             for g in range(pf.metadata.num_row_groups):
                 n = pf.metadata.row_group(g).num_rows
-                self.groups.append((pf, g, row, n))
+                self.groups.append((pf, g, row, n, f))
                 row += n
         self.num_rows = row
         self.labels: np.ndarray = np.zeros(row, dtype=np.int8)
@@ -68,10 +82,10 @@ class StreamedBooks:
     def _read_block(self, b: int) -> np.ndarray:
         lo, hi = b * BLOCK, min(self.num_rows, (b + 1) * BLOCK)
         pieces = []
-        for pf, g, first, n in self.groups:
+        for pf, g, first, n, path in self.groups:
             if first + n <= lo or first >= hi:
                 continue
-            t = pf.read_row_group(g, columns=LEVEL_COLUMNS, use_threads=False)
+            t = read_group(path, pf, g, LEVEL_COLUMNS)
             a, z = max(lo, first) - first, min(hi, first + n) - first
             pieces.append(t.slice(a, z - a))
         table = pa.concat_tables(pieces)
@@ -87,6 +101,10 @@ class StreamedBooks:
             out=levels,
         )
         if not self._labelled[b]:
+            codes = book_codes(levels)  # checked once, when first read (compiled, ~0.1 us a row)
+            if codes.any():
+                i = int(np.flatnonzero(codes)[0])
+                raise InvalidRows(f"books15 row {lo + i} is invalid ({REASONS[codes[i]]})")
             # the per-tick feature kernel on each row, as features_v0_table runs it: the same bits
             if len(self._x) < hi - lo:
                 self._x = np.empty((BLOCK, N_FEATURES), dtype=np.float32)  # every row is overwritten
@@ -115,11 +133,14 @@ class StreamedBooks:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+_SYMBOL = pa.schema([pa.field("symbol", pa.string())])  # nulls: not one symbol (below), no error
+
+
 def one_symbol(files: list[Path], symbol: str) -> bool:
     """Whether every row of these parts is ``symbol`` (then rows need no filtering): from the row groups'
     statistics where written (min == max == symbol, no nulls), else from the column itself."""
     for f in files:
-        pf = pq.ParquetFile(f)
+        pf = open_parquet(f, _SYMBOL)
         idx = pf.schema_arrow.get_field_index("symbol")
         known = True
         for g in range(pf.metadata.num_row_groups):

@@ -5,7 +5,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engine.errors import DualhubError
+from engine.errors import DualhubError, check_output_path
+from engine.fills import FILL_MODELS
+
+# What each fill model assumes about a resting order's place in the queue (engine/fills.py).
+FILL_MODEL_HELP = {
+    "touch": "a trade at or through our price fills us up to its size: no queue ahead (optimistic)",
+    "through": "only a trade strictly through our price fills us (pessimistic, no queue tracking)",
+    "queue_power2": "we join behind the displayed size, trades at our price eat the queue ahead, and "
+    "a size drop that no trade explains is a cancel behind us with probability back^2 / (back^2 + "
+    "front^2) (hftbacktest's PowerProbQueue(2))",
+    "queue_power3": "as queue_power2 with power 3 (cancels lean harder towards the longer side)",
+    "queue_log": "as queue_power2 with f(x) = log(1 + x) (hftbacktest's LogProbQueue: cancels spread evenly)",
+    "risk_averse": "as queue_power2 but cancels are always behind us: only trades move us up (most "
+    "conservative)",
+}
+DEFAULT_FILL_MODEL = "queue_power2"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,25 +56,53 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--laya-mode", choices=("batch", "tick"), default="batch")
     p.add_argument(
         "--features",
-        choices=("v0", "v1"),
-        default="v0",
-        help="Laya features to compute: v0 (books15) or v1 (books15 + trades); the model must match",
+        choices=("auto", "v0", "v1"),
+        default="auto",
+        help="Laya features to compute: auto (those the model was trained on, from its metadata; "
+        "default), v0 (books15) or v1 (books15 + trades); the model must match",
     )
     p.add_argument("--kev-lag-p5-ms", type=float, default=200.0)
     p.add_argument("--kev-lag-p95-ms", type=float, default=350.0)
-    p.add_argument("--fill-model", choices=("touch", "through"), default="touch")
+    p.add_argument(
+        "--fill-model",
+        choices=list(FILL_MODELS),
+        default=DEFAULT_FILL_MODEL,
+        metavar="MODEL",
+        help=f"how resting orders fill (default {DEFAULT_FILL_MODEL}): "
+        + "; ".join(f"{name}: {FILL_MODEL_HELP[name]}" for name in FILL_MODELS),
+    )
     p.add_argument(
         "--kev-mode",
         choices=("sim", "cassette", "llm"),
         default="sim",
         help="sim: rule advisor + lag model; cassette: recorded replies at their recorded lag; "
-        "llm: ask a running llama-server (cached by key), lag from the model",
+        "llm: ask a running llama-server (cached by key), lag measured (--kev-lag)",
     )
     p.add_argument("--kev-cassette", default="", help="cassette.parquet or a run directory (cassette mode)")
     p.add_argument("--kev-miss", choices=("fail", "sim", "live"), default="fail", help="cassette miss policy")
     p.add_argument("--kev-url", default="", help="llama-server URL, e.g. http://127.0.0.1:8080")
     p.add_argument("--kev-lag-fit", default="", help="lag.json from `dualhub kev fit-lag` (measured lag)")
     p.add_argument("--kev-min-interval-ms", type=int, default=0, help="min spacing of Kev requests")
+    p.add_argument(
+        "--kev-timeout-ms",
+        type=int,
+        default=2000,
+        help="the engine gives up on a Kev request after this long on the replay clock (default 2000; "
+        "`dualhub kev bench` recommends one for a server)",
+    )
+    p.add_argument(
+        "--kev-lag",
+        choices=("measured", "model"),
+        default="measured",
+        help="llm mode: each call's measured wall time is its lag (default), or the lag model's draw",
+    )
+    p.add_argument(
+        "--kev-lag-scale",
+        type=float,
+        metavar="X",
+        help="multiply Kev's measured or recorded lags by X (a faster target GPU: < 1); as kev=X in "
+        "--scale-latency",
+    )
     p.add_argument("--report", action="store_true", help="print the report after the run")
     p.add_argument(
         "--scale-latency",
@@ -111,7 +154,7 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         model_path=args.model or DEFAULT_MODEL,
         laya_provider=args.provider,
         laya_mode=args.laya_mode,
-        laya_features=getattr(args, "features", "v0"),
+        laya_features=getattr(args, "features", "auto"),
         kev_lag_p5_ms=args.kev_lag_p5_ms,
         kev_lag_p95_ms=args.kev_lag_p95_ms,
         fill_model=args.fill_model,
@@ -121,29 +164,60 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         kev_url=args.kev_url,
         kev_lag_fit=args.kev_lag_fit,
         kev_min_interval_ms=args.kev_min_interval_ms,
+        kev_timeout_ms=args.kev_timeout_ms,
+        kev_lag_source=args.kev_lag,
     )
     spec = getattr(args, "scale_latency", "")
-    return apply_scales(cfg, parse_scale_latency(spec)) if spec else cfg
+    scales = parse_scale_latency(spec) if spec else {}
+    if args.kev_lag_scale is not None:
+        if "kev" in scales and scales["kev"] != args.kev_lag_scale:
+            raise DualhubError("--kev-lag-scale and --scale-latency kev=... disagree: give one")
+        scales["kev"] = args.kev_lag_scale
+    return apply_scales(cfg, scales) if scales else cfg
 
 
 def _print_result(res) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
     lay = res.laya
     print(
         f"replayed {res.books} snapshots + {res.trades} trades in {res.wall_s:.2f} s "
         f"({res.snapshots_per_s:,.0f} snapshots/s); Laya on {lay['active_provider']}"
-        + (f" ({lay['fallback_reason']})" if lay.get("fallback_reason") else "")
+        # the reason is Laya's warning on stderr (and runtime.json): not a second time here
+        + (" (CUDA fell back)" if lay.get("fallback_reason") else "")
+        + f", features {lay['feature_version']}"
     )
+    for warning in res.warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
     kev = res.kev
     print(f"Kev: {kev['mode']} ({kev['name']})" + ("" if kev["deterministic"] else ", NOT deterministic"))
     print(f"engine: {res.path}")
+    if kev["mode"] == "cassette":
+        print(
+            f"Kev cassette: {kev['hits']} hits, {kev['misses']} misses, {kev['fallbacks']} answered by the "
+            f"fallback; lag {kev['lag']}"
+        )
+    elif kev["mode"] == "llm":  # a cache by request key in front of the server
+        print(f"Kev llm: {kev['misses']} server calls, {kev['hits']} cached; lag {kev['lag']}")
+    if kev.get("health", {}).get("warning"):
+        print(f"WARNING: {kev['health']['warning']}")
+    for stream, reasons in res.quarantine.items():  # invalid session rows the engine never saw
+        why = ", ".join(f"{reason} {n}" for reason, n in reasons.items())
+        print(f"quarantined {stream}: {sum(reasons.values())} rows ({why}): events/input_quarantine.parquet")
     print(f"run: {res.run_dir}")
     print(f"digest: {res.digest}")
+    print(f"decision digest: {res.decision_digest}")
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from engine.report.report import print_report
+    from engine.urls import check_url
     from replay.driver import run_replay
 
+    if args.kev_url:
+        check_url(args.kev_url, "--kev-url")
+    elif args.kev_mode == "llm" or (args.kev_mode == "cassette" and args.kev_miss == "live"):
+        raise DualhubError("--kev-mode llm and --kev-miss live ask llama-server: pass its --kev-url")
     res = run_replay(
         args.session,
         _config(args),
@@ -161,7 +235,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from engine.report.report import print_report
 
-    print_report(args.run)
+    if getattr(args, "html", None):
+        check_output_path(args.html, directory=False)
+    print_report(args.run)  # refuses a half-written or modified run (report.verify_run) before printing
     if getattr(args, "html", None):
         from engine.report.html import write_html
 

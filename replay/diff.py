@@ -9,6 +9,10 @@ events before it from both runs, and the Laya labels and Kev responses leading u
 engine saw when it decided), plus a summary: digests, counts per stream, and how the runs'
 provenance (config, session, model, seeds) differs.
 
+Decision digests are compared first: when both manifests carry the same ``decision_digest`` (the run
+digest without wall-time columns, ``engine/eventlog.py``) and the compared files are the ones the
+manifests describe (sha256), the runs decided the same and the walk is skipped.
+
 Comparison is exact, except that NaN equals NaN (market orders carry ``px`` NaN) and the fields in
 :data:`IGNORED_FIELDS` are skipped: they record *who* produced an event or a wall-clock measurement,
 which legitimately differs between a run and its replay from another source (a live run, a cassette,
@@ -30,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.errors import DualhubError
-from engine.events import STREAMS
+from engine.events import NON_DECISION_COLUMNS, STREAMS
 from engine.store import sha256_file
 
 DECISION_STREAMS: Final = ("command", "risk", "order", "fill")
@@ -43,7 +47,7 @@ IGNORED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     # Who answered ("rules", "cassette", "llm") is provenance: a cassette replay of a run answers with
     # the recorded replies under another name. Server timings are wall-clock measurements of the
     # llama-server, not decisions (the lag that matters for timing is ``lag_ns``, compared).
-    "kev_response": frozenset({"advisor", "prompt_ms", "predicted_ms"}),
+    "kev_response": frozenset({"advisor"}) | NON_DECISION_COLUMNS["kev_response"],
 }
 
 _COMMON: Final = ("ts_event", "ts_recv", "seq", "symbol")  # fields every event stream has
@@ -108,10 +112,18 @@ class DiffResult:
     provenance: list[FieldDiff]  # config / session / model / seed differences between the manifests
     divergence: Divergence | None
     warnings: list[str] = field(default_factory=list)
+    decision_digest_a: str = ""  # "" when the manifest has none (a run from before decision digests)
+    decision_digest_b: str = ""
 
     @property
     def same_digest(self) -> bool:
         return self.digest_a == self.digest_b
+
+    @property
+    def same_decision_digest(self) -> bool | None:
+        """Whether the runs' decision digests agree; None when a manifest lacks one."""
+        a, b = self.decision_digest_a, self.decision_digest_b
+        return a == b if a and b else None
 
     @property
     def diverged(self) -> bool:
@@ -123,6 +135,9 @@ class DiffResult:
             "run_a": str(self.run_a),
             "run_b": str(self.run_b),
             "diverged": self.diverged,
+            "same_decision_digest": self.same_decision_digest,
+            "decision_digest_a": self.decision_digest_a,
+            "decision_digest_b": self.decision_digest_b,
             "same_digest": self.same_digest,
             "digest_a": self.digest_a,
             "digest_b": self.digest_b,
@@ -236,8 +251,18 @@ def _keys(run: _Run, fields: Mapping[str, list[str]]) -> list[tuple[Any, ...]]:
     return [(s, *rows[s][r]) for s, r in run.order]
 
 
-def _load(run: Path, streams: Sequence[str], warnings: list[str]) -> _Run:
-    manifest = _read_manifest(run)
+def _as_written(run: Path, manifest: dict[str, Any], streams: Sequence[str]) -> bool:
+    """Are ``streams``' event files the ones the manifest lists (same sha256)?"""
+    files = manifest.get("files", {})
+    for s in streams:
+        meta = files.get(f"events/{s}.parquet") if isinstance(files, dict) else None
+        path = run / "events" / f"{s}.parquet"
+        if not isinstance(meta, dict) or not path.is_file() or sha256_file(path) != meta.get("sha256"):
+            return False
+    return True
+
+
+def _load(run: Path, manifest: dict[str, Any], streams: Sequence[str], warnings: list[str]) -> _Run:
     tables: dict[str, pa.Table] = {}
     for s in dict.fromkeys((*streams, *CONTEXT_STREAMS)):
         t = _read_stream(run, s, required=s in streams)
@@ -337,8 +362,38 @@ def diff_runs(
     if context < 0:
         raise DualhubError(f"context must be >= 0, not {context}")
     warnings: list[str] = []
-    a = _load(Path(run_a), streams, warnings)
-    b = _load(Path(run_b), streams, warnings)
+    pa_, pb = Path(run_a), Path(run_b)
+    ma, mb = _read_manifest(pa_), _read_manifest(pb)
+    dda, ddb = str(ma.get("decision_digest", "")), str(mb.get("decision_digest", ""))
+    summary = {
+        "run_a": pa_,
+        "run_b": pb,
+        "digest_a": str(ma.get("digest", "")),
+        "digest_b": str(mb.get("digest", "")),
+        "decision_digest_a": dda,
+        "decision_digest_b": ddb,
+        "streams": streams,
+        "ignored": {s: sorted(v) for s, v in ignored.items()},
+        "provenance": _provenance(ma, mb),
+    }
+    # The decision digest covers every compared field unless a non-decision column is to be compared.
+    covered = all(NON_DECISION_COLUMNS.get(s, frozenset()) <= set(ignored.get(s, ())) for s in streams)
+    if covered and dda and dda == ddb and _as_written(pa_, ma, streams) and _as_written(pb, mb, streams):
+        # Same decisions, and the files are the ones digested: nothing to walk.
+        counts_a, counts_b = dict(ma.get("counts", {})), dict(mb.get("counts", {}))
+        n = sum(int(counts_a.get(s, 0)) for s in streams)
+        return DiffResult(
+            **summary,
+            counts_a=counts_a,
+            counts_b=counts_b,
+            compared_a=n,
+            compared_b=n,
+            identical_prefix=n,
+            divergence=None,
+            warnings=warnings,
+        )
+    a = _load(pa_, ma, streams, warnings)
+    b = _load(pb, mb, streams, warnings)
     fields = _compared_fields(a, b, streams, ignored, warnings)
     a.keys, b.keys = _keys(a, fields), _keys(b, fields)
 
@@ -361,22 +416,22 @@ def diff_runs(
             around_a=_around(a, ts, context),
             around_b=_around(b, ts, context),
         )
-    ma, mb = a.manifest, b.manifest
     if divergence is not None and ma.get("digest") == mb.get("digest"):
         warnings.append("the manifests report the same digest, yet the events differ")
+    elif divergence is not None and dda and dda == ddb:
+        warnings.append("the manifests report the same decision digest, yet the decisions differ")
+    elif divergence is None and dda and ddb and dda != ddb:
+        warnings.append(
+            "the decision digests differ: the runs decided differently in streams or fields not compared "
+            f"here (compared: {', '.join(streams)}; try --streams {','.join(COMPARABLE_STREAMS)})"
+        )
     return DiffResult(
-        run_a=a.path,
-        run_b=b.path,
-        digest_a=str(ma.get("digest", "")),
-        digest_b=str(mb.get("digest", "")),
-        streams=streams,
-        ignored={s: sorted(v) for s, v in ignored.items()},
+        **summary,
         counts_a={s: t.num_rows for s, t in a.tables.items()} | dict(ma.get("counts", {})),
         counts_b={s: t.num_rows for s, t in b.tables.items()} | dict(mb.get("counts", {})),
         compared_a=len(a.keys),
         compared_b=len(b.keys),
         identical_prefix=len(a.keys) if pos is None else pos,
-        provenance=_provenance(ma, mb),
         divergence=divergence,
         warnings=warnings,
     )
@@ -428,6 +483,17 @@ def print_diff(result: DiffResult, console: Any = None) -> None:
     summary.add_column("A", overflow="fold")
     summary.add_column("B", overflow="fold")
     summary.add_row("run", str(result.run_a), str(result.run_b))
+    same_dd = result.same_decision_digest
+    verdict = {
+        True: "[green]same decisions[/]",
+        False: "[yellow]different decisions[/]",
+        None: "not recorded",
+    }
+    summary.add_row(
+        f"decision digest ({verdict[same_dd]})",
+        result.decision_digest_a or "(none)",
+        result.decision_digest_b or "(none)",
+    )
     same = "[green]same digest[/]" if result.same_digest else "[yellow]different digests[/]"
     summary.add_row(f"digest ({same})", result.digest_a, result.digest_b)
     for s in sorted(result.counts_a.keys() | result.counts_b.keys(), key=lambda s: STREAMS[s].priority):

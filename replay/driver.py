@@ -23,35 +23,46 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine import validate
 from engine.clock import ReplayClock
 from engine.contract import ContractConfig
 from engine.core import PRIO_LABEL, Engine, engine_config_from
-from engine.errors import DualhubError
-from engine.eventlog import EventLog
+from engine.errors import DualhubError, check_output_path
+from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
 from engine.events import STREAMS, BookSnapshot, Trade
 from engine.fastinit import frozen_maker
 from engine.fills import FILL_MODELS
-from engine.kev.cassette import Cassette, CassetteAdvisor
+from engine.kev.cassette import Cassette, CassetteAdvisor, answered_by
+from engine.kev.health import run_health
 from engine.kev.lag import EmpiricalLag
 from engine.kev.llama import LlamaAdvisor, LlamaConfig
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
 from engine.latency import LatencyModel, LognormalLatency, ScaledLatency, parse_latency
-from engine.laya.features import FEATURE_VERSION, features_v0
+from engine.laya.features import features_v0
 from engine.laya.features_fast import features_v0_table
 from engine.laya.features_v1 import FeaturesV1, features_v1_batch
-from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig
+from engine.laya.model import DEFAULT_MODEL, FEATURE_SIZES, Laya, LayaConfig, training_sessions
 from engine.risk import RiskLimits
-from engine.store import SessionError, open_session, write_json
+from engine.store import (
+    SeqOrderError,
+    SessionError,
+    atomic_write_parquet,
+    open_session,
+    sha256_file,
+    write_json,
+)
 from engine.strategy import QuoteConfig
 from replay import fast_path
 from replay.batch_latency import sample_many
-from replay.book_source import StreamedBooks, one_symbol
+from replay.book_source import InvalidRows, StreamedBooks, one_symbol
 from replay.fast_path import KernelRun, KernelUnsupported, LookAheadError, config_unsupported, unsupported
 from replay.label_columns import LabelColumns
 from replay.sim_exchange import SimExchange
 from replay.tape_stream import (
+    ONE_CLOCK,
+    FeedClock,
     StreamedTape,
     TapeDisorder,
     constant_ns,
@@ -61,8 +72,9 @@ from replay.tape_stream import (
 )
 from replay.walk import StreamedWalk, WalkStream
 
-RUN_SCHEMA_VERSION = 1
+CLOCK_WARN_NS = 100_000_000  # a session whose clocks disagree by more than this is warned about
 KEV_MODES = ("sim", "cassette", "llm")
+KEV_LAG_SOURCES = ("measured", "model")
 
 # Merge priorities at one timestamp: the exchange sees market data before the engine does.
 PRIO_EXCH_BOOK, PRIO_EXCH_TRADE = 5, 6
@@ -85,7 +97,9 @@ class ReplayConfig:
     model_path: Path = DEFAULT_MODEL
     laya_provider: str = "auto"
     laya_mode: str = "batch"  # "batch": features+inference over the whole session; "tick": per snapshot
-    laya_features: str = FEATURE_VERSION  # "v0" (books15) or "v1" (books15 + trades); the model must match
+    # "auto": the features the model was trained on (its metadata); "v0" (books15) or "v1" (books15 +
+    # trades): those, and the model must match
+    laya_features: str = "auto"
     # Latency models: "const:5ms", "lognormal:p5=2ms,p95=8ms" or "empirical:PATH" (see engine.latency).
     latency_laya: str = "const:200us"  # Laya compute: the label is an event at book receipt + this
     latency_order_entry: str = "const:5ms"  # local send -> exchange accepts
@@ -105,12 +119,12 @@ class ReplayConfig:
     kev_max_in_flight: int = 1
     kev_timeout_ms: int = 2000
     kev_mode: str = "sim"  # "sim": rule advisor + lag model; "cassette": recorded replies and lags;
-    #                        "llm": a running llama-server, cached by key, lag from the model
+    #                        "llm": a running llama-server, cached by key, lag per kev_lag_source
     kev_cassette: str = ""  # cassette.parquet or a run directory (cassette mode)
     kev_miss_policy: str = "fail"  # cassette miss: "fail", "sim" (rules + lag model) or "live" (llm)
     kev_url: str = ""  # llama-server base URL (llm mode, and live misses)
     kev_lag_fit: str = ""  # lag.json from `dualhub kev fit-lag`: measured lag instead of lognormal
-    fill_model: str = "touch"
+    fill_model: str = "queue_power2"  # engine.fills.FILL_MODELS; a queue position, not touch's none
     # What-if multipliers on modelled latencies (``--scale-latency kev=2,laya=1,order=0.5,feed=1``).
     scale_kev: float = 1.0
     scale_laya: float = 1.0
@@ -119,12 +133,20 @@ class ReplayConfig:
     risk: RiskLimits = field(default_factory=RiskLimits)
     quotes: QuoteConfig = field(default_factory=QuoteConfig)
     contract: ContractConfig = field(default_factory=ContractConfig)
+    # Kev's lag when a live model answers (llm mode, cassette misses under --kev-miss live): "measured"
+    # (each call's wall time x scale_kev, so a 2.5 s answer is 2.5 s late on the virtual clock and the
+    # engine's Kev timeout can fire) or "model" (drawn from the lag model, as sim mode).
+    kev_lag_source: str = "measured"
 
     def __post_init__(self) -> None:
+        if self.kev_lag_source not in KEV_LAG_SOURCES:
+            raise DualhubError(f"kev_lag_source must be 'measured' or 'model', not {self.kev_lag_source!r}")
+        if self.kev_timeout_ms <= 0:
+            raise DualhubError(f"kev_timeout_ms must be > 0, got {self.kev_timeout_ms}")
         if self.laya_mode not in ("batch", "tick"):
             raise DualhubError(f"laya_mode must be 'batch' or 'tick', not {self.laya_mode!r}")
-        if self.laya_features not in ("v0", "v1"):
-            raise DualhubError(f"laya_features must be 'v0' or 'v1', not {self.laya_features!r}")
+        if self.laya_features not in ("auto", *FEATURE_SIZES):
+            raise DualhubError(f"laya_features must be 'auto', 'v0' or 'v1', not {self.laya_features!r}")
         if self.fill_model not in FILL_MODELS:
             raise DualhubError(f"unknown fill model {self.fill_model!r}; known: {', '.join(FILL_MODELS)}")
         if self.exchange_feed not in ("event", "local"):
@@ -154,7 +176,13 @@ class ReplayConfig:
         d["model_path"] = Path(self.model_path).name  # identity is the model's sha256, not where it lives
         if d["exchange_feed"] == "event":  # the default leaves earlier config hashes (run names) unchanged
             del d["exchange_feed"]
+        if not self.asks_live_model():  # the lag source means nothing there: run names stay as they were
+            del d["kev_lag_source"]
         return orjson.loads(orjson.dumps(d, default=str))
+
+    def asks_live_model(self) -> bool:
+        """Whether a running llama-server answers any request (llm mode, or live cassette misses)."""
+        return self.kev_mode == "llm" or (self.kev_mode == "cassette" and self.kev_miss_policy == "live")
 
     def sha256(self) -> str:
         return hashlib.sha256(orjson.dumps(self.to_json(), option=orjson.OPT_SORT_KEYS)).hexdigest()
@@ -171,6 +199,11 @@ class RunResult:
     laya: dict[str, Any]
     kev: dict[str, Any]
     path: str = "python"  # "kernel ...", or "python (why not the kernel)"
+    quarantine: dict[str, dict[str, int]] = field(default_factory=dict)  # stream -> reason -> rows
+    decision_digest: str = ""  # the digest without wall-time columns (engine.events.NON_DECISION_COLUMNS)
+    in_sample: dict[str, Any] = field(default_factory=dict)  # the manifest's "in_sample"
+    feed: dict[str, Any] = field(default_factory=dict)  # the manifest's "feed": clocks and feed latency
+    warnings: tuple[str, ...] = ()  # what a researcher must not miss (the CLI prints them loudly)
 
     @property
     def snapshots_per_s(self) -> float:
@@ -206,7 +239,7 @@ class _BatchLabeler:
         # (binary search over the sorted seqs; a dict of a million ints would cost ~100 MB).
         n, seqs = self._n, self.seqs
         if n > 1 and not bool(np.all(np.diff(seqs) > 0)):
-            raise ValueError("book seqs must be strictly increasing within a session stream")
+            raise SeqOrderError("book seqs must be strictly increasing within a session stream")
         # Contiguous seqs (the usual one-symbol session): a row is seq - first, no search needed.
         self._first = int(seqs[0]) if n else 0
         self._contiguous = n > 0 and int(seqs[-1]) - self._first == n - 1
@@ -294,6 +327,7 @@ class _Tape:
         scale_feed: float,
         exchange_feed: str = "event",
         streamed: StreamedBooks | None = None,
+        clock: FeedClock = ONE_CLOCK,
     ) -> None:
         self.symbol = books.column("symbol")[0].as_py()
         self._streamed = streamed
@@ -317,17 +351,23 @@ class _Tape:
         self._trades_side, self._trades_id = trades.column("side"), trades.column("trade_id")
         self._t_side: list[str] | None = None
         self._t_id: list[str] | None = None
-        self.b_loc = self._local(_col(books, "ts_recv", "int64"), self.b_evt, feed, scale_feed)
-        self.t_loc = self._local(_col(trades, "ts_recv", "int64"), self.t_evt, feed, scale_feed)
-        self.b_exch = exchange_times(self.b_evt, self.b_loc, exchange_feed)
-        self.t_exch = exchange_times(self.t_evt, self.t_loc, exchange_feed)
+        off = clock.offset_ns
+        self.b_loc = self._local(_col(books, "ts_recv", "int64"), self.b_evt, feed, scale_feed, off)
+        self.t_loc = self._local(_col(trades, "ts_recv", "int64"), self.t_evt, feed, scale_feed, off)
+        self.b_exch, nb = exchange_times(self.b_evt, self.b_loc, exchange_feed, clock)
+        self.t_exch, nt = exchange_times(self.t_evt, self.t_loc, exchange_feed, clock)
+        self.clamped = {"books15": nb, "trade": nt}  # rows whose feed latency was raised to the floor
 
     @staticmethod
-    def _local(recv: np.ndarray, evt: np.ndarray, feed: LatencyModel | None, scale: float) -> np.ndarray:
+    def _local(
+        recv: np.ndarray, evt: np.ndarray, feed: LatencyModel | None, scale: float, offset: int
+    ) -> np.ndarray:
+        """Local receipt times: recorded, or exchange time + a modelled feed latency; a what-if scale
+        multiplies the feed latency, measured with both times on the local clock (``offset``)."""
         if feed is not None:
-            recv = evt + np.array([feed.sample_ns(int(t)) for t in evt.tolist()], dtype=np.int64)
+            recv = evt + offset + np.array([feed.sample_ns(int(t)) for t in evt.tolist()], dtype=np.int64)
         if scale != 1.0:
-            recv = evt + np.rint((recv - evt) * scale).astype(np.int64)
+            recv = evt + offset + np.rint((recv - evt - offset) * scale).astype(np.int64)
         return recv
 
     @property
@@ -491,20 +531,26 @@ def _kev_backend(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBack
     """The advisor for the configured Kev mode and the replay backend that delivers its replies."""
     lag = _lag_model(cfg)
     rules = RuleKev()
-    llama_cfg = LlamaConfig(base_url=cfg.kev_url) if cfg.kev_url else None
+    llama_cfg = LlamaConfig.for_engine(cfg.kev_url, cfg.kev_timeout_ms) if cfg.kev_url else None
+    measure = cfg.kev_lag_source == "measured"
     if cfg.kev_mode == "sim":
         return rules, SimKevBackend(rules, lag, clock)
     if cfg.kev_mode == "llm":
         assert llama_cfg is not None
         llm = LlamaAdvisor(llama_cfg)
-        # Cache by key: a request seen before in this run is answered without asking the server again.
+        # Cache by key: a request seen before in this run is answered without asking the server again
+        # (measured: at the lag its first call took).
         cached = CassetteAdvisor(
             Cassette(), key_fn=llama_cfg.key, miss_policy="live", fallback=llm, record_misses=True
         )
         cached.name = llm.name
-        return cached, SimKevBackend(cached, lag, clock)
+        if not measure:
+            return cached, SimKevBackend(cached, lag, clock)
+        return cached, SimKevBackend(
+            cached, lag, clock, use_recorded_lag=True, recorded_lag_scale=cfg.scale_kev, measure=True
+        )
     cassette = _load_cassette(cfg.kev_cassette)
-    recorded_by = {e.advisor for entries in cassette.entries.values() for e in entries}
+    recorded_by = {answered_by(e.advisor) for entries in cassette.entries.values() for e in entries}
     if recorded_by <= {rules.name}:
         key_fn = rules.key
     elif recorded_by <= {"llm"}:
@@ -524,8 +570,24 @@ def _kev_backend(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBack
         fallback=fallback,
     )
     return advisor, SimKevBackend(
-        advisor, lag, clock, use_recorded_lag=True, recorded_lag_scale=cfg.scale_kev
+        advisor, lag, clock, use_recorded_lag=True, recorded_lag_scale=cfg.scale_kev, measure=measure
     )
+
+
+_ADVISOR_COUNTS = ("hits", "misses", "fallbacks", "live_calls")  # a cassette's, where the advisor is one
+
+
+def _kev_lag_info(cfg: ReplayConfig) -> str:
+    """How this run's Kev lags were made, for the manifest (``dualhub kev fit-lag`` reads it)."""
+    if cfg.kev_mode == "cassette":
+        lag = "recorded (cassette)"
+        if cfg.kev_miss_policy == "live":
+            lag += f"; live misses {cfg.kev_lag_source}"
+    elif cfg.kev_mode == "llm" and cfg.kev_lag_source == "measured":
+        lag = "measured"
+    else:
+        lag = "model " + (f"empirical {Path(cfg.kev_lag_fit).name}" if cfg.kev_lag_fit else "lognormal")
+    return lag if cfg.scale_kev == 1.0 else f"{lag} x{cfg.scale_kev:g}"
 
 
 def _label_due(tape: _Tape, model: LatencyModel) -> np.ndarray | None:
@@ -556,6 +618,58 @@ def _for_symbol(table: pa.Table, symbol: str) -> pa.Table:
     return table.filter(mask)
 
 
+class _Quarantine:
+    """Session rows kept from the engine (``engine.validate``): their ``input_quarantine`` events and
+    their counts by stream and reason, for the run's log and manifest."""
+
+    def __init__(self) -> None:
+        self.tables: list[pa.Table] = []
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def check(self, root: Path, symbol: str, books: pa.Table, trades: pa.Table) -> tuple[pa.Table, pa.Table]:
+        """One symbol's whole tables without their invalid rows; a session mostly invalid is refused."""
+        seq = _col(books, "seq", "int64")
+        if len(seq) > 1 and not bool(np.all(np.diff(seq) > 0)):
+            raise SeqOrderError(f"{root}: book seqs must be strictly increasing within a session stream")
+        out = []
+        for stream, table, codes in (
+            ("books15", books, validate.book_table_codes(books)),
+            ("trade", trades, validate.trade_table_codes(trades)),
+        ):
+            bad = int(np.count_nonzero(codes))
+            if bad:
+                found = validate.counts(codes)
+                if 2 * bad > table.num_rows:
+                    why = ", ".join(f"{k} {v}" for k, v in found.items())
+                    raise SessionError(
+                        f"{root}: {bad} of {table.num_rows} {stream} rows for {symbol} are invalid ({why}); "
+                        "refusing a session that is mostly bad data"
+                    )
+                self.counts[stream] = found
+                first = sum(t.num_rows for t in self.tables)
+                self.tables.append(validate.quarantine_table(stream, table, codes, first))
+                table = table.filter(pa.array(codes == 0))
+            out.append(table)
+        return out[0], out[1]
+
+    def write(self, events_dir: Path) -> dict[str, dict[str, Any]]:
+        """``input_quarantine.parquet`` (empty when nothing was kept out, as every stream's file is)."""
+        schema = STREAMS["input_quarantine"].schema
+        table = pa.concat_tables(self.tables) if self.tables else schema.empty_table()
+        path = events_dir / "input_quarantine.parquet"
+        atomic_write_parquet(table, path)
+        return {"events/input_quarantine.parquet": {"rows": table.num_rows, "sha256": sha256_file(path)}}
+
+
+def _check_streamable(books: pa.Table, trades: pa.Table) -> None:
+    """Arrival times and trades of a run whose levels stream: any invalid row means whole tables."""
+    if validate.time_codes(_col(books, "ts_recv", "int64")).any():
+        raise InvalidRows("books by arrival is not in (ts, seq) order: a books15 row is time_backwards")
+    codes = validate.trade_table_codes(trades)
+    if codes.any():
+        raise InvalidRows(f"a trade row is invalid ({validate.REASONS[int(codes[codes != 0][0])]})")
+
+
 def run_replay(
     session_dir: Path | str,
     config: ReplayConfig | None = None,
@@ -571,55 +685,76 @@ def run_replay(
     the configuration is one it reproduces exactly; otherwise, or with ``kernel=False``, the Python
     engine runs. Both give the same events (``tests/test_replay_kernel.py``); ``RunResult.path`` says
     which ran."""
+    cfg = config or ReplayConfig()
+    run_dir = _run_dir(session_dir, cfg, out_dir)
+    _check_run_dir(run_dir, overwrite)  # before any work: a bad --out fails now, not after the run
     # A replay allocates millions of short-lived, acyclic objects (books, trades, event rows): the
     # cyclic collector's passes over the buffered rows cost ~15% and find next to nothing (~1.6k
     # cyclic objects per 100k books), so it is paused for the run and restored after.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
+        open_session(session_dir)  # not a session: one line before the model loads (and says which provider)
+        laya = _load_laya(cfg)  # once: the retries below reuse it
         try:
-            try:
-                return _run_replay(
-                    session_dir,
-                    config,
-                    out_dir=out_dir,
-                    overwrite=overwrite,
-                    progress=progress,
-                    kernel=kernel,
-                )
-            except TapeDisorder as e:  # rows out of order in the files: the whole-table tape sorts them
-                return _run_replay(
-                    session_dir,
-                    config,
-                    out_dir=out_dir,
-                    overwrite=True,
-                    progress=progress,
-                    kernel=kernel,
-                    whole_tape=str(e),
-                )
+            whole, stream_books = "", True
+            while True:
+                try:
+                    return _run_replay(
+                        session_dir,
+                        cfg,
+                        laya,
+                        out_dir=run_dir,
+                        overwrite=overwrite or bool(whole),
+                        progress=progress,
+                        kernel=kernel,
+                        whole_tape=whole,
+                        stream_books=stream_books,
+                    )
+                except (TapeDisorder, InvalidRows) as e:
+                    # Rows out of order in the files: the whole-table tape sorts them. Rows that fail
+                    # validation: whole tables, where they are dropped and reported. Each once at most.
+                    if not stream_books or (whole and isinstance(e, TapeDisorder)):
+                        raise
+                    whole, stream_books = str(e), not isinstance(e, InvalidRows)
         except KernelUnsupported as e:  # met mid-run: nothing of it is kept, the Python engine runs it
             result = _run_replay(
-                session_dir, config, out_dir=out_dir, overwrite=True, progress=progress, kernel=False
+                session_dir, cfg, laya, out_dir=run_dir, overwrite=True, progress=progress, kernel=False
             )
             return dataclasses.replace(result, path=f"python ({e})")
+    except BaseException:  # an error or Ctrl-C mid-run: the half-written run goes (a finished one is moved)
+        shutil.rmtree(_tmp_dir(run_dir), ignore_errors=True)
+        raise
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
+def _load_laya(cfg: ReplayConfig) -> Laya:
+    """Laya refuses a model trained on other features than the replay computes (``laya_features``;
+    ``"auto"`` takes the model's own)."""
+    return Laya(
+        LayaConfig(
+            model_path=Path(cfg.model_path), provider=cfg.laya_provider, feature_version=cfg.laya_features
+        )
+    )
+
+
 def _run_replay(
     session_dir: Path | str,
-    config: ReplayConfig | None,
+    cfg: ReplayConfig,
+    laya: Laya,
     *,
     out_dir: Path | str | None,
     overwrite: bool,
     progress: bool,
     kernel: bool = False,
     whole_tape: str = "",
+    stream_books: bool = True,
 ) -> RunResult:
     """``whole_tape``: why the per-row columns must be read whole (else they are streamed where they can
-    be)."""
-    cfg = config or ReplayConfig()
+    be); ``stream_books`` False: the book levels too (rows that fail validation are dropped from the
+    tables, which streamed levels could not follow)."""
     t0 = time.perf_counter()
     early = config_unsupported(cfg) if kernel else ""
     if early:  # known from the config: the Python engine from the start
@@ -628,12 +763,8 @@ def _run_replay(
     session.verify()
     if "books15" not in session.manifest["streams"]:
         raise SessionError(f"{session.root} has no books15 stream to replay")
-    # Laya refuses a model trained on other features than the replay computes (cfg.laya_features).
-    laya = Laya(
-        LayaConfig(
-            model_path=Path(cfg.model_path), provider=cfg.laya_provider, feature_version=cfg.laya_features
-        )
-    )
+    features = laya.feature_version  # cfg.laya_features, or the model's own for "auto"
+    clock = FeedClock.of_session(session.manifest)
     rng_feed, rng_laya, rng_order = _rng(cfg.seed, 2), _rng(cfg.seed, 3), _rng(cfg.seed, 4)
 
     def latency(spec: str, rng: np.random.Generator, scale: float, name: str) -> LatencyModel:
@@ -652,7 +783,8 @@ def _run_replay(
     tape: _Tape | StreamedTape
     if (
         kernel
-        and cfg.laya_features == "v0"
+        and stream_books
+        and features == "v0"
         and cfg.laya_mode == "batch"
         and one_symbol(book_files, cfg.symbol)
     ):
@@ -664,6 +796,7 @@ def _run_replay(
     else:
         why_whole = streamable(cfg.symbol, trade_files, cfg.latency_feed, cfg.scale_feed, laya_latency)
     walk: StreamedWalk | None = None
+    quarantine = _Quarantine()
     if streamed is not None and not why_whole:
         if streamed.num_rows == 0:
             raise DualhubError(f"{session.root} has no books15 rows for {cfg.symbol}")
@@ -674,6 +807,7 @@ def _run_replay(
             cfg.exchange_feed,
             int(constant_ns(laya_latency) or 0),
             (PRIO_EXCH_BOOK, PRIO_EXCH_TRADE, PRIO_LOCAL_BOOK, PRIO_LABEL),
+            clock,
         )
         walk = tape.walk(fast_path.WALK_CHUNK)
         start_ns, n_walk = tape.first_ts(), walk.total
@@ -693,12 +827,16 @@ def _run_replay(
             else STREAMS["trade"].schema.empty_table(),
             cfg.symbol,
         )
+        if streamed is not None:  # the levels are checked block by block as they stream: here the rest
+            _check_streamable(book_table, trade_table)
+        else:
+            book_table, trade_table = quarantine.check(session.root, cfg.symbol, book_table, trade_table)
         feed = (
             None
             if cfg.latency_feed == "recorded"
             else _checked_latency(cfg.latency_feed, rng_feed, "latency_feed")
         )
-        tape = _Tape(book_table, trade_table, feed, cfg.scale_feed, cfg.exchange_feed, streamed)
+        tape = _Tape(book_table, trade_table, feed, cfg.scale_feed, cfg.exchange_feed, streamed, clock)
         n_books, n_trades = book_table.num_rows, trade_table.num_rows
         label_due = _label_due(tape, laya_latency)
         labels_walked = label_due is not None  # else Engine.on_book schedules each label on the clock
@@ -712,7 +850,7 @@ def _run_replay(
             start_ns, n_walk = int(ts[0]), len(ts)
         del label_due
     clock = ReplayClock(start_ns=start_ns)
-    if cfg.laya_features == "v1":
+    if features == "v1":
         assert isinstance(tape, _Tape) and book_table is not None and trade_table is not None
         labeler: Callable[[BookSnapshot], tuple[int, np.ndarray]] = _v1_labeler(
             laya, cfg.laya_mode, book_table, trade_table, tape, clock
@@ -729,7 +867,7 @@ def _run_replay(
         labeler = _tick_labeler(laya)
     del book_table, trade_table
 
-    run_dir = Path(out_dir) if out_dir is not None else session.root / "runs" / f"run-{cfg.sha256()[:12]}"
+    run_dir = _run_dir(session.root, cfg, out_dir)
     tmp = _start_run_dir(run_dir, overwrite)
     log = EventLog(tmp / "events")
     advisor, kev = _kev_backend(cfg, clock)
@@ -780,9 +918,13 @@ def _run_replay(
         elif streamed is not None:
             path = f"kernel (books streamed, {streamed.blocks_read} blocks; tape whole: {why_whole})"
         else:
-            path = "kernel"
-        return _finish(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path)
+            path = f"kernel (tape whole: {whole_tape})" if whole_tape else "kernel"
+        return _finish(
+            tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path, quarantine, tape, kev
+        )
     assert isinstance(tape, _Tape)
+    if bar is not None:  # a slow Kev (a real LLM) moves the bar per answer, not only per walk chunk
+        kev.on_answer = lambda: bar.update(int(np.searchsorted(ts, clock.t_ns, side="right")), kev.answers)
     books_in_flight: dict[int, BookSnapshot] = {}  # seen by the exchange, not yet by the engine
     trades_in_flight: dict[int, Trade] = {}
     # Labels drawn up front (label_due): received books waiting for their label's time.
@@ -823,11 +965,29 @@ def _run_replay(
                 else:
                     engine.on_trade(trades_in_flight.pop(i))
         clock.run_all()
+    except BaseException:
+        log.abandon()  # its writer thread stops before run_replay removes the directory
+        raise
     finally:
         kev.close()
         if bar is not None:
             bar.close()
-    return _finish(tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, f"python ({why})")
+    return _finish(
+        tmp,
+        run_dir,
+        log,
+        session,
+        cfg,
+        laya,
+        n_books,
+        n_trades,
+        advisor,
+        t0,
+        f"python ({why})",
+        quarantine,
+        tape,
+        kev,
+    )
 
 
 def _run_kernel(
@@ -888,6 +1048,9 @@ def _finish(
     advisor: Any,
     t0: float,
     path: str,
+    quarantine: _Quarantine,
+    tape: _Tape | StreamedTape,
+    kev: SimKevBackend,
 ) -> RunResult:
     """Write the event log's last rows, the manifest and runtime.json; rename the run into place."""
     wall = time.perf_counter() - t0
@@ -895,13 +1058,22 @@ def _finish(
         "mode": cfg.kev_mode,
         "name": advisor.name,
         "deterministic": bool(getattr(advisor, "deterministic", True)),
-        **{k: getattr(advisor, k) for k in ("hits", "misses", "live_calls") if hasattr(advisor, k)},
+        **{k: getattr(advisor, k) for k in _ADVISOR_COUNTS if hasattr(advisor, k)},
+        "lag": _kev_lag_info(cfg),
     }
     files = log.write()
+    files.update(quarantine.write(tmp / "events"))
+    if cfg.kev_mode == "llm" and cfg.kev_lag_source == "measured":  # every answer's time, late ones too
+        lat = kev.recorded.write(tmp)
+        files[lat.name] = {"rows": len(kev.recorded), "sha256": sha256_file(lat)}
+    advisor_info["health"] = run_health(tmp / "events", cfg.kev_timeout_ms, kev.recorded.dur)
     info = laya.describe()
+    in_sample = _in_sample(laya, session)
+    feed = _feed_info(cfg, session.manifest, tape.clamped)
     manifest = {
         "run_schema_version": RUN_SCHEMA_VERSION,
         "digest": log.digest,
+        "decision_digest": log.decision_digest,  # the digest without wall-time columns
         "session": {
             "path": str(session.root.resolve()),
             "digest": session.digest(),
@@ -913,11 +1085,14 @@ def _finish(
             "sha256": info["model_sha256"],
             "feature_version": info["feature_version"],
         },
+        "in_sample": in_sample,
+        "feed": feed,
         "seeds": {"replay": cfg.seed, "kev_lag": [cfg.seed, 1]},
         "config": cfg.to_json(),
         "config_sha256": cfg.sha256(),
         "advisor": advisor_info,
         "counts": log.counts(),
+        "quarantine": quarantine.counts,
         "files": files,
     }
     write_json(tmp / "manifest.json", manifest)
@@ -935,36 +1110,159 @@ def _finish(
         },
     )
     return RunResult(
-        run_dir, log.digest, log.counts(), n_books, n_trades, wall, laya.describe(), advisor_info, path
+        run_dir,
+        log.digest,
+        log.counts(),
+        n_books,
+        n_trades,
+        wall,
+        laya.describe(),
+        advisor_info,
+        path,
+        quarantine.counts,
+        log.decision_digest,
+        in_sample,
+        feed,
+        _warnings(in_sample, feed, session.manifest, Path(cfg.model_path).name),
     )
+
+
+def _in_sample(laya: Laya, session: Any) -> dict[str, Any]:
+    """Whether the model was trained on this session: by session digest (``dualhub train``), or by
+    simulator seed, symbol and length (``replay.make_default_model``)."""
+    trained = training_sessions(laya.metadata)
+    digest, sim = session.digest(), session.manifest.get("simulator") or {}
+
+    def same(e: dict[str, Any]) -> bool:
+        if "simulator_seed" in e:
+            return bool(sim) and (e["simulator_seed"], e["symbol"], e["minutes"]) == (
+                sim.get("seed"),
+                sim.get("symbol"),
+                sim.get("minutes"),
+            )
+        return e.get("session_digest") == digest
+
+    return {"in_sample": any(same(e) for e in trained), "training_sessions": trained}
+
+
+def _feed_info(cfg: ReplayConfig, manifest: dict[str, Any], clamped: dict[str, int]) -> dict[str, Any]:
+    """The run manifest's ``feed``: how exchange time and local time were put together."""
+    clock = FeedClock.of_session(manifest)
+    return {
+        "exchange_feed": cfg.exchange_feed,
+        "latency": cfg.latency_feed,
+        "scale": cfg.scale_feed,
+        "clock_offset_ns": clock.offset_ns,
+        "clock_offset_source": "session manifest 'clock'" if "clock" in manifest else "none: one clock",
+        "min_latency_ns": clock.floor_ns,
+        "clamped": clamped,
+        "rule": "the exchange sees a row when the engine does (ts_recv, as a paper exchange)"
+        if cfg.exchange_feed == "local"
+        else "the exchange sees a row at ts_event + clock_offset_ns (on the local clock), the engine at "
+        + ("ts_recv" if cfg.latency_feed == "recorded" else "that time + the modelled latency")
+        + "; a feed latency below min_latency_ns is raised to it (clamped rows)",
+    }
+
+
+def _warnings(
+    in_sample: dict[str, Any], feed: dict[str, Any], manifest: dict[str, Any], model: str
+) -> tuple[str, ...]:
+    out = []
+    if in_sample["in_sample"]:
+        out.append(
+            f"IN-SAMPLE run: model {model} was trained on this session; its results say nothing "
+            "about how it does on data it has not seen"
+        )
+    off = feed["clock_offset_ns"]
+    if abs(off) > CLOCK_WARN_NS:
+        n = sum(feed["clamped"].values())
+        out.append(
+            f"session clocks disagree: local - exchange = {off / 1e6:+.1f} ms; the exchange sees market "
+            f"data at its event time put on the local clock, {feed['min_latency_ns'] / 1e6:g} ms or more "
+            f"before the engine ({n} rows raised to that floor)"
+        )
+    elif "clock" not in manifest:
+        median = ((manifest.get("import") or {}).get("local_minus_exchange_ms") or {}).get("median")
+        if isinstance(median, int | float) and abs(median) * 1e6 > CLOCK_WARN_NS:
+            out.append(
+                f"session clocks disagree (local - exchange median {median:+.1f} ms at import) but the "
+                "session has no clock estimate: the exchange sees market data when the engine does; "
+                "re-import it to replay with a feed latency"
+            )
+    return tuple(out)
+
+
+def _run_dir(session_dir: Path | str, cfg: ReplayConfig, out_dir: Path | str | None) -> Path:
+    """``out_dir``, or ``SESSION/runs/run-<hash>`` of the config and the model's content (a model
+    retrained into the same file is another run)."""
+    if out_dir is not None:
+        return Path(out_dir)
+    try:
+        model = sha256_file(Path(cfg.model_path))
+    except OSError:  # Laya says what is wrong with it, before anything is written
+        model = ""
+    key = hashlib.sha256(f"{cfg.sha256()}\t{model}".encode()).hexdigest()
+    return Path(session_dir) / "runs" / f"run-{key[:12]}"
+
+
+def _tmp_dir(run_dir: Path) -> Path:
+    return run_dir.with_name(run_dir.name + ".tmp")
+
+
+def _is_run(path: Path) -> bool:
+    try:
+        return "run_schema_version" in orjson.loads((path / "manifest.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError, TypeError):
+        return False
+
+
+def _check_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """Refuse a run directory that cannot be written or must not be replaced, before any work."""
+    check_output_path(run_dir, directory=True)
+    if run_dir.exists():
+        if not overwrite:
+            raise DualhubError(f"{run_dir} exists; pass --overwrite (or another --out) to replace it")
+        if any(run_dir.iterdir()) and not _is_run(run_dir):  # --overwrite deletes it: runs only
+            raise DualhubError(f"{run_dir} is not a run directory; --overwrite replaces only a previous run")
 
 
 def _start_run_dir(run_dir: Path, overwrite: bool) -> Path:
     """The run is written into ``<run>.tmp`` and renamed at the end: a half-written run never looks
     finished."""
-    if run_dir.exists() and not overwrite:
-        raise DualhubError(f"{run_dir} exists; pass --overwrite (or another --out) to replace it")
-    tmp = run_dir.with_name(run_dir.name + ".tmp")
+    _check_run_dir(run_dir, overwrite)
+    tmp = _tmp_dir(run_dir)
+    if tmp.is_symlink() or tmp.is_file():
+        tmp.unlink()
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "events").mkdir(parents=True)
     return tmp
 
 
 def _progress(enabled: bool, total: int) -> Any:
+    """A progress bar over the walk's ``total`` entries (None when not ``enabled``): ``update(n)`` per
+    walk chunk, ``update(n, kev)`` per Kev answer (the walk position then, and the answers so far)."""
     if not enabled:
         return None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     class _Bar:
         def __init__(self) -> None:
             self.p = Progress(
-                "[bold]replay", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True
+                "[bold]replay",
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[kev]}"),
+                TimeRemainingColumn(),
+                transient=True,
             )
             self.p.start()
-            self.task = self.p.add_task("replay", total=total)
+            self.task = self.p.add_task("replay", total=total, kev="")
 
-        def update(self, n: int) -> None:
-            self.p.update(self.task, completed=n)
+        def update(self, n: int, kev: int | None = None) -> None:
+            if kev is None:
+                self.p.update(self.task, completed=n)
+            else:
+                self.p.update(self.task, completed=n, kev=f"Kev {kev}")
 
         def close(self) -> None:
             self.p.update(self.task, completed=total)

@@ -477,6 +477,7 @@ class KernelRun:
                 pa.array(ints[:, 1].copy()),
                 pa.array(ok),
                 pa.array(["" if g else self.timeout_text for g in ok.tolist()], pa.string()),
+                pa.array(["" if g else "timeout" for g in ok.tolist()], pa.string()),  # failure
                 pa.array(ints[:, 3].copy()),
                 pa.array([self.advisor.name], pa.string()).take(zero_i),
                 pa.array(keys, pa.string()),

@@ -833,7 +833,7 @@ def _check_new(
     """engine.risk.check for a new order; returns the reason code (R_OK when accepted)."""
     if not (qty > 0 and math.isfinite(qty)) or (otype == LIMIT and not (px > 0 and math.isfinite(px))):
         return R_BAD_ORDER
-    if S[S_KILL] != 0:
+    if S[S_KILL] != 0 and not (reduce_only and source == SRC_FLATTEN):
         return R_KILL
     if source == SRC_KEV and age > C[C_MAX_ADVICE_AGE]:
         return R_STALE_ADVICE

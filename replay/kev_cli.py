@@ -1,30 +1,43 @@
 """``dualhub kev ...``: fit Kev's lag from recorded runs, benchmark a real llama-server.
 
-``dualhub kev fit-lag SESSIONS_OR_RUNS... [--out lag.json]`` reads ``events/kev_response.parquet``
-and ``events/kev_request.parquet`` of each run (a session directory means all of its ``runs/*``),
-separates queue wait from service time and writes the fitted distribution.
+``dualhub kev fit-lag SESSIONS_OR_RUNS... [--out lag.json]`` fits the answer times a run measured,
+separating queue wait (``kev_request.queue_wait_ns``) from service time, and writes the distribution.
+A live run's and an LLM replay's answer times are the ones in ``latency_recorded.parquet`` (every
+answer, late ones included: an answer after the engine's timeout took that long all the same, where
+``kev_response`` only says "timeout"). A replay whose lags were drawn from a model (sim mode, llm mode
+with ``--kev-lag model``) or copied from a cassette measured nothing and is refused; a session
+directory means its measured ``runs/*``. A run without a manifest is fitted from ``kev_response``.
 
 ``dualhub kev bench [--url URL] [-n 20] [--out bench.json]`` makes N real calls against a running
-llama-server (or starts one from the LLM venv) and prints p50/p90/p99.
+llama-server (or starts one from the LLM venv), prints p50/p90/p99 and the ``--kev-timeout-ms`` it
+recommends (:func:`engine.kev.health.recommend_timeout_ms`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engine.errors import DualhubError
+from engine.errors import DualhubError, check_output_path
 from engine.kev.advisor import KevContext
+from engine.kev.cassette import CASSETTE_FILE, Cassette
 from engine.kev.command import validate_command
+from engine.kev.failures import classify
+from engine.kev.health import RECOMMEND_FACTOR, recommend_timeout_ms
 from engine.kev.lag import fit_lag, summarize_ns
+from engine.recorded_latency import RECORDED_FILE
 from engine.store import write_json
+from engine.urls import check_url, redact
 
 RESPONSE_FILE = Path("events") / "kev_response.parquet"
 REQUEST_FILE = Path("events") / "kev_request.parquet"
@@ -49,46 +62,136 @@ def find_runs(path: Path) -> list[Path]:
     return runs
 
 
+def modelled(run: Path) -> str:
+    """Why ``run``'s Kev lags were not measured ("" when they were, or when it has no manifest)."""
+    try:
+        manifest = orjson.loads((run / "manifest.json").read_bytes())
+    except FileNotFoundError:
+        return ""
+    except (OSError, orjson.JSONDecodeError) as e:
+        raise DualhubError(f"cannot read {run / 'manifest.json'}: {e}") from None
+    cfg = manifest.get("config") or {}
+    if manifest.get("kind") == "live":
+        return ""
+    mode = cfg.get("kev_mode", "sim")
+    if mode == "llm" and cfg.get("kev_lag_source") == "measured":
+        return ""
+    if mode == "cassette":
+        return "its Kev lags were copied from a cassette (fit the run it was recorded from)"
+    model = f"empirical {cfg['kev_lag_fit']}" if cfg.get("kev_lag_fit") else "lognormal"
+    return f"its Kev lags were drawn from a lag model (kev_mode {mode}, {model})"
+
+
 def load_lags(run: Path, *, include_errors: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
-    """``(lag_ns, queue_wait_ns, unmatched)`` of one run; responses without a request get wait 0."""
+    """``(lag_ns, queue_wait_ns, unmatched)`` of one run from ``kev_response``; responses without a
+    request get wait 0."""
     resp = pq.read_table(run / RESPONSE_FILE, columns=["request_id", "ok", "lag_ns"])
     ids = resp.column("request_id").to_numpy()
     ok = resp.column("ok").to_numpy(zero_copy_only=False).astype(bool)
     lag = resp.column("lag_ns").to_numpy()
     if not include_errors:
         ids, lag = ids[ok], lag[ok]
-    wait_by_id: dict[int, int] = {}
-    if (run / REQUEST_FILE).exists():
-        req = pq.read_table(run / REQUEST_FILE, columns=["request_id", "queue_wait_ns"])
-        wait_by_id = dict(
-            zip(req.column("request_id").to_pylist(), req.column("queue_wait_ns").to_pylist(), strict=True)
-        )
-    wait = np.array([wait_by_id.get(int(i), -1) for i in ids], dtype=np.int64)
+    waits = _waits(run)
+    wait = np.array([waits.get(int(i), (0, -1))[1] for i in ids], dtype=np.int64)
     unmatched = int(np.count_nonzero(wait < 0))
     wait[wait < 0] = 0
     return lag.astype(np.int64), wait, unmatched
 
 
+def _waits(run: Path) -> dict[int, tuple[int, int]]:
+    """request id -> (pick-up time, queue wait) from ``kev_request``."""
+    if not (run / REQUEST_FILE).exists():
+        return {}
+    req = pq.read_table(run / REQUEST_FILE, columns=["request_id", "ts_recv", "queue_wait_ns"])
+    cols = (req.column(c).to_pylist() for c in ("request_id", "ts_recv", "queue_wait_ns"))
+    return {rid: (ts, w) for rid, ts, w in zip(*cols, strict=True)}
+
+
+def load_recorded(run: Path, *, include_errors: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """``(lag_ns, queue_wait_ns, unmatched, late)`` of one run from its recorded answer times
+    (``latency_recorded.parquet``, kind ``kev``, keyed by pick-up time): every answer, ``late`` of them
+    after the engine's timeout. Whether an answer was an error comes from its ``kev_response`` or, for
+    a late one, the run's cassette (a live run has one); answers never given (the run stopped first)
+    are left out."""
+    path = run / RECORDED_FILE
+    if not path.exists():
+        raise DualhubError(f"{run} has no {RECORDED_FILE}: its Kev answer times were not recorded")
+    rec = pq.read_table(path)
+    rec = rec.filter(pc.equal(rec.column("kind"), "kev"))
+    by_pickup: dict[int, list[tuple[int, int]]] = {}
+    for rid, (ts, w) in sorted(_waits(run).items()):
+        by_pickup.setdefault(ts, []).append((rid, w))
+    resp = pq.read_table(run / RESPONSE_FILE, columns=["request_id", "error"]).to_pylist()
+    timed_out = {r["request_id"] for r in resp if classify(r["error"]) == "timeout"}
+    error = {r["request_id"]: r["error"] for r in resp if r["request_id"] not in timed_out}
+    if (run / CASSETTE_FILE).exists():
+        for entries in Cassette.read(run / CASSETTE_FILE).entries.values():
+            for e in entries:
+                error.setdefault(e.request_id, e.error)
+    lags, waits = [], []
+    unmatched = late = 0
+    for ts, dur in zip(rec.column("ts_ns").to_pylist(), rec.column("dur_ns").to_pylist(), strict=True):
+        queue = by_pickup.get(ts)
+        rid, wait = queue.pop(0) if queue else (-1, 0)
+        unmatched += rid < 0
+        err = error.get(rid, "")
+        if err.startswith("no answer") or (err and not include_errors):
+            continue
+        late += rid in timed_out
+        lags.append(dur)
+        waits.append(wait)
+    return np.array(lags, dtype=np.int64), np.array(waits, dtype=np.int64), unmatched, late
+
+
 def fit_runs(
-    paths: list[Path], *, include_errors: bool = False, lag_includes_queue: bool = False
+    paths: list[Path],
+    *,
+    include_errors: bool = False,
+    lag_includes_queue: bool = False,
+    allow_modelled: bool = False,
 ) -> dict[str, Any]:
-    runs = [r for p in paths for r in find_runs(p)]
-    lags, waits, unmatched = [], [], 0
+    """Fit the measured Kev lags of ``paths`` (runs, or sessions: their measured runs). A run named
+    directly whose lags were modelled is refused (``allow_modelled`` fits its ``kev_response`` lags
+    anyway: the model's draws back, for tests)."""
+    runs, skipped = [], []
+    for p in paths:
+        found = find_runs(p)
+        for run in found:
+            why = "" if allow_modelled else modelled(run)
+            if not why:
+                runs.append(run)
+            elif len(found) == 1 and run == p:
+                raise DualhubError(f"{run}: {why}; fit-lag fits measured lags (live runs, LLM replays)")
+            else:
+                skipped.append(f"{run.name} ({why})")
+    if not runs:
+        raise DualhubError(f"no run with measured Kev lags in {', '.join(map(str, paths))}")
+    lags, waits, unmatched, late, sources = [], [], 0, 0, []
     for run in runs:
-        lag, wait, um = load_lags(run, include_errors=include_errors)
+        if (run / RECORDED_FILE).exists() and not modelled(run):
+            lag, wait, um, n_late = load_recorded(run, include_errors=include_errors)
+            late += n_late
+            sources.append(RECORDED_FILE)
+        else:
+            lag, wait, um = load_lags(run, include_errors=include_errors)
+            sources.append(str(RESPONSE_FILE))
         lags.append(lag)
         waits.append(wait)
         unmatched += um
-    lag_all = np.concatenate(lags) if lags else np.zeros(0, dtype=np.int64)
+    lag_all = np.concatenate(lags)
     if lag_all.size == 0:
-        what = "responses" if include_errors else "ok responses (try --include-errors)"
+        what = "answers" if include_errors else "answers that were not errors (try --include-errors)"
         raise DualhubError(f"no Kev {what} in {', '.join(map(str, runs))}")
     return {
         "kind": "dualhub.kev_lag",
         "version": 1,
         "runs": [str(r) for r in runs],
+        "sources": sources,
+        "skipped": skipped,
         "include_errors": include_errors,
         "unmatched_requests": unmatched,
+        "late_answers": late,
+        "recommended_timeout_ms": recommend_timeout_ms(lag_all),
         "fit": fit_lag(lag_all, np.concatenate(waits), lag_includes_queue=lag_includes_queue),
     }
 
@@ -112,7 +215,13 @@ def cmd_fit_lag(args: argparse.Namespace) -> int:
         lag_includes_queue=args.lag_includes_queue,
     )
     print(lag_table(result["fit"]))
-    print(f"queue share {result['fit']['queue_share']:.1%}; {len(result['runs'])} run(s)")
+    print(
+        f"queue share {result['fit']['queue_share']:.1%}; {len(result['runs'])} run(s); "
+        f"{result['late_answers']} answers came after the engine's timeout (included)"
+    )
+    print(f"recommended --kev-timeout-ms {result['recommended_timeout_ms']}")
+    for skipped in result["skipped"]:
+        print(f"skipped {skipped}")
     if result["unmatched_requests"]:
         print(f"warning: {result['unmatched_requests']} responses had no kev_request (queue wait taken as 0)")
     if result["fit"]["negative_service"]:
@@ -155,8 +264,21 @@ def bench_contexts(n: int, seed: int = 0) -> list[KevContext]:
     return out
 
 
+def _why(e: BaseException) -> str:
+    """``Type: message``, plus the system error underneath (e.g. ``Connection refused``) when there is one."""
+    text = f"{type(e).__name__}: {e}"
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno:
+            return f"{text} ({os.strerror(cause.errno)})"
+        cause = cause.__cause__ or cause.__context__
+    return text
+
+
 async def run_bench(url: str, n: int, *, warmup: int = 1, timeout_s: float = 60.0) -> dict[str, Any]:
     """``n`` sequential real calls (after ``warmup`` unmeasured ones); latency percentiles in ms."""
+    import httpx
+
     from engine.kev.llama import LlamaAdvisor, LlamaConfig
 
     cfg = LlamaConfig(base_url=url, timeout_s=timeout_s, retries=0, breaker_failures=1_000_000)
@@ -164,6 +286,10 @@ async def run_bench(url: str, n: int, *, warmup: int = 1, timeout_s: float = 60.
     ok = valid = 0
     errors: list[str] = []
     async with LlamaAdvisor(cfg) as kev:
+        try:  # reachable at all? One line naming the URL, not N failed calls and a traceback
+            props = await kev.props()
+        except httpx.HTTPError as e:
+            raise DualhubError(f"cannot reach llama-server at {redact(url)}: {_why(e)}") from None
         for ctx in bench_contexts(warmup, seed=1):
             await kev.advise(ctx)
         for ctx in bench_contexts(n):
@@ -180,7 +306,6 @@ async def run_bench(url: str, n: int, *, warmup: int = 1, timeout_s: float = 60.
             predicted_ms.append(t.get("predicted_ms", 0.0))
             ptok.append(t.get("prompt_tokens", 0.0))
             ctok.append(t.get("completion_tokens", 0.0))
-        props = await kev.props()
 
     def pct(values: list[float], scale: float = 1.0) -> dict[str, float]:
         if not values:
@@ -207,6 +332,7 @@ async def run_bench(url: str, n: int, *, warmup: int = 1, timeout_s: float = 60.
         "prompt_tokens": pct(ptok),
         "completion_tokens": pct(ctok),
         "wall_ns_summary": summarize_ns(walls) if walls else {},
+        "recommended_kev_timeout_ms": recommend_timeout_ms(walls),
     }
 
 
@@ -226,7 +352,10 @@ def bench_table(result: dict[str, Any]) -> str:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise DualhubError("-n must be at least 1")
+    if args.out:
+        check_output_path(args.out, directory=False)
     if args.url:
+        check_url(args.url, "--url")
         result = asyncio.run(run_bench(args.url, args.n, warmup=args.warmup))
     else:
         from engine.kev.server import LlamaServer
@@ -235,6 +364,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"started {srv} in {srv.startup_s:.2f} s", file=sys.stderr)
             result = asyncio.run(run_bench(srv.url, args.n, warmup=args.warmup))
     print(bench_table(result))
+    recommended = result["recommended_kev_timeout_ms"]
+    if recommended is not None:
+        print(f"recommended --kev-timeout-ms {recommended} (p99 wall x {RECOMMEND_FACTOR:g})")
     if args.out:
         write_json(Path(args.out), result)
         print(f"wrote {args.out}")

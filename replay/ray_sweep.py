@@ -64,6 +64,7 @@ from replay.sweep import (
     SweepSummary,
     code_version,
     find_sessions,
+    loss_stop_note,
     param_column,
     param_hash,
     param_json,
@@ -547,7 +548,10 @@ def ray_sweep(
                 ray.shutdown()
     if not out_loc.exists():  # nothing ran (everything skipped): still a table to read
         write()
-    return SweepSummary(out=out_loc.text, ran=ran, skipped=skipped, failed=failed, rows=len(rows))
+    notes = tuple(n for n in (loss_stop_note(list(rows.values())),) if n)
+    return SweepSummary(
+        out=out_loc.text, ran=ran, skipped=skipped, failed=failed, rows=len(rows), notes=notes
+    )
 
 
 class _Progress:

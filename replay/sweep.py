@@ -353,6 +353,8 @@ RESULT_SCHEMA: Final = pa.schema(
         ("position", pa.float64()),
         ("fees_usdt", pa.decimal128(18, 4)),
         ("pnl_usdt", pa.decimal128(18, 4)),
+        ("max_drawdown_usdt", pa.float64()),
+        ("loss_stop_at_frac", pa.float64()),  # share of the run after the loss stop hit; NULL: never hit
         ("wall_s", pa.float64()),
         ("peak_rss_mb", pa.float64()),
         ("peak_rss_scope", pa.string()),  # "process": peak so far of the process; "task": of this run
@@ -384,6 +386,9 @@ def run_stats(run_dir: Path | str) -> dict[str, Any]:
         rel = con.sql(pnl_sql)
         pnl = dict(zip(rel.columns, rel.fetchall()[0], strict=True))
         out.update(position=float(pnl["position"]), fees_usdt=pnl["fees_usdt"], pnl_usdt=pnl["pnl_usdt"])
+        ((out["max_drawdown_usdt"], out["loss_stop_at_frac"]),) = con.sql(
+            "SELECT (SELECT min(drawdown) FROM equity), (SELECT after_frac FROM loss_stop)"
+        ).fetchall()
         return out
     finally:
         con.close()
@@ -502,6 +507,29 @@ def _session_digest(session: Path | str) -> str:
         return ""  # unreadable: its runs fail in run_one and become error rows
 
 
+LOSS_STOP_DOMINATES: Final = 0.5  # stopped with more than half the run left, in at least half the runs
+
+
+def loss_stop_note(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A line on how the loss stop shaped the sweep ("" when it never hit): a comparison where most runs
+    stopped in their first half compares where the stop hit, not the parameters."""
+    done = [r for r in rows if not r.get("error")]
+    fracs = [r["loss_stop_at_frac"] for r in done if r.get("loss_stop_at_frac") is not None]
+    if not fracs:
+        return ""
+    early = sum(f > LOSS_STOP_DOMINATES for f in fracs)
+    line = (
+        f"loss stop hit in {len(fracs)} of {len(done)} runs, {early} of them in their first half "
+        f"(median {100 * sorted(fracs)[len(fracs) // 2]:.0f}% of the run after the stop)"
+    )
+    if early >= LOSS_STOP_DOMINATES * len(done):
+        line += (
+            "; THE LOSS STOP DOMINATED: these runs compare where the stop hit, not the parameters "
+            "(raise risk.daily_loss_stop_usd to compare them whole)"
+        )
+    return line
+
+
 @dataclass(frozen=True)
 class SweepSummary:
     out: Path | str  # a path, or a filesystem URL (Ray sweeps)
@@ -509,6 +537,7 @@ class SweepSummary:
     skipped: int
     failed: int
     rows: int
+    notes: tuple[str, ...] = ()  # lines for the user (e.g. :func:`loss_stop_note`)
 
 
 def sweep(
@@ -566,7 +595,8 @@ def sweep(
             bar.close()
     if not out.exists():  # everything skipped and nothing to rewrite, or an empty grid
         atomic_write_parquet(results_table(rows), out)
-    return SweepSummary(out=out, ran=ran, skipped=skipped, failed=failed, rows=len(rows))
+    notes = tuple(n for n in (loss_stop_note(rows),) if n)
+    return SweepSummary(out=out, ran=ran, skipped=skipped, failed=failed, rows=len(rows), notes=notes)
 
 
 class _Progress:

@@ -23,16 +23,21 @@ either way (``tests/test_replay_kernel.py``).
 from __future__ import annotations
 
 import mmap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Final
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from engine.events import STREAMS
 from engine.latency import ConstantLatency, LatencyModel, ScaledLatency
+from engine.store import SeqOrderError, SessionError, open_parquet
+from engine.validate import REASONS, side_codes, time_codes, trade_codes
 from replay.batch_latency import sample_many
-from replay.book_source import BLOCK, StreamedBooks, one_symbol
+from replay.book_source import BLOCK, InvalidRows, StreamedBooks, one_symbol, read_group
+
+__all__ = ["ONE_CLOCK", "FeedClock", "InvalidRows", "StreamedTape", "TapeDisorder", "side_codes"]
 from replay.walk import StreamedWalk, WalkStream
 
 _PAGE = mmap.PAGESIZE
@@ -41,18 +46,50 @@ _PAGE = mmap.PAGESIZE
 RELEASE_MARGIN = BLOCK
 
 
-def side_codes(side: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Aggressor side per trade: 0 buy, 1 sell, -1 anything else (the kernel's codes)."""
-    buy = pc.fill_null(pc.equal(side, "buy"), False).to_numpy(zero_copy_only=False)
-    sell = pc.fill_null(pc.equal(side, "sell"), False).to_numpy(zero_copy_only=False)
-    return np.where(buy, 0, np.where(sell, 1, -1)).astype(np.int64)
+@dataclass(frozen=True, slots=True)
+class FeedClock:
+    """Where a session's exchange times sit on its local clock.
+
+    ``offset_ns``: local clock minus exchange clock, estimated at import (the session manifest's
+    ``clock``, e.g. ``recorder.importers.binance``). ``floor_ns``: the least feed latency a row may
+    have (exchange -> local). A session without an estimate has both 0: its clocks are taken as one."""
+
+    offset_ns: int = 0
+    floor_ns: int = 0
+
+    @classmethod
+    def of_session(cls, manifest: dict[str, Any]) -> FeedClock:
+        c = manifest.get("clock")
+        if c is None:
+            return cls()
+        try:
+            offset, floor = c["local_minus_exchange_ns"], c["min_feed_latency_ns"]
+            if type(offset) is not int or type(floor) is not int or floor < 0:
+                raise TypeError
+        except (KeyError, TypeError):
+            raise SessionError(
+                f"session manifest 'clock' must hold integer local_minus_exchange_ns and "
+                f"min_feed_latency_ns >= 0, not {c!r:.200}"
+            ) from None
+        return cls(offset, floor)
 
 
-def exchange_times(evt: np.ndarray, loc: np.ndarray, exchange_feed: str) -> np.ndarray:
-    """When the simulated exchange sees each row: its event time, never after the engine receives it
-    (local clocks can run behind the exchange's), or the arrival itself with ``exchange_feed='local'``
-    (a paper exchange sees the market when the engine does)."""
-    return loc if exchange_feed == "local" else np.minimum(evt, loc)
+ONE_CLOCK: Final = FeedClock()  # a session without a clock estimate
+
+
+def exchange_times(
+    evt: np.ndarray, loc: np.ndarray, exchange_feed: str, clock: FeedClock = ONE_CLOCK
+) -> tuple[np.ndarray, int]:
+    """When the simulated exchange sees each row, on the local clock, and how many rows were moved.
+
+    ``exchange_feed='event'``: at its event time put on the local clock (``ts_event + offset_ns``),
+    but at least ``floor_ns`` before the engine receives it: a feed latency below the floor (negative,
+    where the clocks disagree) is raised to it, and those rows are counted. ``'local'``: at the arrival
+    itself (a paper exchange sees the market when the engine does)."""
+    if exchange_feed == "local":
+        return loc, 0
+    seen, latest = evt + clock.offset_ns, loc - clock.floor_ns
+    return np.minimum(seen, latest), int(np.count_nonzero(seen > latest))
 
 
 class TapeDisorder(RuntimeError):
@@ -98,13 +135,20 @@ def constant_ns(model: LatencyModel) -> int | None:
     return None
 
 
-def _rows(files: list[Path]) -> list[tuple[pq.ParquetFile, int, int]]:
+def _rows(files: list[Path]) -> list[tuple[pq.ParquetFile, int, int, Path]]:
     out = []
     for f in files:
-        pf = pq.ParquetFile(f)
+        pf = open_parquet(f, STREAMS["trade"].schema)
         for g in range(pf.metadata.num_row_groups):
-            out.append((pf, g, pf.metadata.row_group(g).num_rows))
+            out.append((pf, g, pf.metadata.row_group(g).num_rows, f))
     return out
+
+
+def _refuse(what: str, codes: np.ndarray, first_row: int) -> None:
+    """Rows that fail validation: the run starts over on whole tables, which drop and report them."""
+    if codes.any():
+        i = int(np.flatnonzero(codes)[0])
+        raise InvalidRows(f"{what} row {first_row + i} is invalid ({REASONS[codes[i]]})")
 
 
 class _Order:
@@ -136,16 +180,19 @@ class StreamedTape:
         exchange_feed: str,
         laya_latency_ns: int,
         priorities: tuple[int, int, int, int],
+        clock: FeedClock = ONE_CLOCK,
     ) -> None:
         self.symbol = symbol
         self._books = books
         self._exchange_feed = exchange_feed
+        self._clock = clock
+        self.clamped = {"books15": 0, "trade": 0}  # rows whose feed latency was raised to the floor
         self._laya_ns = laya_latency_ns
         self._prio = priorities
         # the books' row groups as StreamedBooks found them (no second read of the footers)
-        self._bgroups = [(pf, g, n) for pf, g, _, n in books.groups]
+        self._bgroups = [(pf, g, n, path) for pf, g, _, n, path in books.groups]
         self._tgroups = _rows(trade_files)
-        nb, nt = books.num_rows, sum(n for _, _, n in self._tgroups)
+        nb, nt = books.num_rows, sum(n for _, _, n, _ in self._tgroups)
         self.n_books, self.n_trades = nb, nt
         vb = [VirtualRows(nb, np.int64) for _ in range(6)]
         self.b_evt, self.b_seq, self.b_loc, self.b_exch, self.label_due, self.rank = (v.array for v in vb)
@@ -159,6 +206,7 @@ class StreamedTape:
         self._order = [_Order("books by exchange time"), _Order("books by arrival"), _Order("labels")]
         self._t_order = _Order("trades by exchange time")
         self._seq_last: int | None = None
+        self._recv_last: list[int | None] = [None, None]  # latest ts_recv of the books, the trades
 
     # -- what the kernel run reads ------------------------------------------------------------
 
@@ -193,20 +241,27 @@ class StreamedTape:
             self._fill_trades()
 
     def _fill_books(self) -> None:
-        pf, g, n = self._bgroups[self._bg]
+        pf, g, n, path = self._bgroups[self._bg]
         self._bg += 1
-        t = pf.read_row_group(g, columns=["ts_event", "ts_recv", "seq"], use_threads=False)
+        t = read_group(path, pf, g, ["ts_event", "ts_recv", "seq"])
         lo, hi = self.b_filled, self.b_filled + n
         evt = t.column("ts_event").to_numpy().astype(np.int64, copy=False)
         loc = t.column("ts_recv").to_numpy().astype(np.int64, copy=False)
         seq = t.column("seq").to_numpy().astype(np.int64, copy=False)
         # as _BatchLabeler checks a whole stream
-        if not bool(np.all(np.diff(seq) > 0)) or (
-            self._seq_last is not None and int(seq[0]) <= self._seq_last
+        if n and (
+            not bool(np.all(np.diff(seq) > 0))
+            or (self._seq_last is not None and int(seq[0]) <= self._seq_last)
         ):
-            raise ValueError("book seqs must be strictly increasing within a session stream")
-        self._seq_last = int(seq[-1])
-        exch = exchange_times(evt, loc, self._exchange_feed)
+            raise SeqOrderError(f"{path}: book seqs must be strictly increasing (a seq repeats or goes back)")
+        # a row that arrives before an earlier one: kept from the engine on whole tables, not sorted
+        _refuse(
+            "books by arrival is not in (ts, seq) order: books15", time_codes(loc, self._recv_last[0]), lo
+        )
+        if n:
+            self._seq_last, self._recv_last[0] = int(seq[-1]), int(loc.max())
+        exch, clamped = exchange_times(evt, loc, self._exchange_feed, self._clock)
+        self.clamped["books15"] += clamped
         due = loc + self._laya_ns
         rank = np.arange(lo, hi, dtype=np.int64)
         self._order[0].check(exch, seq)
@@ -217,21 +272,25 @@ class StreamedTape:
         self.b_filled = hi
 
     def _fill_trades(self) -> None:
-        pf, g, n = self._tgroups[self._tg]
+        pf, g, n, path = self._tgroups[self._tg]
         self._tg += 1
-        t = pf.read_row_group(
-            g, columns=["ts_event", "ts_recv", "seq", "px", "sz", "side"], use_threads=False
-        )
+        t = read_group(path, pf, g, ["ts_event", "ts_recv", "seq", "px", "sz", "side"])
         lo, hi = self.t_filled, self.t_filled + n
         evt = t.column("ts_event").to_numpy().astype(np.int64, copy=False)
         loc = t.column("ts_recv").to_numpy().astype(np.int64, copy=False)
         seq = t.column("seq").to_numpy().astype(np.int64, copy=False)
-        exch = exchange_times(evt, loc, self._exchange_feed)
+        side = side_codes(t.column("side"))
+        px = t.column("px").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+        sz = t.column("sz").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+        _refuse("trade", trade_codes(px, sz, side), lo)
+        _refuse("trade", time_codes(loc, self._recv_last[1]), lo)
+        if n:
+            self._recv_last[1] = int(loc.max())
+        exch, clamped = exchange_times(evt, loc, self._exchange_feed, self._clock)
+        self.clamped["trade"] += clamped
         self._t_order.check(exch, seq)
         self.t_seq[lo:hi], self.t_exch[lo:hi] = seq, exch
-        self.t_side[lo:hi] = side_codes(t.column("side"))
-        self.t_px[lo:hi] = t.column("px").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-        self.t_sz[lo:hi] = t.column("sz").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+        self.t_side[lo:hi], self.t_px[lo:hi], self.t_sz[lo:hi] = side, px, sz
         self.t_filled = hi
 
     def release(self, book_row: int, trade_row: int) -> None:

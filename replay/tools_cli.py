@@ -1,12 +1,19 @@
-"""Subcommands ``diff`` (first divergence between two runs) and ``sweep`` (what-if grids)."""
+"""Subcommands ``diff`` (first divergence between two runs), ``sweep`` (what-if grids) and ``sql``
+(DuckDB over a run through the views in ``engine/report/views.sql``)."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from engine.errors import DualhubError
+from engine.errors import DualhubError, check_output_path
+
+if TYPE_CHECKING:
+    import duckdb
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -67,7 +74,38 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--max-retries", type=int, default=1, help="retries of a run whose worker or node died (default 1)"
     )
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="also plot the results: metrics by the swept parameter, seeds as error bars "
+        "(engine/report/sweep_plot.py)",
+    )
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser(
+        "sql",
+        help="DuckDB SQL over a run (event streams, books, decisions, latency, PnL) or a sweep's results",
+        description="TARGET is a run directory: its event files are checked against its manifest and "
+        "opened with the views of engine/report/views.sql (one per event stream, books15 from the "
+        "session, and the derived decisions, decision_counts, latency_stages, latency_stage_stats and "
+        "fills_pnl; docs/ANALYSIS.md). Or TARGET is a Parquet file (a sweep's results table): the view "
+        "is `results`. With QUERY: run it and print the result. Without: read statements from stdin, "
+        "each ending with ';' at the end of a line, until EOF or .quit, and print each result. Tables are "
+        "printed in full width: no column is ever left out. Exit status: 0; 1 when a statement read from "
+        "stdin failed; 2 error.",
+    )
+    p.add_argument("target", type=Path, metavar="TARGET", help="run directory, or a results .parquet file")
+    p.add_argument("query", nargs="?", metavar="QUERY", help="SQL to run (default: statements from stdin)")
+    p.add_argument(
+        "--max-rows",
+        type=int,
+        default=100,
+        help="rows printed per result, the first and last ones (0: all; default 100)",
+    )
+    p.add_argument(
+        "--raw", action="store_true", help="no table: one line per row, values tab-separated (for scripts)"
+    )
+    p.set_defaults(func=cmd_sql)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -94,6 +132,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise DualhubError("--resume and --overwrite exclude each other")
     grid = load_grid(args.grid)
+    if args.plot:
+        check_output_path(args.plot, directory=False)
+        if "://" in args.out:
+            raise DualhubError("--plot needs a local --out")
     serial = args.serial
     if not serial and not args.ray and importlib.util.find_spec("ray") is None:
         print("sweep: Ray is not installed (pip install 'dualhub[scale]'); running serially", file=sys.stderr)
@@ -127,5 +169,114 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(
         f"{res.ran} run, {res.skipped} skipped (--resume), {res.failed} failed; {res.rows} rows in {res.out}"
     )
-    print(f"query: duckdb -c \"SELECT * FROM '{res.out}'\"")
+    for note in res.notes:
+        print(f"sweep: {note}")
+    if "://" not in str(res.out):
+        print(f"query: dualhub sql {shlex.quote(str(res.out))} 'SELECT * FROM results'")
+    if args.plot:
+        from engine.report.sweep_plot import plot_sweep
+        from replay.sweep import read_results
+
+        print(f"plot: {plot_sweep(read_results(Path(res.out)), args.plot)}")
     return 1 if res.failed else 0
+
+
+def _connect_target(target: Path) -> duckdb.DuckDBPyConnection:
+    import duckdb
+
+    from engine.report.report import _q, connect, one_line
+
+    if target.is_dir() or target.suffix != ".parquet":
+        return connect(target)
+    if not target.is_file():
+        raise DualhubError(f"{target} does not exist")
+    con = duckdb.connect()
+    try:
+        con.execute(f"CREATE VIEW results AS SELECT * FROM read_parquet({_q(target.resolve())})")
+    except duckdb.Error as e:
+        con.close()
+        raise DualhubError(f"{target} is not a readable Parquet file: {one_line(e)}") from None
+    return con
+
+
+def _print(rel: Any, args: argparse.Namespace) -> None:
+    if rel is None:  # a statement without a result (CREATE, SET)
+        return
+    if args.raw:
+        for row in rel.fetchall():
+            print("\t".join("" if v is None else str(v) for v in row))
+    else:
+        rel.show(max_width=1 << 30, max_col_width=1 << 30, max_rows=args.max_rows or (1 << 62))
+
+
+def _statements(stream: Any) -> Iterator[str]:
+    """SQL statements read from ``stream``: lines gathered until one ends with ';' (or EOF, or .quit),
+    and dot commands (a line starting with '.'). A terminal gets a prompt and line editing."""
+    interactive = stream.isatty()
+    if interactive:
+        import readline  # noqa: F401 (input() then has history and editing)
+    buf: list[str] = []
+    while True:
+        if interactive:
+            try:
+                line = input("dualhub> " if not buf else "    ...> ") + "\n"
+            except EOFError:
+                break
+        else:
+            line = stream.readline()
+            if not line:
+                break
+        if not buf and line.startswith("."):
+            if line.split()[0] in (".quit", ".exit"):
+                return
+            yield line.strip()  # a dot command: one line, no ';'
+            continue
+        if not buf and not line.strip():
+            continue
+        buf.append(line)
+        if line.rstrip().endswith(";"):
+            yield "".join(buf)
+            buf = []
+    if "".join(buf).strip():
+        yield "".join(buf)
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from engine.report.report import one_line
+
+    if args.max_rows < 0:
+        raise DualhubError(f"--max-rows must be 0 (all) or more, not {args.max_rows}")
+    con = _connect_target(args.target)
+    try:
+        if args.query is not None:
+            try:
+                _print(con.sql(args.query), args)
+            except duckdb.Error as e:
+                raise DualhubError(one_line(e)) from None
+            return 0
+        failed = 0
+        for stmt in _statements(sys.stdin):
+            if stmt.startswith("."):
+                cmd, _, arg = stmt.partition(" ")
+                if cmd == ".tables" and not arg:
+                    stmt = "SHOW TABLES"
+                elif cmd == ".schema" and arg.strip():
+                    stmt = f"DESCRIBE {arg.strip()}"
+                else:
+                    failed += 1
+                    print(
+                        f"error: unknown command {stmt!r} (known: .tables, .schema VIEW, .quit)",
+                        file=sys.stderr,
+                    )
+                    continue
+            try:
+                _print(con.sql(stmt), args)
+            except duckdb.Error as e:
+                failed += 1
+                print(f"error: {one_line(e)}", file=sys.stderr)
+            sys.stdout.flush()
+        return 1 if failed else 0
+    finally:
+        con.close()

@@ -205,8 +205,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     tr = res["training"]
     print(f"model: {tr['out_path']} ({tr['model_bytes']} bytes, sha256 {tr['model_sha256'][:16]}...)")
     print(f"in-sample accuracy {tr['accuracy']:.3f} on {tr['n_rows']} rows")
-    hint = "" if args.features == "v0" else f" --features {args.features}"
-    print(f"replay it: dualhub replay SESSION --model {tr['out_path']}{hint}")
+    print(f"replay it: dualhub replay SESSION --model {tr['out_path']} (features from the model)")
     if args.metrics_json:
         args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
         args.metrics_json.write_text(json.dumps(res["walk_forward"], indent=2, sort_keys=True) + "\n")

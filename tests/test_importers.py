@@ -36,7 +36,16 @@ def test_binance_real_file_zero_gaps_zero_crossed(binance_session: Path) -> None
     imp = s.manifest["import"]
     assert imp["gaps"] == 0 and imp["crossed"] == 0
     assert imp["trades"] == 21_313 and imp["skipped"] == {"bookTicker": 66_089}
-    assert imp["depth_applied"] + imp["depth_dropped_before_snapshot"] == 6_551
+    # every line accounted for: 6 551 diffs (applied or discarded by reason), trades, tickers, the snapshot
+    assert imp["depth_diffs"] == 6_551 == imp["depth_applied"] + sum(imp["discarded"].values())
+    assert imp["lines"] == 6_551 + 21_313 + 66_089 + imp["snapshot_lines"] and imp["snapshot_lines"] == 1
+    # the only discards are diffs the snapshot already holds: counted independently from the file
+    lines = [
+        orjson.loads(js) for _, js in iter_lines(BINANCE) if b"depth" in js[:40] or b"lastUpdateId" in js
+    ]
+    (last_update_id,) = [m["lastUpdateId"] for m in lines if "stream" not in m]
+    stale = sum(m["data"]["u"] <= last_update_id for m in lines if "stream" in m)
+    assert stale > 0 and imp["discarded"] == {"stale_diff": stale}
     # 345 s of exchange time at one snapshot per 100 ms
     books = s.manifest["streams"]["books15"]["rows"]
     assert 3_400 <= books <= 3_460
@@ -128,7 +137,9 @@ def test_binance_sync_rule_buffer_drop_straddle_and_gap(tmp_path: Path) -> None:
         f.writelines(lines)
     m = import_binance_usdm(src, tmp_path / "s")
     imp = m["import"]
-    assert imp["gaps"] == 1 and imp["depth_applied"] == 3 and imp["depth_dropped_before_snapshot"] == 1
+    assert imp["gaps"] == 1 and imp["depth_applied"] == 3
+    # the stale diff, then the break and the one after it waited for a snapshot line that never came
+    assert imp["discarded"] == {"stale_diff": 1, "no_snapshot": 2}
     s = open_session(tmp_path / "s")
     books = s.read_events("books15")
     # grid 1100, 1200 see the book after the straddling diff (10.5 best bid); 1300, 1400 after its deletion
@@ -137,7 +148,18 @@ def test_binance_sync_rule_buffer_drop_straddle_and_gap(tmp_path: Path) -> None:
     assert all(isinstance(b, BookSnapshot) and math.isnan(b.bid_px[1]) is False for b in books[:2])
     gaps = s.read_events("gap")
     assert len(gaps) == 1 and isinstance(gaps[0], Gap) and "pu=121" in gaps[0].reason
-    assert gaps[0].start_ns == 1_420 * 1_000_000 and gaps[0].end_ns == 1_500 * 1_000_000
+    # from the last applied diff to the end of the data: never back in sync
+    assert gaps[0].start_ns == 1_420 * 1_000_000 and gaps[0].end_ns == 1_700 * 1_000_000
+    assert gaps[0].reason.endswith(";unresolved_at_end_of_file") and gaps[0].channel == "depth"
+    assert imp["gap_windows"] == [
+        {
+            "symbol": "BTCUSDT",
+            "channel": "depth",
+            "start_ns": 1_420_000_000,
+            "end_ns": 1_700_000_000,
+            "reason": gaps[0].reason,
+        }
+    ]
     (t,) = s.read_events("trade")
     assert t.side == "sell" and t.ts_event == 1_260_000_000 and t.ts_recv == 5
 
@@ -147,6 +169,7 @@ def test_bitget_v1_capture_import(tmp_path: Path) -> None:
     m = import_bitget_v1(BITGET_V1, tmp_path / "s")
     imp = m["import"]
     assert imp["checksums_verified"] == 443 and imp["book_faults"] == []
+    assert imp["gaps"] == 0 and imp["discarded"] == {} and "gap" not in m["streams"]
     assert imp["skipped_channels"] == {"candle1m": 43, "ticker": 128}
     assert m["streams"]["books15"]["rows"] == 443 and m["streams"]["trade"]["rows"] > 0
     assert "quarantine" not in m["streams"]

@@ -98,6 +98,7 @@ def test_cancelling_a_request_cancels_it_in_the_child():
     async def go():
         kev = fake()
         try:
+            await kev.advise(ctx(0, delay_ms=1))  # the child is up (its start takes ~0.3 s, more when busy)
             t = asyncio.ensure_future(kev.advise(ctx(1, label="hang")))
             await asyncio.sleep(0.2)  # in flight in the child
             t.cancel()

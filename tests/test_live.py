@@ -264,7 +264,7 @@ def test_gateway_dress_rehearsal_cli_kill_by_signal_and_no_secrets(frames, tmp_p
     run = out / "runs" / "live-BTCUSDT"
     m = orjson.loads((run / "manifest.json").read_bytes())
     assert m["killed"] == "signal:SIGUSR1" and m["stopped_by"] == "kill:signal:SIGUSR1"
-    assert m["shutdown"]["cancel_all"]["left_open"] == 0
+    assert m["shutdown"]["cancel_all"]["left_open"] == []
     fills = pq.read_table(run / "events" / "fill.parquet")
     assert fills.num_rows >= 3
     assert fills.column("position_after")[-1].as_py() == pytest.approx(venue_position)  # engine == venue
@@ -400,7 +400,7 @@ def test_crash_cancels_everything_at_the_venue(frames, tmp_path, monkeypatch):
         assert r.exit_code == 1 and r.stopped_by == "crash" and "planted engine bug" in r.summary["crash"]
         assert len(ex.orders) >= 6 and ex.open_orders() == [] and ex.cancel_all_calls >= 1
     m = orjson.loads((r.run_dirs["BTCUSDT"] / "manifest.json").read_bytes())
-    assert "RuntimeError" in m["crash"] and m["shutdown"]["cancel_all"]["left_open"] == 0
+    assert "RuntimeError" in m["crash"] and m["shutdown"]["cancel_all"]["left_open"] == []
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_cassette_miss_policies(session, tmp_path):
 
 def test_measured_lag_fit_drives_replay_lag(session, tmp_path):
     base = run_replay(session, ReplayConfig(seed=3), out_dir=tmp_path / "base")
-    fit = fit_runs([base.run_dir])
+    fit = fit_runs([base.run_dir], allow_modelled=True)  # base: a sim replay, its lags modelled
     lag_json = tmp_path / "lag.json"
     lag_json.write_bytes(orjson.dumps(fit))
     run = run_replay(session, ReplayConfig(seed=4, kev_lag_fit=str(lag_json)), out_dir=tmp_path / "fit")
@@ -79,7 +79,9 @@ def test_measured_lag_fit_drives_replay_lag(session, tmp_path):
 
 def test_llm_mode_against_real_llama_server_then_cassette_without_it(session, tmp_path, llama_server):
     # Few, spaced requests: each real call takes seconds on this machine.
-    cfg = ReplayConfig(seed=3, kev_mode="llm", kev_url=llama_server.url, kev_min_interval_ms=20_000)
+    cfg = ReplayConfig(
+        seed=3, kev_mode="llm", kev_url=llama_server.url, kev_min_interval_ms=20_000, kev_lag_source="model"
+    )
     llm = run_replay(session, cfg, out_dir=tmp_path / "llm")
     responses = _rows(llm, "kev_response")
     assert 1 <= len(responses) <= 5

@@ -387,11 +387,11 @@ def test_train_cli_v1_model_goes_to_replay(
     # replay: a v0 replay refuses the v1 model; the v1 path takes it, per tick == batch
     session = sim_sessions[0]
     base = ["replay", str(session), "--model", str(out), "--provider", "cpu"]
-    assert main([*base, "--out", str(tmp_path / "r0")]) == 2
+    assert main([*base, "--features", "v0", "--out", str(tmp_path / "r0")]) == 2
     assert "trained on features 'v1' but this engine computes 'v0'" in capsys.readouterr().err
     assert main([*base, "--features", "v1", "--out", str(tmp_path / "b")]) == 0
     assert main([*base, "--features", "v1", "--laya-mode", "tick", "--out", str(tmp_path / "t")]) == 0
-    digests = re.findall(r"digest: ([0-9a-f]{64})", capsys.readouterr().out)
+    digests = re.findall(r"^digest: ([0-9a-f]{64})", capsys.readouterr().out, re.M)
     assert len(digests) == 2 and digests[0] == digests[1]
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert manifest["model"]["feature_version"] == "v1" and manifest["config"]["laya_features"] == "v1"

@@ -194,3 +194,13 @@ def test_walk_book_stops_at_the_first_level_that_is_not_real():
     assert walk_book(backwards, "buy", 1.0) == [(100.1, 0.01)]
     # so a market order that needs those levels is refused for slippage, not filled on fiction
     assert check(LIMITS, RiskState(), market(qty=0.015), nan_size, NOW) == (False, "max_slippage")
+
+
+def test_the_kill_switch_lets_only_reduce_only_flattening_through():
+    st = RiskState(position=0.03, kill_switch=True)
+    flatten = market(side="sell", qty=0.02, reduce_only=True, source="flatten")
+    assert check(DEFAULT, st, flatten, WIDE, NOW) == (True, "ok")
+    assert check(DEFAULT, st, replace(flatten, source="kev"), WIDE, NOW) == (False, "kill_switch")
+    assert check(DEFAULT, st, replace(flatten, reduce_only=False), WIDE, NOW) == (False, "kill_switch")
+    # and it still may not open or flip a position
+    assert check(DEFAULT, st, replace(flatten, side="buy"), WIDE, NOW) == (False, "reduce_only")

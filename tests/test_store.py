@@ -80,3 +80,17 @@ def test_every_stream_schema_roundtrips_an_empty_and_a_full_table():
 def test_extra_manifest_keys_cannot_overwrite_core_fields(tmp_path):
     with pytest.raises(ValueError, match="files"):
         SessionWriter(tmp_path / "s", source="t", symbols=[], extra={"files": {}})
+
+
+def test_a_failed_atomic_write_leaves_neither_the_file_nor_its_tmp(tmp_path, monkeypatch):
+    from engine.store import atomic_write_bytes
+
+    target = tmp_path / "x.json"
+
+    def full_disk(*_a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)  # fault injection: the write fails at its fsync
+    with pytest.raises(OSError):
+        atomic_write_bytes(target, b"{}")
+    assert list(tmp_path.iterdir()) == []

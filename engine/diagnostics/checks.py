@@ -69,6 +69,7 @@ class DoctorConfig:
     gpu_mem_limit_bytes: int = 2 << 30
     kev_url: str | None = None
     kev_timeout_s: float = 60.0
+    kev_engine_timeout_ms: int | None = None  # the engine's Kev timeout (--kev-timeout-ms); None: default
     exchange_url: str | None = None
     exchange_timeout_s: float = 5.0
     symbol: str = "BTCUSDT"

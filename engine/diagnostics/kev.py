@@ -1,5 +1,5 @@
-"""Kev checks: llama-server answers ``/health`` and ``/props``, one schema-constrained request works, and
-the settings give reproducible output.
+"""Kev checks: llama-server answers ``/health`` and ``/props``, one schema-constrained request works, it
+answers within the engine's Kev timeout, and the settings give reproducible output.
 
 Uses Kev's own client (:class:`engine.kev.llama.LlamaAdvisor`), so the request is exactly the one the
 engine sends. Why determinism matters (measured in ``shared/docs/kev-server.md``): replays and golden
@@ -19,6 +19,10 @@ import orjson
 
 from engine.diagnostics.checks import DEFAULT_KEV_URL, Check, DoctorConfig, Status
 from engine.kev.advisor import KevContext
+from engine.kev.health import RECOMMEND_FACTOR, recommend_timeout_ms
+
+# The engine's Kev timeout when none is configured (EngineConfig, and live/replay --kev-timeout-ms).
+DEFAULT_ENGINE_TIMEOUT_MS: Final = 2000
 
 # A fixed context: the same request every run, so its latency is comparable between machines.
 PROBE_CONTEXT: Final = KevContext(
@@ -94,6 +98,51 @@ async def _probe(url: str, timeout_s: float) -> dict[str, Any]:
         out["reply"] = await kev.advise(PROBE_CONTEXT)
         out["constraint"] = kev.constraint
     return out
+
+
+def assess_latency(wall_ms: float, timeout_ms: int | None) -> Check:
+    """The probe's latency against the engine's Kev timeout (``None``: the default, not asked for).
+
+    An answer slower than the timeout is discarded by the engine (live and replay alike): Kev is never
+    heard. That is a failure for a timeout the user configured and a warning for the default (as an
+    unreachable URL is); a timeout without 1.5x headroom over the probe is a warning (the slow tail
+    will time out)."""
+    timeout = DEFAULT_ENGINE_TIMEOUT_MS if timeout_ms is None else timeout_ms
+    which = "the default" if timeout_ms is None else "the configured"
+    recommended = recommend_timeout_ms([wall_ms * 1e6])
+    data = {"latency_ms": wall_ms, "timeout_ms": timeout, "recommended_timeout_ms": recommended}
+    fix = (
+        f"run live and replay with --kev-timeout-ms {recommended} ({RECOMMEND_FACTOR:g}x this answer; "
+        "`dualhub kev bench` recommends one from p99 over many calls), or a faster model or machine"
+    )
+    name = "latency within the Kev timeout"
+    if wall_ms > timeout:
+        return Check(
+            area="kev",
+            name=name,
+            status="warn" if timeout_ms is None else "fail",
+            evidence=f"the answer took {wall_ms:.0f} ms, over {which} Kev timeout of {timeout} ms: the "
+            "engine would discard every such answer as a timeout and trade without Kev",
+            fix=fix,
+            data=data,
+        )
+    if wall_ms * RECOMMEND_FACTOR > timeout:
+        return Check(
+            area="kev",
+            name=name,
+            status="warn",
+            evidence=f"the answer took {wall_ms:.0f} ms of {which} Kev timeout of {timeout} ms: slower "
+            "answers will time out",
+            fix=fix,
+            data=data,
+        )
+    return Check(
+        area="kev",
+        name=name,
+        status="ok",
+        evidence=f"the answer took {wall_ms:.0f} ms, within {which} Kev timeout of {timeout} ms",
+        data=data,
+    )
 
 
 def kev_checks(cfg: DoctorConfig) -> list[Check]:
@@ -217,6 +266,7 @@ def kev_checks(cfg: DoctorConfig) -> list[Check]:
                     data={"latency_ms": wall_ms, "timings": timings, "command": reply.raw},
                 )
             )
+        rows.append(assess_latency(wall_ms, cfg.kev_engine_timeout_ms))
 
     status, facts, problems = assess_determinism(props, res["request_body"], timings)
     why = "replays and golden tests compare Kev's answers byte for byte"

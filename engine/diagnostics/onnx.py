@@ -86,7 +86,15 @@ _NOT_NVIDIA_LIBS: Final = ("nvidia-ml-py",)  # NVML bindings, not a CUDA library
 
 @contextlib.contextmanager
 def capture_output() -> Iterator[list[str]]:
-    """Capture Python's and the C libraries' stdout/stderr (fds 1 and 2); the text lands in the list."""
+    """Capture Python's and the C libraries' stdout/stderr (fds 1 and 2); the text lands in the list.
+    ONNX Runtime's own log lines are let through to it (Laya keeps them off the terminal elsewhere)."""
+    ort_log: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    try:
+        from engine.laya.model import ort_log_severity
+
+        ort_log = ort_log_severity(2)  # warnings and errors, as ORT logs by default
+    except (ImportError, OSError):  # no usable onnxruntime: none of its lines to let through
+        pass
     sink: list[str] = []
     buf = io.StringIO()
     sys.stdout.flush()
@@ -96,7 +104,7 @@ def capture_output() -> Iterator[list[str]]:
         try:
             os.dup2(tmp.fileno(), 1)
             os.dup2(tmp.fileno(), 2)
-            with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf), ort_log:
                 yield sink
         finally:
             sys.stdout.flush()

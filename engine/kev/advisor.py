@@ -43,19 +43,37 @@ def context_body(ctx: KevContext) -> dict[str, Any]:
     return {k: getattr(ctx, k) for k in CONTEXT_FIELDS}
 
 
+@dataclass(frozen=True, slots=True)
+class BreakerChange:
+    """A Kev circuit breaker changed state (``closed``, ``open``, ``half_open``) at ``at_ns`` on the
+    breaker's own clock, with ``failures`` consecutive failures behind it."""
+
+    at_ns: Nanos
+    state: str
+    reason: str
+    failures: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KevReply:
     """What an advisor returns: the raw JSON object it produced, or an error.
 
     ``raw`` is validated by :func:`engine.kev.command.validate_command` in the worker, so every
     advisor goes through the same gate. ``timings`` carries server-side measurements where there are
-    any (llama-server: prompt_ms, predicted_ms, token counts).
+    any (llama-server: prompt_ms, predicted_ms, token counts). ``failure`` is the error's kind code
+    (:data:`engine.kev.failures.FAILURE_KINDS`), set by whoever produced the error; ``breaker`` the
+    circuit breaker's state changes since the previous reply, for the engine's ``kev_breaker`` events.
+    ``advisor`` names who really answered when that is not the engine's advisor (a cassette's fallback:
+    ``cassette>rules``, ``cassette>llm``); "" = the engine's advisor, as usual.
     """
 
     raw: dict[str, Any] | None
     error: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     key: str = ""  # request key for cassettes (prompt template, input, model, params); "" = none
+    failure: str = ""
+    breaker: tuple[BreakerChange, ...] = ()
+    advisor: str = ""
 
 
 class KevAdvisor(Protocol):

@@ -13,11 +13,18 @@ in order. A key that was never recorded follows an explicit miss policy:
 ``"live"``  the fallback advisor is a live client: the run is flagged non-deterministic
             (``advisor.deterministic`` turns False).
 
+Counts: ``hits``, ``misses`` and ``fallbacks`` (misses the fallback answered). A fallback's answer says
+so in its reply's ``advisor`` (and so in the ``kev_response.advisor`` column): ``cassette>rules`` or
+``cassette>llm``, never plain ``cassette``, which is kept for recorded answers. A cache in front of a
+live model (the replay's llm mode, where the advisor bears the model's own name) leaves its misses
+under that name: they are the model's answers, not a stand-in's.
+
 :class:`RecordingAdvisor` wraps any advisor and records what it returns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,6 +38,7 @@ import pyarrow.parquet as pq
 from engine.errors import DualhubError
 from engine.events import KevResponse, Nanos, table_to_events
 from engine.kev.advisor import KevAdvisor, KevContext, KevReply
+from engine.kev.failures import classify
 from engine.store import atomic_write_parquet
 
 CASSETTE_FILE: Final = "kev_cassette.parquet"
@@ -48,6 +56,8 @@ CASSETTE_SCHEMA: Final = pa.schema(
         pa.field("predicted_ms", pa.float64(), nullable=False),
         pa.field("prompt_tokens", pa.int64(), nullable=False),
         pa.field("completion_tokens", pa.int64(), nullable=False),
+        # the error's kind (engine/kev/failures.py); files written before it existed lack the column
+        pa.field("failure", pa.string(), nullable=False),
     ],
     metadata={"dualhub.kind": "kev_cassette", "dualhub.cassette_version": CASSETTE_VERSION},
 )
@@ -74,6 +84,7 @@ class CassetteEntry:
     predicted_ms: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    failure: str = ""
 
     @classmethod
     def from_reply(
@@ -93,6 +104,7 @@ class CassetteEntry:
             predicted_ms=float(t.get("predicted_ms", 0.0)),
             prompt_tokens=int(t.get("prompt_tokens", 0)),
             completion_tokens=int(t.get("completion_tokens", 0)),
+            failure=reply.failure or (classify(reply.error) if reply.raw is None else ""),
         )
 
     def to_reply(self) -> KevReply:
@@ -112,8 +124,25 @@ class CassetteEntry:
                 obj = None
             if isinstance(obj, dict):
                 return KevReply(raw=obj, error="", timings=timings, key=self.key)
-        error = self.error or f"recorded answer is not a JSON object: {self.raw[:80]!r}"
-        return KevReply(raw=None, error=error, timings=timings, key=self.key)
+        if self.error:
+            return KevReply(
+                raw=None,
+                error=self.error,
+                timings=timings,
+                key=self.key,
+                failure=self.failure or classify(self.error),
+            )
+        error = f"recorded answer is not a JSON object: {self.raw[:80]!r}"
+        return KevReply(raw=None, error=error, timings=timings, key=self.key, failure="invalid_json")
+
+
+def _with_failure(table: pa.Table) -> pa.Table:
+    """``table`` (cassette or kev_response rows) with a ``failure`` column: a file written before failure
+    kinds existed gets them from its error texts."""
+    if "failure" in table.column_names:
+        return table
+    kinds = [classify(e) if e else "" for e in table.column("error").to_pylist()]
+    return table.append_column("failure", pa.array(kinds, pa.string()))
 
 
 @dataclass(slots=True)
@@ -160,6 +189,7 @@ class Cassette:
             "error": [e.error for _, e in rows],
             "lag_ns": [e.lag_ns for _, e in rows],
             **{name: [getattr(e, name) for _, e in rows] for name in _TIMING_FIELDS},
+            "failure": [e.failure for _, e in rows],
         }
         meta = {**(CASSETTE_SCHEMA.metadata or {}), **{k.encode(): v.encode() for k, v in self.meta.items()}}
         return pa.Table.from_pydict(cols, schema=CASSETTE_SCHEMA.with_metadata(meta))
@@ -174,7 +204,7 @@ class Cassette:
             raise CassetteError(f"cassette version {version!r} != supported {CASSETTE_VERSION}")
         base = set(CASSETTE_SCHEMA.metadata or {})
         meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items() if k not in base}
-        table = table.select(CASSETTE_SCHEMA.names).cast(CASSETTE_SCHEMA.remove_metadata())
+        table = _with_failure(table).select(CASSETTE_SCHEMA.names).cast(CASSETTE_SCHEMA.remove_metadata())
         table = table.sort_by([("key", "ascending"), ("occurrence", "ascending")])
         cas = cls(meta=meta)
         names = CASSETTE_SCHEMA.names
@@ -220,6 +250,7 @@ class Cassette:
                     predicted_ms=ev.predicted_ms,
                     prompt_tokens=ev.prompt_tokens,
                     completion_tokens=ev.completion_tokens,
+                    failure=ev.failure if ev.error else "",
                 )
             )
         return cas
@@ -230,7 +261,7 @@ class Cassette:
         path = Path(run_dir) / "events" / "kev_response.parquet"
         if not path.exists():
             raise CassetteError(f"{run_dir} has no events/kev_response.parquet")
-        events = table_to_events(pq.read_table(path), "kev_response")
+        events = table_to_events(_with_failure(pq.read_table(path)), "kev_response")
         return cls.from_events(events, meta={"source_run": str(run_dir)})
 
 
@@ -267,6 +298,7 @@ class CassetteAdvisor:
         self._seen: dict[str, int] = {}
         self.hits = 0
         self.misses = 0
+        self.fallbacks = 0  # misses answered by the fallback advisor
         self.live_calls = 0
         # False once a live model answered a miss: the run is no longer a pure replay.
         self.deterministic = True
@@ -289,10 +321,12 @@ class CassetteAdvisor:
                 error=f"cassette miss: key {key[:16]} was not recorded (miss policy fail)",
                 timings={"cassette_miss": 1.0},
                 key=key,
+                failure="cassette_miss",
             )
         if self.miss_policy == "live":
             self.live_calls += 1
             self.deterministic = False
+        self.fallbacks += 1
         t0 = self._clock_ns()
         reply = await self.fallback.advise(ctx)
         lag_ns = self._clock_ns() - t0
@@ -305,7 +339,14 @@ class CassetteAdvisor:
         timings = {**reply.timings, "cassette_miss": 1.0}
         if self.miss_policy == "live":
             timings["live"] = 1.0
-        return KevReply(raw=reply.raw, error=reply.error, timings=timings, key=key)
+        who = self.fallback.name
+        advisor = "" if who == self.name else f"{self.name}>{who}"
+        return dataclasses.replace(reply, timings=timings, key=key, advisor=advisor)
+
+
+def answered_by(advisor: str) -> str:
+    """The advisor that produced a recorded answer: ``rules`` for ``cassette>rules``."""
+    return advisor.rpartition(">")[2]
 
 
 class RecordingAdvisor:
@@ -345,6 +386,4 @@ class RecordingAdvisor:
                 key, reply, lag_ns=lag_ns, request_id=ctx.request_id, advisor=self.inner.name
             )
         )
-        return (
-            reply if reply.key else KevReply(raw=reply.raw, error=reply.error, timings=reply.timings, key=key)
-        )
+        return reply if reply.key else dataclasses.replace(reply, key=key)

@@ -7,12 +7,16 @@ fixed seed and ``cache_prompt: false`` so identical requests give identical answ
 
 The client never raises for an expected fault: a timeout, a transport error, an HTTP error, a body that
 is not JSON, model output that is not JSON or was cut by the token limit all become a
-``KevReply(raw=None, error=...)``. Schema validation is the worker's job
-(:func:`engine.kev.command.validate_command`), so a schema-violating object is returned as ``raw``.
+``KevReply(raw=None, error=..., failure=KIND)`` (kinds: :data:`engine.kev.failures.FAILURE_KINDS`).
+Schema validation is the worker's job (:func:`engine.kev.command.validate_command`), so a
+schema-violating object is returned as ``raw``.
 
 Availability faults (timeouts, transport errors, 5xx, malformed bodies) are retried a bounded number of
 times and feed a :class:`CircuitBreaker`; while it is open, :meth:`LlamaAdvisor.advise` answers at once
-with an error reply and the engine runs on Laya and the risk gateway alone.
+with a ``breaker_open`` reply and the engine runs on Laya and the risk gateway alone. The breaker's
+cooldown runs on an injected clock (monotonic wall time by default; replay puts it on the virtual
+clock, :class:`engine.kev.sim.SimKevBackend`), and each reply carries the breaker's state changes since
+the previous one, which the engine logs as ``kev_breaker`` events.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any, Final, Literal
 import httpx
 import orjson
 
-from engine.kev.advisor import CONTEXT_FIELDS, KevContext, KevReply
+from engine.kev.advisor import CONTEXT_FIELDS, BreakerChange, KevContext, KevReply
 from engine.kev.command import (
     ACTIONS,
     COMMAND_SCHEMA,
@@ -154,6 +158,7 @@ def request_key(ctx: KevContext, model_id: str, params: Mapping[str, Any]) -> st
 # Configuration
 
 Constraint = Literal["json_schema", "grammar"]
+DEFAULT_TIMEOUT_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,7 +172,7 @@ class LlamaConfig:
     max_tokens: int = 256
     constraint: Constraint = "json_schema"
     grammar_fallback: bool = True
-    timeout_s: float = 10.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     connect_timeout_s: float = 1.0
     retries: int = 1
     retry_backoff_s: float = 0.05
@@ -202,6 +207,13 @@ class LlamaConfig:
     def key(self, ctx: KevContext) -> str:
         return request_key(ctx, self.model, self.key_params())
 
+    @classmethod
+    def for_engine(cls, base_url: str, kev_timeout_ms: int) -> LlamaConfig:
+        """The engine's client: its HTTP timeout outlasts the engine's Kev timeout (``--kev-timeout-ms``),
+        so the engine, not the client, decides when an answer is too late, and a late answer is still
+        measured."""
+        return cls(base_url=base_url, timeout_s=max(DEFAULT_TIMEOUT_S, kev_timeout_ms / 1000 + 1.0))
+
 
 # ---------------------------------------------------------------------------------------------------
 # Circuit breaker
@@ -211,7 +223,9 @@ BreakerState = Literal["closed", "open", "half_open"]
 
 class CircuitBreaker:
     """Opens after ``failure_threshold`` consecutive failures; after ``cooldown_ns`` one probe may pass
-    (half-open): its success closes the breaker, its failure opens it again. Time from ``clock_ns``.
+    (half-open): its success closes the breaker, its failure opens it again. Time from ``clock_ns``
+    (settable: the replay backend moves it onto the virtual clock). State changes queue up as
+    :class:`~engine.kev.advisor.BreakerChange` until :meth:`take_changes`.
     """
 
     def __init__(
@@ -223,21 +237,31 @@ class CircuitBreaker:
     ) -> None:
         self.failure_threshold = failure_threshold
         self.cooldown_ns = cooldown_ns
-        self._clock_ns = clock_ns
+        self.clock_ns = clock_ns
         self._state: BreakerState = "closed"
         self._opened_at_ns = 0
         self._probe_in_flight = False
         self.consecutive_failures = 0
         self.times_opened = 0
+        self._changes: list[BreakerChange] = []
+
+    def _change(self, state: BreakerState, reason: str) -> None:
+        self._state = state
+        self._changes.append(BreakerChange(self.clock_ns(), state, reason, self.consecutive_failures))
+
+    def take_changes(self) -> tuple[BreakerChange, ...]:
+        """The state changes since the last call, oldest first."""
+        out, self._changes = tuple(self._changes), []
+        return out
 
     @property
     def state(self) -> BreakerState:
-        if self._state == "open" and self._clock_ns() - self._opened_at_ns >= self.cooldown_ns:
+        if self._state == "open" and self.clock_ns() - self._opened_at_ns >= self.cooldown_ns:
             return "half_open"
         return self._state
 
     def retry_in_s(self) -> float:
-        left = self.cooldown_ns - (self._clock_ns() - self._opened_at_ns)
+        left = self.cooldown_ns - (self.clock_ns() - self._opened_at_ns)
         return max(0.0, left / 1e9) if self._state == "open" else 0.0
 
     def allow(self) -> bool:
@@ -246,19 +270,21 @@ class CircuitBreaker:
         if state == "closed":
             return True
         if state == "half_open" and not self._probe_in_flight:
-            self._state = "half_open"
+            if self._state != "half_open":
+                self._change("half_open", f"cooldown of {self.cooldown_ns / 1e9:g} s over: one probe")
             self._probe_in_flight = True
             return True
         return False
 
     def record_success(self) -> None:
-        if self._state != "closed":
-            log.warning("Kev circuit closed: llama-server answers again")
-        self._state = "closed"
         self._probe_in_flight = False
         self.consecutive_failures = 0
+        if self._state != "closed":
+            log.warning("Kev circuit closed: llama-server answers again")
+            self._change("closed", "probe answered")
 
-    def record_failure(self) -> None:
+    def record_failure(self, failure: str = "") -> None:
+        """One more consecutive failure (of kind ``failure``)."""
         self.consecutive_failures += 1
         self._probe_in_flight = False
         if self._state == "half_open" or self.consecutive_failures >= self.failure_threshold:
@@ -270,8 +296,13 @@ class CircuitBreaker:
                     self.consecutive_failures,
                     self.cooldown_ns / 1e9,
                 )
-            self._state = "open"
-            self._opened_at_ns = self._clock_ns()
+                kind = failure or "error"
+                if self._state == "half_open":
+                    what = f"probe failed ({kind})"
+                else:
+                    what = f"{self.consecutive_failures} consecutive failures, the last {kind}"
+                self._change("open", f"{what}; cooldown {self.cooldown_ns / 1e9:g} s")
+            self._opened_at_ns = self.clock_ns()
 
     def abort_probe(self) -> None:
         """A probe was cancelled without an answer: let the next call probe instead."""
@@ -419,7 +450,9 @@ class LlamaAdvisor:
                     f"failures (next probe in {self.breaker.retry_in_s():.1f} s); "
                     "engine runs on Laya + risk gateway alone"
                 ),
+                failure="breaker_open",
                 timings={"circuit_open": 1.0, "wall_ms": 0.0},
+                breaker=self.breaker.take_changes(),
             )
         t0 = time.perf_counter_ns()
         attempts = 0
@@ -439,7 +472,7 @@ class LlamaAdvisor:
         assert outcome is not None
         self.stats["attempts"] += attempts
         if outcome.server_failure:
-            self.breaker.record_failure()
+            self.breaker.record_failure(outcome.reply.failure)
         else:
             self.breaker.record_success()
         reply = outcome.reply
@@ -449,7 +482,14 @@ class LlamaAdvisor:
         if self.constraint == "grammar":
             timings["grammar"] = 1.0
         self.stats["ok" if reply.raw is not None else "errors"] += 1
-        return KevReply(raw=reply.raw, error=reply.error, timings=timings, key=key)
+        return KevReply(
+            raw=reply.raw,
+            error=reply.error,
+            timings=timings,
+            key=key,
+            failure=reply.failure,
+            breaker=self.breaker.take_changes(),
+        )
 
     async def _post(self, body: dict[str, Any]) -> httpx.Response:
         async with asyncio.timeout(self.config.timeout_s):
@@ -474,19 +514,25 @@ class LlamaAdvisor:
                 resp = await self._post(self.request_body(ctx))
         except TimeoutError:
             return _Outcome(
-                KevReply(raw=None, error=f"timeout: no answer within {cfg.timeout_s:g} s"),
+                KevReply(raw=None, error=f"timeout: no answer within {cfg.timeout_s:g} s", failure="timeout"),
                 retryable=cfg.retry_on_timeout,
                 server_failure=True,
             )
         except httpx.TimeoutException as e:
             return _Outcome(
-                KevReply(raw=None, error=f"timeout: {type(e).__name__} after {cfg.timeout_s:g} s"),
+                KevReply(
+                    raw=None,
+                    error=f"timeout: {type(e).__name__} after {cfg.timeout_s:g} s",
+                    failure="timeout",
+                ),
                 retryable=cfg.retry_on_timeout or isinstance(e, httpx.ConnectTimeout),
                 server_failure=True,
             )
         except httpx.TransportError as e:
             return _Outcome(
-                KevReply(raw=None, error=f"transport error: {type(e).__name__}: {e}"[:300]),
+                KevReply(
+                    raw=None, error=f"transport error: {type(e).__name__}: {e}"[:300], failure="transport"
+                ),
                 retryable=True,
                 server_failure=True,
             )
@@ -496,21 +542,25 @@ class LlamaAdvisor:
         status = resp.status_code
         if status >= 500:
             return _Outcome(
-                KevReply(raw=None, error=f"HTTP {status}: {_error_message(resp)}"),
+                KevReply(raw=None, error=f"HTTP {status}: {_error_message(resp)}", failure="http_5xx"),
                 retryable=True,
                 server_failure=True,
             )
         if status != 200:
             # A 400 is this request's problem (e.g. context too long), not the server's health.
             return _Outcome(
-                KevReply(raw=None, error=f"HTTP {status}: {_error_message(resp)}"),
+                KevReply(raw=None, error=f"HTTP {status}: {_error_message(resp)}", failure="http_4xx"),
                 server_failure=status != 400,
             )
         try:
             body = orjson.loads(resp.content)
         except orjson.JSONDecodeError as e:
             return _Outcome(
-                KevReply(raw=None, error=f"malformed response body (not JSON: {e}): {resp.text[:120]!r}"),
+                KevReply(
+                    raw=None,
+                    error=f"malformed response body (not JSON: {e}): {resp.text[:120]!r}",
+                    failure="invalid_json",
+                ),
                 retryable=True,
                 server_failure=True,
             )
@@ -520,13 +570,22 @@ class LlamaAdvisor:
             finish = choice.get("finish_reason")
         except (KeyError, IndexError, TypeError):
             return _Outcome(
-                KevReply(raw=None, error=f"malformed response: no choices[0].message: {resp.text[:120]!r}"),
+                KevReply(
+                    raw=None,
+                    error=f"malformed response: no choices[0].message: {resp.text[:120]!r}",
+                    failure="malformed",
+                ),
                 server_failure=True,
             )
         timings = _server_timings(body) if isinstance(body, dict) else {}
         if not isinstance(content, str):
             return _Outcome(
-                KevReply(raw=None, error="malformed response: content is not text", timings=timings)
+                KevReply(
+                    raw=None,
+                    error="malformed response: content is not text",
+                    timings=timings,
+                    failure="malformed",
+                )
             )
         if finish == "length":
             n = int(timings.get("completion_tokens", 0))
@@ -535,17 +594,28 @@ class LlamaAdvisor:
                     raw=None,
                     error=f"truncated: finish_reason=length after {n} tokens: {content[:80]!r}",
                     timings=timings,
+                    failure="truncated",
                 )
             )
         try:
             obj = orjson.loads(content)
         except orjson.JSONDecodeError as e:
             return _Outcome(
-                KevReply(raw=None, error=f"invalid JSON from model ({e}): {content[:80]!r}", timings=timings)
+                KevReply(
+                    raw=None,
+                    error=f"invalid JSON from model ({e}): {content[:80]!r}",
+                    timings=timings,
+                    failure="invalid_json",
+                )
             )
         if not isinstance(obj, dict):
             return _Outcome(
-                KevReply(raw=None, error=f"model answered JSON {type(obj).__name__}, expected object")
+                KevReply(
+                    raw=None,
+                    error=f"model answered JSON {type(obj).__name__}, expected object",
+                    timings=timings,
+                    failure="schema",
+                )
             )
         return _Outcome(KevReply(raw=obj, timings=timings))
 

@@ -11,7 +11,9 @@ Providers. ``onnxruntime.get_available_providers()`` lists what was compiled in,
 (``shared/docs/onnxruntime-gpu.md``): a CPU-only machine with ``onnxruntime-gpu`` lists CUDA and
 still runs on CPU. So only ``session.get_providers()`` is trusted. ``provider="auto"`` asks for CUDA
 then CPU and accepts CPU with a warning and a ``fallback_reason``; ``provider="cuda"`` asks the same
-but refuses to run on CPU; ``provider="cpu"`` asks for CPU only.
+but refuses to run on CPU; ``provider="cpu"`` asks for CPU only. The fallback is one warning (once
+per model file and reason in a process); ONNX Runtime's own lines about the CUDA library it could not
+load are kept off the terminal, and ``dualhub doctor`` shows them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import json
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -68,7 +70,7 @@ class LayaConfig:
     ``intra_op_threads``: ONNX Runtime threads per run (1 suits a tiny per-tick model).
     ``warmup_runs``: tick-path runs on load; the first is timed apart from the rest.
     ``feature_version``: the features the caller computes (:data:`FEATURE_SIZES`); a model trained
-    on any other version is refused.
+    on any other version is refused. ``"auto"``: the version the model's metadata names.
     """
 
     model_path: Path
@@ -87,9 +89,10 @@ class LayaConfig:
             raise ValueError(f"intra_op_threads must be >= 1, got {self.intra_op_threads}")
         if self.warmup_runs < 1:
             raise ValueError(f"warmup_runs must be >= 1, got {self.warmup_runs}")
-        if self.feature_version not in FEATURE_SIZES:
+        if self.feature_version != "auto" and self.feature_version not in FEATURE_SIZES:
             raise ValueError(
-                f"feature_version must be one of {sorted(FEATURE_SIZES)}, got {self.feature_version!r}"
+                f"feature_version must be 'auto' or one of {sorted(FEATURE_SIZES)}, "
+                f"got {self.feature_version!r}"
             )
 
 
@@ -110,6 +113,57 @@ def _preload_cuda_libraries() -> str:
     except Exception as e:  # a diagnostic aid only: never fatal
         buf.write(f"preload_dlls failed: {e}")
     return buf.getvalue()
+
+
+# ONNX Runtime's logger severity while a session that asks for CUDA is created. Where CUDA cannot
+# load, ORT writes the failed provider library (an error and a warning) straight to fd 2, in every
+# command; Laya's own warning (``fallback_reason``) says why CPU runs instead. 4 (fatal) keeps ORT's
+# lines off the terminal; `dualhub doctor` collects them (``ort_log_severity``).
+_ORT_DEFAULT_SEVERITY: Final = 2  # ORT's own default (warning), which nothing else in dualhub changes
+_ort_severity = 4
+_fallbacks_said: set[tuple[str, str]] = set()
+
+
+@contextlib.contextmanager
+def ort_log_severity(level: int) -> Iterator[None]:
+    """ONNX Runtime's log severity while Laya models that ask for CUDA load inside this block."""
+    global _ort_severity
+    saved, _ort_severity = _ort_severity, level
+    try:
+        yield
+    finally:
+        _ort_severity = saved
+
+
+@contextlib.contextmanager
+def _ort_quiet(active: bool) -> Iterator[None]:
+    if not active or _ort_severity == _ORT_DEFAULT_SEVERITY:
+        yield
+        return
+    ort.set_default_logger_severity(_ort_severity)
+    try:
+        yield
+    finally:  # ORT has no getter for it
+        ort.set_default_logger_severity(_ORT_DEFAULT_SEVERITY)
+
+
+def training_sessions(metadata: dict[str, str]) -> list[dict[str, Any]]:
+    """The sessions a model was trained on, from its ``training_sessions`` metadata.
+
+    ``dualhub train`` writes one entry per session (``name``, ``session_digest``, ...): those two are
+    returned. ``replay.make_default_model`` describes simulator runs (``symbol``, ``minutes``,
+    ``seeds``): one entry per seed (``simulator_seed``, ``symbol``, ``minutes``). Missing or
+    unreadable metadata: ``[]``."""
+    try:
+        raw = json.loads(metadata.get("training_sessions", "[]"))
+        if isinstance(raw, dict) and "seeds" in raw:
+            return [
+                {"simulator_seed": int(seed), "symbol": raw.get("symbol"), "minutes": raw.get("minutes")}
+                for seed in raw["seeds"]
+            ]
+        return [{"name": e.get("name"), "session_digest": e.get("session_digest")} for e in raw]
+    except (ValueError, TypeError, AttributeError):
+        return []
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:
@@ -142,10 +196,12 @@ class Laya:
         compiled_in = ort.get_available_providers()
         provider_args: list[Any] = []
         preload_note = ""
+        asks_cuda = False
         for name in self.requested_providers:
             if name not in compiled_in:
                 continue  # asking ORT for a provider it lacks only produces its own warning
             if name == CUDA:
+                asks_cuda = True
                 preload_note = _preload_cuda_libraries()
                 provider_args.append(
                     (
@@ -164,9 +220,10 @@ class Laya:
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.use_deterministic_compute = True
-        so.log_severity_level = 3  # errors only (a failed CUDA load is logged by ORT at error level)
+        so.log_severity_level = 3  # errors only
         try:
-            self._session = ort.InferenceSession(data, sess_options=so, providers=provider_args)
+            with _ort_quiet(asks_cuda):
+                self._session = ort.InferenceSession(data, sess_options=so, providers=provider_args)
         except Exception as e:  # ORT raises several pybind exception types for bad files
             raise LayaModelError(f"{path} is not a loadable ONNX model: {_short(e)}") from None
 
@@ -184,7 +241,15 @@ class Laya:
                 f"CUDA was requested but onnxruntime fell back to {self.active_provider}: {why}. "
                 "Run `dualhub doctor` for details"
             )
-            log.warning("Laya %s: %s", path.name, self.fallback_reason)
+            # once per model file and reason in a process: a sweep or a retried replay loads it again
+            said = (str(path.resolve()), self.fallback_reason)
+            log.log(
+                logging.DEBUG if said in _fallbacks_said else logging.WARNING,
+                "Laya %s: %s",
+                path.name,
+                self.fallback_reason,
+            )
+            _fallbacks_said.add(said)
 
         meta = self._session.get_modelmeta()
         self.metadata: dict[str, str] = dict(meta.custom_metadata_map)
@@ -300,7 +365,12 @@ class Laya:
                 "model metadata has no 'feature_version' "
                 f"(this engine computes features {self.config.feature_version})"
             )
-        if version != self.config.feature_version:
+        if self.config.feature_version == "auto" and version not in FEATURE_SIZES:
+            raise LayaModelError(
+                f"model was trained on features {version!r}, which this engine cannot compute "
+                f"(known feature versions: {', '.join(sorted(FEATURE_SIZES))})"
+            )
+        if self.config.feature_version not in ("auto", version):
             hint = (
                 f" (compute {version} instead: `dualhub replay --features {version}`)"
                 if version in FEATURE_SIZES

@@ -26,59 +26,12 @@ from engine.report.report import Section, _q, connect, run_report
 NS_PER_S: Final = 1e9
 STAGES: Final = ("feed", "laya", "kev_queue", "kev", "decide", "order_entry", "fill")
 
-# One row per new order: what caused it (a Laya label, a Kev reply, or a requote after a cancel ack)
-# and how long each step on its path took, in ns (NULL where the step is not on its path). ``fill`` is
-# ack -> first fill (time resting in the book; 0 for an order filled on arrival).
+# One row per new order (views.sql's ``decisions``): its driver and each stage's duration in ns (NULL
+# where the stage is not on its path, and the fill stage of an order never filled).
 DECISION_LATENCY_SQL: Final = """
-WITH news AS (
-    SELECT o.client_oid, o.order_type, o.side, o.ts_recv AS new_ns, t.start_ns AS origin_ns
-    FROM "order" o JOIN latency t ON t.name = 'tick_to_order' AND t.ref = o.client_oid
-    WHERE o.kind = 'new'
-),
-lab AS (SELECT book_ts_recv, min(seq) AS seq FROM label GROUP BY book_ts_recv),
-kreq AS (SELECT ts_event, min(request_id) AS request_id FROM kev_request GROUP BY ts_event),
-acks AS (SELECT client_oid, min(ts_recv) AS ack_ns FROM "order" WHERE kind = 'ack' GROUP BY client_oid),
-fills AS (SELECT client_oid, min(ts_recv) AS fill_ns FROM fill GROUP BY client_oid)
-SELECT
-    n.client_oid, n.order_type, n.side, n.new_ns,
-    CASE WHEN lab.seq IS NOT NULL THEN 'label' WHEN kreq.request_id IS NOT NULL THEN 'kev'
-         ELSE 'requote' END AS driver,
-    coalesce(l1.book_ts_recv - l1.ts_event, l2.book_ts_recv - l2.ts_event) AS feed_ns,
-    coalesce(l1.ts_recv - l1.book_ts_recv, l2.ts_recv - l2.book_ts_recv) AS laya_ns,
-    r.queue_wait_ns AS kev_queue_ns,
-    kr.lag_ns AS kev_ns,
-    n.new_ns - coalesce(l1.ts_recv, kr.ts_recv, n.origin_ns) AS decide_ns,
-    a.ack_ns - n.new_ns AS order_entry_ns,
-    greatest(f.fill_ns - coalesce(a.ack_ns, n.new_ns), 0) AS fill_ns
-FROM news n
-LEFT JOIN lab ON lab.book_ts_recv = n.origin_ns
-LEFT JOIN label l1 ON l1.seq = lab.seq
-LEFT JOIN kreq ON kreq.ts_event = n.origin_ns AND lab.seq IS NULL
-LEFT JOIN kev_request r ON r.request_id = kreq.request_id
-LEFT JOIN label l2 ON l2.seq = r.label_seq
-LEFT JOIN kev_response kr ON kr.request_id = kreq.request_id
-LEFT JOIN acks a ON a.client_oid = n.client_oid
-LEFT JOIN fills f ON f.client_oid = n.client_oid
-ORDER BY n.new_ns, n.client_oid
-"""
-
-# Mark-to-market at every book: cash (sells - buys - fees) and position from the fills so far.
-PNL_SQL: Final = """
-WITH f AS (
-    SELECT ts_recv,
-        sum(CASE WHEN side = 'buy' THEN qty ELSE -qty END)
-            OVER (ORDER BY ts_recv, seq ROWS UNBOUNDED PRECEDING) AS position,
-        sum(CAST(CASE WHEN side = 'sell' THEN notional ELSE -notional END AS DOUBLE) - CAST(fee AS DOUBLE))
-            OVER (ORDER BY ts_recv, seq ROWS UNBOUNDED PRECEDING) AS cash,
-        row_number() OVER (PARTITION BY ts_recv ORDER BY seq DESC) AS last_at_ts
-    FROM fill
-),
-f_last AS (SELECT ts_recv, position, cash FROM f WHERE last_at_ts = 1),
-b AS (SELECT ts_recv, seq, (bid_px_0 + ask_px_0) / 2 AS mid FROM books15 WHERE symbol = $symbol)
-SELECT b.ts_recv, b.mid, coalesce(f_last.position, 0) AS position, coalesce(f_last.cash, 0) AS cash,
-       coalesce(f_last.cash, 0) + coalesce(f_last.position, 0) * b.mid AS pnl
-FROM b ASOF LEFT JOIN f_last ON b.ts_recv >= f_last.ts_recv
-ORDER BY b.ts_recv, b.seq
+SELECT client_oid, order_type, side, new_ns, driver, feed_ns, laya_ns, kev_queue_ns, kev_ns, decide_ns,
+       order_entry_ns, fill_ns
+FROM decisions ORDER BY new_ns, client_oid
 """
 
 
@@ -120,9 +73,14 @@ def fetch(con: duckdb.DuckDBPyConnection, sql: str, **params: Any) -> dict[str, 
     return out
 
 
-def pnl_series(con: duckdb.DuckDBPyConnection, symbol: str) -> dict[str, np.ndarray]:
-    """``ts_recv, mid, position, cash, pnl`` at every book of ``symbol``."""
-    return fetch(con, PNL_SQL, symbol=symbol)
+def pnl_series(con: duckdb.DuckDBPyConnection, symbol: str | None = None) -> dict[str, np.ndarray]:
+    """``ts_recv, mid, position, cash, pnl`` at every book of the run's symbol (views.sql ``equity``);
+    ``symbol``, if given, must be the run's."""
+    sql = (
+        "SELECT ts_recv, mid, position, cash, pnl FROM equity "
+        "WHERE $s IS NULL OR $s = getvariable('run_symbol')"
+    )
+    return fetch(con, sql + " ORDER BY ts_recv, seq", s=symbol)
 
 
 def fills(con: duckdb.DuckDBPyConnection) -> dict[str, np.ndarray]:
@@ -151,13 +109,24 @@ def _t_s(ts: np.ndarray, t0: float) -> np.ndarray:
 
 def plot_mid_fills(ax: Any, pnl: dict[str, np.ndarray], fl: dict[str, np.ndarray], t0: float) -> None:
     ax.plot(_t_s(pnl["ts_recv"], t0), pnl["mid"], lw=0.8, color="0.35", label="mid")
-    for side, color, marker in (("buy", "tab:green", "^"), ("sell", "tab:red", "v")):
+    # sells first, buys on top, both small and translucent: neither side hides the other
+    for side, color, marker in (("sell", "tab:red", "v"), ("buy", "tab:green", "^")):
         sel = fl["side"] == side
         if sel.any():
-            ax.scatter(_t_s(fl["ts_recv"][sel], t0), fl["px"][sel], s=12, c=color, marker=marker, label=side)
+            ax.scatter(
+                _t_s(fl["ts_recv"][sel], t0),
+                fl["px"][sel],
+                s=9,
+                c=color,
+                marker=marker,
+                alpha=0.6,
+                lw=0,
+                label=side,
+            )
     ax.set_ylabel("price")
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")  # prices, not "+6.5e4" offsets
     ax.set_title("mid and fills")
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
 
 
 def plot_inventory(ax: Any, pnl: dict[str, np.ndarray], t0: float) -> None:
@@ -167,9 +136,15 @@ def plot_inventory(ax: Any, pnl: dict[str, np.ndarray], t0: float) -> None:
     ax.set_title("inventory")
 
 
-def plot_pnl(ax: Any, pnl: dict[str, np.ndarray], t0: float) -> None:
-    ax.plot(_t_s(pnl["ts_recv"], t0), pnl["pnl"], lw=0.9, color="tab:purple")
+def plot_pnl(ax: Any, pnl: dict[str, np.ndarray], t0: float, loss_stop: dict[str, Any] | None = None) -> None:
+    """PnL at every book; ``loss_stop`` (views.sql's ``loss_stop`` row) marks where the stop hit."""
+    from engine.report.tearsheet import mark_loss_stop
+
+    ax.plot(_t_s(pnl["ts_recv"], t0), pnl["pnl"], lw=0.9, color="tab:purple", label="PnL")
     ax.axhline(0.0, color="0.6", lw=0.6)
+    if loss_stop:
+        mark_loss_stop(ax, loss_stop, t0)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     ax.set_ylabel("USDT")
     ax.set_xlabel("seconds from the first book")
     ax.set_title("PnL (mark to mid, after fees)")
@@ -220,7 +195,15 @@ def plot_latency(ax: Any, lat: dict[str, np.ndarray]) -> None:
     ax.set_xlabel("ms, median per stage (stages <= 0 are not drawn)")
     ax.set_title("per-decision latency: feed -> Laya -> Kev queue -> Kev -> risk/decide -> order -> fill")
     if seen:
-        ax.legend(loc="best", fontsize=8)
+        handles, names = ax.get_legend_handles_labels()
+        pairs = sorted(zip(names, handles, strict=True), key=lambda p: STAGES.index(p[0]))  # path order
+        ax.legend(
+            [h for _, h in pairs],
+            [n for n, _ in pairs],
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1),
+            fontsize=8,
+        )
 
 
 def plot_labels(ax: Any, counts: dict[str, int]) -> None:
@@ -240,12 +223,16 @@ def figures(run_dir: Path | str) -> dict[str, Any]:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
+    from engine.report.tearsheet import mark_loss_stop
+
     con = connect(run_dir)
     try:
         pnl = pnl_series(con, run_symbol(run_dir))
         fl = fills(con)
         lat = decision_latency(con)
         counts = label_counts(con)
+        rel = con.sql("FROM loss_stop")
+        stop = dict(zip(rel.columns, rel.fetchall()[0], strict=True))
     finally:
         con.close()
     t0 = float(pnl["ts_recv"][0]) if len(pnl["ts_recv"]) else 0.0
@@ -253,7 +240,9 @@ def figures(run_dir: Path | str) -> dict[str, Any]:
     fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True, constrained_layout=True)
     plot_mid_fills(axes[0], pnl, fl, t0)
     plot_inventory(axes[1], pnl, t0)
-    plot_pnl(axes[2], pnl, t0)
+    plot_pnl(axes[2], pnl, t0, stop)
+    mark_loss_stop(axes[0], stop, t0)
+    mark_loss_stop(axes[1], stop, t0)
     figs["market"] = fig
     fig, ax = plt.subplots(figsize=(10, 3.2), constrained_layout=True)
     plot_latency(ax, lat)
@@ -273,7 +262,14 @@ def _png_b64(fig: Any) -> str:
 def _table_html(s: Section) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in s.columns)
     body = "".join(
-        "<tr>" + "".join(f"<td>{'' if v is None else html.escape(str(v))}</td>" for v in r) + "</tr>"
+        "<tr>"
+        + "".join(
+            f"<td class='t'>{html.escape(v)}</td>"
+            if isinstance(v, str)
+            else f"<td>{'' if v is None else html.escape(str(v))}</td>"
+            for v in r
+        )
+        + "</tr>"
         for r in s.rows
     )
     return f"<h3>{html.escape(s.title)}</h3><table><tr>{head}</tr>{body}</table>"
@@ -284,41 +280,73 @@ _CSS: Final = (
     "table{border-collapse:collapse;margin-bottom:1em;font-size:13px}"
     "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
     "img{max-width:100%}code{font-size:12px}"
+    ".warn{background:#fde8e8;border-left:4px solid #c00;padding:4px 8px;font-weight:600}"
+    ".cfg{columns:3;font-family:monospace;font-size:12px;margin-bottom:1em}td.t{text-align:left}"
 )
 
 
 def write_html(run_dir: Path | str, out_path: Path | str) -> Path:
-    """Write the run's plots and report tables to ``out_path`` (one file, images inline)."""
+    """Write the run's tear sheet, plots and report tables to ``out_path``: one self-contained file
+    (images inline as data: URIs, the style inline, no external reference)."""
     import matplotlib.pyplot as plt
 
+    from engine.report import tearsheet
     from engine.store import atomic_write_bytes
 
     run = Path(run_dir)
-    manifest = run_manifest(run)
+    ts = tearsheet.compute(run)
+    manifest = ts.manifest
     figs = figures(run)
+    figs.update(tearsheet.figures(ts))
     try:
         images = {name: _png_b64(fig) for name, fig in figs.items()}
     finally:
         for fig in figs.values():
             plt.close(fig)
     sections = run_report(run)
-    model = manifest.get("model", {})
+    e = html.escape
+    head = tearsheet.header_lines(ts)
+    warn = [ln for ln in head if ln.startswith(("IN-SAMPLE", "LOSS STOP"))]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>dualhub run {html.escape(run.name)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>dualhub run {html.escape(run.name)}</h1>",
-        f"<p>digest <code>{html.escape(str(manifest.get('digest', '')))}</code><br>",
-        f"session <code>{html.escape(str(manifest.get('session', {}).get('path', '')))}</code><br>",
-        f"model <code>{html.escape(str(model.get('file', '')))}</code> "
-        f"(features {html.escape(str(model.get('feature_version', '')))})</p>",
+        f"<title>dualhub run {e(run.name)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>dualhub run {e(run.name)}</h1>",
+        *(f"<p class='warn'>{e(ln)}</p>" for ln in warn),
+        f"<p>digest <code>{e(str(manifest.get('digest', '')))}</code><br>",
+        f"session <code>{e(str(manifest.get('session', {}).get('path', '')))}</code></p>",
+        "<ul class='head'>",
+        *(f"<li>{e(ln)}</li>" for ln in head if ln not in warn and not ln.startswith("config: ")),
+        "</ul><h3>config</h3><div class='cfg'>",
+        *(f"<div><b>{e(k)}</b> {e(str(v))}</div>" for k, v in tearsheet._flat(manifest.get("config", {}))),
+        "</div>",
     ]
-    titles = {"market": "Mid, fills, inventory, PnL", "latency": "Latency breakdown", "labels": "Labels"}
-    for name, b64 in images.items():
-        parts.append(f"<h2>{titles.get(name, name)}</h2><img alt='{name}' src='data:image/png;base64,{b64}'>")
+    titles = {
+        "equity": "Equity and drawdown",
+        "pnl_split": "PnL split and round trips",
+        "markouts": "Fee-adjusted markouts",
+        "calibration": "Laya's calibration",
+        "latency_cdf": "Per-stage latency CDFs",
+        "market": "Mid, fills, inventory, PnL",
+        "latency": "Latency breakdown (medians)",
+        "labels": "Labels",
+    }
+    order = [n for n in titles if n in images] + [n for n in images if n not in titles]
+    ts_sections = tearsheet.sections(ts)
+    parts.append("<h2>Tear sheet</h2>")
+    parts.extend(_table_html(s) for s in ts_sections)
+    for name in order:
+        parts.append(
+            f"<h2>{e(titles.get(name, name))}</h2>"
+            f"<img alt='{e(name)}' src='data:image/png;base64,{images[name]}'>"
+        )
     parts.append("<h2>Report</h2>")
     parts.extend(_table_html(s) for s in sections)
     parts.append("</body></html>")
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out, "\n".join(parts).encode("utf-8"))
+    try:
+        atomic_write_bytes(out, "\n".join(parts).encode("utf-8"))
+    except BaseException:  # a full disk or Ctrl-C: no half-written out.html.tmp left behind
+        out.with_name(out.name + ".tmp").unlink(missing_ok=True)
+        raise
     return out

@@ -1,6 +1,7 @@
 -- Report queries over a run's event log. Each block starts with a "name:" comment line (id | title).
--- Views available: label, kev_queue, kev_request, kev_response, command, risk, "order", fill,
--- latency (the run's events) and books15 (the replayed session's books).
+-- Views: engine/report/views.sql (label, kev_queue, kev_request, kev_response, kev_breaker, command,
+-- risk, "order", fill, latency, input_quarantine: the run's events; books15: the replayed session's
+-- books; and the derived views).
 
 -- name: labels | Laya labels
 SELECT label, count(*) AS n, round(100.0 * count(*) / sum(count(*)) OVER (), 2) AS pct
@@ -10,13 +11,32 @@ FROM label GROUP BY label ORDER BY n DESC, label;
 SELECT
     (SELECT count(*) FROM kev_request) AS requests,
     (SELECT count(*) FROM kev_response WHERE ok) AS ok,
-    (SELECT count(*) FROM kev_response WHERE NOT ok) AS rejected,
+    (SELECT count(*) FROM kev_response WHERE NOT ok) AS failed,
+    (SELECT count(*) FROM kev_response WHERE failure = 'timeout') AS timeouts,
+    (SELECT count(*) FROM kev_queue WHERE kind = 'late_reply') AS late,
+    (SELECT count(*) FROM kev_response WHERE failure = 'schema') AS schema_invalid,
+    (SELECT count(*) FROM kev_response WHERE failure = 'breaker_open') AS breaker_open,
+    (SELECT count(*) FROM kev_response
+     WHERE failure IN ('transport', 'http_5xx', 'http_4xx', 'invalid_json', 'malformed', 'truncated'))
+        AS server_errors,
     (SELECT count(*) FROM kev_queue WHERE kind = 'dropped_overflow') AS dropped_overflow,
     (SELECT count(*) FROM kev_queue WHERE kind = 'dropped_stale') AS dropped_stale,
     (SELECT round(quantile_cont(lag_ns, 0.05) / 1e6, 1) FROM kev_response) AS lag_p5_ms,
     (SELECT round(quantile_cont(lag_ns, 0.50) / 1e6, 1) FROM kev_response) AS lag_p50_ms,
     (SELECT round(quantile_cont(lag_ns, 0.95) / 1e6, 1) FROM kev_response) AS lag_p95_ms,
     (SELECT round(quantile_cont(queue_wait_ns, 0.95) / 1e6, 1) FROM kev_request) AS queue_wait_p95_ms;
+
+-- name: kev_failures | Kev failures by kind (engine/kev/failures.py)
+SELECT failure, count(*) AS n, any_value(error) AS example
+FROM kev_response WHERE NOT ok GROUP BY failure ORDER BY n DESC, failure;
+
+-- name: kev_answered_by | Who answered Kev (cassette: a recorded hit; cassette>rules, cassette>llm: a fallback)
+SELECT advisor, failure = 'cassette_miss' AS cassette_miss, count(*) AS n, count(*) FILTER (WHERE ok) AS ok
+FROM kev_response GROUP BY ALL ORDER BY n DESC, advisor;
+
+-- name: kev_breaker | Kev circuit breaker changes
+SELECT state, count(*) AS n, min(ts_recv) AS first_ts_recv, max(ts_recv) AS last_ts_recv
+FROM kev_breaker GROUP BY state ORDER BY state;
 
 -- name: commands | Portfolio commands by action
 SELECT action, count(*) AS n, round(avg(target_position), 4) AS avg_target

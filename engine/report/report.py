@@ -11,7 +11,8 @@ import duckdb
 import orjson
 
 from engine.errors import DualhubError
-from engine.eventlog import OUTPUT_STREAMS
+from engine.eventlog import OUTPUT_STREAMS, RUN_SCHEMA_VERSION
+from engine.store import sha256_file
 
 
 @dataclass(frozen=True)
@@ -37,25 +38,65 @@ def _q(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def connect(run_dir: Path | str) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with one view per event stream of the run, plus the session's books."""
+def verify_run(run_dir: Path | str) -> dict[str, Any]:
+    """The run's manifest, once every event file matches the sha256 recorded for it: a half-written
+    (``.tmp``), truncated or edited run is refused, never reported on."""
     run = Path(run_dir)
+    if run.name.endswith(".tmp"):
+        raise DualhubError(f"{run} is a half-written run (an interrupted replay); replay the session again")
+    if not run.is_dir():
+        raise DualhubError(f"{run} is not a run directory")
     mpath = run / "manifest.json"
-    if not mpath.exists():
+    if not mpath.is_file():
         raise DualhubError(f"{run} is not a finished run (no manifest.json)")
-    manifest = orjson.loads(mpath.read_bytes())
-    con = duckdb.connect()
+    try:
+        manifest = orjson.loads(mpath.read_bytes())
+    except orjson.JSONDecodeError as e:
+        raise DualhubError(f"{mpath} is not valid JSON ({e})") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or "run_schema_version" not in manifest:
+        raise DualhubError(f"{mpath} is not a run manifest (no run_schema_version / files)")
+    if manifest["run_schema_version"] != RUN_SCHEMA_VERSION:
+        raise DualhubError(
+            f"{run} was written by another dualhub (run schema {manifest['run_schema_version']}, this one "
+            f"reads {RUN_SCHEMA_VERSION}): replay the session again"
+        )
     for stream in OUTPUT_STREAMS:
-        p = run / "events" / f"{stream}.parquet"
-        if not p.exists():
-            raise DualhubError(f"{run} is missing {p.name}")
-        con.execute(f'CREATE VIEW "{stream}" AS SELECT * FROM read_parquet({_q(p)})')
-    session = Path(manifest["session"]["path"])
-    book_files = sorted(session / rel for rel in manifest["session"]["files"] if rel.startswith("books15/"))
-    if not book_files or not all(f.exists() for f in book_files):
-        raise DualhubError(f"the run's session {session} is not readable any more (books15 files missing)")
-    files = ", ".join(_q(f) for f in book_files)
-    con.execute(f"CREATE VIEW books15 AS SELECT * FROM read_parquet([{files}])")
+        rel = f"events/{stream}.parquet"
+        entry = files.get(rel)
+        if not isinstance(entry, dict) or "sha256" not in entry:
+            raise DualhubError(f"{mpath} does not list {rel}")
+        p = run / rel
+        if not p.is_file():
+            raise DualhubError(f"{run} is missing {rel}")
+        if sha256_file(p) != entry["sha256"]:
+            raise DualhubError(f"{p} does not match the sha256 in its manifest (truncated or modified)")
+    return manifest
+
+
+def views_sql() -> str:
+    """``views.sql``: every event stream of a run, its session's books and the derived views."""
+    return resources.files("engine.report").joinpath("views.sql").read_text()
+
+
+def one_line(e: Exception) -> str:
+    """A DuckDB error on one line: its message without the echoed query and the caret under it."""
+    lines = (ln.strip() for ln in str(e).splitlines())
+    return " ".join(ln for ln in lines if ln and not ln.startswith(("LINE ", "^")))
+
+
+def connect(run_dir: Path | str) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with every view of ``views.sql`` over the run, once the run's event files
+    match its manifest: what the report, ``dualhub sql``, sweeps and the notebooks all query."""
+    run = Path(run_dir).resolve()
+    verify_run(run)
+    con = duckdb.connect()
+    try:
+        con.execute(f"SET VARIABLE run = {_q(run)}")
+        con.execute(views_sql())
+    except duckdb.Error as e:
+        con.close()
+        raise DualhubError(f"the views over {run} do not load: {one_line(e)}") from None
     return con
 
 
@@ -71,20 +112,41 @@ def run_report(run_dir: Path | str) -> list[Section]:
         con.close()
 
 
-def print_report(run_dir: Path | str, console: Any = None) -> list[Section]:
-    from rich.console import Console
+def print_table(console: Any, s: Section) -> None:
+    """``s`` as a rich table that never cuts a column: cells do not wrap and the table is printed at its
+    full width even when that is wider than the console (a terminal then wraps the long lines; no
+    value is ever replaced by an ellipsis)."""
+    from rich.measure import Measurement
     from rich.table import Table
+
+    t = Table(title=s.title, title_justify="left")
+    for i, c in enumerate(s.columns):
+        text = any(isinstance(r[i], str) for r in s.rows)
+        t.add_column(c, justify="left" if text else "right", no_wrap=True, overflow="fold")
+    for r in s.rows:
+        t.add_row(*("" if v is None else str(v) for v in r))
+    need = Measurement.get(console, console.options.update_width(1 << 16), t).maximum
+    saved = console._width  # rich has no public "print this one wider": set the width, then restore it
+    try:
+        console.width = max(console.width, need)
+        console.print(t)
+    finally:
+        console._width = saved
+
+
+def print_report(run_dir: Path | str, console: Any = None) -> list[Section]:
+    """The tear sheet (engine/report/tearsheet.py: header, performance, PnL split, round trips,
+    markouts, calibration, latency) and the report's tables (queries.sql), on the console."""
+    from rich.console import Console
+
+    from engine.report import tearsheet
 
     console = console or Console()
     sections = run_report(run_dir)
-    manifest = orjson.loads((Path(run_dir) / "manifest.json").read_bytes())
-    console.print(f"[bold]run[/]    {run_dir}")
-    console.print(f"[bold]digest[/] {manifest['digest']}")
-    for s in sections:
-        t = Table(title=s.title, title_justify="left")
-        for c in s.columns:
-            t.add_column(c, justify="right")
-        for r in s.rows:
-            t.add_row(*("" if v is None else str(v) for v in r))
-        console.print(t)
+    ts = tearsheet.compute(run_dir)
+    manifest = ts.manifest
+    for line in (f"run    {run_dir}", f"digest {manifest['digest']}", *tearsheet.header_lines(ts)):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+    for s in (*tearsheet.sections(ts), *sections):
+        print_table(console, s)
     return sections

@@ -15,6 +15,7 @@ verified on v1 data.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
@@ -24,8 +25,11 @@ from typing import Any, Final
 import orjson
 
 from engine.events import BookSnapshot, Quarantined, Trade
-from engine.venues.bitget_v2 import Control, StreamCounters
+from engine.store import SessionWriter
+from engine.venues.bitget_v2 import StreamCounters
 from engine.venues.bitget_v2_books import BookFault, BooksOptions, BooksState, decode_with_books
+from recorder.importers.common import ImportInputError, count, read_lines, staged_dir
+from recorder.normalise import GapLog, discard_reason, frame_arg
 
 V1_INST_TYPES: Final = {"sp": "SPOT", "mc": "USDT-FUTURES", "umcbl": "USDT-FUTURES"}
 SUPPORTED: Final = ("books", "trade")
@@ -45,26 +49,43 @@ def seconds_to_ns(s: str) -> int:
     return int(Decimal(s) * 1_000_000_000)
 
 
+_RECV_TS: Final = re.compile(rb"^(\d+(?:\.\d+)?): ")
+
+
 def iter_capture(path: Path | str) -> Iterator[CaptureLine]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line:
-                continue
-            if line.startswith("wss://") or line.startswith("ws://"):
-                _url, rest = line.split(" ", 1)
-                if rest.startswith("<-> "):
-                    yield CaptureLine(seconds_to_ns(rest[4:].strip()), "connect", "")
-                elif rest.startswith("<- "):
-                    ts, _, text = rest[3:].partition(": ")
-                    yield CaptureLine(seconds_to_ns(ts), "sent", text)
-                else:
-                    raise ValueError(f"{path}:{lineno}: unknown capture line {line[:80]!r}")
-                continue
-            ts, sep, text = line.partition(": ")
-            if not sep:
-                raise ValueError(f"{path}:{lineno}: no '<ts>: ' prefix")
-            yield CaptureLine(seconds_to_ns(ts), "recv", text)
+    """Every line of a capture (plain or gzip); a line that is not one of the three forms is kind
+    ``bad`` (its text the raw line), except the first: a file that does not start like a capture is
+    refused (:class:`ImportInputError`)."""
+    first = True
+    for lineno, raw in read_lines(path):
+        line = _parse_line(raw)
+        if line is None:
+            if first:
+                raise ImportInputError(
+                    f"{path}: not a Bitget capture"
+                    f" (line {lineno} is not 'wss://... <-> <ts>' or '<ts>: <json>')"
+                )
+            line = CaptureLine(0, "bad", raw.decode("utf-8", "replace"))
+        first = False
+        yield line
+
+
+def _parse_line(raw: bytes) -> CaptureLine | None:
+    try:
+        if raw.startswith((b"wss://", b"ws://")):
+            rest = raw.split(b" ", 1)[1].decode()
+            if rest.startswith("<-> "):
+                return CaptureLine(seconds_to_ns(rest[4:].strip()), "connect", "")
+            if rest.startswith("<- "):
+                ts, _, text = rest[3:].partition(": ")
+                return CaptureLine(seconds_to_ns(ts), "sent", text)
+            return None
+        m = _RECV_TS.match(raw)
+        if m is None:
+            return None
+        return CaptureLine(seconds_to_ns(m.group(1).decode()), "recv", raw[m.end() :].decode())
+    except (IndexError, UnicodeDecodeError, ArithmeticError, ValueError):
+        return None
 
 
 def to_v2(frame: dict[str, Any]) -> dict[str, Any]:
@@ -90,49 +111,95 @@ def to_v2(frame: dict[str, Any]) -> dict[str, Any]:
 def import_bitget_v1(
     path: Path | str, out: Path | str, *, verify_snapshot_checksum: bool = True
 ) -> dict[str, Any]:
-    """Import ``books`` (rebuilt, checksum-verified, top 15 as ``BookSnapshot``) and ``trade``."""
-    from engine.store import SessionWriter
+    """Import ``books`` (rebuilt, checksum-verified, top 15 as ``BookSnapshot``) and ``trade``.
 
+    Gaps, as the recorder declares them: a ``books`` push that breaks the book (checksum, malformed,
+    update without snapshot) opens a gap for that symbol at its previous push, which ends at the next
+    good snapshot (or the last line); a quarantined ``trade`` push is a gap from the previous one.
+    Quarantined pushes are kept (``quarantine`` stream) and counted by reason (``import.discarded``)."""
+    with staged_dir(out) as tmp:
+        return _import(Path(path), tmp, verify_snapshot_checksum)
+
+
+def _import(path: Path, out: Path, verify_snapshot_checksum: bool) -> dict[str, Any]:
     counters = StreamCounters()
+    gaps = GapLog(counters)
     state = BooksState(BooksOptions(verify_snapshot_checksum=verify_snapshot_checksum))
     symbols: set[str] = set()
     skipped: dict[str, int] = {}
+    discarded: dict[str, int] = {}
     faults: list[dict[str, Any]] = []
     events: list[Any] = []
+    last_push: dict[tuple[str, str], int] = {}  # (channel, instId) -> receive time of its previous push
+    ts = 0
     for line in iter_capture(path):
+        if line.kind == "bad":
+            count(discarded, "bad_line")
+            continue
         if line.kind != "recv":
             continue
+        ts = line.ts_recv_ns
         try:
             frame = orjson.loads(line.text)
         except orjson.JSONDecodeError:
             frame = None
+        action = None
         if isinstance(frame, dict) and "event" not in frame:
             ch = (frame.get("arg") or {}).get("channel")
             if ch not in SUPPORTED:
-                skipped[str(ch)] = skipped.get(str(ch), 0) + 1
+                count(skipped, str(ch))
                 continue
+            action = frame.get("action")
             raw = orjson.dumps(to_v2(frame))
         else:
             raw = line.text.encode()
-        for item in decode_with_books(raw, line.ts_recv_ns, counters, state, source="bitget_v1"):
-            if isinstance(item, BookSnapshot | Trade | Quarantined):
+        arg = None if isinstance(frame, dict) and "event" in frame else frame_arg(raw)  # acks are no push
+        prev = last_push.get(arg, ts) if arg else ts
+        if arg:
+            last_push[arg] = ts
+        items = decode_with_books(raw, ts, counters, state, source="bitget_v1")
+        lost = ""
+        for item in items:
+            if isinstance(item, BookSnapshot | Trade):
                 events.append(item)
-                if not isinstance(item, Quarantined):
-                    symbols.add(item.symbol)
+                symbols.add(item.symbol)
+            elif isinstance(item, Quarantined):
+                events.append(item)
+                lost = discard_reason(item.reason)
+                count(discarded, lost)
             elif isinstance(item, BookFault):
                 faults.append({"symbol": item.symbol, "reason": item.reason, "detail": item.detail})
-            elif isinstance(item, Control):
-                pass
+        if arg is None or arg[0] not in SUPPORTED:
+            continue
+        if lost and arg[0] == "books":
+            # the book is unusable until the next snapshot (a frame too broken to parse included)
+            state.book(arg[1]).reset()
+            gaps.start(*arg, prev, lost if lost.startswith("books_") else "books_malformed")
+        elif lost:
+            events.append(gaps.gap(*arg, prev, ts, ts, f"quarantined:{lost}"))
+        elif arg[0] == "books" and action == "snapshot" and (g := gaps.end(*arg, ts, ts)):
+            events.append(g)
+    events.extend(gaps.finish(ts, ts, "unresolved_at_end_of_file"))
+    books = sum(isinstance(e, BookSnapshot) for e in events)
+    if not books:
+        n = sum(ch == "books" for ch, _ in last_push)
+        raise ImportInputError(
+            f"{path}: no order book could be rebuilt ({n} symbols with books pushes; discarded"
+            f" {', '.join(f'{k} {v}' for k, v in sorted(discarded.items())) or 'nothing'})"
+        )
     w = SessionWriter(
         out,
-        source=f"bitget_v1:{Path(path).name}",
+        source=f"bitget_v1:{path.name}",
         symbols=symbols,
         extra={
             "import": {
                 "format": "bitget-v1-capture",
                 "file": str(path),
                 "skipped_channels": skipped,
-                "book_faults": faults,
+                "discarded": dict(sorted(discarded.items())),
+                "book_faults": faults[:1000],
+                "gaps": len(gaps.closed),
+                "gap_windows": gaps.closed[:1000],
                 "checksums_verified": state.checksums_verified,
             }
         },

@@ -1,0 +1,91 @@
+"""What every importer shares: reading the input file (gzip by its magic bytes, never by its name),
+one-line errors for bad files, and an output directory that only appears once it is complete."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import shutil
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+from engine.errors import DualhubError, check_output_path, os_error_text
+
+GZIP_MAGIC: Final = b"\x1f\x8b"
+# compressions we do not read: refused by name instead of parsed as garbage
+OTHER_MAGIC: Final = {
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"PK\x03\x04": "zip",
+}
+
+
+class ImportInputError(DualhubError):
+    """An input file an importer cannot use (missing, empty, corrupt, another format)."""
+
+
+def read_lines(path: Path | str) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line without EOL)`` of a plain or gzip file, empty lines skipped. A missing,
+    empty, corrupt or truncated file raises :class:`ImportInputError` (also midway through)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ImportInputError(f"{p}: no such file" if not p.exists() else f"{p}: not a regular file")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise ImportInputError(f"cannot read: {os_error_text(e)}") from None
+    if not head:
+        raise ImportInputError(f"{p}: the file is empty")
+    for magic, name in OTHER_MAGIC.items():
+        if head.startswith(magic):
+            raise ImportInputError(
+                f"{p}: {name}-compressed; decompress it first (plain text or gzip is read)"
+            )
+    gz = head.startswith(GZIP_MAGIC)
+    n = data = 0
+    try:
+        with gzip.open(p, "rb") if gz else open(p, "rb") as f:
+            for n, line in enumerate(f, 1):
+                line = line.rstrip(b"\r\n")
+                if line:
+                    data += 1
+                    yield n, line
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise ImportInputError(f"{p}: truncated or corrupt gzip after {n} lines ({e})") from None
+    except OSError as e:
+        raise ImportInputError(f"cannot read: {os_error_text(e)}") from None
+    if not data:
+        what = "after decompression" if n == 0 else "(blank lines only)"
+        raise ImportInputError(f"{p}: the file is empty {what}")
+
+
+@contextlib.contextmanager
+def staged_dir(out: Path | str) -> Iterator[Path]:
+    """Yield ``<out>.tmp`` to write into; renamed to ``out`` when the block ends normally, removed when
+    it raises (Ctrl-C included). ``out`` must not exist yet, or be an empty directory."""
+    final = Path(out)
+    check_output_path(final, directory=True)
+    if final.exists() and not (final.is_dir() and not any(final.iterdir())):
+        raise ImportInputError(f"--out {final} already exists and is not an empty directory")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        yield tmp
+        if final.exists():
+            final.rmdir()
+        tmp.rename(final)
+    except OSError as e:  # a full disk, a vanished directory: the output, not the input
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DualhubError(f"cannot write {final}: {os_error_text(e)}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def count(d: dict[str, int], key: str, n: int = 1) -> None:
+    d[key] = d.get(key, 0) + n
