@@ -16,9 +16,9 @@ from engine.book import walk_book
 from engine.clock import ReplayClock
 from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
-from engine.fills import EPS, FillModel, QueueState
-from engine.latency import LatencyModel
 from engine.risk import OrderIntent, reduce_only_ok
+from venue.fills import EPS, FillModel, QueueState
+from venue.latency import LatencyModel
 
 
 class SimExchange:
