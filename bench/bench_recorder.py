@@ -21,10 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from recorder.connection import ConnectionConfig
-from recorder.journal import list_segments
 from recorder.normalise import Normaliser
 from recorder.record import RecordConfig, Recorder, new_writer, normalise_segment
+from wire.connection import ConnectionConfig
+from wire.journal import list_segments
 
 TARGET = 50_000
 

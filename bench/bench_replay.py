@@ -51,7 +51,7 @@ def main() -> None:
         if args.ndjson:
             session = session_from_ndjson(args.ndjson, Path(td) / "s")
         else:
-            from replay.simulator import simulate_session
+            from venue.simulator import simulate_session
 
             session = simulate_session(Path(td) / "s", minutes=args.minutes, seed=7)
         print(f"session ready in {time.perf_counter() - t0:.1f} s")

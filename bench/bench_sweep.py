@@ -24,8 +24,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from replay.ray_sweep import ray_sweep
-from replay.simulator import simulate_session
 from replay.sweep import parse_grid, sweep
+from venue.simulator import simulate_session
 
 
 def digests(out: Path | str) -> dict[tuple[str, str], str]:

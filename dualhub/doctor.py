@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--exchange-url",
         help="Bitget REST base URL (default https://api.bitget.com; not answering = warn); "
-        "e.g. the local exchange from replay.bitget_rest",
+        "e.g. the local exchange from venue.bitget.rest_server",
     )
     p.add_argument("--symbol", default="BTCUSDT", help="contract to look up (default BTCUSDT)")
     p.add_argument(

@@ -37,10 +37,10 @@ from engine.fastinit import frozen_maker
 from engine.kev.advisor import KevContext, KevReply, context_body
 from engine.kev.failures import breaker_rows, judge
 from engine.kev.queue import KevQueue, QueueNote
-from engine.latency import ConstantLatency, LatencyModel
 from engine.portfolio import Portfolio
 from engine.risk import OrderIntent, RiskLimits, RiskState, check
 from engine.strategy import QuoteConfig, desired_quotes
+from venue.latency import ConstantLatency, LatencyModel
 
 # Timer priorities: ties at one timestamp resolve market data (10, 20) first, then these in order.
 PRIO_LABEL = 40

@@ -40,7 +40,7 @@ from engine.venues.bitget_v2_private import (
     private_args,
 )
 from engine.venues.bitget_v2_rest import Credentials
-from recorder.connection import backoff_delays, retryable
+from wire.connection import backoff_delays, retryable
 
 log = logging.getLogger(__name__)
 # The websockets library logs every frame at DEBUG, and the login frame carries the passphrase: this

@@ -2,7 +2,7 @@
 
 One asyncio loop runs everything; nothing on the tick path waits for Kev or the network:
 
-- **public feed**: the recorder's :class:`~recorder.connection.Connection` (reconnect, keepalive,
+- **public feed**: the shared :class:`~wire.connection.Connection` (reconnect, keepalive,
   rate limits, gaps) journals every frame raw first, then hands it to :meth:`LiveRunner.deliver`, which
   decodes it with the shared codec and schedules ``exchange.on_book``/``engine.on_book`` (priorities
   5/10, trades 6/20, as replay merges them) at the frame's receive stamp, then dispatches at once: the
@@ -16,14 +16,14 @@ One asyncio loop runs everything; nothing on the tick path waits for Kev or the 
   a request is a pipe write and a read. The advisor is
   wrapped in a :class:`~engine.kev.cassette.RecordingAdvisor`, so the run's ``kev_response`` events
   are a cassette;
-- **execution**: ``paper`` is :class:`replay.sim_exchange.SimExchange` (the replay fill model) on the
+- **execution**: ``paper`` is :class:`venue.exchange.SimExchange` (the replay fill model) on the
   live clock, fed the live book at receipt; ``live`` is
   :class:`~live.gateway.GatewayExecution` (Bitget REST + private WebSocket, reconciliation after
   every reconnect);
 - **recording**: market data goes into a session exactly as ``dualhub record`` writes one (journal,
   then the recorder's normaliser, so ``dualhub recover`` finishes a crashed run); the engine's events
   into ``<out>/runs/live-<SYMBOL>/`` with every delay the run observed (``latency_recorded.parquet``)
-  and the Kev cassette. :func:`live.parity.replay_config_for` gives the replay config that
+  and the Kev cassette. :func:`replay.parity.replay_config_for` gives the replay config that
   reproduces the run.
 
 Safety: a kill switch (SIGUSR1, the kill file ``<out>/KILL`` that ``dualhub kill`` writes, or
@@ -37,8 +37,9 @@ and ends the run, exit 1, when a link stays out for ``venue_lost_s``. Keys come 
 (the CLI reads the environment); nothing written or logged here contains them.
 
 Layering: ``live/`` is an application package beside ``replay/`` and ``recorder/``; it uses the
-recorder's connection and journal and replay's simulated exchange (paper mode) rather than copies,
-and ``engine/`` imports none of them (``tests/test_layout.py``).
+wire code the recorder uses (``wire/``: connection and journal), the recorder's session writer and
+the venue simulation replay uses (``venue/``: the simulated exchange in paper mode) rather than
+copies, and imports nothing of ``replay/`` (``tests/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -70,15 +71,12 @@ from engine.core import PRIO_KEV, Engine, EngineConfig, KevDone, engine_config_f
 from engine.errors import DualhubError
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
 from engine.events import BookSnapshot, InputQuarantined, ReconcileEvent, Trade, VenueStatus, events_to_table
-from engine.fills import FILL_MODELS
 from engine.kev.advisor import KevAdvisor, KevContext, KevReply
 from engine.kev.cassette import CASSETTE_FILE, Cassette, CassetteEntry, RecordingAdvisor
 from engine.kev.health import answer_times_ns, run_health
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
-from engine.latency import parse_latency
 from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig  # DEFAULT_MODEL: re-exported for the CLI
-from engine.recorded_latency import RECORDED_FILE, LatencySink, RecordingLatency
 from engine.risk import RiskLimits
 from engine.store import MANIFEST, atomic_write_parquet, open_session, sha256_file, write_json
 from engine.strategy import QuoteConfig
@@ -91,11 +89,14 @@ from live.gc_policy import IdleGC
 from live.health import LOST, Change, VenueHealth
 from live.private_ws import PrivateConfig, PrivateStream, describe
 from live.tick import TickLaya
-from recorder.connection import Connection, ConnectionConfig, SlidingWindow
-from recorder.journal import RECV, JournalWriter
 from recorder.normalise import Normaliser
 from recorder.record import JOURNAL_DIR, RECORD_JSON, finish, new_writer, normalise_segment
-from replay.sim_exchange import SimExchange
+from venue.exchange import SimExchange
+from venue.fills import FILL_MODELS
+from venue.latency import parse_latency
+from venue.recorded_latency import RECORDED_FILE, LatencySink, RecordingLatency
+from wire.connection import Connection, ConnectionConfig, SlidingWindow
+from wire.journal import RECV, JournalWriter
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +284,7 @@ class _GatedJournal:
 
 
 class _FeedConnection(Connection):
-    """The recorder's connection, also handing every frame (after the journal) to the runner, and
+    """The shared wire connection, also handing every frame (after the journal) to the runner, and
     every journal note (connect, disconnect, failed connect) to ``on_meta``."""
 
     def __init__(

@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--session", help="stream a stored session's books15/trade")
-    src.add_argument("--simulate", action="store_true", help="stream replay.simulator frames")
+    src.add_argument("--simulate", action="store_true", help="stream venue.simulator frames")
     src.add_argument("--toy", type=int, metavar="N", help="stream N steps of a built-in toy feed")
     p.add_argument("--symbols", type=_csv, default=("BTCUSDT",))
     p.add_argument("--minutes", type=float, default=5.0, help="simulator length")
@@ -96,8 +96,8 @@ def register(subparsers: Any) -> None:
 def cmd_record(a: argparse.Namespace) -> int:
     from engine.errors import check_output_path
     from engine.urls import WS, check_url
-    from recorder.connection import ConnectionConfig
     from recorder.record import RecordConfig, print_summary, run_record
+    from wire.connection import ConnectionConfig
 
     check_url(a.url, "--url", WS)
     check_output_path(a.out, directory=True)
@@ -143,7 +143,7 @@ def cmd_recover(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from replay.bitget_server import BitgetServer, Fault, session_frames, simulator_frames, toy_frames
+    from venue.bitget.public_server import BitgetServer, Fault, session_frames, simulator_frames, toy_frames
 
     try:
         faults = [Fault.parse(s) for s in a.fault]

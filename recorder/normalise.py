@@ -48,7 +48,7 @@ from engine.venues.bitget_v2_fast import (
     S_POS,
 )
 from recorder.columns import Columns
-from recorder.journal import META, RECV, SENT, Record, record_at
+from wire.journal import META, RECV, SENT, Record, record_at
 
 Event = BookSnapshot | Trade | Quarantined | Gap
 
@@ -404,7 +404,7 @@ def warm_up() -> None:
     if _warm:
         return
     from engine.venues.bitget_v2 import encode_books15, encode_trades
-    from recorder.journal import _REC
+    from wire.journal import _REC
 
     frames = [
         encode_books15("WARMUP", ts_ms=1, seq=1, bids=[("1.0", "1")], asks=[("2.0", "1")], push_ts_ms=1),

@@ -7,7 +7,7 @@ Layout of a recording directory::
     <out>/<stream>/part-NNNNN.parquet
     <out>/manifest.json             written last: the session is complete
 
-Connections (``recorder.connection``, at most 50 channels each) write every frame to the journal
+Connections (``wire.connection``, at most 50 channels each) write every frame to the journal
 first. A flush timer writes a journal block every ``flush_interval_ms``; when the segment is due for
 rotation (``rotate_s`` / ``rotate_bytes``) it is finished (fsync + rename) and normalised in a worker
 thread into Parquet parts through the codec. SIGINT/SIGTERM, ``duration_s`` or every connection
@@ -36,15 +36,15 @@ import orjson
 from engine.errors import DualhubError, os_error_text
 from engine.store import MANIFEST, SessionWriter, write_json
 from engine.venues.bitget_v2 import INST_TYPE, WS_PUBLIC_URL, arg
-from recorder.connection import (
+from recorder.normalise import Normaliser, warm_up
+from wire.connection import (
     MAX_CHANNELS_PER_CONNECTION,
     Connection,
     ConnectionConfig,
     SlidingWindow,
     shard_args,
 )
-from recorder.journal import JournalWriter, SegmentScan, iter_blocks, iter_segment
-from recorder.normalise import Normaliser, warm_up
+from wire.journal import JournalWriter, SegmentScan, iter_blocks, iter_segment
 
 log = logging.getLogger(__name__)
 

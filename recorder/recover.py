@@ -20,7 +20,6 @@ import orjson
 from engine.errors import os_error_text
 from engine.events import STREAMS
 from engine.store import MANIFEST, SessionError
-from recorder.journal import MAGIC, SegmentScan, finalise_dangling, list_segments
 from recorder.normalise import Normaliser
 from recorder.record import (
     JOURNAL_DIR,
@@ -30,6 +29,7 @@ from recorder.record import (
     normalise_segment,
     remove_tmp_files,
 )
+from wire.journal import MAGIC, SegmentScan, finalise_dangling, list_segments
 
 
 def recover(root: Path | str) -> dict[str, Any]:

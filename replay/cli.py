@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from engine.errors import DualhubError, check_output_path
-from engine.fills import FILL_MODELS
+from venue.fills import FILL_MODELS
 
-# What each fill model assumes about a resting order's place in the queue (engine/fills.py).
+# What each fill model assumes about a resting order's place in the queue (venue/fills.py).
 FILL_MODEL_HELP = {
     "touch": "a trade at or through our price fills us up to its size: no queue ahead (optimistic)",
     "through": "only a trade strictly through our price fills us (pessimistic, no queue tracking)",
@@ -136,7 +136,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from replay.simulator import simulate_session
+    from venue.simulator import simulate_session
 
     if (args.out / "manifest.json").exists():
         raise DualhubError(f"{args.out} already holds a session; choose another --out")
@@ -248,7 +248,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from engine.report.report import print_report
     from replay.driver import ReplayConfig, run_replay
-    from replay.simulator import simulate_session
+    from venue.simulator import simulate_session
 
     if not (args.out / "manifest.json").exists():
         print(f"simulating {args.minutes:g} minutes of BTCUSDT (seed {args.seed}) into {args.out}")

@@ -31,7 +31,6 @@ from engine.errors import DualhubError, check_output_path
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
 from engine.events import STREAMS, BookSnapshot, Trade
 from engine.fastinit import frozen_maker
-from engine.fills import FILL_MODELS
 from engine.kev.cassette import Cassette, CassetteAdvisor, answered_by
 from engine.kev.health import run_health
 from engine.kev.lag import EmpiricalLag
@@ -39,7 +38,6 @@ from engine.kev.llama import LlamaAdvisor, LlamaConfig
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
-from engine.latency import LatencyModel, LognormalLatency, ScaledLatency, parse_latency
 from engine.laya.features import features_v0
 from engine.laya.features_fast import features_v0_table
 from engine.laya.features_v1 import FeaturesV1, features_v1_batch
@@ -55,11 +53,9 @@ from engine.store import (
 )
 from engine.strategy import QuoteConfig
 from replay import fast_path
-from replay.batch_latency import sample_many
 from replay.book_source import InvalidRows, StreamedBooks, one_symbol
 from replay.fast_path import KernelRun, KernelUnsupported, LookAheadError, config_unsupported, unsupported
 from replay.label_columns import LabelColumns
-from replay.sim_exchange import SimExchange
 from replay.tape_stream import (
     ONE_CLOCK,
     FeedClock,
@@ -71,6 +67,10 @@ from replay.tape_stream import (
     streamable,
 )
 from replay.walk import StreamedWalk, WalkStream
+from venue.batch_latency import sample_many
+from venue.exchange import SimExchange
+from venue.fills import FILL_MODELS
+from venue.latency import LatencyModel, LognormalLatency, ScaledLatency, parse_latency
 
 CLOCK_WARN_NS = 100_000_000  # a session whose clocks disagree by more than this is warned about
 KEV_MODES = ("sim", "cassette", "llm")
@@ -100,7 +100,7 @@ class ReplayConfig:
     # "auto": the features the model was trained on (its metadata); "v0" (books15) or "v1" (books15 +
     # trades): those, and the model must match
     laya_features: str = "auto"
-    # Latency models: "const:5ms", "lognormal:p5=2ms,p95=8ms" or "empirical:PATH" (see engine.latency).
+    # Latency models: "const:5ms", "lognormal:p5=2ms,p95=8ms" or "empirical:PATH" (see venue.latency).
     latency_laya: str = "const:200us"  # Laya compute: the label is an event at book receipt + this
     latency_order_entry: str = "const:5ms"  # local send -> exchange accepts
     latency_order_response: str = "const:5ms"  # exchange -> local (acks, fills, rejects)
@@ -124,7 +124,7 @@ class ReplayConfig:
     kev_miss_policy: str = "fail"  # cassette miss: "fail", "sim" (rules + lag model) or "live" (llm)
     kev_url: str = ""  # llama-server base URL (llm mode, and live misses)
     kev_lag_fit: str = ""  # lag.json from `dualhub kev fit-lag`: measured lag instead of lognormal
-    fill_model: str = "queue_power2"  # engine.fills.FILL_MODELS; a queue position, not touch's none
+    fill_model: str = "queue_power2"  # venue.fills.FILL_MODELS; a queue position, not touch's none
     # What-if multipliers on modelled latencies (``--scale-latency kev=2,laya=1,order=0.5,feed=1``).
     scale_kev: float = 1.0
     scale_laya: float = 1.0

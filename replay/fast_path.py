@@ -23,16 +23,16 @@ from engine.core import LABEL_NAMES, Engine, EngineConfig
 from engine.eventlog import EventLog
 from engine.events import STREAMS
 from engine.fastinit import frozen_maker
-from engine.fills import FILL_MODELS
 from engine.kev.advisor import KevContext
 from engine.kev.command import ACTIONS
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
-from engine.latency import ConstantLatency, LatencyModel, ScaledLatency
 from replay import kernel as K
-from replay.batch_latency import sample_many
 from replay.walk import StreamedWalk
+from venue.batch_latency import sample_many
+from venue.fills import FILL_MODELS
+from venue.latency import ConstantLatency, LatencyModel, ScaledLatency
 
 
 class LookAheadError(RuntimeError):

@@ -2,7 +2,7 @@
 numba state machine over the merged walk.
 
 It is a transcription of ``engine/core.py``, ``engine/risk.py``, ``engine/strategy.py``,
-``engine/kev/queue.py``, ``engine/kev/rules.py``, ``replay/sim_exchange.py`` and ``engine/fills.py``
+``engine/kev/queue.py``, ``engine/kev/rules.py``, ``venue/exchange.py`` and ``venue/fills.py``
 for the configurations :mod:`replay.fast_path` accepts, and its contract is *equality*: the same
 events, field for field and bit for bit, as the Python engine gives on the same walk
 (``tests/test_replay_kernel.py`` checks whole runs). Python stays the reference and the code live
@@ -381,7 +381,7 @@ def _heap_pop(S, HI, HF, tmpi, tmpf):
 
 @nb.njit(cache=True)
 def _level_qty(bk, side, px):
-    """engine.fills.level_qty: size at px on our side; -1.0 for 'beyond the window' (None)."""
+    """venue.fills.level_qty: size at px on our side; -1.0 for 'beyond the window' (None)."""
     off = 0 if side == BUY else 30
     half_tick = 1e-9 * pmax(1.0, abs(px))
     deepest = NAN

@@ -38,7 +38,7 @@ def build(
     """Simulate the training sessions, train, write ``out``; returns the training metrics."""
     from engine.laya.training import train_model
     from engine.store import open_session
-    from replay.simulator import simulate_session
+    from venue.simulator import simulate_session
 
     with tempfile.TemporaryDirectory(prefix="laya-train-") as tmp:
         tables = []
@@ -50,7 +50,7 @@ def build(
         metadata = {
             "producer": "replay.make_default_model",
             "training_sessions": {
-                "simulator": "replay.simulator.simulate_session",
+                "simulator": "venue.simulator.simulate_session",
                 "symbol": symbol,
                 "minutes": minutes,
                 "seeds": list(seeds),

@@ -264,7 +264,7 @@ def param_column(name: str) -> str:
 
 
 CODE_ROOTS: Final = ("replay.sweep",)  # the code version covers these and what they import, transitively
-_PACKAGES: Final = ("engine", "replay")
+_PACKAGES: Final = ("engine", "venue", "replay")
 
 
 def _module_file(root: Path, name: str) -> Path | None:
@@ -286,7 +286,7 @@ def _imported(tree: ast.AST) -> Iterator[str]:
 
 
 def code_sources(root: Path | None = None) -> list[Path]:
-    """The files a replay's result depends on: the modules of ``engine``/``replay`` that
+    """The files a replay's result depends on: the modules of ``engine``/``venue``/``replay`` that
     :data:`CODE_ROOTS` import (transitively, by reading their ``import`` statements, so a module
     nobody on the replay path imports, e.g. live trading, is not part of it), with their packages'
     ``__init__``, the report's SQL and the bundled default Laya model."""

@@ -1,9 +1,12 @@
-"""Subcommands ``diff`` (first divergence between two runs), ``sweep`` (what-if grids) and ``sql``
-(DuckDB over a run through the views in ``engine/report/views.sql``)."""
+"""Subcommands ``diff`` (first divergence between two runs), ``parity`` (replay a live session as it
+happened and report the first divergence from what the live run decided: ``replay/parity.py``),
+``sweep`` (what-if grids) and ``sql`` (DuckDB over a run through the views in
+``engine/report/views.sql``)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from collections.abc import Iterator
@@ -38,6 +41,27 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser(
+        "parity",
+        help="replay a live session as it happened; print 'no divergence' or the first divergence",
+        description="Replays each run of LIVE_SESSION (runs/live-<SYMBOL>) with what the live run observed: "
+        "its Laya latencies, order and cancel delays, Kev answers with their lags (its cassette) and market "
+        "data at receipt, then compares labels, Kev and decisions with the live run's events. Exit 0: no "
+        "divergence; 1: a divergence (shown with context). A --live (real orders) session is compared up to "
+        "the first execution report: the venue's acks and fills cannot be reproduced, and it says so.",
+    )
+    p.add_argument(
+        "session",
+        metavar="LIVE_SESSION",
+        type=Path,
+        help="a `dualhub live` session directory (or one of its runs)",
+    )
+    p.add_argument(
+        "--out", type=Path, help="where the replays go (default SESSION/runs): DIR/parity-<SYMBOL>"
+    )
+    p.add_argument("--context", type=int, default=5, help="events of context around a divergence (5)")
+    p.set_defaults(func=cmd_parity)
 
     p = sub.add_parser(
         "sweep",
@@ -122,6 +146,59 @@ def cmd_diff(args: argparse.Namespace) -> int:
     else:
         print_diff(result)
     return 1 if result.diverged else 0
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    from replay.diff import print_diff
+    from replay.parity import NOT_REPRODUCED, check_parity, live_runs
+
+    if args.context < 0:
+        raise DualhubError(f"--context must be >= 0, not {args.context}")
+    runs = live_runs(args.session)
+    worst = 0
+    for run in runs:
+        r = check_parity(run, args.out, context=args.context)
+        d = r.diff
+        print(f"parity: {run}  ({r.mode} run)")
+        print(f"  replay   {r.replay_run}")
+        kev = r.kev
+        print(
+            f"  kev      cassette: {kev.get('hits', 0)} hits, {kev.get('misses', 0)} misses "
+            f"({d.counts_a.get('kev_request', 0)} requests in the live run)"
+        )
+        if kev.get("misses"):
+            print(
+                f"  WARNING  {kev['misses']} Kev requests missed the run's cassette: "
+                "the replay did not get the live run's answers for them"
+            )
+        print(f"  compared {', '.join(d.streams)}: {r.compared} of the live run's {r.total} events")
+        if r.mode == "live":
+            print(f"  NOTE     {NOT_REPRODUCED}")
+            if r.window_end_ns is None:
+                print("           (no execution report in either run: the whole run is compared)")
+            else:
+                print(
+                    f"           the first report came at ts_recv {r.window_end_ns}; the "
+                    f"{r.total - r.compared} events from then on are not compared"
+                )
+        if r.labels is not None:
+            lab = r.labels
+            verdict = "DIVERGED (below)" if lab.diverged else f"no divergence ({lab.compared_a} identical)"
+            print(f"  labels   compared over the whole run (market data and Laya only): {verdict}")
+            if lab.diverged:
+                print_diff(dataclasses.replace(lab, provenance=[]))
+        if r.window_diverged:
+            # a live config beside a replay config differs in every field: no news, left out
+            print_diff(dataclasses.replace(d, provenance=[]))
+        elif d.divergence is not None:
+            print(
+                f"  no divergence before the first execution report ({d.identical_prefix} events identical); "
+                f"from ts_recv {d.divergence.ts_recv} on the runs differ, as expected with venue reports"
+            )
+        else:
+            print(f"  no divergence: {d.identical_prefix} events identical in the live run and its replay")
+        worst = max(worst, int(r.diverged))
+    return worst
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

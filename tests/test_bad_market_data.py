@@ -16,8 +16,8 @@ from dualhub.cli import main
 from engine import validate as V
 from engine.store import SessionWriter, open_session, sha256_file
 from replay.driver import ReplayConfig, run_replay
-from replay.simulator import simulate_session
 from tests.helpers import make_book
+from venue.simulator import simulate_session
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from engine.events import BookSnapshot, Trade
 from engine.store import SessionWriter
 from engine.venues.bitget_v2 import StreamCounters, arg, decode, subscribe_request
 from engine.venues.bitget_v2_books import BookFault, BooksState, decode_with_books
-from replay.bitget_server import BitgetServer, Fault, session_frames, simulator_frames, toy_frames
+from venue.bitget.public_server import BitgetServer, Fault, session_frames, simulator_frames, toy_frames
 
 SYMS = ("BTCUSDT", "ETHUSDT")
 

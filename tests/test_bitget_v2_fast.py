@@ -10,7 +10,7 @@ import pytest
 from engine.events import Quarantined
 from engine.venues.bitget_v2 import StreamCounters, decode, encode_books15
 from engine.venues.bitget_v2_fast import Books15Scanner, decode_fast
-from replay.simulator import generate_frames
+from venue.simulator import generate_frames
 
 DOC_FRAME = (
     b'{"action":"snapshot","arg":{"instType":"USDT-FUTURES","channel":"books15","instId":"BTCUSDT"},'

@@ -10,7 +10,7 @@ import pytest
 from engine.events import Quarantined, Trade
 from engine.venues.bitget_v2 import StreamCounters, decode, encode_trades
 from engine.venues.bitget_v2_fast import MAX_TS_MS, TradeScanner, decode_fast
-from replay.simulator import generate_frames
+from venue.simulator import generate_frames
 
 DOC_FRAME = (
     b'{"action":"snapshot","arg":{"instType":"USDT-FUTURES","channel":"trade","instId":"BTCUSDT"},'

@@ -21,9 +21,9 @@ import pytest
 
 from dualhub.cli import main
 from engine.store import open_session
-from recorder.journal import RECV, replay
 from replay.driver import ReplayConfig, run_replay
-from replay.simulator import simulate_session
+from venue.simulator import simulate_session
+from wire.journal import RECV, replay
 
 REPO = Path(__file__).resolve().parents[1]
 

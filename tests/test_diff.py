@@ -13,7 +13,7 @@ from engine.errors import DualhubError
 from engine.events import STREAMS
 from replay.diff import DECISION_STREAMS, IGNORED_FIELDS, FieldDiff, diff_runs
 from replay.driver import ReplayConfig, run_replay
-from replay.simulator import simulate_session
+from venue.simulator import simulate_session
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from engine.contract import ContractConfig
 from engine.diagnostics import checks as ch
 from engine.diagnostics import exchange, gpu, kev, laya, machine, onnx
 from engine.diagnostics.checks import Check, DoctorConfig
-from replay.bitget_rest import BitgetRestServer, contract_row
+from venue.bitget.rest_server import BitgetRestServer, contract_row
 
 SONAME = re.compile(r"^lib[\w+-]+(\.[\w+-]+)*\.so(\.\d+)*$")
 FAKE_SECRETS = {

@@ -6,7 +6,10 @@ import pytest
 
 from engine.clock import ReplayClock
 from engine.events import Trade
-from engine.fills import (
+from engine.risk import OrderIntent
+from tests.helpers import make_book
+from venue.exchange import SimExchange
+from venue.fills import (
     FILL_MODELS,
     QueueFillModel,
     QueueState,
@@ -17,10 +20,7 @@ from engine.fills import (
     log_prob,
     power_prob,
 )
-from engine.latency import ConstantLatency
-from engine.risk import OrderIntent
-from replay.sim_exchange import SimExchange
-from tests.helpers import make_book
+from venue.latency import ConstantLatency
 
 
 def trade(px, sz, side="sell", ts=1):

@@ -17,8 +17,8 @@ from engine.venues.bitget_v2 import encode_books15, encode_trades
 from engine.venues.bitget_v2_books import BooksOptions, BooksState
 from recorder.importers.binance import import_binance
 from recorder.importers.bitget_v1 import iter_capture, seconds_to_ns, to_v2
-from recorder.journal import RECV, Record
 from recorder.normalise import Normaliser
+from wire.journal import RECV, Record
 
 REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "real"
 BINANCE = REAL / "binance-usdm" / "usdm_btcusdt_20240808.gz"

@@ -29,15 +29,15 @@ from engine.kev.advisor import KevContext, KevReply
 from engine.kev.cassette import Cassette, answered_by
 from engine.kev.health import answer_times_ns, recommend_timeout_ms
 from engine.kev.sim import SimKevBackend
-from engine.latency import ConstantLatency
-from engine.recorded_latency import RECORDED_FILE
 from live.runner import LiveConfig, run_live
 from replay import driver
-from replay.bitget_server import simulator_frames
 from replay.driver import ReplayConfig, run_replay
 from replay.kev_cli import fit_runs
-from replay.local_exchange import LocalExchange, LocalExchangeThread
-from replay.simulator import simulate_session
+from venue.bitget.exchange import LocalExchange, LocalExchangeThread
+from venue.bitget.public_server import simulator_frames
+from venue.latency import ConstantLatency
+from venue.recorded_latency import RECORDED_FILE
+from venue.simulator import simulate_session
 
 GOOD = orjson.dumps(
     {"action": "LEAN_BUY", "target_position": 0.01, "hedge_ratio": 0.0, "max_slippage_bps": 5, "reason": "ok"}

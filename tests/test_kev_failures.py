@@ -25,7 +25,7 @@ from engine.kev.failures import FAILURE_KINDS, classify, judge
 from engine.kev.llama import CircuitBreaker, LlamaAdvisor, LlamaConfig
 from replay.diff import diff_runs
 from replay.driver import ReplayConfig, run_replay
-from replay.simulator import simulate_session
+from venue.simulator import simulate_session
 
 GOOD = orjson.dumps(
     {"action": "LEAN_BUY", "target_position": 0.01, "hedge_ratio": 0.0, "max_slippage_bps": 5, "reason": "ok"}

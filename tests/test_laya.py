@@ -77,7 +77,7 @@ def trained_model(tmp_path_factory: pytest.TempPathFactory, synth_table: pa.Tabl
 @pytest.fixture(scope="module")
 def sim_books() -> pa.Table:
     """books15 of a short simulated session (demo seed 7)."""
-    simulator = pytest.importorskip("replay.simulator")
+    simulator = pytest.importorskip("venue.simulator")
     from engine.store import open_session
 
     with tempfile.TemporaryDirectory() as tmp:

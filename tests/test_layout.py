@@ -1,22 +1,83 @@
-"""engine/ is the shared core: it imports neither replay/, recorder/ nor live/ (checked on the source)."""
+"""The package tree is the architecture: which top-level package may import which (checked on the source).
+
+``docs/ARCHITECTURE.md`` ("Packages") has the same map in words. Every ``import``/``from`` statement
+counts, lazy ones inside functions too; ``dualhub/cli.py`` reaches the subcommand modules by name
+(``importlib``), which is the one way in from ``dualhub``.
+"""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN = ("replay", "recorder", "live", "dualhub")
+PACKAGES = ("engine", "venue", "wire", "recorder", "replay", "live", "dualhub")
+
+# What each package may import besides itself. ``engine`` importing ``venue`` is safe only because
+# ``venue`` imports no application package (it sits below them all, beside ``engine``).
+ALLOWED = {
+    "engine": {"venue"},  # the latency models alone: see ENGINE_FROM_VENUE
+    "venue": {"engine"},
+    "wire": {"engine"},  # codecs and file helpers alone: see WIRE_FROM_ENGINE
+    "recorder": {"engine", "wire", "venue"},  # venue: `dualhub serve` runs the local public server
+    "replay": {"engine", "venue"},
+    "live": {"engine", "venue", "wire", "recorder"},  # recorder: the public feed recorded as a session
+    "dualhub": {"engine"},
+}
+# The engine delays Laya labels and Kev answers by a latency model (and records them live).
+ENGINE_FROM_VENUE = ("venue.latency", "venue.recorded_latency")
+# The connection speaks Bitget's public protocol (engine.venues) and the journal fsyncs (engine.store).
+WIRE_FROM_ENGINE = ("engine.venues", "engine.store")
 
 
-def test_engine_imports_no_application_package():
-    offenders = []
-    for path in sorted((ROOT / "engine").rglob("*.py")):
+def _imports(top: str) -> list[tuple[str, int, str]]:
+    """(file, line, imported module) for every absolute import in package ``top``."""
+    found = []
+    for path in sorted((ROOT / top).rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            names = []
             if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
+                found += [(rel, node.lineno, a.name) for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            offenders += [
-                f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in FORBIDDEN
-            ]
-    assert not offenders, "engine must not import application packages:\n" + "\n".join(offenders)
+                # `from venue import simulator` names the module venue.simulator
+                found += [(rel, node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return found
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_every_package_imports_only_what_the_map_allows():
+    offenders = []
+    for top in PACKAGES:
+        for rel, line, name in _imports(top):
+            other = name.split(".")[0]
+            if other in PACKAGES and other != top and other not in ALLOWED[top]:
+                offenders.append(f"{rel}:{line} {name} ({top} may import {sorted(ALLOWED[top])})")
+    assert not offenders, "imports against the package map:\n" + "\n".join(offenders)
+
+
+def test_engine_takes_only_latency_models_from_the_venue():
+    offenders = [
+        f"{rel}:{line} {name}"
+        for rel, line, name in _imports("engine")
+        if name.split(".")[0] == "venue" and not _within(name, ENGINE_FROM_VENUE)
+    ]
+    assert not offenders, "engine may import only the venue's latency models:\n" + "\n".join(offenders)
+
+
+def test_wire_takes_only_codecs_and_file_helpers_from_the_engine():
+    offenders = [
+        f"{rel}:{line} {name}"
+        for rel, line, name in _imports("wire")
+        if name.split(".")[0] == "engine" and not _within(name, WIRE_FROM_ENGINE)
+    ]
+    assert not offenders, "wire may import only engine.venues and engine.store:\n" + "\n".join(offenders)
+
+
+def test_the_map_covers_every_package_and_the_rules_hold_on_the_real_tree():
+    # a new top-level package must get a line here (and in docs/ARCHITECTURE.md)
+    tops = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert tops == set(PACKAGES), f"top-level packages {sorted(tops)} != the map's {sorted(PACKAGES)}"
+    # the checks above read real imports: each allowed edge that matters is in use
+    used = {(top, n.split(".")[0]) for top in PACKAGES for _, _, n in _imports(top)}
+    assert {("engine", "venue"), ("live", "wire"), ("recorder", "wire"), ("replay", "venue")} <= used

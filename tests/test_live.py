@@ -25,23 +25,23 @@ from dualhub.cli import main
 from engine.clock import TimerKey
 from engine.core import Engine
 from engine.errors import DualhubError
-from engine.latency import parse_latency
 from engine.portfolio import Portfolio
-from engine.recorded_latency import RECORDED_FILE
 from engine.risk import OrderIntent
 from engine.store import open_session
 from engine.venues.bitget_v2_rest import Credentials, place_order_body
 from live.clock import LiveClock
 from live.gateway import BitgetGateway, GatewayExecution
-from live.parity import replay_config_for
 from live.private_ws import PrivateConfig, PrivateStream
 from live.runner import LiveConfig, LiveRunner, endpoints, run_live
-from recorder.journal import iter_segment
-from replay.bitget_server import simulator_frames
 from replay.diff import COMPARABLE_STREAMS, diff_runs
 from replay.driver import run_replay
-from replay.local_exchange import LocalExchange, LocalExchangeThread
+from replay.parity import replay_config_for
 from tests.helpers import make_book
+from venue.bitget.exchange import LocalExchange, LocalExchangeThread
+from venue.bitget.public_server import simulator_frames
+from venue.latency import parse_latency
+from venue.recorded_latency import RECORDED_FILE
+from wire.journal import iter_segment
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIRM = "--i-understand-this-trades-real-money"

@@ -12,8 +12,8 @@ import pytest
 from dualhub.cli import main
 from engine.venues.bitget_v2_rest import Credentials
 from live.runner import LiveConfig, run_live
-from replay.bitget_server import simulator_frames
-from replay.local_exchange import LocalExchange, LocalExchangeThread
+from venue.bitget.exchange import LocalExchange, LocalExchangeThread
+from venue.bitget.public_server import simulator_frames
 
 SPEED = 10.0
 

@@ -22,8 +22,8 @@ from engine.strategy import QuoteConfig
 from engine.venues.bitget_v2_rest import Credentials
 from live.health import VenueHealth
 from live.runner import LiveConfig, LiveRunner
-from replay.bitget_server import simulator_frames
-from replay.local_exchange import LocalExchange, LocalExchangeThread
+from venue.bitget.exchange import LocalExchange, LocalExchangeThread
+from venue.bitget.public_server import simulator_frames
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIRM = "--i-understand-this-trades-real-money"

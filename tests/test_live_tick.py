@@ -15,7 +15,7 @@ from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig
 from engine.venues.bitget_v2 import StreamCounters, decode, encode_books15
 from engine.venues.bitget_v2_fast import Books15Scanner
 from live.tick import TickLaya
-from replay.simulator import generate_frames
+from venue.simulator import generate_frames
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_engine_keep_warm_changes_no_decision(tmp_path, monkeypatch):
     answer and trade writes the same files as one that never does."""
     from engine.core import Engine
     from replay.driver import ReplayConfig, run_replay
-    from replay.simulator import simulate_session
+    from venue.simulator import simulate_session
 
     session = simulate_session(tmp_path / "s", minutes=2.0, seed=5)
     cfg = ReplayConfig(fill_model="queue_power2")

@@ -30,9 +30,9 @@ from engine.venues.bitget_v2_rest import (
     place_order_body,
 )
 from live.gateway import BitgetGateway, RateLimiter
-from replay.bitget_server import toy_frames
-from replay.local_exchange import LocalExchange, LocalExchangeThread
 from tests.helpers import make_book
+from venue.bitget.exchange import LocalExchange, LocalExchangeThread
+from venue.bitget.public_server import toy_frames
 
 CREDS = Credentials("local-key", "local-secret", "local-passphrase")
 

@@ -18,11 +18,11 @@ import pytest
 from engine.venues.bitget_v2 import encode_books15, encode_trades
 from engine.venues.bitget_v2_fast import REC_HEADER
 from recorder.columns import Columns
-from recorder.journal import _REC, JournalWriter, list_segments
 from recorder.normalise import Normaliser
 from recorder.record import finish, new_writer, normalise_segment
-from replay.bitget_server import Fault, simulator_frames, toy_frames
 from tests.test_recorder import SYMS, record, run
+from venue.bitget.public_server import Fault, simulator_frames, toy_frames
+from wire.journal import _REC, JournalWriter, list_segments
 
 ASKED = {"url": "ws://test", "symbols": ["BTCUSDT", "ETHUSDT"], "channels": ["books15", "trade"]}
 
@@ -221,7 +221,7 @@ def test_recover_uses_the_same_path(tmp_path: Path) -> None:
 
 def test_live_arg_memo_equals_peek_arg() -> None:
     """The live path's memoised ``arg`` lookup answers what parsing every frame answered."""
-    from recorder.connection import ArgKeys, arg_key, peek_arg
+    from wire.connection import ArgKeys, arg_key, peek_arg
 
     keys = ArgKeys()
     frames = [

@@ -18,7 +18,7 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 @pytest.fixture(scope="module")
 def session_and_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from replay.driver import ReplayConfig, run_replay
-    from replay.simulator import simulate_session
+    from venue.simulator import simulate_session
 
     root = tmp_path_factory.mktemp("nb")
     session = simulate_session(root / "session", minutes=1.5, seed=9)

@@ -10,11 +10,11 @@ import pytest
 
 from engine.clock import ReplayClock
 from engine.errors import DualhubError
-from engine.latency import ConstantLatency, EmpiricalLatency, ScaledLatency, parse_duration_ns, parse_latency
 from engine.store import open_session
 from replay.driver import LookAheadError, ReplayConfig, _BatchLabeler, _Tape, run_replay
-from replay.simulator import simulate_session
 from tests.helpers import make_book
+from venue.latency import ConstantLatency, EmpiricalLatency, ScaledLatency, parse_duration_ns, parse_latency
+from venue.simulator import simulate_session
 
 
 @pytest.fixture(scope="module")

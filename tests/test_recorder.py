@@ -28,7 +28,10 @@ from websockets.exceptions import InvalidStatus, InvalidURI
 
 from engine.store import open_session
 from engine.venues.bitget_v2 import arg
-from recorder.connection import (
+from recorder.record import RecordConfig, Recorder, RecordError
+from recorder.recover import recover
+from venue.bitget.public_server import BitgetServer, Fault, toy_frames
+from wire.connection import (
     ConnectionConfig,
     SlidingWindow,
     backoff_delays,
@@ -37,10 +40,7 @@ from recorder.connection import (
     retryable,
     shard_args,
 )
-from recorder.journal import META, RECV, JournalWriter, finalise_dangling, iter_segment, list_segments, replay
-from recorder.record import RecordConfig, Recorder, RecordError
-from recorder.recover import recover
-from replay.bitget_server import BitgetServer, Fault, toy_frames
+from wire.journal import META, RECV, JournalWriter, finalise_dangling, iter_segment, list_segments, replay
 
 SYMS = ("BTCUSDT", "ETHUSDT")
 REPO = Path(__file__).resolve().parents[1]

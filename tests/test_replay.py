@@ -15,7 +15,7 @@ from engine.eventlog import OUTPUT_STREAMS
 from engine.report.report import run_report
 from engine.store import open_session
 from replay.driver import DEFAULT_MODEL, ReplayConfig, run_replay
-from replay.simulator import simulate_session
+from venue.simulator import simulate_session
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,11 +15,11 @@ from engine.clock import ReplayClock
 from engine.eventlog import OUTPUT_STREAMS, EventLog
 from engine.events import BookSnapshot, Fill, LatencySpan, OrderEvent, Trade
 from engine.fastinit import frozen_maker
-from engine.latency import ConstantLatency, EmpiricalLatency, ScaledLatency, parse_latency
 from engine.risk import OrderIntent, RiskLimits
-from replay.batch_latency import sample_many
 from replay.driver import ReplayConfig, run_replay
-from replay.simulator import simulate_session
+from venue.batch_latency import sample_many
+from venue.latency import ConstantLatency, EmpiricalLatency, ScaledLatency, parse_latency
+from venue.simulator import simulate_session
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from engine.eventlog import OUTPUT_STREAMS
 from engine.risk import RiskLimits
 from replay import kernel as K
 from replay.driver import LookAheadError, ReplayConfig, run_replay
-from replay.simulator import simulate_session
+from venue.simulator import simulate_session
 
 
 @pytest.fixture(scope="module")
@@ -408,9 +408,9 @@ def test_a_multi_symbol_session_reads_its_symbol(tmp_path):
 def test_the_merged_walk_is_the_sorted_walk(session, feed):
     """replay/walk.py's chunked merge gives tape.order()'s entries in its order, ties included."""
     import replay.driver as driver
-    from engine.latency import parse_latency
     from engine.store import open_session
     from replay.walk import StreamedWalk
+    from venue.latency import parse_latency
 
     s = open_session(session)
     rng = np.random.default_rng(1)

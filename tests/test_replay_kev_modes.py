@@ -11,7 +11,7 @@ from engine.errors import DualhubError
 from engine.kev.cassette import Cassette
 from replay.driver import ReplayConfig, run_replay
 from replay.kev_cli import fit_runs
-from replay.simulator import simulate_session
+from venue.simulator import simulate_session
 
 DECISIONS = ("command", "risk", "order", "fill")
 

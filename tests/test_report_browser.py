@@ -47,7 +47,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], i
     from engine.report.html import write_html
     from engine.report.report import run_report
     from replay.driver import ReplayConfig, run_replay
-    from replay.simulator import simulate_session
+    from venue.simulator import simulate_session
 
     root = tmp_path_factory.mktemp("browser")
     session = simulate_session(root / "session", minutes=1.0, seed=5)

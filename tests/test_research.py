@@ -40,7 +40,7 @@ TRAIN_ARGS = ["--lean-bps", "1.0", "--emergency-bps", "3.0", "--folds", "3", "--
 
 @pytest.fixture(scope="module")
 def sim_sessions(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    from replay.simulator import simulate_session
+    from venue.simulator import simulate_session
 
     root = tmp_path_factory.mktemp("research")
     return [simulate_session(root / f"sim-{seed}", minutes=1.5, seed=seed) for seed in (31, 33)]

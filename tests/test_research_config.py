@@ -19,15 +19,15 @@ import pytest
 
 from dualhub.cli import build_parser, main
 from engine.errors import DualhubError
-from engine.fills import FILL_MODELS
 from engine.laya.labels import LabelConfig
 from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig
 from engine.store import SessionError, open_session
 from replay import fast_path
 from replay.cli import FILL_MODEL_HELP
 from replay.driver import ReplayConfig, _in_sample, _Tape, run_replay
-from replay.simulator import simulate_session
 from replay.tape_stream import FeedClock, exchange_times
+from venue.fills import FILL_MODELS
+from venue.simulator import simulate_session
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_FILE = REPO.parent / "shared" / "data" / "real" / "binance-usdm" / "usdm_btcusdt_20240808.gz"

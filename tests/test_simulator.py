@@ -13,7 +13,7 @@ import pytest
 from engine.events import BOOK_LEVELS, BookSnapshot, Trade
 from engine.store import open_session
 from engine.venues.bitget_v2 import MS, StreamCounters, decode
-from replay.simulator import DEFAULT_START_MS, SimConfig, _Market, _Tape, generate_frames, simulate_session
+from venue.simulator import DEFAULT_START_MS, SimConfig, _Market, _Tape, generate_frames, simulate_session
 
 PX_RE = re.compile(r"^[1-9]\d*\.\d$")  # tick 0.1: exactly one decimal
 SZ_RE = re.compile(r"^\d+\.\d{3}$")  # size step 0.001: exactly three decimals

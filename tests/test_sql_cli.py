@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from replay.driver import ReplayConfig, run_replay
-    from replay.simulator import simulate_session
+    from venue.simulator import simulate_session
 
     root = tmp_path_factory.mktemp("sql")
     session = simulate_session(root / "session", minutes=1.0, seed=4)

@@ -10,8 +10,8 @@ from engine.errors import DualhubError
 from engine.report.report import run_report
 from engine.risk import RiskLimits
 from replay.driver import ReplayConfig, run_replay
-from replay.simulator import simulate_session
 from replay.sweep import apply_scales, build_config, parse_grid, parse_scale_latency
+from venue.simulator import simulate_session
 
 GRID = """
 [base]

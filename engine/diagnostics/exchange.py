@@ -134,7 +134,7 @@ def exchange_checks(cfg: DoctorConfig, *, env: Mapping[str, str]) -> list[Check]
                     status=unreachable,
                     evidence=f"{url}{TIME_PATH}{default_note}: {why}",
                     fix="check network/DNS/proxy, or point --exchange-url at the local exchange "
-                    "(replay.bitget_rest)",
+                    "(venue.bitget.rest_server)",
                     data={"url": url, "error": why},
                 )
             )

@@ -29,8 +29,8 @@ from engine.clock import Clock
 from engine.core import PRIO_KEV, KevDone
 from engine.events import Nanos
 from engine.kev.advisor import KevAdvisor, KevContext
-from engine.latency import LatencyModel
-from engine.recorded_latency import LatencySink
+from venue.latency import LatencyModel
+from venue.recorded_latency import LatencySink
 
 
 class SimKevBackend:

@@ -1,6 +1,6 @@
-"""Simulated exchange for replay: order entry, cancel and response latency; resting limit orders
-filled through a :class:`FillModel` (queue position on L2 snapshots); market and marketable limit
-orders walking the book (taker, with slippage).
+"""Simulated exchange (replay and live paper mode): order entry, cancel and response latency;
+resting limit orders filled through a :class:`FillModel` (queue position on L2 snapshots); market and
+marketable limit orders walking the book (taker, with slippage).
 
 The exchange sees market data at exchange time (``ts_event``), the engine at local receive time;
 the driver feeds both. Reports reach the engine after the response latency.
@@ -16,9 +16,9 @@ from engine.book import walk_book
 from engine.clock import ReplayClock
 from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
-from engine.fills import EPS, FillModel, QueueState
-from engine.latency import LatencyModel
 from engine.risk import OrderIntent, reduce_only_ok
+from venue.fills import EPS, FillModel, QueueState
+from venue.latency import LatencyModel
 
 
 class SimExchange:

@@ -615,8 +615,8 @@ def session_frames(root: Path | str, *, symbols: Iterable[str] | None = None) ->
 
 
 def simulator_frames(symbols: Sequence[str], *, minutes: float, seed: int) -> Iterator[tuple[int, bytes]]:
-    """Frames from ``replay.simulator.generate_frames`` for each symbol, merged by time."""
-    from replay import simulator  # written by another component; imported only when asked for
+    """Frames from ``venue.simulator.generate_frames`` for each symbol, merged by time."""
+    from venue import simulator  # written by another component; imported only when asked for
 
     per_symbol = [
         simulator.generate_frames(symbol=s, minutes=minutes, seed=seed + i) for i, s in enumerate(symbols)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from engine.latency import ConstantLatency, EmpiricalLatency, LatencyModel, LognormalLatency, ScaledLatency
+from venue.latency import ConstantLatency, EmpiricalLatency, LatencyModel, LognormalLatency, ScaledLatency
 
 
 def sample_many(model: LatencyModel, ts_ns: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:

@@ -2,10 +2,10 @@
 
 It composes the two local protocol servers and adds a matching engine:
 
-- :class:`replay.bitget_server.BitgetServer` serves the public WebSocket (``/v2/ws/public``: ``books15``,
-  ``trade``, ... from a stored session or any frame source) and, on the same port, this module's
+- :class:`venue.bitget.public_server.BitgetServer` serves the public WebSocket (``/v2/ws/public``:
+  ``books15``, ``trade``, ... from a stored session or any frame source) and, on the same port, this module's
   private WebSocket (``/v2/ws/private``: login, ``orders``, ``fill``, ``positions``);
-- :class:`replay.bitget_rest.BitgetRestServer` serves REST with the signed order endpoints added here:
+- :class:`venue.bitget.rest_server.BitgetRestServer` serves REST with the signed order endpoints added here:
   ``place-order``, ``cancel-order``, ``batch-cancel-orders``, ``cancel-all-orders``, ``orders-pending``,
   ``detail``, ``all-position`` and ``single-position``. Signatures, timestamps (30 s window) and
   passphrases are checked and refused with Bitget's codes; parameters are validated against the
@@ -13,7 +13,7 @@ It composes the two local protocol servers and adds a matching engine:
   length 40305, missing 40019, wrong 40017); unknown orders are 40768; more than ``orders_per_s``
   requests per second per key on an order endpoint is HTTP 429 with code ``"429"``.
 - Matching is against the exchange's own book, the frames it broadcasts, through the **same fill model
-  as replay** (:class:`replay.sim_exchange.SimExchange` with zero latency on the exchange's clock):
+  as replay** (:class:`venue.exchange.SimExchange` with zero latency on the exchange's clock):
   marketable orders walk the book as taker, resting orders fill as maker on trades through the fill
   model and when the book trades through them.
 
@@ -48,15 +48,15 @@ from websockets.asyncio.server import ServerConnection
 from engine.clock import ReplayClock
 from engine.contract import ContractConfig
 from engine.events import BookSnapshot, Trade
-from engine.fills import FILL_MODELS
-from engine.latency import ConstantLatency
 from engine.risk import OrderIntent, reduce_only_ok
 from engine.venues.bitget_v2 import StreamCounters, decode
 from engine.venues.bitget_v2_private import PRIVATE_CHANNELS, encode_push, login_sign
 from engine.venues.bitget_v2_rest import ContractSpec, parse_contract, sign
-from replay.bitget_rest import BitgetRestServer, Request, Response, contract_row, error, ok
-from replay.bitget_server import BitgetServer, Fault, FrameSource
-from replay.sim_exchange import SimExchange
+from venue.bitget.public_server import BitgetServer, Fault, FrameSource
+from venue.bitget.rest_server import BitgetRestServer, Request, Response, contract_row, error, ok
+from venue.exchange import SimExchange
+from venue.fills import FILL_MODELS
+from venue.latency import ConstantLatency
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class LocalExchange:
 
     ``accounts``: API key -> (secret, passphrase). ``contracts``: contract rows (default: the engine's
     contract config for every symbol seen in the feed, and BTCUSDT). ``fill_model``: a name from
-    :data:`engine.fills.FILL_MODELS`, as in replay.
+    :data:`venue.fills.FILL_MODELS`, as in replay.
     """
 
     def __init__(

@@ -63,7 +63,7 @@ class EmpiricalLatency:
     """A latency distribution given by recorded samples (or a quantile grid); sampling is inverse-CDF
     with linear interpolation between order statistics, driven by the ``rng`` passed in. Never negative.
 
-    Implements :class:`engine.latency.LatencyModel` (:meth:`sample_ns`), so the replay's Kev backend
+    Implements :class:`venue.latency.LatencyModel` (:meth:`sample_ns`), so the replay's Kev backend
     can use it in place of the lognormal default.
     """
 
@@ -109,7 +109,7 @@ class EmpiricalLatency:
         return np.rint(np.interp(u, self._q, self._sorted)).astype(np.int64)
 
     def sample_ns(self, ts_ns: Nanos) -> Nanos:
-        """:class:`engine.latency.LatencyModel`: the lag of an answer to a request picked up at ``ts_ns``."""
+        """:class:`venue.latency.LatencyModel`: the lag of an answer to a request picked up at ``ts_ns``."""
         return self.sample()
 
 
@@ -150,7 +150,7 @@ def parse_latency(spec: str, rng: np.random.Generator) -> LatencyModel:
     - ``lognormal:p5=2ms,p95=8ms``
     - ``empirical:PATH`` (a JSON list of samples in ns, or a fit with ``quantiles_ns``)
     - ``recorded:KIND@RUN_DIR`` (the delays a live run observed, replayed by key in order of occurrence;
-      KIND is laya, order_entry, order_response, cancel or kev: see :mod:`engine.recorded_latency`)
+      KIND is laya, order_entry, order_response, cancel or kev: see :mod:`venue.recorded_latency`)
     """
     kind, _, arg = spec.partition(":")
     try:
@@ -170,7 +170,7 @@ def parse_latency(spec: str, rng: np.random.Generator) -> LatencyModel:
                 return EmpiricalLatency(data, rng=rng)
             return EmpiricalLatency.from_fit(data, rng=rng)
         if kind == "recorded":
-            from engine.recorded_latency import parse_recorded
+            from venue.recorded_latency import parse_recorded
 
             return parse_recorded(arg)
     except (KeyError, ValueError, OSError) as e:

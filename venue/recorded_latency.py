@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.events import Nanos
-from engine.latency import LatencyModel
 from engine.store import atomic_write_parquet
+from venue.latency import LatencyModel
 
 RECORDED_FILE: Final = "latency_recorded.parquet"
 KINDS: Final = ("laya", "order_entry", "order_response", "cancel", "kev")

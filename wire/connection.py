@@ -36,7 +36,7 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
 from engine.venues.bitget_v2 import PONG, subscribe_request
 from engine.venues.bitget_v2_books import BookError, BooksState
-from recorder.journal import JournalWriter
+from wire.journal import JournalWriter
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,4 @@
+"""Wire code shared by the recorder and live mode: the reconnecting Bitget WebSocket connection
+(``connection``) and the raw journal every received frame is written to first (``journal``). It may
+import ``engine``'s codecs (``engine.venues``) and ``engine.store``'s file helpers, nothing of
+``replay``, ``live``, ``recorder``, ``venue`` or ``dualhub`` (``tests/test_layout.py``)."""
