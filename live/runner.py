@@ -1105,6 +1105,8 @@ class LiveRunner:
         for sym, f in self.flatten.items():
             f["position_after"] = float(self.syms[sym].engine.portfolio.position)
         self.shutdown_info["cancel_all"] = await self._cancel_all()
+        if self.cfg.mode == "live" and self.execution is not None and self.crash is None:
+            await self._final_reconcile()
         if self.private is not None:
             self.private.stop()
         for t in self._tasks:
@@ -1122,6 +1124,19 @@ class LiveRunner:
         if self._norm_task is not None:
             await asyncio.gather(self._norm_task, return_exceptions=True)
         await asyncio.to_thread(self._finish_files)
+
+    async def _final_reconcile(self) -> None:
+        """One last check against the venue after the cancel-all: what it did that no push told the
+        engine (fills during the cancel-all, pushes lost since the last periodic check) is booked before
+        the run's files are written, so they end with the venue's account of the run."""
+        assert self.execution is not None
+        try:
+            async with asyncio.timeout(10.0):
+                self.shutdown_info["final_reconcile"] = await self.execution.reconcile("final")
+            await self._drain()
+        except Exception as e:  # the run's outcome stands; the summary says the check did not happen
+            self.errors.append(f"final reconcile: {type(e).__name__}: {e}")
+            self.shutdown_info["final_reconcile"] = f"failed: {e}"
 
     async def _cancel_all(self) -> dict[str, Any]:
         if self.execution is not None:
