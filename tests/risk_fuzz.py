@@ -137,7 +137,13 @@ def gen_book(rng: random.Random) -> BookSnapshot:
             (bid_sz if rng.random() < 0.5 else ask_sz)[0] = 1e15
         else:
             pass
-    ts = NOW - int(rng.choice([0, 1_000_000, 2_500_000_000]))
+    return book_of(bid_px, bid_sz, ask_px, ask_sz, NOW - int(rng.choice([0, 1_000_000, 2_500_000_000])))
+
+
+def book_of(
+    bid_px: list[float], bid_sz: list[float], ask_px: list[float], ask_sz: list[float], ts: int
+) -> BookSnapshot:
+    """A BTCUSDT snapshot of these 15-level sides, received at ``ts``."""
     return BookSnapshot(
         ts_event=ts,
         ts_recv=ts,

@@ -27,7 +27,7 @@ from engine.risk import OrderIntent, RiskLimits, RiskState, check
 from engine.strategy import desired_quotes
 from replay import kernel as K
 from tests.helpers import make_book
-from tests.risk_fuzz import CONTRACT, LIMITS, NOW, QUOTES, breaches, gen_cases, run_fuzz
+from tests.risk_fuzz import CONTRACT, LIMITS, NOW, QUOTES, book_of, breaches, gen_cases, run_fuzz
 
 SETTINGS = settings(
     max_examples=400, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck)
@@ -60,17 +60,8 @@ def books(draw: st.DrawFn) -> BookSnapshot:
         (bid_px if draw(st.booleans()) else ask_px)[:] = [math.nan] * 15
     if draw(st.integers(0, 9)) == 0:  # crossed
         bid_px[0] = ask_px[0] + 0.1
-    ts = NOW - draw(st.sampled_from([0, 0, 0, 1_000, 3_000_000_000]))
-    return BookSnapshot(
-        ts_event=ts,
-        ts_recv=ts,
-        seq=1,
-        symbol="BTCUSDT",
-        exch_seq=1,
-        bid_px=tuple(bid_px),
-        bid_sz=tuple(bid_sz),
-        ask_px=tuple(ask_px),
-        ask_sz=tuple(ask_sz),
+    return book_of(
+        bid_px, bid_sz, ask_px, ask_sz, NOW - draw(st.sampled_from([0, 0, 0, 1_000, 3_000_000_000]))
     )
 
 
