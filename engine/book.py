@@ -1,53 +1,131 @@
-"""Pure helpers over a 15-level book snapshot."""
+"""Book rules over a 15-level snapshot, written once and compiled.
+
+The compiled functions read a book as 60 floats (:func:`as_levels`: bid prices, bid sizes, ask prices,
+ask sizes, 15 each, NaN where a level is missing): the replay kernel keeps its books in that layout and
+calls them directly; live and the general replay path call the same functions through the thin
+wrappers over :class:`~engine.events.BookSnapshot` at the end of this module.
+"""
 
 from __future__ import annotations
 
 import math
 
+import numba as nb
+import numpy as np
+
 from engine.events import BookSnapshot
+from engine.exact import pmin, pyround
+
+LEVELS = 15
+BID_PX, BID_SZ, ASK_PX, ASK_SZ = 0, 15, 30, 45
+WIDTH = 60
+SIDE_BUY, SIDE_SELL = 0, 1
+
+
+@nb.njit(cache=True)
+def tradable_top(bid: float, bid_sz: float, ask: float, ask_sz: float) -> bool:
+    """A two-sided top whose prices and sizes are finite, positive and not crossed or locked: the only
+    kind the strategy quotes on and the risk gateway lets a new order through on. One chain of ``<``
+    so that NaN fails it."""
+    return 0.0 < bid < ask < math.inf and 0.0 < bid_sz < math.inf and 0.0 < ask_sz < math.inf
+
+
+@nb.njit(cache=True)
+def tradable_levels(bk) -> bool:
+    return tradable_top(bk[BID_PX], bk[BID_SZ], bk[ASK_PX], bk[ASK_SZ])
+
+
+@nb.njit(cache=True)
+def walk_levels(bk, side, qty, lpx, lq) -> int:
+    """The levels a market order of ``qty`` on ``side`` (SIDE_*) would take, into ``lpx``/``lq``;
+    returns how many.
+
+    A buy consumes asks from the best up, a sell bids from the best down; the result may fill less
+    than ``qty`` when the displayed depth runs out. The walk stops at the first level that is not a
+    real one (missing, a non-finite or non-positive price, a negative or non-finite size, a price on
+    the wrong side of the previous level): past it the book says nothing trustworthy, so what it would
+    fill is not counted (the risk gateway then sees a short fill and refuses). Each take is rounded to
+    12 digits, so fills of sizes like 0.1 + 0.2 sum to the size; a take too large for 12 exact digits
+    (>= 2**52 / 1e12) is used as it is."""
+    off = ASK_PX if side == SIDE_BUY else BID_PX
+    left = qty
+    n = 0
+    prev = 0.0 if side == SIDE_BUY else math.inf
+    for i in range(LEVELS):
+        p = bk[off + i]
+        s = bk[off + LEVELS + i]
+        if left <= 1e-12 or not (0.0 < p < math.inf and 0.0 <= s < math.inf):
+            break
+        if (p <= prev) if side == SIDE_BUY else (p >= prev):
+            break
+        prev = p
+        raw = pmin(left, s)
+        take = pyround(raw, 12)
+        if take != take:
+            take = raw
+        lpx[n] = p
+        lq[n] = take
+        n += 1
+        left -= take
+    return n
+
+
+@nb.njit(cache=True)
+def walked_avg(lpx, lq, n) -> tuple[float, float]:
+    """(filled size, average price) of the first ``n`` walked levels; the price is NaN when none."""
+    q = 0.0
+    for j in range(n):
+        q += lq[j]
+    if not q > 0:
+        return q, math.nan
+    num = 0.0
+    for j in range(n):
+        num += lpx[j] * lq[j]
+    return q, num / q
+
+
+@nb.njit(cache=True)
+def imbalance_levels(bk) -> float:
+    """(bid depth - ask depth) / (bid depth + ask depth) over the displayed levels."""
+    b = 0.0
+    a = 0.0
+    for i in range(LEVELS):
+        s = bk[BID_SZ + i]
+        if s == s:
+            b += s
+    for i in range(LEVELS):
+        s = bk[ASK_SZ + i]
+        if s == s:
+            a += s
+    return (b - a) / (b + a) if b + a > 0 else 0.0
+
+
+# ---------------------------------------------------------------- over a BookSnapshot
+
+
+def as_levels(book: BookSnapshot) -> np.ndarray:
+    """The book in the compiled layout (60 float64)."""
+    return np.array(book.bid_px + book.bid_sz + book.ask_px + book.ask_sz, dtype=np.float64)
 
 
 def tradable(book: BookSnapshot) -> bool:
-    """A two-sided book whose best prices and sizes are finite, positive and not crossed or locked: the
-    only kind the strategy quotes on and the risk gateway lets a new order through on. Written as one
-    chain of ``<`` so that NaN fails it."""
-    b, a = book.bid_px[0], book.ask_px[0]
-    return 0.0 < b < a < math.inf and 0.0 < book.bid_sz[0] < math.inf and 0.0 < book.ask_sz[0] < math.inf
+    return tradable_top(book.bid_px[0], book.bid_sz[0], book.ask_px[0], book.ask_sz[0])
 
 
 def walk_book(book: BookSnapshot, side: str, qty: float) -> list[tuple[float, float]]:
-    """Levels a market order of ``qty`` on ``side`` would take: ``[(px, qty), ...]``.
-
-    A buy consumes asks from the best up; a sell consumes bids from the best down. The result may
-    fill less than ``qty`` when the displayed depth runs out. The walk stops at the first level that
-    is not a real one (missing, a non-finite or non-positive price, a negative or non-finite size, a
-    price on the wrong side of the previous level): past it the book says nothing trustworthy, so what
-    it would fill is not counted (the risk gateway then sees a short fill and refuses).
-    """
-    buy = side == "buy"
-    px, sz = (book.ask_px, book.ask_sz) if buy else (book.bid_px, book.bid_sz)
-    out: list[tuple[float, float]] = []
-    left = qty
-    prev = 0.0 if buy else math.inf
-    for p, s in zip(px, sz, strict=True):
-        if left <= 1e-12 or not (0.0 < p < math.inf and 0.0 <= s < math.inf):
-            break
-        if (p <= prev) if buy else (p >= prev):
-            break
-        prev = p
-        take = round(min(left, s), 12)
-        out.append((p, take))
-        left -= take
-    return out
+    """:func:`walk_levels` as ``[(px, qty), ...]``."""
+    lpx = np.empty(LEVELS)
+    lq = np.empty(LEVELS)
+    n = walk_levels(as_levels(book), SIDE_BUY if side == "buy" else SIDE_SELL, qty, lpx, lq)
+    return [(float(lpx[j]), float(lq[j])) for j in range(n)]
 
 
 def avg_price(levels: list[tuple[float, float]]) -> float:
-    q = sum(x for _, x in levels)
-    return sum(p * x for p, x in levels) / q if q > 0 else math.nan
+    n = len(levels)
+    return float(
+        walked_avg(np.array([p for p, _ in levels] or [0.0]), np.array([q for _, q in levels] or [0.0]), n)[1]
+    )
 
 
 def imbalance(book: BookSnapshot) -> float:
-    """(bid depth - ask depth) / (bid depth + ask depth) over the displayed levels."""
-    b = sum(s for s in book.bid_sz if s == s)
-    a = sum(s for s in book.ask_sz if s == s)
-    return (b - a) / (b + a) if b + a > 0 else 0.0
+    return float(imbalance_levels(as_levels(book)))

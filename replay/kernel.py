@@ -33,6 +33,8 @@ import math
 import numba as nb
 import numpy as np
 
+from engine.book import imbalance_levels, tradable_levels, walk_levels
+from engine.exact import POW10, div_half_even, pmax, pmin, pyround
 from engine.risk import REASONS
 
 # ---------------------------------------------------------------- codes (shared with fast_path)
@@ -223,72 +225,6 @@ MARGIN = 256
 WORK_CAP, REST_CAP, KQ_CAP = 64, 64, 16  # work holds 3 x WORK_CAP and rest 2 x REST_CAP: scratch after
 EPS = 1e-12
 NAN = math.nan
-_SPLIT = 134217729.0  # 2**27 + 1 (Dekker)
-_TWO52 = 4503599627370496.0
-
-_POW10 = np.array([10.0**k for k in range(23)])
-
-
-# ---------------------------------------------------------------- exact helpers
-
-
-@nb.njit(cache=True, inline="always")
-def pmin(a: float, b: float) -> float:
-    """Python's ``min(a, b)`` on floats: ``b`` only if ``b < a``."""
-    return b if b < a else a
-
-
-@nb.njit(cache=True, inline="always")
-def pmax(a: float, b: float) -> float:
-    """Python's ``max(a, b)`` on floats: ``b`` only if ``b > a``."""
-    return b if b > a else a
-
-
-@nb.njit(cache=True)
-def pyround(x: float, nd: int) -> float:
-    """CPython's ``round(x, nd)`` for ``0 <= nd <= 22``; NaN (with finite ``x``) when it cannot be
-    computed exactly here (``|x| * 10**nd >= 2**52``); the caller then gives up."""
-    if not math.isfinite(x):
-        return x
-    p = _POW10[nd]
-    ax = abs(x)
-    hi = ax * p
-    if hi >= _TWO52:
-        return NAN
-    # lo: the exact rounding error of ax * p (Dekker's two-product)
-    c = _SPLIT * ax
-    ah = c - (c - ax)
-    al = ax - ah
-    c = _SPLIT * p
-    bh = c - (c - p)
-    bl = p - bh
-    lo = ((ah * bh - hi) + ah * bl + al * bh) + al * bl
-    fl = math.floor(hi)
-    r = hi - fl  # exact
-    if r < 0.25:
-        n = fl
-    else:
-        s = (r - 0.5) + lo  # its sign is the sign of the exact (r - 0.5 + lo)
-        if s > 0:
-            n = fl + 1.0
-        elif s < 0:
-            n = fl
-        else:
-            n = fl if fl - 2.0 * math.floor(fl / 2.0) == 0.0 else fl + 1.0
-    res = n / p
-    return -res if x < 0 or (x == 0 and math.copysign(1.0, x) < 0) else res
-
-
-@nb.njit(cache=True, inline="always")
-def _div_half_even(a: int, d: int) -> int:
-    """``a / d`` rounded half-even (d > 0): ``Decimal.quantize``'s default rounding."""
-    q = a // d
-    r = a - q * d
-    twice = 2 * r
-    if twice > d or (twice == d and q % 2 != 0):
-        q += 1
-    return q
-
 
 # ---------------------------------------------------------------- output
 
@@ -397,39 +333,6 @@ def _level_qty(bk, side, px):
 
 
 @nb.njit(cache=True)
-def _walk_book(bk, side, qty, lpx, lq):
-    """engine.book.walk_book into lpx/lq; returns the number of levels, or -1 if round() failed."""
-    off = 30 if side == BUY else 0
-    left = qty
-    n = 0
-    prev = 0.0 if side == BUY else math.inf
-    for i in range(15):
-        p = bk[off + i]
-        s = bk[off + 15 + i]
-        if left <= 1e-12 or not (0.0 < p < math.inf and 0.0 <= s < math.inf):
-            break
-        if (p <= prev) if side == BUY else (p >= prev):
-            break
-        prev = p
-        take = pyround(pmin(left, s), 12)
-        if take != take and s == s:
-            return -1
-        lpx[n] = p
-        lq[n] = take
-        n += 1
-        left -= take
-    return n
-
-
-@nb.njit(cache=True)
-def _tradable(bk):
-    """engine.book.tradable."""
-    b = bk[0]
-    a = bk[30]
-    return 0.0 < b < a < math.inf and 0.0 < bk[15] < math.inf and 0.0 < bk[45] < math.inf
-
-
-@nb.njit(cache=True)
 def _reduce_only_ok(position, side, qty):
     """engine.risk.reduce_only_ok."""
     signed = qty if side == BUY else -qty
@@ -437,27 +340,9 @@ def _reduce_only_ok(position, side, qty):
 
 
 @nb.njit(cache=True)
-def _imbalance(bk):
-    b = 0.0
-    a = 0.0
-    for i in range(15):
-        s = bk[15 + i]
-        if s == s:
-            b += s
-    for i in range(15):
-        s = bk[45 + i]
-        if s == s:
-            a += s
-    return (b - a) / (b + a) if b + a > 0 else 0.0
-
-
-# ---------------------------------------------------------------- money
-
-
-@nb.njit(cache=True)
 def _px_units(px, dec):
     """``Decimal(repr(px))`` as an integer of 10**-dec, or -1 << 62 when it is not one."""
-    p = _POW10[dec]
+    p = POW10[dec]
     v = px * p
     if not (abs(v) < 1e15):
         return -(1 << 62)
@@ -839,7 +724,7 @@ def _check_new(
         return R_STALE_ADVICE
     if S[S_ENG_BOOK] == 0:
         return R_NO_BOOK
-    if not _tradable(eng_book):
+    if not tradable_levels(eng_book):
         return R_BAD_BOOK
     if now - b_loc[S[S_ENG_ROW]] > C[C_STALE_BOOK]:
         return R_STALE_BOOK
@@ -871,10 +756,7 @@ def _check_new(
         if not (abs(px - mid) / mid * 1e4 <= CF[CF_BAND]):
             return R_BAND
     else:
-        n = _walk_book(eng_book, side, qty, lpx, lq)
-        if n < 0:
-            S[S_WHY] = U_ROUND
-            return R_OK
+        n = walk_levels(eng_book, side, qty, lpx, lq)
         filled = 0.0
         for j in range(n):
             filled += lq[j]
@@ -1087,7 +969,7 @@ def _requote(
     position = _position(S)
     # strategy.desired_quotes
     tick = CF[CF_TICK]
-    quotable = _tradable(eng_book) and eng_book[30] < 4503599627370496.0 * tick  # 2**52 ticks
+    quotable = tradable_levels(eng_book) and eng_book[30] < 4503599627370496.0 * tick  # 2**52 ticks
     maxpos = CF[CF_MAX_POSITION]
     target = _target(S, SF, CF, now)
     inv = (position - target) / maxpos if maxpos > 0 else 0.0
@@ -1426,7 +1308,7 @@ def _offer_kev(
     ask0 = levels[j, 30]
     mid = (bid0 + ask0) / 2.0
     spread = pyround(ask0 - bid0, 10)
-    imb = pyround(_imbalance(levels[j]), 6)
+    imb = pyround(imbalance_levels(levels[j]), 6)
     p = pyround(p_label, 6)
     if (spread != spread and ask0 - bid0 == ask0 - bid0) or imb != imb or p != p:
         S[S_WHY] = U_ROUND
@@ -1885,13 +1767,13 @@ def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
     if pu != 0 and abs(qu) > (1 << 62) // abs(pu):
         S[S_WHY] = U_OVERFLOW
         return
-    notional = _div_half_even(pu * qu, np.int64(10) ** C[C_PX_DECIMALS])
+    notional = div_half_even(pu * qu, np.int64(10) ** C[C_PX_DECIMALS])
     num = C[C_MAKER_NUM] if liq == LIQ_MAKER else C[C_TAKER_NUM]
     ex = C[C_MAKER_EXP] if liq == LIQ_MAKER else C[C_TAKER_EXP]
     if num != 0 and abs(notional) > (1 << 62) // abs(num):
         S[S_WHY] = U_OVERFLOW
         return
-    fee = _div_half_even(notional * num, np.int64(10) ** ex)
+    fee = div_half_even(notional * num, np.int64(10) ** ex)
     if side == BUY:
         S[S_POS] += qu
         S[S_CASH] -= notional
@@ -2101,10 +1983,7 @@ def _x_arrive(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, oid, OUTI, OUTF, NOUT,
         return
     _report(S, C, OI, HI, HF, M_ACK, oid, 0, 0.0, 0.0)
     limit = OF[oid & (OF.shape[0] - 1), OF_PX] if otype == LIMIT else NAN
-    n = _walk_book(x_book, side, qty, lpx, lq)
-    if n < 0:
-        S[S_WHY] = U_ROUND
-        return
+    n = walk_levels(x_book, side, qty, lpx, lq)
     filled = 0.0
     for j in range(n):
         px = lpx[j]

@@ -1,0 +1,76 @@
+"""Exact float arithmetic for compiled decisions: Python's ``min``/``max`` tie and NaN behaviour and
+CPython's ``round(x, n)``, so a compiled rule gives the value the same expression gives in Python.
+
+Everything here is ``numba.njit``; with ``NUMBA_DISABLE_JIT=1`` it is plain Python, the readable
+reference of the compiled code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+NAN = math.nan
+_SPLIT = 134217729.0  # 2**27 + 1 (Dekker)
+_TWO52 = 4503599627370496.0
+POW10 = np.array([10.0**k for k in range(23)])
+
+
+@nb.njit(cache=True, inline="always")
+def pmin(a: float, b: float) -> float:
+    """Python's ``min(a, b)`` on floats: ``b`` only if ``b < a``."""
+    return b if b < a else a
+
+
+@nb.njit(cache=True, inline="always")
+def pmax(a: float, b: float) -> float:
+    """Python's ``max(a, b)`` on floats: ``b`` only if ``b > a``."""
+    return b if b > a else a
+
+
+@nb.njit(cache=True)
+def pyround(x: float, nd: int) -> float:
+    """CPython's ``round(x, nd)`` for ``0 <= nd <= 22``; NaN (with finite ``x``) when it cannot be
+    computed exactly here (``|x| * 10**nd >= 2**52``); the caller then gives up."""
+    if not math.isfinite(x):
+        return x
+    p = POW10[nd]
+    ax = abs(x)
+    hi = ax * p
+    if hi >= _TWO52:
+        return NAN
+    # lo: the exact rounding error of ax * p (Dekker's two-product)
+    c = _SPLIT * ax
+    ah = c - (c - ax)
+    al = ax - ah
+    c = _SPLIT * p
+    bh = c - (c - p)
+    bl = p - bh
+    lo = ((ah * bh - hi) + ah * bl + al * bh) + al * bl
+    fl = math.floor(hi)
+    r = hi - fl  # exact
+    if r < 0.25:
+        n = fl
+    else:
+        s = (r - 0.5) + lo  # its sign is the sign of the exact (r - 0.5 + lo)
+        if s > 0:
+            n = fl + 1.0
+        elif s < 0:
+            n = fl
+        else:
+            n = fl if fl - 2.0 * math.floor(fl / 2.0) == 0.0 else fl + 1.0
+    res = n / p
+    return -res if x < 0 or (x == 0 and math.copysign(1.0, x) < 0) else res
+
+
+@nb.njit(cache=True, inline="always")
+def div_half_even(a: int, d: int) -> int:
+    """``a / d`` rounded half-even (d > 0): ``Decimal.quantize``'s default rounding."""
+    q = a // d
+    r = a - q * d
+    twice = 2 * r
+    if twice > d or (twice == d and q % 2 != 0):
+        q += 1
+    return q
