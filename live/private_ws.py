@@ -1,16 +1,18 @@
 """Bitget v2 private WebSocket: login, ``orders``/``fill``/``positions``, keepalive, reconnect.
 
-One connection, reconnecting until stopped (the ``websockets`` connect iterator with the recorder's
-retry policy, plus our own backoff for drops). Each session: send the login (seconds timestamp from
+One connection on the shared :class:`~wire.connection.ReconnectLoop` (backoff, keepalive ``ping``,
+staleness watchdog, narrow reconnect policy). Each session: send the login (seconds timestamp from
 the server-synced clock), wait for ``{"event":"login","code":"0"}``, subscribe, then read. Every
 update is parsed by :mod:`engine.venues.bitget_v2_private` and handed to ``on_item`` with its receive
-time. After every (re)connection ``on_connected(n)`` runs (n = 1 for the first): the runner reconciles
-the engine with the exchange's REST view there, because pushes sent while we were away are lost.
+time. After every (re)connection ``on_connected(n)`` runs (n = 1 for the first) alongside the reader:
+the runner reconciles the engine with the exchange's REST view there, because pushes sent while we
+were away are lost.
 
 A refused login (wrong key, passphrase, signature or timestamp) is fatal: ``on_fatal`` is called and
-the stream stops, since trading without order reports is not safe. Keepalive is the text ``ping``
-every ``ping_interval_s``; silence for ``silence_limit_s`` drops the connection. Nothing sent on this
-socket (the login carries the passphrase) is ever logged or journaled.
+the stream stops, since trading without order reports is not safe; so is a fatal connect error or
+an error raised by ``on_item``/``on_connected`` (that one is raised again after ``on_fatal``).
+Nothing sent on this socket (the login carries the passphrase) is ever logged or journaled, and
+no message here carries the credentials.
 """
 
 from __future__ import annotations
@@ -19,13 +21,12 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import websockets
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 
 from engine.events import Nanos
 from engine.venues.bitget_v2 import Control
@@ -40,7 +41,7 @@ from engine.venues.bitget_v2_private import (
     private_args,
 )
 from engine.venues.bitget_v2_rest import Credentials
-from wire.connection import backoff_delays, retryable
+from wire.connection import ConnectionConfig, FatalConnectError, ReconnectLoop
 
 log = logging.getLogger(__name__)
 # The websockets library logs every frame at DEBUG, and the login frame carries the passphrase: this
@@ -53,11 +54,26 @@ _WIRE_LOG.setLevel(logging.INFO)
 class PrivateConfig:
     url: str
     ping_interval_s: float = 25.0
+    pong_timeout_s: float = 10.0
     silence_limit_s: float = 40.0
     login_timeout_s: float = 5.0
     open_timeout_s: float = 5.0
     backoff_initial_s: float = 0.25
     backoff_max_s: float = 10.0
+    min_stable_s: float = 5.0
+
+    def wire(self) -> ConnectionConfig:
+        return ConnectionConfig(
+            url=self.url,
+            ping_interval_s=self.ping_interval_s,
+            pong_timeout_s=self.pong_timeout_s,
+            silence_limit_s=self.silence_limit_s,
+            watchdog_tick_s=min(0.5, self.silence_limit_s / 4),
+            open_timeout_s=self.open_timeout_s,
+            backoff_initial_s=self.backoff_initial_s,
+            backoff_max_s=self.backoff_max_s,
+            min_stable_s=self.min_stable_s,
+        )
 
 
 class PrivateAuthError(Exception):
@@ -86,9 +102,6 @@ class PrivateStream:
         self.server_s = server_s
         self.stamp = stamp
         self.channels = channels
-        self._rng = random.Random(seed)
-        self._stopping = False
-        self._ws: ClientConnection | None = None
         self.connected = asyncio.Event()
         self.connects = 0
         self.disconnects = 0
@@ -96,139 +109,90 @@ class PrivateStream:
         self.errors: list[str] = []
         self.fatal = ""
         self.last_error = ""  # why it is not connected now: the last drop or failed connect
-
-    def _connect_delays(self) -> Generator[float, None, None]:
-        yield from backoff_delays(
-            self._rng, initial_s=self.cfg.backoff_initial_s, max_s=self.cfg.backoff_max_s
+        self.loop = ReconnectLoop(
+            config.wire(),
+            login=self._login,
+            subscribe=self._subscribe,
+            handler=self._on_frame,
+            on_connected=self._connected,
+            on_disconnected=self._disconnected,
+            on_connect_failed=self._connect_failed,
+            rng=random.Random(seed),
+            name="private WebSocket",
+            logger=_WIRE_LOG,
         )
 
     def stop(self) -> None:
-        self._stopping = True
-        if self._ws is not None:
-            self._ws.transport.abort()
+        self.loop.stop()
 
     async def run(self) -> None:
-        delays = backoff_delays(self._rng, initial_s=self.cfg.backoff_initial_s, max_s=self.cfg.backoff_max_s)
-        connector = connect(
-            self.cfg.url,
-            compression=None,
-            ping_interval=None,
-            proxy=None,
-            open_timeout=self.cfg.open_timeout_s,
-            process_exception=self._connect_failed,
-            # failed connects back off on our schedule too (the library's starts at several seconds)
-            reconnect_delays=self._connect_delays,
-            logger=_WIRE_LOG,
-        )
         try:
-            async for ws in connector:
-                if self._stopping:
-                    await ws.close()
-                    break
-                opened = time.monotonic()
-                try:
-                    await self._session(ws)
-                except PrivateAuthError as e:
-                    self.fatal = str(e)
-                    self.on_fatal(self.fatal)
-                    return
-                finally:
-                    self.connected.clear()
-                    self._ws = None
-                    self.last_error = self.last_error or "connection closed"
-                if self._stopping:
-                    break
-                self.disconnects += 1
-                # A connection that lived a while reconnects at once; a flapping one backs off.
-                if time.monotonic() - opened < 5.0:
-                    await asyncio.sleep(next(delays))
-                else:
-                    delays = backoff_delays(
-                        self._rng, initial_s=self.cfg.backoff_initial_s, max_s=self.cfg.backoff_max_s
-                    )
-        except asyncio.CancelledError:
+            await self.loop.run()
+        except PrivateAuthError as e:
+            self._give_up(str(e))
+        except FatalConnectError as e:  # bad URL, 4xx on the upgrade: reported, not hidden
+            self._give_up(f"private WebSocket: {e}")
+        except Exception as e:
+            self._give_up(f"private WebSocket: {type(e).__name__}: {e}"[:300])
             raise
-        except Exception as e:  # a fatal connect error (bad URL, 4xx): reported, not hidden
-            self.fatal = f"private WebSocket: {type(e).__name__}: {e}"[:300]
-            self.on_fatal(self.fatal)
 
-    def _connect_failed(self, e: Exception) -> Exception | None:
+    def _give_up(self, why: str) -> None:
+        self.fatal = why
+        self.connected.clear()
+        self.on_fatal(why)
+
+    # ---------------------------------------------------------------- the loop's callables
+
+    def _connect_failed(self, e: BaseException, retry: bool) -> None:
         self.last_error = f"connect failed: {type(e).__name__}: {e}"[:200]
-        return None if retryable(e) else e
 
-    async def _session(self, ws: ClientConnection) -> None:
-        self._ws = ws
+    async def _login(self, ws: ClientConnection) -> None:
+        await ws.send(login_message(self._creds, self.server_s()), text=True)
         try:
-            await ws.send(login_message(self._creds, self.server_s()), text=True)
-            await self._await_login(ws)
-            await ws.send(orjson.dumps({"op": "subscribe", "args": private_args(self.channels)}), text=True)
-        except websockets.ConnectionClosed:
-            return  # dropped before we were in: reconnect
-        self.connects += 1
+            async with asyncio.timeout(
+                self.cfg.login_timeout_s
+            ):  # not wait_for: its 3.11 cancellation can hang
+                while True:
+                    for item in parse_private(await ws.recv(decode=False)):
+                        if isinstance(item, Control) and item.kind in ("login", "error"):
+                            if item.kind == "login" and item.code in (0, None):
+                                return
+                            raise PrivateAuthError(f"login refused: code {item.code} {item.msg}")
+        except TimeoutError:
+            raise PrivateAuthError("no login reply from the private WebSocket") from None
+
+    async def _subscribe(self, ws: ClientConnection) -> None:
+        await ws.send(orjson.dumps({"op": "subscribe", "args": private_args(self.channels)}), text=True)
+
+    def _connected(self, n: int) -> Coroutine[Any, Any, None]:
+        self.connects = n
         self.last_error = ""
         self.connected.set()
-        pinger = asyncio.create_task(self._pinger(ws))
-        reconcile = asyncio.create_task(self.on_connected(self.connects))
-        try:
-            await self._reader(ws)
-        finally:
-            pinger.cancel()
-            await asyncio.gather(pinger, return_exceptions=True)
-            if not reconcile.done():
-                await asyncio.wait([reconcile], timeout=10)
-            if reconcile.done() and not reconcile.cancelled() and reconcile.exception() is not None:
-                self.errors.append(f"reconcile: {reconcile.exception()}")
-            ws.transport.abort()
+        return self.on_connected(n)
 
-    async def _await_login(self, ws: ClientConnection) -> None:
-        deadline = time.monotonic() + self.cfg.login_timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise PrivateAuthError("no login reply from the private WebSocket")
-            try:
-                async with asyncio.timeout(left):  # not wait_for: its 3.11 cancellation can hang
-                    raw = await ws.recv(decode=False)
-            except TimeoutError:
-                raise PrivateAuthError("no login reply from the private WebSocket") from None
-            for item in parse_private(raw):
-                if isinstance(item, Control) and item.kind == "login":
-                    if item.code in (0, None):
-                        return
-                    raise PrivateAuthError(f"login refused: code {item.code} {item.msg}")
-                if isinstance(item, Control) and item.kind == "error":
-                    raise PrivateAuthError(f"login refused: code {item.code} {item.msg}")
-
-    async def _pinger(self, ws: ClientConnection) -> None:
-        try:
-            while True:
-                await asyncio.sleep(self.cfg.ping_interval_s)
-                await ws.send("ping")
-        except websockets.ConnectionClosed:
+    def _disconnected(self, reason: str) -> None:
+        self.connected.clear()
+        if self.loop.stopping:
             return
+        self.disconnects += 1
+        if reason == "silence":
+            self.last_error = f"silent for {self.cfg.silence_limit_s:.0f} s"
+            log.warning("private WebSocket silent for %.0f s: reconnecting", self.cfg.silence_limit_s)
+        else:
+            self.last_error = f"connection closed ({reason})"
 
-    async def _reader(self, ws: ClientConnection) -> None:
-        while True:
-            try:
-                async with asyncio.timeout(self.cfg.silence_limit_s):
-                    raw = await ws.recv(decode=False)
-            except TimeoutError:
-                log.warning("private WebSocket silent for %.0f s: reconnecting", self.cfg.silence_limit_s)
-                self.last_error = f"silent for {self.cfg.silence_limit_s:.0f} s"
-                return
-            except websockets.ConnectionClosed:
-                return
-            ts = self.stamp()
-            for item in parse_private(raw):
-                if isinstance(item, Control):
-                    if item.kind == "error":
-                        self.errors.append(f"{item.code} {item.msg}"[:200])
-                    continue
-                if isinstance(item, PrivateQuarantined):
-                    self.quarantined += 1
-                    log.warning("private frame quarantined: %s", item.reason)
-                    continue
-                self.on_item(item, ts)
+    def _on_frame(self, raw: bytes) -> None:
+        ts = self.stamp()
+        for item in parse_private(raw):
+            if isinstance(item, Control):
+                if item.kind == "error":
+                    self.errors.append(f"{item.code} {item.msg}"[:200])
+                continue
+            if isinstance(item, PrivateQuarantined):
+                self.quarantined += 1
+                log.warning("private frame quarantined: %s", item.reason)
+                continue
+            self.on_item(item, ts)
 
 
 def describe(stream: PrivateStream | None) -> dict[str, Any]:

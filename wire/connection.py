@@ -1,11 +1,12 @@
-"""One Bitget v2 public WebSocket connection that survives the network.
+"""Bitget v2 WebSockets that survive the network: one reconnect loop for every stream, and the public
+market-data connection built on it.
 
-* Connect/reconnect is the ``websockets`` iterator (``async for ws in connect(...)``) with our own
-  pure retry policy :func:`retryable` and our own backoff generator (:func:`backoff_delays`, jitter
-  from a seeded ``random.Random``). The library's backoff only covers failed connects; a dropped
-  connection reconnects at once unless it lived less than ``min_stable_s``, in which case it waits a
-  backoff delay too. Every attempt counts against Bitget's 300 connection attempts per 5 minutes
-  (:class:`SlidingWindow`).
+* :class:`ReconnectLoop` (as cryptofeed's ``ConnectionHandler``): one loop with injected ``login``,
+  ``subscribe``, ``handler`` and ``on_connected``/``on_disconnected`` callables, used by the public
+  :class:`Connection` here and the private stream (``live/private_ws.py``). Pure retry policy
+  :func:`retryable`, jittered exponential backoff :func:`backoff_delays` (seeded ``random.Random``);
+  a dropped connection reconnects at once unless it lived less than ``min_stable_s``. Every attempt
+  counts against Bitget's 300 connection attempts per 5 minutes (:class:`SlidingWindow`).
 * Keepalive is Bitget's text ``ping`` every ``ping_interval_s`` (protocol pings are off); ``pong``
   is checked before any JSON parsing. A monotonic-clock watchdog drops the connection when nothing
   at all arrives for ``silence_limit_s`` or a ``pong`` is ``pong_timeout_s`` late.
@@ -20,12 +21,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -250,8 +252,242 @@ class ConnStats:
     fatal: str = ""
 
 
+# ---------------------------------------------------------------- the reconnect loop (every stream)
+
+# What a dropped or refused connection can raise; :func:`retryable` sorts them into "reconnect" and
+# "give up". Anything else (a bug in a callable, a refused login) is not caught: it ends the loop.
+NETWORK_ERRORS: Final = (OSError, EOFError, TimeoutError, websockets.WebSocketException)
+
+
+class FatalConnectError(Exception):
+    """A connect failure :func:`retryable` calls fatal (4xx, bad URL, bad certificate)."""
+
+
+def closed_reason(ws: ClientConnection) -> str:
+    rcvd = ws.protocol.close_rcvd
+    return f"closed_by_server:{rcvd.code}" if rcvd is not None else "connection_lost"
+
+
+Hook = Callable[[ClientConnection], Awaitable[None]]
+
+
+async def _send_ping(ws: ClientConnection) -> None:
+    await ws.send("ping")
+
+
+class ReconnectLoop:
+    """One WebSocket kept up until :meth:`stop`, for every stream (public market data, private orders).
+
+    Each session: connect, ``await login(ws)`` (optional), ``await subscribe(ws)``, ``on_connected(n)``
+    (n = 1 for the first; an awaitable it returns runs alongside the reader, e.g. a REST reconciliation,
+    and gets ``hook_grace_s`` after a drop to finish), then every received frame goes to ``handler(raw)``
+    until the socket closes; ``on_disconnected(reason)`` follows every socket handed to login/subscribe
+    (which get ``silence_limit_s`` together, or the socket is dropped as stale). Meanwhile
+    ``ping(ws)`` every ``ping_interval_s`` (Bitget's text ``ping``) and a watchdog that drops the socket
+    after ``silence_limit_s`` without any frame or a ``pong`` ``pong_timeout_s`` late, calling
+    ``on_tick()`` each ``watchdog_tick_s``.
+
+    Reconnects: failed connects and connections that lived under ``min_stable_s`` wait a jittered
+    exponential delay (:func:`backoff_delays`, capped at ``backoff_max_s``); a connection that lived
+    longer reconnects at once. Every attempt counts against ``attempts`` (Bitget: 300 per 5 minutes).
+    Only network errors mean "reconnect"; a connect error :func:`retryable` rejects is raised as
+    :class:`FatalConnectError`, and anything a callable raises propagates. Frames sent on the socket
+    are never logged here (a login carries credentials).
+    """
+
+    def __init__(
+        self,
+        config: ConnectionConfig,
+        *,
+        subscribe: Hook,
+        handler: Callable[[bytes], None],
+        login: Hook | None = None,
+        ping: Hook = _send_ping,
+        on_connected: Callable[[int], Awaitable[None] | None] = lambda n: None,
+        on_disconnected: Callable[[str], None] = lambda reason: None,
+        on_connect_failed: Callable[[BaseException, bool], None] = lambda exc, retry: None,
+        on_wait: Callable[[float], None] = lambda delay_s: None,
+        on_tick: Callable[[], None] = lambda: None,
+        rng: random.Random,
+        attempts: SlidingWindow | None = None,
+        hook_grace_s: float = 10.0,
+        name: str = "ws",
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.cfg = config
+        self.subscribe, self.handler, self.login, self.ping = subscribe, handler, login, ping
+        self.on_connected, self.on_disconnected = on_connected, on_disconnected
+        self.on_connect_failed, self.on_wait, self.on_tick = on_connect_failed, on_wait, on_tick
+        self.rng = rng
+        self.attempts = attempts or SlidingWindow(config.max_connect_attempts, config.connect_window_s)
+        self.hook_grace_s = hook_grace_s
+        self.name = name
+        self.logger = logger
+        self.connects = 0  # sessions that got through login and subscribe
+        self.stopping = False
+        self._stop = asyncio.Event()
+        self._ws: ClientConnection | None = None
+        self._reason = ""
+        self._last_rx = 0.0
+        self._ping_sent: float | None = None
+        self._hook_error: BaseException | None = None
+
+    def _delays(self) -> Iterator[float]:
+        c = self.cfg
+        return backoff_delays(
+            self.rng, initial_s=c.backoff_initial_s, max_s=c.backoff_max_s, factor=c.backoff_factor
+        )
+
+    def stop(self) -> None:
+        self.stopping = True
+        self._stop.set()
+        self.drop("stop")
+
+    def drop(self, reason: str) -> None:
+        """Abort the current socket (if any); the loop reconnects unless stopping."""
+        if self._ws is not None and not self._reason:
+            self._reason = reason
+            if reason != "stop":
+                log.info("%s: dropping connection: %s", self.name, reason)
+            self._ws.transport.abort()
+
+    async def run(self) -> None:
+        c = self.cfg
+        delays: Iterator[float] | None = None
+        while not self.stopping:
+            self.attempts.record(time.monotonic())
+            try:
+                ws = await connect(
+                    c.url,
+                    compression=None,
+                    ping_interval=None,  # Bitget wants a text "ping": our keepalive
+                    proxy=None,
+                    open_timeout=c.open_timeout_s,
+                    close_timeout=c.close_timeout_s,
+                    max_size=c.max_frame_bytes,
+                    max_queue=c.max_queue,
+                    logger=self.logger,
+                )
+            except NETWORK_ERRORS as e:
+                retry = retryable(e)
+                self.on_connect_failed(e, retry)
+                log.info(
+                    "%s: connect failed (%s): %s: %s",
+                    self.name,
+                    "retry" if retry else "fatal",
+                    type(e).__name__,
+                    e,
+                )
+                if not retry:
+                    raise FatalConnectError(f"{type(e).__name__}: {e}"[:300]) from e
+                delays = delays or self._delays()
+                await self._pause(next(delays))
+                continue
+            opened = time.monotonic()
+            await self._session(ws)
+            if time.monotonic() - opened < c.min_stable_s:  # flapping: back off
+                delays = delays or self._delays()
+                await self._pause(next(delays))
+            else:
+                delays = None
+                await self._pause(0.0)
+
+    async def _pause(self, delay: float) -> None:
+        delay = max(delay, self.attempts.wait_s(time.monotonic()))
+        if delay <= 0 or self.stopping:
+            return
+        self.on_wait(delay)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):  # not wait_for: its 3.11 cancellation can hang
+                await self._stop.wait()
+
+    async def _session(self, ws: ClientConnection) -> None:
+        if self.stopping:
+            ws.transport.abort()
+            return
+        self._ws, self._reason, self._hook_error = ws, "", None
+        self._last_rx, self._ping_sent = time.monotonic(), None
+        helpers: list[asyncio.Future[Any]] = []
+        hook: asyncio.Future[None] | None = None
+        try:
+            handshake = asyncio.timeout(self.cfg.silence_limit_s)  # a hung login or subscribe is stale too
+            try:
+                async with handshake:
+                    if self.login is not None:
+                        await self.login(ws)
+                    await self.subscribe(ws)
+            except websockets.ConnectionClosed:
+                return  # dropped before we were in
+            except TimeoutError:
+                if not handshake.expired():
+                    raise
+                self._reason = "handshake_timeout"
+                return
+            self.connects += 1
+            helpers = [asyncio.create_task(self._keepalive(ws)), asyncio.create_task(self._watchdog())]
+            started = self.on_connected(self.connects)
+            if started is not None:
+                hook = asyncio.ensure_future(started)
+                hook.add_done_callback(self._hook_done)
+                helpers.append(hook)
+            await self._read(ws)
+            if hook is not None and not hook.done() and not self.stopping:
+                await asyncio.wait([hook], timeout=self.hook_grace_s)
+            if self._hook_error is not None:
+                raise self._hook_error
+        except asyncio.CancelledError:
+            self._reason = self._reason or "cancelled"
+            raise
+        except Exception:
+            self._reason = self._reason or "error"
+            raise
+        finally:
+            for t in helpers:
+                t.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            ws.transport.abort()
+            self._ws = None
+            self.on_disconnected(self._reason or closed_reason(ws))
+
+    def _hook_done(self, t: asyncio.Future[Any]) -> None:
+        if not t.cancelled() and t.exception() is not None:
+            self._hook_error = t.exception()
+            self.drop("on_connected failed")
+
+    async def _read(self, ws: ClientConnection) -> None:
+        handler = self.handler
+        while True:
+            try:
+                raw = await ws.recv(decode=False)
+            except websockets.ConnectionClosed:
+                return
+            self._last_rx = time.monotonic()
+            if raw == PONG:
+                self._ping_sent = None
+            handler(raw)
+
+    async def _keepalive(self, ws: ClientConnection) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):
+            while True:
+                await asyncio.sleep(self.cfg.ping_interval_s)
+                await self.ping(ws)
+                if self._ping_sent is None:
+                    self._ping_sent = time.monotonic()
+
+    async def _watchdog(self) -> None:
+        c = self.cfg
+        while True:
+            await asyncio.sleep(c.watchdog_tick_s)
+            now = time.monotonic()
+            if now - self._last_rx > c.silence_limit_s:
+                return self.drop("silence")
+            if self._ping_sent is not None and now - self._ping_sent > c.pong_timeout_s:
+                return self.drop("pong_timeout")
+            self.on_tick()
+
+
 class Connection:
-    """One shard of args on one WebSocket, reconnecting until :meth:`stop`."""
+    """One shard of args on one WebSocket (a :class:`ReconnectLoop`), reconnecting until :meth:`stop`."""
 
     def __init__(
         self,
@@ -269,24 +505,30 @@ class Connection:
         self.conn_id = conn_id
         self.cfg = config
         self.journal = journal
-        self.rng = rng
-        self.attempts = attempts
         self.wall_ns = wall_ns
         self.args: dict[ArgKey, ArgState] = {arg_key(a): ArgState(dict(a)) for a in args}
         self.stats = ConnStats()
         self.open_gaps: dict[ArgKey, tuple[int, str]] = {}
-        self._stopping = False
         self._ws: ClientConnection | None = None
         self._limiter = SlidingWindow(config.max_msgs_per_s, config.send_window_s)
         self._sub_budget = SlidingWindow(config.max_subscriptions_per_hour, 3600.0)
-        self._drop_delays: Iterator[float] | None = None
         self._books = BooksState()
         self._last_rx_ns = 0
-        self._last_rx_mono = 0.0
-        self._ping_sent_mono: float | None = None
-        self._close_reason = ""
         self._send_tasks: set[asyncio.Task[Any]] = set()
         self._arg_keys = ArgKeys()
+        self.loop = ReconnectLoop(
+            config,
+            subscribe=self._begin,
+            handler=self._on_frame,
+            ping=lambda ws: self._send(b"ping"),
+            on_disconnected=self._ended,
+            on_connect_failed=self._connect_failed,
+            on_wait=lambda delay_s: self._meta({"t": "reconnect_wait", "delay_s": round(delay_s, 3)}),
+            on_tick=self._flag_silent,
+            rng=rng,
+            attempts=attempts,
+            name=f"conn {conn_id}",
+        )
 
     # ------------------------------------------------------------ journal helpers
 
@@ -307,154 +549,66 @@ class Connection:
             return
         self._meta({"t": "gap_close", "channel": key[0], "instId": key[1], "end_ns": end_ns, "how": how})
 
-    # ------------------------------------------------------------ retry plumbing
-
-    def _process_exception(self, exc: Exception) -> Exception | None:
-        self.attempts.record(time.monotonic())
-        self.stats.failed_connects += 1
-        ok = retryable(exc)
-        self._meta({"t": "connect_failed", "error": f"{type(exc).__name__}: {exc}"[:300], "retry": ok})
-        log.info("conn %d: connect failed (%s): %s", self.conn_id, "retry" if ok else "fatal", exc)
-        return None if ok else exc
-
-    def _reconnect_delays(self) -> Generator[float, None, None]:
-        for d in backoff_delays(
-            self.rng,
-            initial_s=self.cfg.backoff_initial_s,
-            max_s=self.cfg.backoff_max_s,
-            factor=self.cfg.backoff_factor,
-        ):
-            yield max(d, self.attempts.wait_s(time.monotonic()))
-
-    # ------------------------------------------------------------ main loop
+    # ------------------------------------------------------------ the loop's callables
 
     def stop(self) -> None:
-        self._stopping = True
-        if self._ws is not None:
-            self._close_reason = self._close_reason or "stop"
-            self._ws.transport.abort()
+        self.loop.stop()
 
     async def run(self) -> None:
-        """Connect, subscribe, read; reconnect on any drop until stopped. Never raises for network faults."""
+        """Connect, subscribe, read; reconnect on any drop until stopped. A fatal connect error is reported
+        in ``stats.fatal`` and the journal; anything else is reported there too and raised."""
         try:
-            await self._run()
-        except asyncio.CancelledError:
+            await self.loop.run()
+        except FatalConnectError as e:
+            self._fatal(str(e))
+        except Exception as e:
+            self._fatal(f"{type(e).__name__}: {e}"[:300])
             raise
-        except Exception as e:  # a fatal (non-retryable) connect error: reported, not hidden
-            self.stats.fatal = f"{type(e).__name__}: {e}"
-            self._meta({"t": "fatal", "error": self.stats.fatal[:300]})
-            log.error("conn %d: giving up: %s", self.conn_id, e)
 
-    async def _run(self) -> None:
-        connector = connect(
-            self.cfg.url,
-            compression=None,
-            ping_interval=None,  # Bitget wants a text "ping"; that is our own task
-            proxy=None,
-            open_timeout=self.cfg.open_timeout_s,
-            close_timeout=self.cfg.close_timeout_s,
-            max_size=self.cfg.max_frame_bytes,
-            max_queue=self.cfg.max_queue,
-            process_exception=self._process_exception,
-            reconnect_delays=self._reconnect_delays,
-        )
-        async for ws in connector:
-            self.attempts.record(time.monotonic())
-            if self._stopping:
-                break
-            opened = time.monotonic()
-            await self._session(ws)
-            if self._stopping:
-                break
-            lived_s = time.monotonic() - opened
-            if lived_s < self.cfg.min_stable_s:
-                if self._drop_delays is None:
-                    self._drop_delays = backoff_delays(
-                        self.rng,
-                        initial_s=self.cfg.backoff_initial_s,
-                        max_s=self.cfg.backoff_max_s,
-                        factor=self.cfg.backoff_factor,
-                    )
-                delay = next(self._drop_delays)
-            else:
-                self._drop_delays = None
-                delay = 0.0
-            delay = max(delay, self.attempts.wait_s(time.monotonic()))
-            if delay > 0:
-                self._meta({"t": "reconnect_wait", "delay_s": round(delay, 3)})
-                await asyncio.sleep(delay)
-            if self._stopping:
-                break
+    def _fatal(self, why: str) -> None:
+        self.stats.fatal = why
+        self._meta({"t": "fatal", "error": why})
+        log.error("conn %d: giving up: %s", self.conn_id, why)
 
-    async def _session(self, ws: ClientConnection) -> None:
+    def _connect_failed(self, exc: BaseException, retry: bool) -> None:
+        self.stats.failed_connects += 1
+        self._meta({"t": "connect_failed", "error": f"{type(exc).__name__}: {exc}"[:300], "retry": retry})
+
+    async def _begin(self, ws: ClientConnection) -> None:
+        """A fresh socket: new book state and subscription budget (both per connection), then subscribe."""
         self._ws = ws
-        self._close_reason = ""
         self._books = BooksState()
-        self._sub_budget = SlidingWindow(self.cfg.max_subscriptions_per_hour, 3600.0)  # per connection
-        now_ns = self.wall_ns()
-        self._last_rx_ns = now_ns
-        self._last_rx_mono = time.monotonic()
-        self._ping_sent_mono = None
+        self._sub_budget = SlidingWindow(self.cfg.max_subscriptions_per_hour, 3600.0)
+        self._last_rx_ns = now_ns = self.wall_ns()
         for st in self.args.values():
             st.acked_ns = 0
         self.stats.connects += 1
         self.stats.up = True
         self._meta({"t": "connect", "url": self.cfg.url, "args": [s.arg for s in self.args.values()]}, now_ns)
-        tasks = [
-            asyncio.create_task(self._subscribe_all(), name=f"conn{self.conn_id}-subscribe"),
-            asyncio.create_task(self._pinger(), name=f"conn{self.conn_id}-ping"),
-            asyncio.create_task(self._watchdog(), name=f"conn{self.conn_id}-watchdog"),
-        ]
-        try:
-            await self._reader(ws)
-        finally:
-            for t in tasks + list(self._send_tasks):
-                t.cancel()
-            for t in tasks + list(self._send_tasks):
-                try:
-                    await t
-                except (asyncio.CancelledError, Exception):
-                    pass
-            self._send_tasks.clear()
-            self._ws = None
-            self.stats.up = False
-            self.stats.disconnects += 1
-            reason = self._close_reason or self._closed_reason(ws)
-            end_ns = self.wall_ns()
-            self._meta({"t": "disconnect", "reason": reason, "last_rx_ns": self._last_rx_ns}, end_ns)
-            if not self._stopping:
-                for key, st in self.args.items():
-                    if not st.rejected:
-                        self.open_gap(key, self._last_rx_ns, f"disconnect:{reason}")
-            ws.transport.abort()
+        for chunk in chunk_subscribe([st.arg for st in self.args.values() if not st.rejected]):
+            await self._send(subscribe_request(chunk), subscription=True)
 
-    @staticmethod
-    def _closed_reason(ws: ClientConnection) -> str:
-        rcvd = ws.protocol.close_rcvd
-        if rcvd is not None:
-            return f"closed_by_server:{rcvd.code}"
-        return "connection_lost"
+    def _ended(self, reason: str) -> None:
+        for t in self._send_tasks:
+            t.cancel()
+        self._ws = None
+        self.stats.up = False
+        self.stats.disconnects += 1
+        self._meta({"t": "disconnect", "reason": reason, "last_rx_ns": self._last_rx_ns})
+        if not self.loop.stopping:
+            for key, st in self.args.items():
+                if not st.rejected:
+                    self.open_gap(key, self._last_rx_ns, f"disconnect:{reason}")
 
-    async def _reader(self, ws: ClientConnection) -> None:
-        append = self.journal.append
-        wall = self.wall_ns
-        cid = self.conn_id
+    def _on_frame(self, raw: bytes) -> None:
+        ts = self.wall_ns()
+        self.journal.append(ts, self.conn_id, raw)  # raw first: before anything looks at it
+        self._last_rx_ns = ts
         stats = self.stats
-        try:
-            while True:
-                raw = await ws.recv(decode=False)
-                ts = wall()
-                append(ts, cid, raw)  # raw first: before anything looks at it
-                self._last_rx_ns = ts
-                self._last_rx_mono = time.monotonic()
-                stats.frames += 1
-                stats.bytes += len(raw)
-                if raw == PONG:
-                    self._ping_sent_mono = None
-                    continue
-                self._inspect(raw, ts)
-        except websockets.ConnectionClosed:
-            return
+        stats.frames += 1
+        stats.bytes += len(raw)
+        if raw != PONG:
+            self._inspect(raw, ts)
 
     # ------------------------------------------------------------ frame inspection (live)
 
@@ -567,14 +721,6 @@ class Connection:
         self.journal.sent(self.wall_ns(), self.conn_id, payload)
         await ws.send(payload, text=True)
 
-    async def _subscribe_all(self) -> None:
-        args = [st.arg for st in self.args.values() if not st.rejected]
-        try:
-            for chunk in chunk_subscribe(args):
-                await self._send(subscribe_request(chunk), subscription=True)
-        except websockets.ConnectionClosed:
-            return
-
     async def _resubscribe(self, a: dict[str, str]) -> None:
         try:
             self._meta({"t": "resubscribe", "arg": a})
@@ -583,43 +729,17 @@ class Connection:
         except websockets.ConnectionClosed:
             return
 
-    async def _pinger(self) -> None:
-        try:
-            while True:
-                await asyncio.sleep(self.cfg.ping_interval_s)
-                await self._send(b"ping")
-                if self._ping_sent_mono is None:
-                    self._ping_sent_mono = time.monotonic()
-        except websockets.ConnectionClosed:
-            return
-
-    def _drop(self, reason: str) -> None:
-        if self._ws is not None and not self._close_reason:
-            self._close_reason = reason
-            log.info("conn %d: dropping connection: %s", self.conn_id, reason)
-            self._ws.transport.abort()
-
-    async def _watchdog(self) -> None:
-        cfg = self.cfg
-        while True:
-            await asyncio.sleep(cfg.watchdog_tick_s)
-            now = time.monotonic()
-            if now - self._last_rx_mono > cfg.silence_limit_s:
-                self._drop("silence")
-                return
-            if self._ping_sent_mono is not None and now - self._ping_sent_mono > cfg.pong_timeout_s:
-                self._drop("pong_timeout")
-                return
-            wall = self.wall_ns()
-            for key, st in self.args.items():
-                if (
-                    st.acked_ns
-                    and not st.frames
-                    and not st.silent_flagged
-                    and (wall - st.acked_ns) / 1e9 > cfg.silent_after_s
-                ):
-                    st.silent_flagged = True
-                    self._meta({"t": "silent", "channel": key[0], "instId": key[1], "acked_ns": st.acked_ns})
-                    log.warning(
-                        "conn %d: %s/%s acked but silent for %.0fs", self.conn_id, *key, cfg.silent_after_s
-                    )
+    def _flag_silent(self) -> None:
+        """Each watchdog tick: an arg acked ``silent_after_s`` ago that never sent data is reported once."""
+        wall = self.wall_ns()
+        limit_s = self.cfg.silent_after_s
+        for key, st in self.args.items():
+            if (
+                st.acked_ns
+                and not st.frames
+                and not st.silent_flagged
+                and (wall - st.acked_ns) / 1e9 > limit_s
+            ):
+                st.silent_flagged = True
+                self._meta({"t": "silent", "channel": key[0], "instId": key[1], "acked_ns": st.acked_ns})
+                log.warning("conn %d: %s/%s acked but silent for %.0fs", self.conn_id, *key, limit_s)
