@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 
-import numba as nb
 import numpy as np
 
 from engine.events import BookSnapshot
 from engine.exact import pmin, pyround
+from engine.jit import njit
 
 LEVELS = 15
 BID_PX, BID_SZ, ASK_PX, ASK_SZ = 0, 15, 30, 45
@@ -22,7 +22,7 @@ WIDTH = 60
 SIDE_BUY, SIDE_SELL = 0, 1
 
 
-@nb.njit(cache=True)
+@njit
 def tradable_top(bid: float, bid_sz: float, ask: float, ask_sz: float) -> bool:
     """A two-sided top whose prices and sizes are finite, positive and not crossed or locked: the only
     kind the strategy quotes on and the risk gateway lets a new order through on. One chain of ``<``
@@ -30,12 +30,12 @@ def tradable_top(bid: float, bid_sz: float, ask: float, ask_sz: float) -> bool:
     return 0.0 < bid < ask < math.inf and 0.0 < bid_sz < math.inf and 0.0 < ask_sz < math.inf
 
 
-@nb.njit(cache=True)
+@njit
 def tradable_levels(bk) -> bool:
     return tradable_top(bk[BID_PX], bk[BID_SZ], bk[ASK_PX], bk[ASK_SZ])
 
 
-@nb.njit(cache=True)
+@njit
 def walk_levels(bk, side, qty, lpx, lq) -> int:
     """The levels a market order of ``qty`` on ``side`` (SIDE_*) would take, into ``lpx``/``lq``;
     returns how many.
@@ -70,7 +70,7 @@ def walk_levels(bk, side, qty, lpx, lq) -> int:
     return n
 
 
-@nb.njit(cache=True)
+@njit
 def walked_avg(lpx, lq, n) -> tuple[float, float]:
     """(filled size, average price) of the first ``n`` walked levels; the price is NaN when none."""
     q = 0.0
@@ -84,7 +84,7 @@ def walked_avg(lpx, lq, n) -> tuple[float, float]:
     return q, num / q
 
 
-@nb.njit(cache=True)
+@njit
 def imbalance_levels(bk) -> float:
     """(bid depth - ask depth) / (bid depth + ask depth) over the displayed levels."""
     b = 0.0

@@ -38,8 +38,8 @@ from engine.kev.advisor import KevContext, KevReply, context_body
 from engine.kev.failures import breaker_rows, judge
 from engine.kev.queue import KevQueue, QueueNote
 from engine.portfolio import Portfolio
-from engine.risk import OrderIntent, RiskLimits, RiskState, check
-from engine.strategy import QuoteConfig, desired_quotes
+from engine.risk import R_OK, REASONS, OrderIntent, RiskLimits, RiskState, check, limits_array, verdict_of
+from engine.strategy import BUY, NO_ORDER, QuoteConfig, desired_quotes, kev_target, rebalance_order
 from venue.latency import ConstantLatency, LatencyModel
 
 # Timer priorities: ties at one timestamp resolve market data (10, 20) first, then these in order.
@@ -173,6 +173,7 @@ class Engine:
         self._orders_ver = 0  # bumped whenever an order is sent, finishes or fills (risk state inputs)
         self._rs: RiskState | None = None  # the last risk state, for (book, key) below
         self._rs_book: BookSnapshot | None = None
+        self._risk_lim = limits_array(config.risk)
         self._rs_key: tuple[Any, ...] = ()
 
     # ------------------------------------------------------------ market data
@@ -369,11 +370,10 @@ class Engine:
     def _target(self, now: Nanos) -> float:
         """Kev's target while its advice is fresh; flat otherwise (a market maker's neutral)."""
         c = self.command
-        if c is None or now > c.valid_until:
+        if c is None:  # no advice yet: no fields to pass
             return 0.0
-        if c.action == "EMERGENCY_FLATTEN":
-            return 0.0
-        return max(-self.cfg.risk.max_position, min(self.cfg.risk.max_position, c.target_position))
+        flatten = c.action == "EMERGENCY_FLATTEN"
+        return kev_target(True, now, c.valid_until, flatten, c.target_position, self.cfg.risk.max_position)
 
     # ------------------------------------------------------------ strategy
 
@@ -420,17 +420,19 @@ class Engine:
             return
         if now - self._last_rebalance_ns < self.cfg.quotes.rebalance_min_ns:
             return
-        position = float(self.portfolio.position)
-        diff = self._target(now) - position
-        if abs(diff) < self.cfg.quotes.quote_qty - 1e-12:
-            return
-        if any(o.order_type == "market" for o in self._working.values()):
-            return
-        qty = self.cfg.contract.round_qty(min(abs(diff), self.cfg.risk.max_order_qty))
-        if qty < self.cfg.contract.min_qty:
+        k = self.cfg.contract
+        code, qty = rebalance_order(
+            self._target(now),
+            float(self.portfolio.position),
+            self.cfg.quotes.quote_qty,
+            self.cfg.risk.max_order_qty,
+            k.size_step,
+            k.min_qty,
+        )
+        if code == NO_ORDER or any(o.order_type == "market" for o in self._working.values()):
             return
         self._last_rebalance_ns = now
-        side = "buy" if diff > 0 else "sell"
+        side = "buy" if code == BUY else "sell"
         reduce_only = c.action == "EMERGENCY_FLATTEN"
         self._send_new(
             side,
@@ -570,7 +572,8 @@ class Engine:
         if intent.intent == "cancel":  # check() always allows cancels: skip building the state
             ok, reason = True, "ok"
         else:
-            ok, reason = check(self.cfg.risk, self._risk_state(now), intent, self.book, now)
+            code = verdict_of(self._risk_lim, self._risk_state(now), intent, self.book, now)
+            ok, reason = code == R_OK, REASONS[code]
         self.log.append(  # RiskDecision row
             "risk",
             (

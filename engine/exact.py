@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 
-import numba as nb
 import numpy as np
+
+from engine.jit import njit
 
 NAN = math.nan
 _SPLIT = 134217729.0  # 2**27 + 1 (Dekker)
@@ -18,19 +19,19 @@ _TWO52 = 4503599627370496.0
 POW10 = np.array([10.0**k for k in range(23)])
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def pmin(a: float, b: float) -> float:
     """Python's ``min(a, b)`` on floats: ``b`` only if ``b < a``."""
     return b if b < a else a
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def pmax(a: float, b: float) -> float:
     """Python's ``max(a, b)`` on floats: ``b`` only if ``b > a``."""
     return b if b > a else a
 
 
-@nb.njit(cache=True)
+@njit
 def pyround(x: float, nd: int) -> float:
     """CPython's ``round(x, nd)`` for ``0 <= nd <= 22``; NaN (with finite ``x``) when it cannot be
     computed exactly here (``|x| * 10**nd >= 2**52``); the caller then gives up."""
@@ -65,7 +66,7 @@ def pyround(x: float, nd: int) -> float:
     return -res if x < 0 or (x == 0 and math.copysign(1.0, x) < 0) else res
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def div_half_even(a: int, d: int) -> int:
     """``a / d`` rounded half-even (d > 0): ``Decimal.quantize``'s default rounding."""
     q = a // d

@@ -22,9 +22,9 @@ from typing import Final
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from numba import njit
 
 from engine.events import BOOK_LEVELS, STREAMS, BookSnapshot, Trade
+from engine.jit import njit
 
 # Code i is REASONS[i]; 0 is a valid row. Lower codes win when a row has several faults.
 REASONS: Final = (
@@ -53,7 +53,7 @@ _CHUNK = 65_536
 _INF = math.inf
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _side(levels: np.ndarray, r: int, px0: int, bids: bool) -> int:
     """The lowest fault code of one side's 15 levels (0: none)."""
     code, ended, prev = 0, False, 0.0
@@ -81,7 +81,7 @@ def _side(levels: np.ndarray, r: int, px0: int, bids: bool) -> int:
     return code
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _book_codes(levels: np.ndarray, out: np.ndarray) -> int:
     """Per row of (rows x 60) levels (bid_px, bid_sz, ask_px, ask_sz) its fault code; returns how many
     rows have one."""

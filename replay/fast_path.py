@@ -46,15 +46,7 @@ class KernelUnsupported(RuntimeError):
     """The run met something the kernel cannot reproduce exactly (the driver reruns it in Python)."""
 
 
-FILL_MODEL_CODES = {
-    "touch": (K.FM_TOUCH, 0.0),
-    "through": (K.FM_THROUGH, 0.0),
-    "queue_power2": (K.FM_QUEUE_POWER, 2.0),
-    "queue_power3": (K.FM_QUEUE_POWER, 3.0),
-    "queue_log": (K.FM_QUEUE_LOG, 0.0),
-    "risk_averse": (K.FM_RISK_AVERSE, 0.0),
-}
-assert set(FILL_MODEL_CODES) == set(FILL_MODELS)
+FILL_MODEL_CODES = {name: (m.kind, m.n) for name, m in ((k, make()) for k, make in FILL_MODELS.items())}
 WALK_CHUNK = 1 << 16  # walk entries per kernel call (the book levels it needs are made per call)
 OUT_CAP = 1 << 15  # rows per output stream between two drains
 INITIAL_ROWS = 4096  # first size of the order ring, request and timer tables (they double as needed)

@@ -1,25 +1,21 @@
-"""The replay's compiled twin: engine, risk gateway, Kev queue, rule Kev and simulated exchange as one
-numba state machine over the merged walk.
+"""The replay's compiled loop: the engine's transitions and the simulated exchange as one numba state
+machine over the merged walk.
 
-It is a transcription of ``engine/core.py``, ``engine/risk.py``, ``engine/strategy.py``,
-``engine/kev/queue.py``, ``engine/kev/rules.py``, ``venue/exchange.py`` and ``venue/fills.py``
-for the configurations :mod:`replay.fast_path` accepts, and its contract is *equality*: the same
-events, field for field and bit for bit, as the Python engine gives on the same walk
-(``tests/test_replay_kernel.py`` checks whole runs). Python stays the reference and the code live
-mode runs; change the two together.
+The decisions are not here. Each one is a compiled function in the module that owns it, called
+from this loop and from the Python engine and venue alike: the risk gateway's rules
+(``engine/risk.py``), quoting, Kev's target and rebalancing (``engine/strategy.py``), the rule
+advisor (``engine/kev/rules.py``), the Kev queue policy (``engine/kev/queue.py``), the book rules
+(``engine/book.py``), fill and queue-position models (``venue/fills.py``) and matching
+(``venue/exchange.py``). What this file holds is the bookkeeping around them (order, request and
+timer tables, the Kev request flow, money), which ``engine/core.py`` also holds for live mode and
+the per-event replay path; whole runs of the two are checked equal (``tests/test_replay_kernel.py``)
+and pinned by golden digests (``tests/test_golden_digests.py``).
 
-Exactness, where floats alone would not give it:
-
-- ``round(x, n)``: CPython rounds the exact binary value half-even and returns the nearest double;
-  :func:`pyround` does the same with an exact product (Dekker) and one correctly rounded division.
-- Money: the portfolio is Decimal in Python. Here position, cash and fees are integers of 1e-12
-  (prices of ``px_decimals`` digits, checked to be their own shortest repr, as ``Decimal(repr(px))``
-  reads them), quantized half-even as ``Decimal.quantize`` does. The loss stop compares a float
-  estimate of the PnL with the limit and gives up when the two are too close to call.
-- Python's ``min``/``max`` return the first argument on ties and NaN: :func:`pmin`/:func:`pmax`.
-
-Anything it cannot reproduce exactly makes it stop with ``ST_UNSUPPORTED``; the driver then runs
-the general path instead. It never guesses.
+Money: position, cash and fees are integers of 1e-12 (prices of ``px_decimals`` digits, checked to
+be their own shortest repr, as ``Decimal(repr(px))`` reads them), quantized half-even as
+``Decimal.quantize`` does, so the totals equal the Python portfolio's Decimals. The loss stop reads
+a float estimate of the PnL and the run gives up (``ST_UNSUPPORTED``) when it is too close to the
+limit to decide; so do tables that would outgrow their caps. The driver then runs the per-event path.
 
 Layout: state lives in numpy arrays so a run can stop (an output buffer is full, a table must grow,
 Kev lags must be drawn) and resume where it stopped. Strings are codes; :mod:`replay.fast_path`
@@ -30,17 +26,69 @@ from __future__ import annotations
 
 import math
 
-import numba as nb
 import numpy as np
 
-from engine.book import imbalance_levels, tradable_levels, walk_levels
-from engine.exact import POW10, div_half_even, pmax, pmin, pyround
-from engine.risk import REASONS
+from engine.book import imbalance_levels
+from engine.contract import round_exact
+from engine.exact import POW10, div_half_even, pmin, pyround  # noqa: F401 - tests call K.pyround
+from engine.jit import njit
+from engine.kev.queue import (  # noqa: F401 - the queue's codes, kernel names too
+    POLICY_CONFLATE,
+    POLICY_DROP_OLDEST,
+    POLICY_FIFO,
+    Q_ENQUEUED,
+    Q_LATE,
+    Q_STALE,
+    Q_TIMEOUT,
+    QUEUE_KINDS,
+    is_stale,
+    offer_plan,
+)
+from engine.kev.rules import A_FLATTEN, A_HOLD, A_LEAN_BUY, A_LEAN_SELL, rule_decide  # noqa: F401 - codes
+from engine.risk import (  # noqa: F401 - the gateway's codes, kernel names (BUY ... R_REDUCE_ONLY) too
+    BUY,
+    LIMIT,
+    MARKET,
+    R_BAD_BOOK,
+    R_BAD_ORDER,
+    R_BAND,
+    R_KILL,
+    R_LOSS,
+    R_LOSS_UNDECIDED,
+    R_MAX_DELTA,
+    R_MAX_POS,
+    R_MAX_QTY,
+    R_NO_BOOK,
+    R_OK,
+    R_RATE,
+    R_REDUCE_ONLY,
+    R_SLIP,
+    R_STALE_ADVICE,
+    R_STALE_BOOK,
+    RATE_WINDOW_NS,
+    REASONS,
+    SELL,
+    SRC_CANCEL,
+    SRC_FLATTEN,
+    SRC_KEV,
+    SRC_QUOTE,
+    verdict,
+)
+from engine.risk import only_reduces as _reduce_only_ok
+from engine.strategy import NO_ORDER, kev_target, quote_prices, rebalance_order
+from venue.exchange import AR_FILLED, AR_REST, crossed, maker_fill, match_arrival
+from venue.fills import (  # noqa: F401 - the fill model codes, kernel names too (fast_path reads K.FM_*)
+    FM_QUEUE_LOG,
+    FM_QUEUE_POWER,
+    FM_RISK_AVERSE,
+    FM_THROUGH,
+    FM_TOUCH,
+    on_depth,
+    on_new,
+    on_trade,
+)
 
 # ---------------------------------------------------------------- codes (shared with fast_path)
-BUY, SELL = 0, 1
-LIMIT, MARKET = 0, 1
-SRC_QUOTE, SRC_KEV, SRC_FLATTEN, SRC_CANCEL = 0, 1, 2, 3
 INTENT_NEW, INTENT_CANCEL = 0, 1
 LIQ_MAKER, LIQ_TAKER = 0, 1
 # order status
@@ -48,10 +96,7 @@ PENDING_NEW, LIVE, PENDING_CANCEL, DONE = 0, 1, 2, 3
 # order event kinds
 OK_NEW, OK_CANCEL, OK_ACK, OK_REJECT, OK_CANCEL_ACK, OK_DONE = 0, 1, 2, 3, 4, 5
 ORDER_KINDS = ("new", "cancel", "ack", "reject", "cancel_ack", "done")
-# reasons (risk reasons first, in engine.risk.REASONS order, then exchange reasons)
-R_OK, R_BAD_ORDER, R_KILL, R_NO_BOOK, R_STALE_BOOK, R_MAX_QTY = 0, 1, 2, 3, 4, 5
-R_MAX_POS, R_MAX_DELTA, R_BAND, R_SLIP, R_RATE, R_LOSS, R_STALE_ADVICE = 6, 7, 8, 9, 10, 11, 12
-R_BAD_BOOK, R_REDUCE_ONLY = 13, 14
+# reasons: engine.risk's R_* (REASONS indexes), then exchange reasons
 R_EMPTY, R_NO_MARKET, R_FILLED, R_IOC, R_CANCEL_NOT_FOUND, R_REDUCE_REJECTED = 15, 16, 17, 18, 19, 20
 REASON_TEXT = (
     *REASONS,
@@ -64,19 +109,10 @@ REASON_TEXT = (
 )
 # labels by class index (engine.core.LABEL_NAMES)
 L_HOLD, L_BUY, L_SELL, L_EMERGENCY = 0, 1, 2, 3
-# Kev queue note kinds
-Q_ENQUEUED, Q_OVERFLOW, Q_STALE, Q_CONFLATED, Q_TIMEOUT, Q_LATE = 0, 1, 2, 3, 4, 5
-QUEUE_KINDS = ("enqueued", "dropped_overflow", "dropped_stale", "dropped_conflated", "timeout", "late_reply")
-POLICY_DROP_OLDEST, POLICY_FIFO, POLICY_CONFLATE = 0, 1, 2
-# Kev actions (engine.kev.command.ACTIONS) and the rule that chose one (for the reason text)
-A_HOLD, A_LEAN_BUY, A_LEAN_SELL, A_FLATTEN = 0, 1, 2, 3
-WHY_EMERGENCY, WHY_WEAK, WHY_LEAN = 0, 1, 2
 # latency span names; refs are "dh-N" (order) or "kev:N" (request)
 SPAN_TICK_TO_ORDER, SPAN_ORDER_ENTRY, SPAN_KEV_QUEUE, SPAN_KEV = 0, 1, 2, 3
 SPAN_NAMES = ("tick_to_order", "order_entry", "kev_queue", "kev")
 REF_ORDER, REF_KEV = 0, 1
-# fill models
-FM_TOUCH, FM_THROUGH, FM_QUEUE_POWER, FM_QUEUE_LOG, FM_RISK_AVERSE = 0, 1, 2, 3, 4
 
 # timer kinds
 T_ARRIVE, T_ARRIVE_CANCEL, T_REPORT, T_KEV_TIMEOUT, T_KEV_DONE = 0, 1, 2, 3, 4
@@ -232,7 +268,7 @@ NAN = math.nan
 # ---------------------------------------------------------------- timer heap
 
 
-@nb.njit(cache=True)
+@njit
 def _heap_push(S, HI, HF, OI, ts, prio, kind, a, b, c6, f1, f2):
     if kind <= T_REPORT:  # the timer names order a: its row stays taken until the timer ran
         OI[a & (OI.shape[0] - 1), OI_REFS] += 1
@@ -263,7 +299,7 @@ def _heap_push(S, HI, HF, OI, ts, prio, kind, a, b, c6, f1, f2):
     HF[i, 1] = f2
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def _less(HI, i, j):
     a0, b0 = HI[i, 0], HI[j, 0]
     if a0 != b0:
@@ -274,7 +310,7 @@ def _less(HI, i, j):
     return HI[i, 2] < HI[j, 2]
 
 
-@nb.njit(cache=True)
+@njit
 def _heap_pop(S, HI, HF, tmpi, tmpf):
     """Pop the least timer into tmpi/tmpf."""
     n = S[S_HEAP_N] - 1
@@ -312,34 +348,7 @@ def _heap_pop(S, HI, HF, tmpi, tmpf):
         i = m
 
 
-# ---------------------------------------------------------------- book helpers
-
-
-@nb.njit(cache=True)
-def _level_qty(bk, side, px):
-    """venue.fills.level_qty: size at px on our side; -1.0 for 'beyond the window' (None)."""
-    off = 0 if side == BUY else 30
-    half_tick = 1e-9 * pmax(1.0, abs(px))
-    deepest = NAN
-    for i in range(15):
-        p = bk[off + i]
-        if p != p:
-            return 0.0
-        if abs(p - px) <= half_tick:
-            return bk[off + 15 + i]
-        deepest = p
-    beyond = px < deepest if side == BUY else px > deepest
-    return -1.0 if beyond else 0.0
-
-
-@nb.njit(cache=True)
-def _reduce_only_ok(position, side, qty):
-    """engine.risk.reduce_only_ok."""
-    signed = qty if side == BUY else -qty
-    return position * signed < 0 and qty <= abs(position) + 1e-12
-
-
-@nb.njit(cache=True)
+@njit
 def _px_units(px, dec):
     """``Decimal(repr(px))`` as an integer of 10**-dec, or -1 << 62 when it is not one."""
     p = POW10[dec]
@@ -352,7 +361,7 @@ def _px_units(px, dec):
     return np.int64(n)
 
 
-@nb.njit(cache=True)
+@njit
 def _qty_units(q):
     """``Decimal(repr(q))`` as an integer of 1e-12, for sizes rounded to 12 digits (or shorter)."""
     v = q * 1e12
@@ -367,22 +376,16 @@ def _qty_units(q):
 # ---------------------------------------------------------------- the machine
 
 
-@nb.njit(cache=True)
-def _risk_state_pnl_bad(S, CF, mid):
-    """-1: PnL > -stop (no loss stop), 1: PnL <= -stop, 0: too close to call."""
+@njit
+def _risk_state_pnl(S, mid):
+    """The loss stop's PnL at ``mid`` in floats, and how far it may be from the portfolio's exact
+    Decimal PnL: the rule gives R_LOSS_UNDECIDED within that of the stop."""
     pos = S[S_POS] / 1e12
     cash = S[S_CASH] / 1e12
-    est = cash + pos * mid
-    lim = -CF[CF_LOSS_STOP]
-    tol = 1e-6 * (1.0 + abs(cash) + abs(pos * mid))
-    if est > lim + tol:
-        return -1
-    if est < lim - tol:
-        return 1
-    return 0
+    return cash + pos * mid, 1e-6 * (1.0 + abs(cash) + abs(pos * mid))
 
 
-@nb.njit(cache=True)
+@njit
 def run(
     walk_ts,
     walk_prio,
@@ -531,7 +534,7 @@ def run(
     return ST_DONE
 
 
-@nb.njit(cache=True)
+@njit
 def run_all(
     S,
     SF,
@@ -601,7 +604,7 @@ def run_all(
     return ST_DONE
 
 
-@nb.njit(cache=True)
+@njit
 def _headroom(S, OI, RI, HI, NOUT, out_cap, lags):
     for s in range(8):
         if NOUT[s] + MARGIN > out_cap:
@@ -631,7 +634,7 @@ def _headroom(S, OI, RI, HI, NOUT, out_cap, lags):
 # ---------------------------------------------------------------- engine: events
 
 
-@nb.njit(cache=True)
+@njit
 def _order_event(OUTI, OUTF, NOUT, OI, OF, oid, kind, ts_event, ts_recv, reason):
     k = NOUT[O_ORDER]
     NOUT[O_ORDER] = k + 1
@@ -646,7 +649,7 @@ def _order_event(OUTI, OUTF, NOUT, OI, OF, oid, kind, ts_event, ts_recv, reason)
     OUTF[O_ORDER, k, 1] = OF[oid & (OF.shape[0] - 1), OF_QTY]
 
 
-@nb.njit(cache=True)
+@njit
 def _span(OUTI, NOUT, name, ref_kind, ref_n, start, end):
     k = NOUT[O_LATENCY]
     NOUT[O_LATENCY] = k + 1
@@ -657,7 +660,7 @@ def _span(OUTI, NOUT, name, ref_kind, ref_n, start, end):
     OUTI[O_LATENCY, k, 4] = ref_n
 
 
-@nb.njit(cache=True)
+@njit
 def _queue_note(OUTI, NOUT, now, rid, kind, depth):
     k = NOUT[O_KEV_QUEUE]
     NOUT[O_KEV_QUEUE] = k + 1
@@ -667,7 +670,7 @@ def _queue_note(OUTI, NOUT, now, rid, kind, depth):
     OUTI[O_KEV_QUEUE, k, 3] = depth
 
 
-@nb.njit(cache=True)
+@njit
 def _risk_row(OUTI, OUTF, NOUT, now, oid, intent, side, otype, source, age, ok, reason, px, qty):
     k = NOUT[O_RISK]
     NOUT[O_RISK] = k + 1
@@ -687,12 +690,12 @@ def _risk_row(OUTI, OUTF, NOUT, now, oid, intent, side, otype, source, age, ok, 
 # ---------------------------------------------------------------- engine: risk
 
 
-@nb.njit(cache=True)
+@njit
 def _position(S):
     return S[S_POS] / 1e12
 
 
-@nb.njit(cache=True)
+@njit
 def _check_new(
     S,
     C,
@@ -715,25 +718,8 @@ def _check_new(
     lpx,
     lq,
 ):
-    """engine.risk.check for a new order; returns the reason code (R_OK when accepted)."""
-    if not (qty > 0 and math.isfinite(qty)) or (otype == LIMIT and not (px > 0 and math.isfinite(px))):
-        return R_BAD_ORDER
-    if S[S_KILL] != 0 and not (reduce_only and source == SRC_FLATTEN):
-        return R_KILL
-    if source == SRC_KEV and age > C[C_MAX_ADVICE_AGE]:
-        return R_STALE_ADVICE
-    if S[S_ENG_BOOK] == 0:
-        return R_NO_BOOK
-    if not tradable_levels(eng_book):
-        return R_BAD_BOOK
-    if now - b_loc[S[S_ENG_ROW]] > C[C_STALE_BOOK]:
-        return R_STALE_BOOK
-    if not (qty <= CF[CF_MAX_ORDER_QTY] + 1e-12):
-        return R_MAX_QTY
-    position = _position(S)
-    if reduce_only and not _reduce_only_ok(position, side, qty):
-        return R_REDUCE_ONLY
-    signed = qty if side == BUY else -qty
+    """engine.risk.verdict on the engine's state for a new order; returns the reason code (R_OK when
+    accepted), or stops the run (U_LOSS_STOP_CLOSE) when the loss stop is too close to call."""
     # open quantities of working orders, summed in insertion order as _build_risk_state does
     buy = 0.0
     sell = 0.0
@@ -743,61 +729,65 @@ def _check_new(
             buy += OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_FILLED]
         else:
             sell += OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_FILLED]
-    open_same = buy if side == BUY else -sell
-    worst = position + open_same + signed
-    reducing = abs(worst) < abs(position) - 1e-12
-    mid = (eng_book[0] + eng_book[30]) / 2.0
-    if not reducing:
-        if not (abs(worst) <= CF[CF_MAX_POSITION] + 1e-12):
-            return R_MAX_POS
-        if not (abs(worst) * mid <= CF[CF_MAX_DELTA]):
-            return R_MAX_DELTA
-    if otype == LIMIT:
-        if not (abs(px - mid) / mid * 1e4 <= CF[CF_BAND]):
-            return R_BAND
-    else:
-        n = walk_levels(eng_book, side, qty, lpx, lq)
-        filled = 0.0
-        for j in range(n):
-            filled += lq[j]
-        max_bps = CF[CF_MAX_SLIP]
-        if slip == slip:  # not None
-            max_bps = pmin(max_bps, slip)
-        q = 0.0
-        for j in range(n):
-            q += lq[j]
-        if q > 0:
-            num = 0.0
-            for j in range(n):
-                num += lpx[j] * lq[j]
-            avg = num / q
-        else:
-            avg = NAN
-        if not (filled >= qty - 1e-12 and abs(avg - mid) / mid * 1e4 <= max_bps):
-            return R_SLIP
-    # order rate: accepted new orders in (now - 1 s, now]
-    cutoff = now - 1_000_000_000
+    # accepted new orders in the rate window: the ring drops the older ones (now never goes back)
+    cutoff = now - RATE_WINDOW_NS
     head = S[S_RECENT_HEAD]
     tail = S[S_RECENT_TAIL]
     while head < tail and recent[head % recent.shape[0]] <= cutoff:
         head += 1
     S[S_RECENT_HEAD] = head
-    if tail - head >= C[C_MAX_ORDERS_PER_S]:
-        return R_RATE
-    if not reducing:
-        bad = _risk_state_pnl_bad(S, CF, mid)
-        if bad == 0:
-            S[S_WHY] = U_LOSS_STOP_CLOSE
-            return R_OK
-        if bad == 1:
-            return R_LOSS
-    return R_OK
+    has_book = S[S_ENG_BOOK] != 0
+    pnl, pnl_tol = _risk_state_pnl(S, (eng_book[0] + eng_book[30]) / 2.0)
+    # the limits in engine.risk.L_* order; a tuple: no allocation per check
+    lim = (
+        CF[CF_MAX_POSITION],
+        CF[CF_MAX_DELTA],
+        CF[CF_MAX_ORDER_QTY],
+        CF[CF_MAX_SLIP],
+        CF[CF_BAND],
+        float(C[C_MAX_ORDERS_PER_S]),
+        float(C[C_STALE_BOOK]),
+        CF[CF_LOSS_STOP],
+        float(C[C_MAX_ADVICE_AGE]),
+    )
+    reason = verdict(
+        lim,
+        _position(S),
+        buy,
+        sell,
+        pnl,
+        pnl_tol,
+        tail - head,
+        S[S_KILL] != 0,
+        side,
+        otype,
+        px,
+        qty,
+        reduce_only,
+        slip,
+        source,
+        age,
+        has_book,
+        eng_book[0],
+        eng_book[15],
+        eng_book[30],
+        eng_book[45],
+        eng_book,
+        b_loc[S[S_ENG_ROW]] if has_book else 0,
+        now,
+        lpx,
+        lq,
+    )
+    if reason == R_LOSS_UNDECIDED:
+        S[S_WHY] = U_LOSS_STOP_CLOSE
+        return R_OK
+    return reason
 
 
 # ---------------------------------------------------------------- engine: orders
 
 
-@nb.njit(cache=True)
+@njit
 def _send_new(
     S,
     SF,
@@ -887,7 +877,7 @@ def _send_new(
     _heap_push(S, HI, HF, OI, now + C[C_ENTRY_NS], PRIO_EXCH_IN, T_ARRIVE, oid, 0, 0, 0.0, 0.0)
 
 
-@nb.njit(cache=True)
+@njit
 def _send_cancel(S, C, OI, OF, HI, HF, oid, OUTI, OUTF, NOUT):
     now = S[S_NOW]
     _risk_row(
@@ -911,7 +901,7 @@ def _send_cancel(S, C, OI, OF, HI, HF, oid, OUTI, OUTF, NOUT):
     _heap_push(S, HI, HF, OI, now + C[C_CANCEL_NS], PRIO_EXCH_IN, T_ARRIVE_CANCEL, oid, 0, 0, 0.0, 0.0)
 
 
-@nb.njit(cache=True)
+@njit
 def _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT):
     n = S[S_NWORK]
     snapshot = work[WORK_CAP : 2 * WORK_CAP]  # scratch: the list as it was (cancels do not change it)
@@ -926,7 +916,7 @@ def _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT):
             _send_cancel(S, C, OI, OF, HI, HF, o, OUTI, OUTF, NOUT)
 
 
-@nb.njit(cache=True)
+@njit
 def _finish(S, OI, work, oid):
     OI[oid & (OI.shape[0] - 1), OI_STATUS] = DONE
     n = S[S_NWORK]
@@ -938,24 +928,14 @@ def _finish(S, OI, work, oid):
             return
 
 
-@nb.njit(cache=True)
+@njit
 def _target(S, SF, CF, now):
-    if S[S_CMD] == 0 or now > S[S_CMD_VALID_UNTIL]:
-        return 0.0
-    if S[S_CMD_ACTION] == A_FLATTEN:
-        return 0.0
+    flatten = S[S_CMD_ACTION] == A_FLATTEN
     m = CF[CF_MAX_POSITION]
-    return pmax(-m, pmin(m, SF[SF_CMD_TARGET]))
+    return kev_target(S[S_CMD] != 0, now, S[S_CMD_VALID_UNTIL], flatten, SF[SF_CMD_TARGET], m)
 
 
-@nb.njit(cache=True)
-def _round_px(CF, px):
-    """ContractConfig.round_px: round(round(px / tick) * tick, 10)."""
-    tick = CF[CF_TICK]
-    return pyround(np.rint(px / tick) * tick, 10)
-
-
-@nb.njit(cache=True)
+@njit
 def _requote(
     S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, origin, force, OUTI, OUTF, NOUT, lpx, lq
 ):
@@ -966,28 +946,23 @@ def _requote(
     if now < S[S_EMERGENCY_UNTIL] or S[S_KILL] != 0:
         _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT)
         return
-    position = _position(S)
-    # strategy.desired_quotes
-    tick = CF[CF_TICK]
-    quotable = tradable_levels(eng_book) and eng_book[30] < 4503599627370496.0 * tick  # 2**52 ticks
-    maxpos = CF[CF_MAX_POSITION]
-    target = _target(S, SF, CF, now)
-    inv = (position - target) / maxpos if maxpos > 0 else 0.0
-    lab = S[S_LAST_LABEL_NAME]
-    sig = 1 if lab == L_BUY else (-1 if lab == L_SELL else 0)
-    shift = float(sig * C[C_LABEL_SKEW]) - inv * CF[CF_INV_SKEW]
-    best_bid = eng_book[0]
-    best_ask = eng_book[30]
-    bid = pmin(best_bid + (shift - C[C_OFFSET_TICKS]) * tick, best_ask - tick)
-    ask = pmax(best_ask + (shift + C[C_OFFSET_TICKS]) * tick, best_bid + tick)
     qq = CF[CF_QUOTE_QTY]
-    want_buy = quotable and position + qq <= maxpos + 1e-12
-    want_sell = quotable and position - qq >= -maxpos - 1e-12
-    bid_px = _round_px(CF, bid) if want_buy else 0.0
-    ask_px = _round_px(CF, ask) if want_sell else 0.0
-    if (want_buy and bid_px != bid_px and bid == bid) or (want_sell and ask_px != ask_px and ask == ask):
-        S[S_WHY] = U_ROUND
-        return
+    tick = CF[CF_TICK]
+    want_buy, bid_px, want_sell, ask_px = quote_prices(
+        eng_book[0],
+        eng_book[15],
+        eng_book[30],
+        eng_book[45],
+        tick,
+        S[S_LAST_LABEL_NAME],
+        _position(S),
+        _target(S, SF, CF, now),
+        CF[CF_MAX_POSITION],
+        qq,
+        C[C_OFFSET_TICKS],
+        C[C_LABEL_SKEW],
+        CF[CF_INV_SKEW],
+    )
     if S[S_NWORK] == 0:
         if want_buy:
             _send_new(
@@ -1108,7 +1083,7 @@ def _requote(
                 return
 
 
-@nb.njit(cache=True)
+@njit
 def _rebalance(
     S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
 ):
@@ -1117,23 +1092,20 @@ def _rebalance(
         return
     if now - S[S_LAST_REBALANCE] < C[C_REBALANCE_MIN]:
         return
-    position = _position(S)
-    diff = _target(S, SF, CF, now) - position
-    if abs(diff) < CF[CF_QUOTE_QTY] - 1e-12:
+    side, qty = rebalance_order(
+        _target(S, SF, CF, now),
+        _position(S),
+        CF[CF_QUOTE_QTY],
+        CF[CF_MAX_ORDER_QTY],
+        CF[CF_SIZE_STEP],
+        CF[CF_MIN_QTY],
+    )
+    if side == NO_ORDER:
         return
     for w in range(S[S_NWORK]):
         if OI[work[w] & (OI.shape[0] - 1), OI_TYPE] == MARKET:
             return
-    step = CF[CF_SIZE_STEP]
-    x = pmin(abs(diff), CF[CF_MAX_ORDER_QTY])
-    qty = pyround(float(np.int64(x / step + 1e-9)) * step, 10)
-    if qty != qty:
-        S[S_WHY] = U_ROUND
-        return
-    if qty < CF[CF_MIN_QTY]:
-        return
     S[S_LAST_REBALANCE] = now
-    side = BUY if diff > 0 else SELL
     flatten = S[S_CMD_ACTION] == A_FLATTEN
     _send_new(
         S,
@@ -1168,7 +1140,7 @@ def _rebalance(
 # ---------------------------------------------------------------- engine: Laya and Kev
 
 
-@nb.njit(cache=True)
+@njit
 def _on_label(
     r,
     label_id,
@@ -1268,7 +1240,7 @@ def _on_label(
         )
 
 
-@nb.njit(cache=True)
+@njit
 def _offer_kev(
     r,
     label_id,
@@ -1307,12 +1279,9 @@ def _offer_kev(
     bid0 = levels[j, 0]
     ask0 = levels[j, 30]
     mid = (bid0 + ask0) / 2.0
-    spread = pyround(ask0 - bid0, 10)
-    imb = pyround(imbalance_levels(levels[j]), 6)
-    p = pyround(p_label, 6)
-    if (spread != spread and ask0 - bid0 == ask0 - bid0) or imb != imb or p != p:
-        S[S_WHY] = U_ROUND
-        return
+    spread = round_exact(ask0 - bid0, 10)
+    imb = round_exact(imbalance_levels(levels[j]), 6)
+    p = round_exact(p_label, 6)
     RI[rid & (RI.shape[0] - 1), RI_TS] = now
     RI[rid & (RI.shape[0] - 1), RI_LABEL] = label_id
     RI[rid & (RI.shape[0] - 1), RI_LABEL_SEQ] = S[S_LABELS] - 1
@@ -1323,49 +1292,42 @@ def _offer_kev(
     RF[rid & (RF.shape[0] - 1), RF_POS] = _position(S)
     RF[rid & (RF.shape[0] - 1), RF_MAXPOS] = CF[CF_MAX_POSITION]
     # KevQueue.offer
-    policy = C[C_KEV_POLICY]
     n = S[S_KQ_N]
-    if policy == POLICY_CONFLATE:
-        while n > 0:
-            old = kq[0]
-            for v in range(n - 1):
-                kq[v] = kq[v + 1]
-            n -= 1
-            _queue_note(OUTI, NOUT, now, old, Q_CONFLATED, n)
-    elif n >= C[C_KEV_QUEUE_MAX]:
-        if policy == POLICY_FIFO:
-            _queue_note(OUTI, NOUT, now, rid, Q_OVERFLOW, n)
-            S[S_KQ_N] = n
-            _kev_pump(
-                S,
-                SF,
-                C,
-                CF,
-                OI,
-                OF,
-                RI,
-                RF,
-                HI,
-                HF,
-                work,
-                recent,
-                eng_book,
-                b_loc,
-                kq,
-                inflight,
-                lags,
-                OUTI,
-                OUTF,
-                NOUT,
-                lpx,
-                lq,
-            )
-            return
+    drop, kind, enqueue = offer_plan(C[C_KEV_POLICY], n, C[C_KEV_QUEUE_MAX])
+    for _ in range(drop):
         old = kq[0]
         for v in range(n - 1):
             kq[v] = kq[v + 1]
         n -= 1
-        _queue_note(OUTI, NOUT, now, old, Q_OVERFLOW, n)
+        _queue_note(OUTI, NOUT, now, old, kind, n)
+    if not enqueue:
+        _queue_note(OUTI, NOUT, now, rid, kind, n)
+        S[S_KQ_N] = n
+        _kev_pump(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            RI,
+            RF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            kq,
+            inflight,
+            lags,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+        return
     if n >= KQ_CAP:
         S[S_WHY] = U_TABLE
         return
@@ -1399,7 +1361,7 @@ def _offer_kev(
     )
 
 
-@nb.njit(cache=True)
+@njit
 def _kev_pump(
     S,
     SF,
@@ -1429,7 +1391,7 @@ def _kev_pump(
             break
 
 
-@nb.njit(cache=True)
+@njit
 def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
     now = S[S_NOW]
     n = S[S_KQ_N]
@@ -1439,7 +1401,7 @@ def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, 
         for v in range(n - 1):
             kq[v] = kq[v + 1]
         n -= 1
-        if now - RI[c & (RI.shape[0] - 1), RI_TS] > C[C_KEV_STALE]:
+        if is_stale(now, RI[c & (RI.shape[0] - 1), RI_TS], C[C_KEV_STALE]):
             _queue_note(OUTI, NOUT, now, c, Q_STALE, n)
             continue
         rid = c
@@ -1477,39 +1439,29 @@ def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, 
     return True
 
 
-@nb.njit(cache=True)
+@njit
 def _rule_kev(RI, RF, CF, rid):
-    """engine.kev.rules.RuleKev.decide, numbers only (fast_path writes the texts)."""
-    maxpos = RF[rid & (RF.shape[0] - 1), RF_MAXPOS]
-    step = maxpos * CF[CF_STEP_FRACTION]
-    mid = RF[rid & (RF.shape[0] - 1), RF_MID]
-    spread_bps = RF[rid & (RF.shape[0] - 1), RF_SPREAD] / mid * 1e4 if mid > 0 else 0.0
-    slip = pyround(pmin(10.0, pmax(1.0, 2.0 * spread_bps)), 2)
-    RF[rid & (RF.shape[0] - 1), RF_SLIP] = slip
-    label = RI[rid & (RI.shape[0] - 1), RI_LABEL]
-    position = RF[rid & (RF.shape[0] - 1), RF_POS]
-    if label == L_EMERGENCY:
-        RI[rid & (RI.shape[0] - 1), RI_ACTION] = A_FLATTEN
-        RI[rid & (RI.shape[0] - 1), RI_WHY] = WHY_EMERGENCY
-        RF[rid & (RF.shape[0] - 1), RF_TARGET] = 0.0
-        RF[rid & (RF.shape[0] - 1), RF_HEDGE] = 1.0
-        return
-    RF[rid & (RF.shape[0] - 1), RF_HEDGE] = 0.0
-    if RF[rid & (RF.shape[0] - 1), RF_P] < CF[CF_MIN_PROB]:
-        RI[rid & (RI.shape[0] - 1), RI_ACTION] = A_HOLD
-        RI[rid & (RI.shape[0] - 1), RI_WHY] = WHY_WEAK
-        RF[rid & (RF.shape[0] - 1), RF_TARGET] = position
-        return
-    sign = 1.0 if label == L_BUY else -1.0
-    agree = sign * RF[rid & (RF.shape[0] - 1), RF_IMB] >= 0
-    target = position + sign * step * (1.0 if agree else 0.5)
-    target = pmax(-maxpos, pmin(maxpos, target))
-    RI[rid & (RI.shape[0] - 1), RI_ACTION] = A_LEAN_BUY if sign > 0 else A_LEAN_SELL
-    RI[rid & (RI.shape[0] - 1), RI_WHY] = WHY_LEAN
-    RF[rid & (RF.shape[0] - 1), RF_TARGET] = pyround(target, 6)
+    """RuleKev's decision on request ``rid``'s context, into its row (fast_path writes the texts)."""
+    i = rid & (RI.shape[0] - 1)
+    action, target, hedge, slip, why = rule_decide(
+        RI[i, RI_LABEL],
+        RF[i, RF_P],
+        RF[i, RF_MID],
+        RF[i, RF_SPREAD],
+        RF[i, RF_IMB],
+        RF[i, RF_POS],
+        RF[i, RF_MAXPOS],
+        CF[CF_STEP_FRACTION],
+        CF[CF_MIN_PROB],
+    )
+    RI[i, RI_ACTION] = action
+    RI[i, RI_WHY] = why
+    RF[i, RF_TARGET] = target
+    RF[i, RF_HEDGE] = hedge
+    RF[i, RF_SLIP] = slip
 
 
-@nb.njit(cache=True)
+@njit
 def _inflight_pop(S, inflight, rid):
     n = S[S_INFLIGHT_N]
     for w in range(n):
@@ -1524,7 +1476,7 @@ def _inflight_pop(S, inflight, rid):
 # ---------------------------------------------------------------- timers
 
 
-@nb.njit(cache=True)
+@njit
 def _timer(
     tmpi,
     tmpf,
@@ -1700,7 +1652,7 @@ def _timer(
         )
 
 
-@nb.njit(cache=True)
+@njit
 def _report(S, C, OI, HI, HF, method, oid, arg, f1, f2):
     """SimExchange._report: the engine hears of it after the response latency, with ts_event = now."""
     now = S[S_NOW]
@@ -1709,7 +1661,7 @@ def _report(S, C, OI, HI, HF, method, oid, arg, f1, f2):
     )
 
 
-@nb.njit(cache=True)
+@njit
 def _engine_report(
     S,
     SF,
@@ -1756,7 +1708,7 @@ def _engine_report(
         _on_fill(S, C, OI, OF, oid, tmpf[0], tmpf[1], arg, ts_event, now, OUTI, OUTF, NOUT)
 
 
-@nb.njit(cache=True)
+@njit
 def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
     side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     pu = _px_units(px, C[C_PX_DECIMALS])
@@ -1803,22 +1755,20 @@ def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
 # ---------------------------------------------------------------- exchange
 
 
-@nb.njit(cache=True)
+@njit
 def _report_fill(S, C, OI, HI, HF, oid, px, qty, liq):
     _report(S, C, OI, HI, HF, M_FILL, oid, liq, px, qty)
 
 
-@nb.njit(cache=True)
+@njit
 def _x_fill(S, SF, C, OI, OF, HI, HF, rest, oid, px, qty):
     """SimExchange._fill (maker)."""
-    q = pyround(qty, 12)
-    if q != q:
-        S[S_WHY] = U_ROUND
-        return
-    OF[oid & (OF.shape[0] - 1), OF_XFILLED] += q
-    SF[SF_XPOS] += q if OI[oid & (OI.shape[0] - 1), OI_SIDE] == BUY else -q
+    r = oid & (OF.shape[0] - 1)
+    q, OF[r, OF_XFILLED], SF[SF_XPOS], done = maker_fill(
+        OI[oid & (OI.shape[0] - 1), OI_SIDE], OF[r, OF_QTY], OF[r, OF_XFILLED], SF[SF_XPOS], qty
+    )
     _report_fill(S, C, OI, HI, HF, oid, px, q, LIQ_MAKER)
-    if OF[oid & (OF.shape[0] - 1), OF_QTY] - OF[oid & (OF.shape[0] - 1), OF_XFILLED] <= EPS:
+    if done:
         n = S[S_NREST]
         for w in range(n):
             if rest[w] == oid:
@@ -1830,98 +1780,9 @@ def _x_fill(S, SF, C, OI, OF, HI, HF, rest, oid, px, qty):
         _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED, 0.0, 0.0)
 
 
-@nb.njit(cache=True)
-def _on_new(C, CF, OI, OF, oid, x_book, has_book):
-    fm = C[C_FILL_MODEL]
-    if fm == FM_TOUCH or fm == FM_THROUGH:
-        OF[oid & (OF.shape[0] - 1), OF_AHEAD] = 0.0
-        return
-    q = (
-        _level_qty(x_book, OI[oid & (OI.shape[0] - 1), OI_SIDE], OF[oid & (OF.shape[0] - 1), OF_PX])
-        if has_book
-        else -1.0
-    )
-    OF[oid & (OF.shape[0] - 1), OF_AHEAD] = q if q >= 0 else 0.0
-    OF[oid & (OF.shape[0] - 1), OF_LEVEL] = q if q >= 0 else NAN
-    OF[oid & (OF.shape[0] - 1), OF_TRADED] = 0.0
-
-
-@nb.njit(cache=True)
-def _prob(CF, fm, front, back):
-    if fm == FM_QUEUE_POWER:
-        n = CF[CF_QUEUE_N]
-        fb = back**n
-        ff = front**n
-        return fb / (fb + ff) if fb + ff > 0 else 1.0
-    fb = math.log1p(back)
-    ff = math.log1p(front)
-    return fb / (fb + ff) if fb + ff > 0 else 1.0
-
-
-@nb.njit(cache=True)
-def _on_depth(C, CF, OI, OF, oid, bk):
-    fm = C[C_FILL_MODEL]
-    if fm == FM_TOUCH or fm == FM_THROUGH:
-        return
-    q = _level_qty(bk, OI[oid & (OI.shape[0] - 1), OI_SIDE], OF[oid & (OF.shape[0] - 1), OF_PX])
-    traded = OF[oid & (OF.shape[0] - 1), OF_TRADED]
-    OF[oid & (OF.shape[0] - 1), OF_TRADED] = 0.0
-    if q < 0:  # left the window
-        OF[oid & (OF.shape[0] - 1), OF_LEVEL] = NAN
-        return
-    prev = OF[oid & (OF.shape[0] - 1), OF_LEVEL]
-    OF[oid & (OF.shape[0] - 1), OF_LEVEL] = q
-    if prev != prev:
-        OF[oid & (OF.shape[0] - 1), OF_AHEAD] = pmin(OF[oid & (OF.shape[0] - 1), OF_AHEAD], q)
-        return
-    chg = prev - q - traded
-    if fm == FM_RISK_AVERSE:
-        OF[oid & (OF.shape[0] - 1), OF_AHEAD] = pmax(0.0, pmin(OF[oid & (OF.shape[0] - 1), OF_AHEAD], q))
-        return
-    if chg <= 0:
-        OF[oid & (OF.shape[0] - 1), OF_AHEAD] = pmin(OF[oid & (OF.shape[0] - 1), OF_AHEAD], q)
-        return
-    front = OF[oid & (OF.shape[0] - 1), OF_AHEAD]
-    back = pmax(prev - front, 0.0)
-    p = _prob(CF, fm, front, back)
-    if not math.isfinite(p):
-        p = 1.0
-    est = front - (1.0 - p) * chg + pmin(back - p * chg, 0.0)
-    OF[oid & (OF.shape[0] - 1), OF_AHEAD] = pmax(0.0, pmin(est, q))
-
-
-@nb.njit(cache=True)
-def _on_trade_fm(C, OI, OF, oid, px, sz, tside):
-    """FillModel.on_trade: the quantity this trade fills."""
-    side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
-    opposite = (side == BUY and tside == SELL) or (side == SELL and tside == BUY)
-    if not opposite:
-        return 0.0
-    opx = OF[oid & (OF.shape[0] - 1), OF_PX]
-    through = px < opx if side == BUY else px > opx
-    at = abs(opx - px) <= 1e-9 * pmax(1.0, abs(opx))
-    remaining = OF[oid & (OF.shape[0] - 1), OF_QTY] - OF[oid & (OF.shape[0] - 1), OF_XFILLED]
-    fm = C[C_FILL_MODEL]
-    if fm == FM_TOUCH:
-        return pmin(remaining, sz) if (at or through) else 0.0
-    if fm == FM_THROUGH:
-        return pmin(remaining, sz) if through else 0.0
-    if through:
-        OF[oid & (OF.shape[0] - 1), OF_AHEAD] = 0.0
-        return pmin(remaining, sz)
-    if not at:
-        return 0.0
-    OF[oid & (OF.shape[0] - 1), OF_TRADED] += sz
-    OF[oid & (OF.shape[0] - 1), OF_AHEAD] -= sz
-    if OF[oid & (OF.shape[0] - 1), OF_AHEAD] >= 0:
-        return 0.0
-    filled = pmin(remaining, -OF[oid & (OF.shape[0] - 1), OF_AHEAD])
-    OF[oid & (OF.shape[0] - 1), OF_AHEAD] = 0.0
-    return filled
-
-
-@nb.njit(cache=True)
+@njit
 def _x_on_book(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
+    """SimExchange.on_book."""
     n = S[S_NREST]
     if n == 0:
         return
@@ -1930,29 +1791,26 @@ def _x_on_book(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
         snapshot[w] = rest[w]
     for w in range(n):
         o = snapshot[w]
-        _on_depth(C, CF, OI, OF, o, x_book)
-        opx = OF[o & (OF.shape[0] - 1), OF_PX]
-        crossed = x_book[30] <= opx if OI[o & (OI.shape[0] - 1), OI_SIDE] == BUY else x_book[0] >= opx
-        if crossed:
-            _x_fill(
-                S,
-                SF,
-                C,
-                OI,
-                OF,
-                HI,
-                HF,
-                rest,
-                o,
-                opx,
-                OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_XFILLED],
-            )
-            if S[S_WHY] != U_NONE:
-                return
+        r = o & (OF.shape[0] - 1)
+        side = OI[o & (OI.shape[0] - 1), OI_SIDE]
+        opx = OF[r, OF_PX]
+        OF[r, OF_AHEAD], OF[r, OF_LEVEL], OF[r, OF_TRADED] = on_depth(
+            C[C_FILL_MODEL],
+            CF[CF_QUEUE_N],
+            x_book,
+            side,
+            opx,
+            OF[r, OF_AHEAD],
+            OF[r, OF_LEVEL],
+            OF[r, OF_TRADED],
+        )
+        if crossed(side, opx, x_book[0], x_book[30]):
+            _x_fill(S, SF, C, OI, OF, HI, HF, rest, o, opx, OF[r, OF_QTY] - OF[r, OF_XFILLED])
 
 
-@nb.njit(cache=True)
+@njit
 def _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, NOUT):
+    """SimExchange.on_trade."""
     left = sz
     n = S[S_NREST]
     snapshot = rest[REST_CAP : 2 * REST_CAP]
@@ -1962,48 +1820,53 @@ def _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, N
         if left <= EPS:
             break
         o = snapshot[w]
-        q = pmin(_on_trade_fm(C, OI, OF, o, px, sz, tside), left)
+        r = o & (OF.shape[0] - 1)
+        f, OF[r, OF_AHEAD], OF[r, OF_TRADED] = on_trade(
+            C[C_FILL_MODEL],
+            OI[o & (OI.shape[0] - 1), OI_SIDE],
+            OF[r, OF_PX],
+            OF[r, OF_QTY] - OF[r, OF_XFILLED],
+            OF[r, OF_AHEAD],
+            OF[r, OF_TRADED],
+            px,
+            sz,
+            tside,
+        )
+        q = pmin(f, left)
         if q > EPS:
             left -= q
-            _x_fill(S, SF, C, OI, OF, HI, HF, rest, o, OF[o & (OF.shape[0] - 1), OF_PX], q)
-            if S[S_WHY] != U_NONE:
-                return
+            _x_fill(S, SF, C, OI, OF, HI, HF, rest, o, OF[r, OF_PX], q)
 
 
-@nb.njit(cache=True)
+@njit
 def _x_arrive(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, oid, OUTI, OUTF, NOUT, lpx, lq):
+    """SimExchange._arrive."""
     if S[S_XBOOK] == 0:
         _report(S, C, OI, HI, HF, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
         return
+    r = oid & (OF.shape[0] - 1)
     side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     otype = OI[oid & (OI.shape[0] - 1), OI_TYPE]
-    qty = OF[oid & (OF.shape[0] - 1), OF_QTY]
+    qty = OF[r, OF_QTY]
     if OI[oid & (OI.shape[0] - 1), OI_REDUCE] != 0 and not _reduce_only_ok(SF[SF_XPOS], side, qty):
         _report(S, C, OI, HI, HF, M_REJECT, oid, R_REDUCE_REJECTED, 0.0, 0.0)
         return
     _report(S, C, OI, HI, HF, M_ACK, oid, 0, 0.0, 0.0)
-    limit = OF[oid & (OF.shape[0] - 1), OF_PX] if otype == LIMIT else NAN
-    n = walk_levels(x_book, side, qty, lpx, lq)
-    filled = 0.0
+    limit = OF[r, OF_PX] if otype == LIMIT else NAN
+    n, filled, SF[SF_XPOS], outcome = match_arrival(
+        x_book, side, qty, limit, otype == MARKET, SF[SF_XPOS], lpx, lq
+    )
     for j in range(n):
-        px = lpx[j]
-        if not math.isnan(limit) and ((side == BUY and px > limit) or (side == SELL and px < limit)):
-            break
-        _report_fill(S, C, OI, HI, HF, oid, px, lq[j], LIQ_TAKER)
-        SF[SF_XPOS] += lq[j] if side == BUY else -lq[j]
-        filled += lq[j]
-    remaining = qty - filled
-    if otype == MARKET:
-        _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED if remaining <= 1e-12 else R_IOC, 0.0, 0.0)
-    elif remaining <= 1e-12:
-        _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED, 0.0, 0.0)
-    else:
-        OF[oid & (OF.shape[0] - 1), OF_XFILLED] = filled
-        _on_new(C, CF, OI, OF, oid, x_book, True)
-        nr = S[S_NREST]
-        if nr >= REST_CAP:
-            S[S_WHY] = U_TABLE
-            return
-        rest[nr] = oid
-        S[S_NREST] = nr + 1
-        OI[oid & (OI.shape[0] - 1), OI_RESTING] = 1
+        _report_fill(S, C, OI, HI, HF, oid, lpx[j], lq[j], LIQ_TAKER)
+    if outcome != AR_REST:
+        _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED if outcome == AR_FILLED else R_IOC, 0.0, 0.0)
+        return
+    OF[r, OF_XFILLED] = filled
+    OF[r, OF_AHEAD], OF[r, OF_LEVEL], OF[r, OF_TRADED] = on_new(C[C_FILL_MODEL], x_book, side, OF[r, OF_PX])
+    nr = S[S_NREST]
+    if nr >= REST_CAP:
+        S[S_WHY] = U_TABLE
+        return
+    rest[nr] = oid
+    S[S_NREST] = nr + 1
+    OI[oid & (OI.shape[0] - 1), OI_RESTING] = 1

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba as nb
 import numpy as np
+
+from engine.jit import njit
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,13 @@ def _in_order(ts: np.ndarray, seq: np.ndarray) -> np.ndarray:
     return np.lexsort((seq, ts)).astype(np.int64)
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def _head(ts, seq, perm, c):  # pragma: no cover - compiled
     r = perm[c] if perm.shape[0] else c
     return r, ts[r], seq[r]
 
 
-@nb.njit(cache=True)
+@njit
 def _merge(
     ts0,
     seq0,

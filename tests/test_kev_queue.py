@@ -45,6 +45,28 @@ def test_stale_requests_are_dropped_on_take():
     assert q.take(200) == (None, [])
 
 
+def test_fifo_refuses_the_newcomer_and_keeps_the_order():
+    q = KevQueue(maxsize=2, policy="fifo")
+    notes = [(n.request_id, n.kind, n.depth) for r in range(1, 4) for n in q.offer(ctx(r))]
+    assert notes == [(1, "enqueued", 1), (2, "enqueued", 2), (3, "dropped_overflow", 2)]
+    assert [q.take(0)[0].request_id for _ in range(2)] == [1, 2]
+
+
+def test_conflate_keeps_only_the_latest_whatever_maxsize():
+    q = KevQueue(maxsize=4, policy="conflate")
+    q.offer(ctx(1))
+    notes = [(n.request_id, n.kind, n.depth) for n in q.offer(ctx(2))]
+    assert notes == [(1, "dropped_conflated", 0), (2, "enqueued", 1)]
+    assert q.drops == {"dropped_overflow": 0, "dropped_stale": 0, "dropped_conflated": 1}
+    assert q.take(0)[0].request_id == 2 and len(q) == 0
+
+
+def test_a_request_exactly_stale_after_ns_old_is_still_taken():
+    q = KevQueue(stale_after_ns=100)
+    q.offer(ctx(1, ts=0))
+    assert q.take(100)[0].request_id == 1
+
+
 def test_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="policy"):
         KevQueue(policy="keep_forever")

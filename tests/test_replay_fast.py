@@ -254,13 +254,12 @@ def test_skipped_trades_change_nothing(session, tmp_path, monkeypatch):
     assert _files(skipped) == _files(delivered)
 
 
-def test_remembered_price_rounding_equals_the_contract():
+def test_compiled_price_rounding_equals_the_python_expression():
     from engine.contract import ContractConfig
-    from engine.strategy import _round_px
 
     rng = np.random.default_rng(0)
     for tick in (0.1, 0.01, 0.5):
         c = ContractConfig(tick=tick)
         for px in [0.0, -0.0, *(rng.uniform(1, 100_000, 300).round(rng.integers(0, 6)).tolist())] * 2:
-            got, want = _round_px(c, px), c.round_px(px)
+            got, want = c.round_px(px), round(round(px / tick) * tick, 10)
             assert got == want and str(got) == str(want)

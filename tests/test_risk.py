@@ -1,10 +1,26 @@
+import json
 import math
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from engine.book import walk_book
-from engine.risk import OrderIntent, RiskLimits, RiskState, check
+from engine.risk import (
+    R_LOSS,
+    R_LOSS_UNDECIDED,
+    R_OK,
+    REASONS,
+    OrderIntent,
+    RiskLimits,
+    RiskState,
+    check,
+    limits_array,
+    loss_stop,
+)
 from tests.helpers import make_book
 
 NOW = 1_000_000_000
@@ -44,25 +60,25 @@ def test_plain_order_is_accepted():
     assert check(LIMITS, RiskState(), limit(), BOOK, NOW) == (True, "ok")
 
 
-@pytest.mark.parametrize(
-    "state, intent, book, now, reason",
-    [
-        (RiskState(kill_switch=True), limit(), BOOK, NOW, "kill_switch"),
-        (RiskState(), limit(), None, NOW, "no_book"),
-        (RiskState(), limit(), BOOK, NOW + 2_000_000_001, "stale_book"),
-        (RiskState(), limit(qty=0.03), BOOK, NOW, "max_order_qty"),
-        (RiskState(position=0.045), limit(qty=0.01), BOOK, NOW, "max_position"),
-        (RiskState(open_buy_qty=0.045), limit(qty=0.01), BOOK, NOW, "max_position"),
-        (RiskState(position=0.035), limit(qty=0.01), BOOK, NOW, "max_net_delta"),
-        (RiskState(), limit(px=101.0), BOOK, NOW, "price_band"),
-        (RiskState(), market(qty=0.02, max_slippage_bps=8.0), BOOK, NOW, "max_slippage"),
-        (RiskState(), market(qty=0.01, max_slippage_bps=1.0), BOOK, NOW, "max_slippage"),
-        (RiskState(recent_order_ns=(NOW - 10, NOW - 20, NOW - 30)), limit(), BOOK, NOW, "order_rate"),
-        (RiskState(pnl_usd=-10.0), limit(), BOOK, NOW, "loss_stop"),
-        (RiskState(), limit(qty=-1), BOOK, NOW, "bad_order"),
-        (RiskState(), limit(px=math.nan), BOOK, NOW, "bad_order"),
-    ],
-)
+RULE_CASES = [
+    (RiskState(kill_switch=True), limit(), BOOK, NOW, "kill_switch"),
+    (RiskState(), limit(), None, NOW, "no_book"),
+    (RiskState(), limit(), BOOK, NOW + 2_000_000_001, "stale_book"),
+    (RiskState(), limit(qty=0.03), BOOK, NOW, "max_order_qty"),
+    (RiskState(position=0.045), limit(qty=0.01), BOOK, NOW, "max_position"),
+    (RiskState(open_buy_qty=0.045), limit(qty=0.01), BOOK, NOW, "max_position"),
+    (RiskState(position=0.035), limit(qty=0.01), BOOK, NOW, "max_net_delta"),
+    (RiskState(), limit(px=101.0), BOOK, NOW, "price_band"),
+    (RiskState(), market(qty=0.02, max_slippage_bps=8.0), BOOK, NOW, "max_slippage"),
+    (RiskState(), market(qty=0.01, max_slippage_bps=1.0), BOOK, NOW, "max_slippage"),
+    (RiskState(recent_order_ns=(NOW - 10, NOW - 20, NOW - 30)), limit(), BOOK, NOW, "order_rate"),
+    (RiskState(pnl_usd=-10.0), limit(), BOOK, NOW, "loss_stop"),
+    (RiskState(), limit(qty=-1), BOOK, NOW, "bad_order"),
+    (RiskState(), limit(px=math.nan), BOOK, NOW, "bad_order"),
+]
+
+
+@pytest.mark.parametrize("state, intent, book, now, reason", RULE_CASES)
 def test_each_rule_rejects_with_its_reason(state, intent, book, now, reason):
     assert check(LIMITS, state, intent, book, now) == (False, reason)
 
@@ -204,3 +220,45 @@ def test_the_kill_switch_lets_only_reduce_only_flattening_through():
     assert check(DEFAULT, st, replace(flatten, reduce_only=False), WIDE, NOW) == (False, "kill_switch")
     # and it still may not open or flip a position
     assert check(DEFAULT, st, replace(flatten, side="buy"), WIDE, NOW) == (False, "reduce_only")
+
+
+def test_an_estimated_pnl_too_close_to_the_stop_is_undecided():
+    lim = limits_array(LIMITS)  # stop at -10
+    assert loss_stop(lim, -9.9, 0.01) == R_OK
+    assert loss_stop(lim, -10.005, 0.01) == loss_stop(lim, -9.995, 0.01) == R_LOSS_UNDECIDED
+    assert loss_stop(lim, -10.02, 0.01) == R_LOSS
+    # an exact PnL is always decided: at the stop it stops, and NaN stops too
+    assert loss_stop(lim, -10.0, 0.0) == loss_stop(lim, math.nan, 0.0) == R_LOSS
+
+
+def _verdicts() -> list:
+    """check() over the rule table and seeded fuzz cases (hostile books, states and intents), and the
+    loss stop's answers around its tolerance."""
+    from tests.risk_fuzz import LIMITS as FUZZ_LIMITS
+    from tests.risk_fuzz import NOW as FUZZ_NOW
+    from tests.risk_fuzz import gen_cases
+
+    out: list = [check(LIMITS, st, it, book, now)[1] for st, it, book, now, _ in RULE_CASES]
+    for st, its, book in gen_cases(seed=5, n=150):
+        out += [check(FUZZ_LIMITS, st, it, book, FUZZ_NOW)[1] for it in its]
+    lim = limits_array(LIMITS)
+    out += [
+        loss_stop(lim, p, tol) for p in (-9.0, -10.0, -10.0 + 1e-9, -11.0, math.nan) for tol in (0.0, 1e-6)
+    ]
+    return out
+
+
+def test_the_rules_read_as_plain_python_give_the_compiled_verdicts():
+    code = (
+        "import json, engine.risk as r, tests.test_risk as t\n"
+        "assert not hasattr(r.verdict, 'py_func'), 'still compiled'\n"
+        "print(json.dumps(t._verdicts()))"
+    )
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    pure = json.loads(run.stdout)
+    compiled = _verdicts()
+    assert pure == compiled
+    assert set(REASONS) <= set(compiled) and R_LOSS_UNDECIDED in compiled  # every rule was reached

@@ -4,6 +4,9 @@ marketable limit orders walking the book (taker, with slippage).
 
 The exchange sees market data at exchange time (``ts_event``), the engine at local receive time;
 the driver feeds both. Reports reach the engine after the response latency.
+
+The matching arithmetic (:func:`match_arrival`, :func:`crossed`, :func:`maker_fill`) is compiled and
+shared with the replay kernel, which runs the same venue over its own tables.
 """
 
 from __future__ import annotations
@@ -12,13 +15,59 @@ import math
 from functools import partial
 from typing import Any
 
-from engine.book import walk_book
+import numpy as np
+
+from engine.book import LEVELS, SIDE_BUY, SIDE_SELL, walk_levels
 from engine.clock import ReplayClock
 from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
+from engine.exact import pyround
+from engine.jit import njit
 from engine.risk import OrderIntent, reduce_only_ok
-from venue.fills import EPS, FillModel, QueueState
+from venue.fills import EPS, SIDE_CODE, FillModel, QueueState, book_levels
 from venue.latency import LatencyModel
+
+# What an arriving order does after its marketable part.
+AR_REST, AR_FILLED, AR_IOC_EXPIRED = 0, 1, 2
+
+
+@njit
+def match_arrival(bk, side, qty, limit, market, position, lpx, lq) -> tuple[int, float, float, int]:
+    """An order arriving on book ``bk``: the levels it takes (into ``lpx``/``lq``: the book walked up to
+    ``limit``, all of it when NaN), and (levels taken, filled, the venue's position after, AR_*).
+    A market order's unfilled rest expires (IOC); a limit order's rests on the book."""
+    n = walk_levels(bk, side, qty, lpx, lq)
+    filled = 0.0
+    for j in range(n):
+        px = lpx[j]
+        if limit == limit and ((side == SIDE_BUY and px > limit) or (side == SIDE_SELL and px < limit)):
+            n = j
+            break
+        position += lq[j] if side == SIDE_BUY else -lq[j]
+        filled += lq[j]
+    if qty - filled <= EPS:
+        return n, filled, position, AR_FILLED
+    return n, filled, position, AR_IOC_EXPIRED if market else AR_REST
+
+
+@njit
+def crossed(side, px, best_bid, best_ask) -> bool:
+    """The book traded through a resting order at ``px``: the aggressors took it (a maker fill)."""
+    return best_ask <= px if side == SIDE_BUY else best_bid >= px
+
+
+@njit
+def maker_fill(side, qty, filled, position, q) -> tuple[float, float, float, bool]:
+    """A maker fill of ``q`` on a resting order of ``qty`` with ``filled`` done: (the fill's quantity,
+    filled after, the venue's position after, whether the order is done). The quantity is rounded to 12
+    digits, so partial fills of sizes like 0.1 + 0.2 sum to the size; one too large for 12 exact digits
+    (>= 2**52 / 1e12) is used as it is."""
+    r = pyround(q, 12)
+    if r != r:
+        r = q
+    filled += r
+    position += r if side == SIDE_BUY else -r
+    return r, filled, position, qty - filled <= EPS
 
 
 class SimExchange:
@@ -42,6 +91,8 @@ class SimExchange:
         # The account's position as the venue knows it (fills as they happen, before any report
         # latency): what a reduce-only order is checked against.
         self.position = 0.0
+        self._lpx = np.empty(LEVELS)
+        self._lq = np.empty(LEVELS)
 
     # ---------------------------------------------------------- engine -> exchange
 
@@ -61,9 +112,7 @@ class SimExchange:
             return
         for st in list(self._resting.values()):
             self.fill_model.on_depth(st, book)
-            # The book trading through a resting order means the aggressors took it: a maker fill.
-            crossed = book.ask_px[0] <= st.px if st.side == "buy" else book.bid_px[0] >= st.px
-            if crossed:
+            if crossed(SIDE_CODE[st.side], st.px, book.bid_px[0], book.ask_px[0]):
                 self._fill(st, st.px, st.remaining, "maker")
 
     @property
@@ -92,35 +141,33 @@ class SimExchange:
 
     def _arrive(self, intent: OrderIntent) -> None:
         book = self.book
+        oid = intent.client_oid
         if book is None:
-            self._report("on_reject", intent.client_oid, "no_market")
+            self._report("on_reject", oid, "no_market")
             return
         if intent.reduce_only and not reduce_only_ok(self.position, intent.side, intent.qty):
-            self._report("on_reject", intent.client_oid, "reduce_only_rejected")
+            self._report("on_reject", oid, "reduce_only_rejected")
             return
-        self._report("on_ack", intent.client_oid)
-        limit = intent.px if intent.order_type == "limit" else math.nan
-        # Marketable part: walk the book up to the limit (all of it for a market order).
-        levels = walk_book(book, intent.side, intent.qty)
-        filled = 0.0
-        for px, q in levels:
-            if not math.isnan(limit) and (
-                (intent.side == "buy" and px > limit) or (intent.side == "sell" and px < limit)
-            ):
-                break
-            self._report("on_fill", intent.client_oid, px, q, "taker")
-            self.position += q if intent.side == "buy" else -q
-            filled += q
-        remaining = intent.qty - filled
-        if intent.order_type == "market":
-            reason = "filled" if remaining <= 1e-12 else "ioc_remainder_expired"
-            self._report("on_done", intent.client_oid, reason)
-        elif remaining <= 1e-12:
-            self._report("on_done", intent.client_oid, "filled")
-        else:
-            st = QueueState(intent.client_oid, intent.side, intent.px, intent.qty, filled=filled)
+        self._report("on_ack", oid)
+        lpx, lq = self._lpx, self._lq
+        n, filled, self.position, outcome = match_arrival(
+            book_levels(book),
+            SIDE_CODE[intent.side],
+            intent.qty,
+            intent.px if intent.order_type == "limit" else math.nan,
+            intent.order_type == "market",
+            self.position,
+            lpx,
+            lq,
+        )
+        for j in range(n):
+            self._report("on_fill", oid, float(lpx[j]), float(lq[j]), "taker")
+        if outcome == AR_REST:
+            st = QueueState(oid, intent.side, intent.px, intent.qty, filled=filled)
             self.fill_model.on_new(st, book)
-            self._resting[intent.client_oid] = st
+            self._resting[oid] = st
+        else:
+            self._report("on_done", oid, "filled" if outcome == AR_FILLED else "ioc_remainder_expired")
 
     def _arrive_cancel(self, client_oid: str) -> None:
         r = self._resting.pop(client_oid, None)
@@ -131,10 +178,10 @@ class SimExchange:
         self._report("on_cancel_ack", client_oid)
 
     def _fill(self, st: QueueState, px: float, qty: float, liquidity: str) -> None:
-        qty = round(qty, 12)
-        st.filled += qty
-        self.position += qty if st.side == "buy" else -qty
+        qty, st.filled, self.position, done = maker_fill(
+            SIDE_CODE[st.side], st.qty, st.filled, self.position, qty
+        )
         self._report("on_fill", st.client_oid, px, qty, liquidity)
-        if st.remaining <= EPS:
+        if done:
             del self._resting[st.client_oid]
             self._report("on_done", st.client_oid, "filled")

@@ -2,7 +2,11 @@
 
 Hooks are named for market events (as hftbacktest's ``QueueModel``): ``on_new`` when the order
 reaches the exchange, ``on_trade`` for every public trade, ``on_depth`` for every book snapshot.
-Per-order state is a small typed dataclass (:class:`QueueState`) owned by the exchange simulator.
+The models are a closed set of kind codes (``FM_*``) and the rules are written once, compiled: a pure
+:func:`prob` and the small state updates :func:`on_new`, :func:`on_trade`, :func:`on_depth` over a
+per-order state of three floats (ahead, level, traded) passed in and returned. The replay kernel keeps
+that state in its order table and calls them directly; :class:`SimExchange` (live paper mode and the
+general replay path) calls them through :class:`FillModel` over a :class:`QueueState`.
 
 Queue position on L2 snapshots (Rigtorp 2013, as hftbacktest's ``ProbQueueModel``): an order joins
 behind the displayed size at its price; trades at that price eat the queue ahead first; a size
@@ -15,13 +19,150 @@ really emptied, so nothing is left ahead.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from functools import partial
+from typing import Final
 
-from engine.events import BOOK_LEVELS, BookSnapshot, Trade
+import numpy as np
+
+from engine.book import ASK_PX, BID_PX, LEVELS, SIDE_BUY, SIDE_SELL, as_levels
+from engine.events import BookSnapshot, Trade
+from engine.exact import pmax, pmin
+from engine.jit import njit
 
 EPS: Final = 1e-12
+# Model kinds. FM_QUEUE_POWER takes its power as the parameter ``n``.
+FM_TOUCH, FM_THROUGH, FM_QUEUE_POWER, FM_QUEUE_LOG, FM_RISK_AVERSE = 0, 1, 2, 3, 4
+
+
+@njit
+def level_size(bk, side, px) -> tuple[bool, float]:
+    """(known, displayed size at ``px`` on ``side`` of the 60-float book ``bk``).
+
+    Size 0.0 when ``px`` is inside the window but has no level (emptied, or better than the best price);
+    not known when ``px`` is beyond the deepest displayed level (it left the window)."""
+    off = BID_PX if side == SIDE_BUY else ASK_PX
+    half_tick = 1e-9 * pmax(1.0, abs(px))
+    deepest = math.nan
+    for i in range(LEVELS):
+        p = bk[off + i]
+        if p != p:  # NaN: fewer levels than the window holds, the whole side is visible
+            return True, 0.0
+        if abs(p - px) <= half_tick:
+            return True, bk[off + LEVELS + i]
+        deepest = p
+    beyond = px < deepest if side == SIDE_BUY else px > deepest
+    return not beyond, 0.0
+
+
+@njit(inline="always")
+def _log1p(x: float) -> float:
+    """C's ``log1p``, also where Python's raises (a size ahead of -1 or below, from a negative displayed
+    size): -inf at -1, NaN below."""
+    if x > -1.0:
+        return math.log1p(x)
+    return -math.inf if x == -1.0 else math.nan
+
+
+@njit
+def prob(kind, n, front, back) -> float:
+    """The probability that an unexplained size decrease came from behind us: f(back) / (f(back) +
+    f(front)) with f(x) = x**n (hftbacktest PowerProbQueueFunc) or log(1 + x) (LogProbQueueFunc);
+    1.0 for the other kinds and when both sides are empty."""
+    if kind == FM_QUEUE_POWER:
+        fb = back**n
+        ff = front**n
+    elif kind == FM_QUEUE_LOG:
+        fb = _log1p(back)
+        ff = _log1p(front)
+    else:
+        return 1.0
+    return fb / (fb + ff) if fb + ff > 0 else 1.0
+
+
+@njit
+def on_new(kind, bk, side, px) -> tuple[float, float, float]:
+    """The state (ahead, level, traded) of an order that starts resting at ``px`` on book ``bk``:
+    behind the displayed size for the queue kinds, first in line for touch and through."""
+    if kind == FM_TOUCH or kind == FM_THROUGH:
+        return 0.0, math.nan, 0.0
+    known, q = level_size(bk, side, px)
+    if known:
+        return q, q, 0.0
+    return 0.0, math.nan, 0.0
+
+
+@njit
+def on_trade(kind, side, px, remaining, ahead, traded, tpx, tsz, tside) -> tuple[float, float, float]:
+    """A public trade (``tpx``, ``tsz``, aggressor ``tside``; any other code is neither side) against
+    our order: (quantity it fills, ahead, traded). Touch fills on a trade at or through our price,
+    through only strictly through it; the queue kinds fill through at once and at our price only
+    what the trade leaves after the queue ahead."""
+    if not ((side == SIDE_BUY and tside == SIDE_SELL) or (side == SIDE_SELL and tside == SIDE_BUY)):
+        return 0.0, ahead, traded
+    through = tpx < px if side == SIDE_BUY else tpx > px
+    at = abs(px - tpx) <= 1e-9 * pmax(1.0, abs(px))
+    if kind == FM_TOUCH or kind == FM_THROUGH:
+        if through or (at and kind == FM_TOUCH):
+            return pmin(remaining, tsz), ahead, traded
+        return 0.0, ahead, traded
+    if through:
+        return pmin(remaining, tsz), 0.0, traded
+    if not at:
+        return 0.0, ahead, traded
+    traded += tsz
+    ahead -= tsz
+    if ahead >= 0:
+        return 0.0, ahead, traded
+    return pmin(remaining, -ahead), 0.0, traded
+
+
+@njit
+def on_depth(kind, n, bk, side, px, ahead, level, traded) -> tuple[float, float, float]:
+    """A new book snapshot ``bk``: the state (ahead, level, traded) after it. Trades at our price since
+    the last snapshot explain that much of a decrease; the rest is split by :func:`prob` (never ahead
+    of us for risk averse); growth joins behind us."""
+    if kind == FM_TOUCH or kind == FM_THROUGH:
+        return ahead, level, traded
+    known, q = level_size(bk, side, px)
+    if not known:  # left the window: the queue is still there, we just cannot see it
+        return ahead, math.nan, 0.0
+    if level != level:  # came back into view: all we know is that at most q is ahead
+        return pmin(ahead, q), q, 0.0
+    chg = level - q - traded
+    if kind == FM_RISK_AVERSE:
+        return pmax(0.0, pmin(ahead, q)), q, 0.0
+    if chg <= 0:
+        return pmin(ahead, q), q, 0.0
+    back = pmax(level - ahead, 0.0)
+    p = prob(kind, n, ahead, back)
+    if not math.isfinite(p):
+        p = 1.0
+    est = ahead - (1.0 - p) * chg + pmin(back - p * chg, 0.0)
+    return pmax(0.0, pmin(est, q)), q, 0.0
+
+
+# ---------------------------------------------------------------- over BookSnapshot / Trade / QueueState
+
+SIDE_CODE: Final = {"buy": SIDE_BUY, "sell": SIDE_SELL}
+_last_levels: tuple[BookSnapshot | None, np.ndarray] = (None, np.empty(0))
+
+
+def book_levels(book: BookSnapshot) -> np.ndarray:
+    """``as_levels(book)``, made once per snapshot: every resting order reads the same book."""
+    global _last_levels
+    last = _last_levels
+    if last[0] is book:
+        return last[1]
+    bk = as_levels(book)
+    _last_levels = (book, bk)
+    return bk
+
+
+def level_qty(book: BookSnapshot, side: str, px: float) -> float | None:
+    """:func:`level_size` on ``book``; None when ``px`` left the window (unknown)."""
+    known, q = level_size(book_levels(book), SIDE_CODE[side], px)
+    return float(q) if known else None
 
 
 @dataclass(slots=True)
@@ -40,165 +181,53 @@ class QueueState:
         return self.qty - self.filled
 
 
-def level_qty(book: BookSnapshot, side: str, px: float) -> float | None:
-    """Displayed size at ``px`` on our side of ``book``.
+class FillModel:
+    """A model kind (``FM_*``, with the power ``n`` of FM_QUEUE_POWER) over :class:`QueueState`."""
 
-    0.0 when ``px`` is inside the window but has no level (emptied, or better than the best price);
-    None when ``px`` is beyond the deepest displayed level (it left the window: unknown).
-    """
-    prices, sizes = (book.bid_px, book.bid_sz) if side == "buy" else (book.ask_px, book.ask_sz)
-    half_tick = 1e-9 * max(1.0, abs(px))
-    deepest = math.nan
-    for i in range(BOOK_LEVELS):
-        p = prices[i]
-        if p != p:  # NaN: fewer levels than the window holds, the whole side is visible
-            return 0.0
-        if abs(p - px) <= half_tick:
-            return sizes[i]
-        deepest = p
-    beyond = px < deepest if side == "buy" else px > deepest
-    return None if beyond else 0.0
+    __slots__ = ("name", "kind", "n")
 
-
-def _opposite(side: str, trade: Trade) -> bool:
-    return (side == "buy" and trade.side == "sell") or (side == "sell" and trade.side == "buy")
-
-
-def _through(side: str, px: float, trade_px: float) -> bool:
-    return trade_px < px if side == "buy" else trade_px > px
-
-
-def _at(px: float, trade_px: float) -> bool:
-    return abs(px - trade_px) <= 1e-9 * max(1.0, abs(px))
-
-
-class FillModel(Protocol):
-    name: str
-
-    def on_new(self, st: QueueState, book: BookSnapshot | None) -> None: ...
-
-    def on_trade(self, st: QueueState, trade: Trade) -> float: ...
-
-    def on_depth(self, st: QueueState, book: BookSnapshot) -> None: ...
-
-
-class TouchFillModel:
-    """Optimistic: a trade at or through our price fills us up to its size (no queue ahead)."""
-
-    name = "touch"
-
-    def on_new(self, st: QueueState, book: BookSnapshot | None) -> None:
-        st.ahead = 0.0
-
-    def on_trade(self, st: QueueState, trade: Trade) -> float:
-        if _opposite(st.side, trade) and (_at(st.px, trade.px) or _through(st.side, st.px, trade.px)):
-            return min(st.remaining, trade.sz)
-        return 0.0
-
-    def on_depth(self, st: QueueState, book: BookSnapshot) -> None:
-        pass
-
-
-class ThroughFillModel(TouchFillModel):
-    """Pessimistic without queue tracking: only a trade strictly through our price fills us."""
-
-    name = "through"
-
-    def on_trade(self, st: QueueState, trade: Trade) -> float:
-        if _opposite(st.side, trade) and _through(st.side, st.px, trade.px):
-            return min(st.remaining, trade.sz)
-        return 0.0
-
-
-def power_prob(n: float) -> Callable[[float, float], float]:
-    """f(x) = x**n; prob = f(back) / (f(back) + f(front)) (hftbacktest PowerProbQueueFunc)."""
-
-    def prob(front: float, back: float) -> float:
-        fb, ff = back**n, front**n
-        return fb / (fb + ff) if fb + ff > 0 else 1.0
-
-    return prob
-
-
-def log_prob(front: float, back: float) -> float:
-    """f(x) = log(1 + x) (hftbacktest LogProbQueueFunc)."""
-    fb, ff = math.log1p(back), math.log1p(front)
-    return fb / (fb + ff) if fb + ff > 0 else 1.0
-
-
-class QueueFillModel:
-    """Queue position with trades eating the queue ahead and a probabilistic split of cancels.
-
-    ``prob(front, back)`` is the probability that an unexplained size decrease came from behind us.
-    """
-
-    def __init__(self, prob: Callable[[float, float], float], name: str) -> None:
-        self.prob = prob
+    def __init__(self, name: str, kind: int, n: float = 0.0) -> None:
         self.name = name
+        self.kind = kind
+        self.n = n
 
-    def on_new(self, st: QueueState, book: BookSnapshot | None) -> None:
-        q = level_qty(book, st.side, st.px) if book is not None else None
-        st.ahead = q if q is not None else 0.0
-        st.level_qty = q if q is not None else math.nan
-        st.traded_at_px = 0.0
+    def on_new(self, st: QueueState, book: BookSnapshot) -> None:
+        st.ahead, st.level_qty, st.traded_at_px = on_new(
+            self.kind, book_levels(book), SIDE_CODE[st.side], st.px
+        )
 
     def on_trade(self, st: QueueState, trade: Trade) -> float:
-        if not _opposite(st.side, trade):
-            return 0.0
-        if _through(st.side, st.px, trade.px):
-            st.ahead = 0.0
-            return min(st.remaining, trade.sz)
-        if not _at(st.px, trade.px):
-            return 0.0
-        st.traded_at_px += trade.sz
-        st.ahead -= trade.sz
-        if st.ahead >= 0:
-            return 0.0
-        filled = min(st.remaining, -st.ahead)
-        st.ahead = 0.0
+        filled, st.ahead, st.traded_at_px = on_trade(
+            self.kind,
+            SIDE_CODE[st.side],
+            st.px,
+            st.qty - st.filled,
+            st.ahead,
+            st.traded_at_px,
+            trade.px,
+            trade.sz,
+            SIDE_CODE.get(trade.side, -1),
+        )
         return filled
 
     def on_depth(self, st: QueueState, book: BookSnapshot) -> None:
-        q = level_qty(book, st.side, st.px)
-        traded, st.traded_at_px = st.traded_at_px, 0.0
-        if q is None:  # left the window: the queue is still there, we just cannot see it
-            st.level_qty = math.nan
-            return
-        prev = st.level_qty
-        st.level_qty = q
-        if prev != prev:  # came back into view: all we know is that at most q is ahead
-            st.ahead = min(st.ahead, q)
-            return
-        self._depth_change(st, prev, q, prev - q - traded)
-
-    def _depth_change(self, st: QueueState, prev: float, q: float, chg: float) -> None:
-        if chg <= 0:  # growth joins behind us
-            st.ahead = min(st.ahead, q)
-            return
-        front = st.ahead
-        back = max(prev - front, 0.0)
-        p = self.prob(front, back)
-        if not math.isfinite(p):
-            p = 1.0
-        est = front - (1.0 - p) * chg + min(back - p * chg, 0.0)
-        st.ahead = max(0.0, min(est, q))
+        st.ahead, st.level_qty, st.traded_at_px = on_depth(
+            self.kind,
+            self.n,
+            book_levels(book),
+            SIDE_CODE[st.side],
+            st.px,
+            st.ahead,
+            st.level_qty,
+            st.traded_at_px,
+        )
 
 
-class RiskAverseQueueModel(QueueFillModel):
-    """Conservative: cancels are always behind us; only trades move us forward."""
-
-    def __init__(self) -> None:
-        super().__init__(lambda front, back: 1.0, "risk_averse")
-
-    def _depth_change(self, st: QueueState, prev: float, q: float, chg: float) -> None:
-        st.ahead = max(0.0, min(st.ahead, q))
-
-
-FILL_MODELS: Final[dict[str, Callable[[], FillModel]]] = {
-    "touch": TouchFillModel,
-    "through": ThroughFillModel,
-    "queue_power2": lambda: QueueFillModel(power_prob(2.0), "queue_power2"),
-    "queue_power3": lambda: QueueFillModel(power_prob(3.0), "queue_power3"),
-    "queue_log": lambda: QueueFillModel(log_prob, "queue_log"),
-    "risk_averse": RiskAverseQueueModel,
+FILL_MODELS: Final = {
+    "touch": partial(FillModel, "touch", FM_TOUCH),
+    "through": partial(FillModel, "through", FM_THROUGH),
+    "queue_power2": partial(FillModel, "queue_power2", FM_QUEUE_POWER, 2.0),
+    "queue_power3": partial(FillModel, "queue_power3", FM_QUEUE_POWER, 3.0),
+    "queue_log": partial(FillModel, "queue_log", FM_QUEUE_LOG),
+    "risk_averse": partial(FillModel, "risk_averse", FM_RISK_AVERSE),
 }

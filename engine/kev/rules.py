@@ -1,4 +1,7 @@
-"""Rule-based Kev: the deterministic stand-in behind the same interface as the llama-server client."""
+"""Rule-based Kev: the deterministic stand-in behind the same interface as the llama-server client.
+
+The rule itself is :func:`rule_decide`, compiled over codes and numbers: the replay kernel calls it as
+it is, :class:`RuleKev` turns its result into the JSON command an advisor returns."""
 
 from __future__ import annotations
 
@@ -6,17 +9,57 @@ import hashlib
 
 import orjson
 
+from engine.contract import round_exact
+from engine.events import Label
+from engine.exact import pmax, pmin
+from engine.jit import njit
 from engine.kev.advisor import KevContext, KevReply, context_body
+from engine.kev.command import ACTIONS
 
 RULES_VERSION = "rules-v1"
+# Actions by their index in engine.kev.command.ACTIONS, and the rule that chose one (WHY_TEXT's row).
+A_HOLD, A_LEAN_BUY, A_LEAN_SELL, A_FLATTEN = (
+    ACTIONS.index(a) for a in ("HOLD", "LEAN_BUY", "LEAN_SELL", "EMERGENCY_FLATTEN")
+)
+WHY_EMERGENCY, WHY_WEAK, WHY_LEAN = 0, 1, 2
+WHY_TEXT = ("emergency label: flatten", "weak {label} p={p:.2f}: hold", "{label} p={p:.2f} imb={imb:+.2f}")
+_LABEL_CODE = {x.name: int(x) for x in Label}
+_LEAN_BUY, _EMERGENCY = int(Label.LEAN_BUY), int(Label.EMERGENCY)
+
+
+@njit
+def rule_decide(
+    label: int,
+    p_label: float,
+    mid: float,
+    spread: float,
+    imbalance: float,
+    position: float,
+    max_position: float,
+    step_fraction: float,
+    min_prob: float,
+) -> tuple[int, float, float, float, int]:
+    """(action, target position, hedge ratio, max slippage bps, why) for a label (its class index).
+
+    EMERGENCY flattens; a label weaker than ``min_prob`` holds the position; otherwise the target moves
+    ``step_fraction`` of ``max_position`` towards the label's side (half that when the book's imbalance
+    disagrees with it), within +-``max_position``. Any label but LEAN_BUY leans to sell. The slippage
+    allowed is twice the spread, 1 to 10 bps."""
+    spread_bps = spread / mid * 1e4 if mid > 0 else 0.0
+    slip = round_exact(pmin(10.0, pmax(1.0, 2.0 * spread_bps)), 2)
+    if label == _EMERGENCY:
+        return A_FLATTEN, 0.0, 1.0, slip, WHY_EMERGENCY
+    if p_label < min_prob:
+        return A_HOLD, position, 0.0, slip, WHY_WEAK
+    sign = 1.0 if label == _LEAN_BUY else -1.0
+    agree = sign * imbalance >= 0
+    target = position + sign * (max_position * step_fraction) * (1.0 if agree else 0.5)
+    target = pmax(-max_position, pmin(max_position, target))
+    return (A_LEAN_BUY if sign > 0 else A_LEAN_SELL), round_exact(target, 6), 0.0, slip, WHY_LEAN
 
 
 class RuleKev:
-    """Turns a label context into a portfolio command with fixed, readable rules.
-
-    LEAN_BUY/LEAN_SELL with conviction move the target a step towards that side (capped at
-    ``max_position``); EMERGENCY flattens; weak signals hold the current position.
-    """
+    """Turns a label context into a portfolio command with :func:`rule_decide`'s fixed, readable rules."""
 
     name = "rules"
 
@@ -41,28 +84,21 @@ class RuleKev:
         return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
     def decide(self, ctx: KevContext) -> dict[str, object]:
-        step = ctx.max_position * self.step_fraction
-        spread_bps = ctx.spread / ctx.mid * 1e4 if ctx.mid > 0 else 0.0
-        slip = round(min(10.0, max(1.0, 2.0 * spread_bps)), 2)
-        if ctx.label == "EMERGENCY":
-            return _cmd("EMERGENCY_FLATTEN", 0.0, 1.0, slip, "emergency label: flatten")
-        if ctx.p_label < self.min_prob:
-            return _cmd("HOLD", ctx.position, 0.0, slip, f"weak {ctx.label} p={ctx.p_label:.2f}: hold")
-        sign = 1.0 if ctx.label == "LEAN_BUY" else -1.0
-        # Imbalance against the label halves the step: the book disagrees with the model.
-        agree = sign * ctx.imbalance >= 0
-        target = ctx.position + sign * step * (1.0 if agree else 0.5)
-        target = max(-ctx.max_position, min(ctx.max_position, target))
-        action = "LEAN_BUY" if sign > 0 else "LEAN_SELL"
-        why = f"{ctx.label} p={ctx.p_label:.2f} imb={ctx.imbalance:+.2f}"
-        return _cmd(action, round(target, 6), 0.0, slip, why)
-
-
-def _cmd(action: str, target: float, hedge: float, slip: float, reason: str) -> dict[str, object]:
-    return {
-        "action": action,
-        "target_position": target,
-        "hedge_ratio": hedge,
-        "max_slippage_bps": slip,
-        "reason": reason[:120],
-    }
+        action, target, hedge, slip, why = rule_decide(
+            _LABEL_CODE.get(ctx.label, -1),
+            ctx.p_label,
+            ctx.mid,
+            ctx.spread,
+            ctx.imbalance,
+            ctx.position,
+            ctx.max_position,
+            self.step_fraction,
+            self.min_prob,
+        )
+        return {
+            "action": ACTIONS[action],
+            "target_position": target,
+            "hedge_ratio": hedge,
+            "max_slippage_bps": slip,
+            "reason": WHY_TEXT[why].format(label=ctx.label, p=ctx.p_label, imb=ctx.imbalance)[:120],
+        }

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
 
 from engine.events import BOOK_LEVELS
+from engine.jit import njit
 from engine.laya.features import ASK_OFFSET, IMBALANCE_INDEX, N_FEATURES, PX_MOD, SZ_MOD, SZ_SCALE
 
 _LEVELS = BOOK_LEVELS
@@ -34,7 +34,7 @@ _SZ_INV = 1.0 / SZ_MOD
 _FAST_BELOW = 2.0**49  # q = floor(x / m) stays far below 2**53 / m, so q * m is an exact integer
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def pymod(x, m, inv):  # pragma: no cover - compiled
     """Python's ``x % m`` for a positive integer-valued ``m`` (1000.0, 255.0) and ``inv = 1 / m``.
     The result is the same double, bit for bit.
@@ -64,7 +64,7 @@ def pymod(x, m, inv):  # pragma: no cover - compiled
     return x % m
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def features_v0_levels(levels, out):  # pragma: no cover - compiled
     """``levels`` float64 (4, 15) = bid px, bid sz, ask px, ask sz (NaN = missing); ``out`` float32 (128,)."""
     for k in range(_N):
@@ -98,7 +98,7 @@ def warm_up() -> None:
     features_v0_levels(levels, np.zeros(N_FEATURES, dtype=np.float32))
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _features_v0_columns(cols, out):  # pragma: no cover - compiled
     """``cols``: float64 (4, 15, n) = bid px, bid sz, ask px, ask sz per level and row (NaN = missing);
     ``out``: float32 (n, 128). Row r is the per-tick kernel of book r, so the two cannot drift apart."""
@@ -106,7 +106,7 @@ def _features_v0_columns(cols, out):  # pragma: no cover - compiled
         features_v0_levels(cols[:, :, r], out[r])
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def features_v0_rows(levels, out):  # pragma: no cover - compiled
     """``levels``: float64 (n, 60) C-ordered rows of bid px, bid sz, ask px, ask sz (15 each, NaN =
     missing); ``out``: float32 (n, 128). The per-tick kernel per row, reading rows in memory order (the

@@ -21,9 +21,9 @@ import math
 from typing import Final
 
 import numpy as np
-from numba import njit
 
 from engine.events import BOOK_LEVELS, BookSnapshot, Nanos, Quarantined, Trade
+from engine.jit import njit
 from engine.venues.bitget_v2 import MS, Control, StreamCounters, decode
 
 # meta slots filled by the scanner
@@ -53,7 +53,7 @@ _TAIL_TS = _lit('"}],"ts":')
 _QUOTE, _COMMA, _LBRACK, _RBRACK, _DOT, _MINUS, _RBRACE = 34, 44, 91, 93, 46, 45, 125
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _expect(buf, i, lit):  # pragma: no cover - compiled
     n = lit.shape[0]
     if i + n > len(buf):
@@ -64,7 +64,7 @@ def _expect(buf, i, lit):  # pragma: no cover - compiled
     return i + n
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _uint(buf, i, out, slot):  # pragma: no cover - compiled
     """Unsigned decimal integer of 1..18 digits into out[slot]; returns the next index or -1."""
     n = len(buf)
@@ -79,7 +79,7 @@ def _uint(buf, i, out, slot):  # pragma: no cover - compiled
     return j
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _decimal(buf, i, pow10, vals, k):  # pragma: no cover - compiled
     """A quoted plain decimal ``"123.45"`` (<= 15 digits) into vals[k]; returns the next index or -1."""
     n = len(buf)
@@ -108,7 +108,7 @@ def _decimal(buf, i, pow10, vals, k):  # pragma: no cover - compiled
     return i + 1
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _levels(buf, i, pow10, px, sz):  # pragma: no cover - compiled
     """``["p","s"],["p","s"]...`` up to the closing ``]`` of the side; returns (next index, count)."""
     count = 0
@@ -130,7 +130,7 @@ def _levels(buf, i, pow10, px, sz):  # pragma: no cover - compiled
         return i, count
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def scan_books15(buf, levels, meta):  # pragma: no cover - compiled
     """Parse one canonical books15 frame. ``levels`` is float64 (4, 15): bid px, bid sz, ask px, ask sz
     (NaN past the last level); ``meta`` int64 (6,). Returns True when the frame is the fast path's."""
@@ -290,7 +290,7 @@ _T_TID = _lit(',"tradeId":"')
 _T_TAIL = _lit('],"ts":')
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _ident(buf, i):  # pragma: no cover - compiled
     """End of a run of ``[A-Za-z0-9_.-]`` starting at ``i`` (== i when empty)."""
     n = len(buf)
@@ -303,7 +303,7 @@ def _ident(buf, i):  # pragma: no cover - compiled
     return i
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def scan_trade(buf, ts_ms, px, sz, side, tid, meta):  # pragma: no cover - compiled
     """Parse one canonical trade frame. Per trade, in wire order (newest first): ``ts_ms`` int64,
     ``px``/``sz`` float64, ``side`` int8 (0 buy, 1 sell), ``tid`` int64 (k, 2) byte span of the
@@ -386,7 +386,7 @@ def scan_trade(buf, ts_ms, px, sz, side, tid, meta):  # pragma: no cover - compi
     return k
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def trade_order(ts_ms, k, order):  # pragma: no cover - compiled
     """``decode``'s output order: rows reversed (oldest first), then a stable sort by ts; ``order``
     gets wire indices. Insertion sort: a push holds a handful of trades, usually already in order."""
@@ -526,7 +526,7 @@ CH_BOOKS15: Final = 0
 CH_TRADE: Final = 1
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def intern_symbol(buf, a, b, symtab, symlen, slots, st):  # pragma: no cover - compiled
     """Id of the symbol ``buf[a:b]`` in the table, added if new; -1 when it does not fit."""
     ln = b - a
@@ -561,7 +561,7 @@ def intern_symbol(buf, a, b, symtab, symlen, slots, st):  # pragma: no cover - c
         s = (s + 1) & mask
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _u(raw, p, nbytes):  # pragma: no cover - compiled
     v = 0
     for k in range(nbytes - 1, -1, -1):
@@ -569,7 +569,7 @@ def _u(raw, p, nbytes):  # pragma: no cover - compiled
     return v
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _tally(st, ts, arg, agg_n, agg_first, agg_last, touched):  # pragma: no cover - compiled
     if agg_n[arg] == 0:
         touched[st[S_NTOUCHED]] = arg
@@ -584,7 +584,7 @@ def _tally(st, ts, arg, agg_n, agg_first, agg_last, touched):  # pragma: no cove
     st[S_NREC] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def scan_block(
     raw,
     pos,

@@ -1,0 +1,86 @@
+"""The compiler of the decision core: ``njit`` is ``numba.njit(cache=True)`` with one cache stamp for
+the whole core.
+
+Numba keys a function's on-disk cache on its own source file only, so a kernel compiled against
+``engine/risk.py`` would keep running the old rules after an edit to ``engine/risk.py`` (the kernel's
+file did not change). Every function compiled through this module is stamped instead with a hash of
+every source file that uses it: change any rule anywhere in the core and every cached function of
+the core recompiles on its next use.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+import numba as nb
+from numba.core import caching
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE_DIRS = ("engine", "venue", "replay")
+_MARK = b"from engine.jit import"
+
+
+@functools.cache
+def core_files() -> tuple[Path, ...]:
+    """The source files compiled through this module (they import it), and this module."""
+    found = [Path(__file__).resolve()]
+    for top in CORE_DIRS:
+        found += [p for p in sorted((ROOT / top).rglob("*.py")) if _MARK in p.read_bytes()]
+    return tuple(found)
+
+
+def core_stamp() -> str:
+    """sha256 over the core's sources (paths and bytes), recomputed when a file's size or mtime moves,
+    so an edit made while a process runs is seen by the functions it compiles next."""
+    return _stamp(tuple((p, p.stat().st_mtime_ns, p.stat().st_size) for p in core_files()))
+
+
+@functools.lru_cache(maxsize=4)
+def _stamp(files: tuple[tuple[Path, int, int], ...]) -> str:
+    h = hashlib.sha256()
+    for p, _, _ in files:
+        h.update(os.path.relpath(p, ROOT).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _in_core(py_file: str) -> bool:
+    return Path(py_file).resolve() in core_files()
+
+
+class _CoreStamp:
+    def get_source_stamp(self) -> str:
+        return core_stamp()
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not _in_core(py_file):
+            return None
+        return super().from_function(py_func, py_file)
+
+
+# numba >= 0.62 names these without the leading underscore
+_UserDir = getattr(caching, "UserProvidedCacheLocator", None) or caching._UserProvidedCacheLocator
+_InTree = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
+_Impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+
+
+class CoreUserDirLocator(_CoreStamp, _UserDir):
+    """NUMBA_CACHE_DIR set: the core's caches go there, stamped with the core's hash."""
+
+
+class CoreInTreeLocator(_CoreStamp, _InTree):
+    """The core's caches in ``__pycache__`` beside each source file, stamped with the core's hash."""
+
+
+for _cls in (CoreInTreeLocator, CoreUserDirLocator):  # user dir first, as numba's own order has it
+    if _cls not in _Impl._locator_classes:
+        _Impl._locator_classes.insert(0, _cls)
+
+
+def njit(*args, **kwargs):
+    """``numba.njit`` with ``cache=True`` under the core's stamp; as ``@njit`` or ``@njit(...)``."""
+    kwargs.setdefault("cache", True)
+    return nb.njit(*args, **kwargs)

@@ -1,0 +1,76 @@
+"""engine.jit: the compiled core's on-disk cache follows every source file of the core, so an edited
+rule is never served from a cache compiled against its old text."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from engine import jit
+
+RUN = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    d = Path(sys.argv[1])
+    sys.path.insert(0, str(d))
+    if sys.argv[2] == "core":
+        import engine.jit as J
+        J.core_files = lambda: (d / "rule.py", d / "kern.py")
+    import kern
+    print(kern.kern(1.0))
+    """
+)
+
+
+def _module_pair(d: Path, decorator_import: str, decorator: str, step: float) -> None:
+    (d / "rule.py").write_text(f"{decorator_import}\n\n@{decorator}\ndef rule(x):\n    return x + {step}\n")
+    (d / "kern.py").write_text(
+        f"{decorator_import}\nfrom rule import rule\n\n@{decorator}\ndef kern(x):\n    return rule(x) * 10\n"
+    )
+
+
+def _run(d: Path, how: str = "core") -> str:
+    return subprocess.run(
+        [sys.executable, "-c", RUN, str(d), how], capture_output=True, text=True, check=True, timeout=300
+    ).stdout.strip()
+
+
+def test_an_edit_to_a_called_rule_recompiles_the_caller(tmp_path):
+    _module_pair(tmp_path, "from engine.jit import njit", "njit", 1.0)
+    assert _run(tmp_path) == "20.0"
+    assert list((tmp_path / "__pycache__").glob("kern.kern-*.nbi")), "the caller was cached on disk"
+    _module_pair(tmp_path, "from engine.jit import njit", "njit", 2.0)  # only rule.py's text changes
+    (tmp_path / "kern.py").touch()
+    assert _run(tmp_path) == "30.0"
+
+
+def test_plain_numba_caching_would_serve_the_stale_rule(tmp_path):
+    # Why engine.jit exists: numba stamps a cache with its own file only.
+    _module_pair(tmp_path, "import numba", "numba.njit(cache=True)", 1.0)
+    assert _run(tmp_path, "plain") == "20.0"
+    (tmp_path / "rule.py").write_text(
+        "import numba\n\n@numba.njit(cache=True)\ndef rule(x):\n    return x + 2.0\n"
+    )
+    assert _run(tmp_path, "plain") == "20.0"
+
+
+def test_the_core_is_every_module_compiled_through_engine_jit():
+    root = jit.ROOT
+    names = {p.relative_to(root).as_posix() for p in jit.core_files()}
+    for core in (
+        "engine/risk.py",
+        "engine/strategy.py",
+        "engine/kev/rules.py",
+        "venue/fills.py",
+        "replay/kernel.py",
+    ):
+        assert core in names
+    # nothing in the tree compiles with its own cache stamp
+    stray = [
+        p.relative_to(root).as_posix()
+        for top in ("engine", "venue", "replay", "live", "recorder", "wire")
+        for p in (root / top).rglob("*.py")
+        if "cache=True" in p.read_text() and p.name != "jit.py"
+    ]
+    assert not stray, stray
