@@ -490,9 +490,11 @@ class Engine:
         was refused (the order rate, a stale book: the caller may try again later)."""
         pos = self._position()
         side = "sell" if pos > 0 else "buy"
-        covered = sum(
-            o.qty - o.filled for o in self._working.values() if o.order_type == "market" and o.side == side
-        )
+        # A plain loop: sum() of floats compensates from Python 3.12 on; the result must not depend on it.
+        covered = 0.0
+        for o in self._working.values():
+            if o.order_type == "market" and o.side == side:
+                covered += o.qty - o.filled
         left = abs(pos) - covered
         c, now, sent = self.cfg.contract, self.clock.now_ns(), []
         while len(sent) < 100:

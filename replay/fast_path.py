@@ -8,7 +8,6 @@ points and files the Python engine's rows give: streams are written in row group
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -79,8 +78,6 @@ def _tick_decimals(tick: float) -> int | None:
 def config_unsupported(cfg: Any) -> str:
     """:func:`unsupported`'s answer where the replay config alone decides it, asked before any data is
     read (so a run the kernel cannot take is not set up twice). "" does not promise the kernel runs."""
-    if sys.version_info >= (3, 12):
-        return "Python >= 3.12 sums floats with compensation; the kernel sums as 3.11 does"
     if cfg.kev_mode != "sim":
         return f"Kev mode {cfg.kev_mode!r} (the kernel has the rule advisor only)"
     if cfg.kev_lag_fit:
