@@ -766,6 +766,9 @@ def _run_replay(
     features = laya.feature_version  # cfg.laya_features, or the model's own for "auto"
     clock = FeedClock.of_session(session.manifest)
     rng_feed, rng_laya, rng_order = _rng(cfg.seed, 2), _rng(cfg.seed, 3), _rng(cfg.seed, 4)
+    # One stream per order latency model, so each model's draws can be taken ahead in a batch (the
+    # compiled loop does): from a shared stream they would depend on how the three interleave.
+    rng_response, rng_cancel = _rng(cfg.seed, 5), _rng(cfg.seed, 6)
 
     def latency(spec: str, rng: np.random.Generator, scale: float, name: str) -> LatencyModel:
         model = _checked_latency(spec, rng, name)
@@ -876,9 +879,9 @@ def _run_replay(
         fill_model=FILL_MODELS[cfg.fill_model](),
         entry_latency=latency(cfg.latency_order_entry, rng_order, cfg.scale_order, "order entry"),
         response_latency=latency(
-            cfg.latency_order_response, rng_order, cfg.scale_order, "latency_order_response"
+            cfg.latency_order_response, rng_response, cfg.scale_order, "latency_order_response"
         ),
-        cancel_latency=latency(cfg.latency_cancel, rng_order, cfg.scale_order, "latency_cancel"),
+        cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
     )
     engine = Engine(
         engine_config_from(cfg, symbol=cfg.symbol, contract=cfg.contract),

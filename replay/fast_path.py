@@ -31,7 +31,7 @@ from replay import kernel as K
 from replay.walk import StreamedWalk
 from venue.batch_latency import sample_many
 from venue.fills import FILL_MODELS
-from venue.latency import ConstantLatency, LatencyModel, ScaledLatency
+from venue.latency import LatencyModel, ScaledLatency
 
 
 class LookAheadError(RuntimeError):
@@ -50,15 +50,14 @@ WALK_CHUNK = 1 << 16  # walk entries per kernel call (the book levels it needs a
 OUT_CAP = 1 << 15  # rows per output stream between two drains
 INITIAL_ROWS = 4096  # first size of the order ring, request and timer tables (they double as needed)
 LAG_BATCH = 4096  # Kev lags drawn at a time
+LATENCY_BATCH = 1 << 14  # order latencies held per model (more than K.MARGIN: one step's draws fit)
 
 
-def _const_ns(model: LatencyModel) -> int | None:
-    """The latency of a model that always answers the same, else None."""
-    if type(model) is ConstantLatency:
-        return model.latency_ns
-    if type(model) is ScaledLatency and type(model.inner) is ConstantLatency:
-        return model.sample_ns(0)
-    return None
+def _stream(model: LatencyModel) -> Any:
+    """The generator a batch-drawable model draws from (None for a constant one)."""
+    while type(model) is ScaledLatency:
+        model = model.inner
+    return getattr(model, "_rng", None)
 
 
 def _decimal_parts(d: Decimal) -> tuple[int, int] | None:
@@ -89,8 +88,8 @@ def config_unsupported(cfg: Any) -> str:
         ("order response", cfg.latency_order_response),
         ("cancel", cfg.latency_cancel),
     ):
-        if not spec.startswith("const:"):
-            return f"a non-constant {name} latency (its draws interleave with the others')"
+        if spec.startswith("recorded:"):
+            return f"a recorded {name} latency (replayed by key, not drawn in a batch)"
     if cfg.fill_model not in FILL_MODEL_CODES:
         return f"fill model {cfg.fill_model!r}"
     return ""
@@ -115,13 +114,18 @@ def unsupported(
         return "labels computed per tick"
     if Engine.uses_trades or type(engine) is not Engine:
         return "an engine that reads public trades"
+    streams: list[Any] = []
     for name, m in (
         ("order entry", exchange.entry_latency),
         ("order response", exchange.response_latency),
         ("cancel", exchange.cancel_latency),
     ):
-        if _const_ns(m) is None:
-            return f"a non-constant {name} latency (its draws interleave with the others')"
+        if sample_many(m, np.zeros(0, dtype=np.int64)) is None:
+            return f"a latency model the kernel cannot draw in a batch ({name}: {type(m).__name__})"
+        rng = _stream(m)
+        if rng is not None and any(rng is r for r in streams):
+            return f"order latencies drawn from one random stream ({name} and another)"
+        streams.append(rng)
     c = engine.cfg.contract
     if type(c) is not ContractConfig or _tick_decimals(c.tick) is None:
         return "a contract whose tick is not a short decimal"
@@ -232,9 +236,6 @@ class KernelRun:
         C[K.C_KEV_TIMEOUT] = e.kev_timeout_ns
         C[K.C_KEV_STALE] = e.kev_stale_after_ns
         C[K.C_KEV_TTL] = e.kev_advice_ttl_ns
-        C[K.C_ENTRY_NS] = _const_ns(exchange.entry_latency) or 0  # not None: unsupported() checked
-        C[K.C_RESPONSE_NS] = _const_ns(exchange.response_latency) or 0
-        C[K.C_CANCEL_NS] = _const_ns(exchange.cancel_latency) or 0
         fm, qn = FILL_MODEL_CODES[cfg.fill_model]
         C[K.C_FILL_MODEL] = fm
         CF[K.CF_QUEUE_N] = qn
@@ -278,6 +279,9 @@ class KernelRun:
         self.OUTF = np.zeros((8, OUT_CAP, K.OUT_MAXF), dtype=np.float64)
         self.NOUT = np.zeros(8, dtype=np.int64)
         self.lags = np.zeros(0, dtype=np.int64)
+        # rows K.OLAT_ENTRY, K.OLAT_RESPONSE, K.OLAT_CANCEL (unsupported() checked each draws in a batch)
+        self.olat_models = (exchange.entry_latency, exchange.response_latency, exchange.cancel_latency)
+        self.olat = np.zeros((3, 0), dtype=np.int64)
         self.streams = {s: _KernelStream(log, s) for s in K.OUT_STREAMS}
         self._texts: dict[int, tuple[str, str, str]] = {}  # request id -> (key, raw, reason)
 
@@ -346,6 +350,19 @@ class KernelRun:
         self.S[K.S_LAG_USED] = 0
         self.S[K.S_LAG_N] = len(self.lags)
 
+    def _more_latencies(self) -> None:
+        """Each order latency model's unused draws, then new ones, LATENCY_BATCH a model."""
+        width = max(LATENCY_BATCH, K.MARGIN + 1)
+        olat = np.empty((3, width), dtype=np.int64)
+        for k, model in enumerate(self.olat_models):
+            left = self.olat[k, int(self.S[K.S_OLAT_USED + k]) :]
+            olat[k, : len(left)] = left
+            drawn = sample_many(model, np.zeros(width - len(left), dtype=np.int64))
+            assert drawn is not None
+            olat[k, len(left) :] = drawn
+            self.S[K.S_OLAT_USED + k] = 0
+        self.olat = olat
+
     def handle(self, status: int) -> bool:
         """Deal with a kernel stop; True when the kernel should be called again."""
         self.drain()
@@ -360,6 +377,8 @@ class KernelRun:
             self._ring_requests()
         elif status == K.ST_NEED_LAGS:
             self._more_lags()
+        elif status == K.ST_NEED_LATENCIES:
+            self._more_latencies()
         elif status == K.ST_UNSUPPORTED:
             if int(self.S[K.S_WHY]) == K.U_LOOK_AHEAD:
                 raise LookAheadError(K.UNSUPPORTED_TEXT[K.U_LOOK_AHEAD])
@@ -596,7 +615,7 @@ def run_kernel(
             before = int(S[K.S_WALK])
             status = K.run(
                 ts, prio, kind, row, n, levels, r0, b_loc, labels, probs, t_px, t_sz, t_side, run.lags,
-                *run.state(), run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
+                run.olat, *run.state(), run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
             )  # fmt: skip
             after = int(S[K.S_WALK])
             if after > before:
@@ -607,6 +626,6 @@ def run_kernel(
                 break
         done += n
     while True:
-        status = K.run_all(*run.state(), b_loc, run.lags, run.OUTI, run.OUTF, run.NOUT, OUT_CAP)
+        status = K.run_all(*run.state(), b_loc, run.lags, run.olat, run.OUTI, run.OUTF, run.NOUT, OUT_CAP)
         if not run.handle(int(status)):
             break

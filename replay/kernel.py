@@ -18,8 +18,8 @@ a float estimate of the PnL and the run gives up (``ST_UNSUPPORTED``) when it is
 limit to decide; so do tables that would outgrow their caps. The driver then runs the per-event path.
 
 Layout: state lives in numpy arrays so a run can stop (an output buffer is full, a table must grow,
-Kev lags must be drawn) and resume where it stopped. Strings are codes; :mod:`replay.fast_path`
-turns rows into the event log's Arrow tables.
+Kev lags or order latencies must be drawn) and resume where it stopped. Strings are codes;
+:mod:`replay.fast_path` turns rows into the event log's Arrow tables.
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ PRIO_KEV, PRIO_EXCH_IN, PRIO_EXCH_OUT = 52, 61, 62
 
 # statuses
 ST_DONE, ST_OUT_FULL, ST_GROW_ORDERS, ST_GROW_HEAP, ST_GROW_REQUESTS, ST_NEED_LAGS = 0, 1, 2, 3, 4, 5
+ST_NEED_LATENCIES = 6
 ST_UNSUPPORTED = 9
 # why unsupported
 U_NONE, U_ROUND, U_PX_DECIMALS, U_OVERFLOW, U_LOSS_STOP_CLOSE, U_TABLE, U_LOOK_AHEAD = 0, 1, 2, 3, 4, 5, 6
@@ -174,6 +175,7 @@ UNSUPPORTED_TEXT = (
 ) = range(34)
 S_LAST_LABEL_NAME = 34  # engine.label, as its class index
 S_OLDEST = 35  # the oldest order that may still be in use
+S_OLAT_USED = 36  # 36..38: how many of each row of olat (OLAT_*) the run has used
 S_SIZE = 40
 # SF (float64 scalars)
 SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
@@ -191,9 +193,6 @@ SF_SIZE = 8
     C_KEV_TIMEOUT,
     C_KEV_STALE,
     C_KEV_TTL,
-    C_ENTRY_NS,
-    C_RESPONSE_NS,
-    C_CANCEL_NS,
     C_FILL_MODEL,
     C_OFFSET_TICKS,
     C_LABEL_SKEW,
@@ -205,7 +204,7 @@ SF_SIZE = 8
     C_MAKER_EXP,
     C_TAKER_NUM,
     C_TAKER_EXP,
-) = range(24)
+) = range(21)
 C_SIZE = 32
 # CF (float64 config)
 (
@@ -240,6 +239,9 @@ RF_P, RF_MID, RF_SPREAD, RF_IMB, RF_POS, RF_TARGET, RF_HEDGE, RF_SLIP, RF_MAXPOS
 RF_COLS = 9
 # Timer heap: HI (ts, prio, seq, kind, a, b, c), HF (f1, f2)
 HI_COLS, HF_COLS = 7, 2
+# Order latencies drawn ahead, one row per model (each its own random stream, drawn in the order
+# SimExchange draws it): olat[OLAT_*, S[S_OLAT_USED + OLAT_*]] is the next one.
+OLAT_ENTRY, OLAT_RESPONSE, OLAT_CANCEL = 0, 1, 2
 
 # Output streams: index, int columns, float columns
 O_KEV_QUEUE, O_KEV_REQUEST, O_KEV_RESPONSE, O_COMMAND, O_RISK, O_ORDER, O_FILL, O_LATENCY = range(8)
@@ -401,6 +403,7 @@ def run(
     t_sz,
     t_side,
     lags,
+    olat,
     S,
     SF,
     C,
@@ -434,7 +437,7 @@ def run(
         p = walk_prio[i]
         # timers that sort before this entry
         while S[S_HEAP_N] > 0 and (HI[0, 0] < t or (HI[0, 0] == t and HI[0, 1] < p)):
-            st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
+            st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat)
             if st != ST_DONE:
                 return st
             _heap_pop(S, HI, HF, tmpi, tmpf)
@@ -452,6 +455,7 @@ def run(
                 RF,
                 HI,
                 HF,
+                olat,
                 work,
                 rest,
                 kq,
@@ -469,7 +473,7 @@ def run(
             )
             if S[S_WHY] != U_NONE:
                 return ST_UNSUPPORTED
-        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
+        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat)
         if st != ST_DONE:
             return st
         S[S_NOW] = t
@@ -480,7 +484,7 @@ def run(
             for c in range(60):
                 x_book[c] = levels[j, c]
             S[S_XBOOK] = 1
-            _x_on_book(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT)
+            _x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, OUTI, OUTF, NOUT)
         elif k == 2:  # book at the engine
             j = r - level_row0
             for c in range(60):
@@ -506,6 +510,7 @@ def run(
                 RF,
                 HI,
                 HF,
+                olat,
                 work,
                 rest,
                 kq,
@@ -525,7 +530,9 @@ def run(
             )
         elif k == 1:  # trade at the exchange
             if S[S_NREST] > 0:
-                _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, rest, t_px[r], t_sz[r], t_side[r], OUTI, OUTF, NOUT)
+                _x_on_trade(
+                    S, SF, C, CF, OI, OF, HI, HF, olat, rest, t_px[r], t_sz[r], t_side[r], OUTI, OUTF, NOUT
+                )
         # kind 3 (trade at the engine): Engine.on_trade does nothing
         if S[S_WHY] != U_NONE:
             return ST_UNSUPPORTED
@@ -555,6 +562,7 @@ def run_all(
     x_book,
     b_loc,
     lags,
+    olat,
     OUTI,
     OUTF,
     NOUT,
@@ -566,7 +574,7 @@ def run_all(
     lpx = np.zeros(16, dtype=np.float64)
     lq = np.zeros(16, dtype=np.float64)
     while S[S_HEAP_N] > 0:
-        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags)
+        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat)
         if st != ST_DONE:
             return st
         _heap_pop(S, HI, HF, tmpi, tmpf)
@@ -584,6 +592,7 @@ def run_all(
             RF,
             HI,
             HF,
+            olat,
             work,
             rest,
             kq,
@@ -605,7 +614,7 @@ def run_all(
 
 
 @njit
-def _headroom(S, OI, RI, HI, NOUT, out_cap, lags):
+def _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat):
     for s in range(8):
         if NOUT[s] + MARGIN > out_cap:
             return ST_OUT_FULL
@@ -628,7 +637,18 @@ def _headroom(S, OI, RI, HI, NOUT, out_cap, lags):
         return ST_GROW_REQUESTS
     if S[S_LAG_USED] + KQ_CAP > S[S_LAG_N]:
         return ST_NEED_LAGS
+    for k in range(3):  # a step sends fewer than MARGIN orders, cancels and reports
+        if S[S_OLAT_USED + k] + MARGIN > olat.shape[1]:
+            return ST_NEED_LATENCIES
     return ST_DONE
+
+
+@njit
+def _draw(S, olat, k):
+    """The next latency of order latency model ``k`` (OLAT_*)."""
+    i = S[S_OLAT_USED + k]
+    S[S_OLAT_USED + k] = i + 1
+    return olat[k, i]
 
 
 # ---------------------------------------------------------------- engine: events
@@ -797,6 +817,7 @@ def _send_new(
     OF,
     HI,
     HF,
+    olat,
     work,
     recent,
     eng_book,
@@ -874,11 +895,12 @@ def _send_new(
     S[S_NWORK] = nw + 1
     _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_NEW, now, now, R_EMPTY)
     _span(OUTI, NOUT, SPAN_TICK_TO_ORDER, REF_ORDER, oid, origin, now)
-    _heap_push(S, HI, HF, OI, now + C[C_ENTRY_NS], PRIO_EXCH_IN, T_ARRIVE, oid, 0, 0, 0.0, 0.0)
+    at = now + _draw(S, olat, OLAT_ENTRY)
+    _heap_push(S, HI, HF, OI, at, PRIO_EXCH_IN, T_ARRIVE, oid, 0, 0, 0.0, 0.0)
 
 
 @njit
-def _send_cancel(S, C, OI, OF, HI, HF, oid, OUTI, OUTF, NOUT):
+def _send_cancel(S, C, OI, OF, HI, HF, olat, oid, OUTI, OUTF, NOUT):
     now = S[S_NOW]
     _risk_row(
         OUTI,
@@ -898,11 +920,12 @@ def _send_cancel(S, C, OI, OF, HI, HF, oid, OUTI, OUTF, NOUT):
     )
     OI[oid & (OI.shape[0] - 1), OI_STATUS] = PENDING_CANCEL
     _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_CANCEL, now, now, R_EMPTY)
-    _heap_push(S, HI, HF, OI, now + C[C_CANCEL_NS], PRIO_EXCH_IN, T_ARRIVE_CANCEL, oid, 0, 0, 0.0, 0.0)
+    at = now + _draw(S, olat, OLAT_CANCEL)
+    _heap_push(S, HI, HF, OI, at, PRIO_EXCH_IN, T_ARRIVE_CANCEL, oid, 0, 0, 0.0, 0.0)
 
 
 @njit
-def _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT):
+def _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
     n = S[S_NWORK]
     snapshot = work[WORK_CAP : 2 * WORK_CAP]  # scratch: the list as it was (cancels do not change it)
     for w in range(n):
@@ -913,7 +936,7 @@ def _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT):
             OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
             or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
         ):
-            _send_cancel(S, C, OI, OF, HI, HF, o, OUTI, OUTF, NOUT)
+            _send_cancel(S, C, OI, OF, HI, HF, olat, o, OUTI, OUTF, NOUT)
 
 
 @njit
@@ -937,14 +960,33 @@ def _target(S, SF, CF, now):
 
 @njit
 def _requote(
-    S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, origin, force, OUTI, OUTF, NOUT, lpx, lq
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    HI,
+    HF,
+    olat,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    origin,
+    force,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
 ):
     now = S[S_NOW]
     if S[S_ENG_BOOK] == 0 or (not force and now - S[S_LAST_REQUOTE] < C[C_REQUOTE_MIN]):
         return
     S[S_LAST_REQUOTE] = now
     if now < S[S_EMERGENCY_UNTIL] or S[S_KILL] != 0:
-        _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT)
+        _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)
         return
     qq = CF[CF_QUOTE_QTY]
     tick = CF[CF_TICK]
@@ -974,6 +1016,7 @@ def _requote(
                 OF,
                 HI,
                 HF,
+                olat,
                 work,
                 recent,
                 eng_book,
@@ -1005,6 +1048,7 @@ def _requote(
                 OF,
                 HI,
                 HF,
+                olat,
                 work,
                 recent,
                 eng_book,
@@ -1049,7 +1093,7 @@ def _requote(
                 OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
                 or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
             ):
-                _send_cancel(S, C, OI, OF, HI, HF, o, OUTI, OUTF, NOUT)
+                _send_cancel(S, C, OI, OF, HI, HF, olat, o, OUTI, OUTF, NOUT)
         if want and m == 0:
             _send_new(
                 S,
@@ -1060,6 +1104,7 @@ def _requote(
                 OF,
                 HI,
                 HF,
+                olat,
                 work,
                 recent,
                 eng_book,
@@ -1085,7 +1130,7 @@ def _requote(
 
 @njit
 def _rebalance(
-    S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
+    S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
 ):
     now = S[S_NOW]
     if S[S_CMD] == 0 or now > S[S_CMD_VALID_UNTIL] or S[S_ENG_BOOK] == 0:
@@ -1116,6 +1161,7 @@ def _rebalance(
         OF,
         HI,
         HF,
+        olat,
         work,
         recent,
         eng_book,
@@ -1155,6 +1201,7 @@ def _on_label(
     RF,
     HI,
     HF,
+    olat,
     work,
     rest,
     kq,
@@ -1177,7 +1224,7 @@ def _on_label(
     origin = b_loc[r]
     if label_id == L_EMERGENCY:
         S[S_EMERGENCY_UNTIL] = now + C[C_EMERGENCY_HOLD]
-        _cancel_all(S, C, OI, OF, HI, HF, work, OUTI, OUTF, NOUT)
+        _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)
     if label_id != L_HOLD and now - S[S_LAST_KEV_OFFER] >= C[C_KEV_MIN_INTERVAL]:
         _offer_kev(
             r,
@@ -1220,6 +1267,7 @@ def _on_label(
             OF,
             HI,
             HF,
+            olat,
             work,
             recent,
             eng_book,
@@ -1236,7 +1284,25 @@ def _on_label(
             return
     if S[S_CMD] != 0 and now <= S[S_CMD_VALID_UNTIL] and now - S[S_LAST_REBALANCE] >= C[C_REBALANCE_MIN]:
         _rebalance(
-            S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            olat,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            origin,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
         )
 
 
@@ -1490,6 +1556,7 @@ def _timer(
     RF,
     HI,
     HF,
+    olat,
     work,
     rest,
     kq,
@@ -1512,7 +1579,7 @@ def _timer(
     b = tmpi[5]
     now = S[S_NOW]
     if kind == T_ARRIVE:
-        _x_arrive(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, a, OUTI, OUTF, NOUT, lpx, lq)
+        _x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, a, OUTI, OUTF, NOUT, lpx, lq)
     elif kind == T_ARRIVE_CANCEL:
         found = False
         n = S[S_NREST]
@@ -1525,9 +1592,9 @@ def _timer(
                 found = True
                 break
         if found:
-            _report(S, C, OI, HI, HF, M_CANCEL_ACK, a, 0, 0.0, 0.0)
+            _report(S, C, OI, HI, HF, olat, M_CANCEL_ACK, a, 0, 0.0, 0.0)
         else:
-            _report(S, C, OI, HI, HF, M_REJECT, a, R_CANCEL_NOT_FOUND, 0.0, 0.0)
+            _report(S, C, OI, HI, HF, olat, M_REJECT, a, R_CANCEL_NOT_FOUND, 0.0, 0.0)
     elif kind == T_REPORT:
         _engine_report(
             S,
@@ -1538,6 +1605,7 @@ def _timer(
             OF,
             HI,
             HF,
+            olat,
             work,
             recent,
             eng_book,
@@ -1622,7 +1690,25 @@ def _timer(
         SF[SF_CMD_SLIP] = RF[a & (RF.shape[0] - 1), RF_SLIP]
         SF[SF_CMD_HEDGE] = RF[a & (RF.shape[0] - 1), RF_HEDGE]
         _rebalance(
-            S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, ts_ctx, OUTI, OUTF, NOUT, lpx, lq
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            olat,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            ts_ctx,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
         )
         if S[S_WHY] != U_NONE:
             return
@@ -1653,12 +1739,11 @@ def _timer(
 
 
 @njit
-def _report(S, C, OI, HI, HF, method, oid, arg, f1, f2):
+def _report(S, C, OI, HI, HF, olat, method, oid, arg, f1, f2):
     """SimExchange._report: the engine hears of it after the response latency, with ts_event = now."""
     now = S[S_NOW]
-    _heap_push(
-        S, HI, HF, OI, now + C[C_RESPONSE_NS], PRIO_EXCH_OUT, T_REPORT, oid, method | (arg << 8), now, f1, f2
-    )
+    at = now + _draw(S, olat, OLAT_RESPONSE)
+    _heap_push(S, HI, HF, OI, at, PRIO_EXCH_OUT, T_REPORT, oid, method | (arg << 8), now, f1, f2)
 
 
 @njit
@@ -1671,6 +1756,7 @@ def _engine_report(
     OF,
     HI,
     HF,
+    olat,
     work,
     recent,
     eng_book,
@@ -1699,7 +1785,26 @@ def _engine_report(
         _finish(S, OI, work, oid)
         _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_CANCEL_ACK, ts_event, now, R_EMPTY)
         _requote(
-            S, SF, C, CF, OI, OF, HI, HF, work, recent, eng_book, b_loc, now, True, OUTI, OUTF, NOUT, lpx, lq
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            olat,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            now,
+            True,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
         )
     elif m == M_DONE:
         _finish(S, OI, work, oid)
@@ -1756,18 +1861,18 @@ def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
 
 
 @njit
-def _report_fill(S, C, OI, HI, HF, oid, px, qty, liq):
-    _report(S, C, OI, HI, HF, M_FILL, oid, liq, px, qty)
+def _report_fill(S, C, OI, HI, HF, olat, oid, px, qty, liq):
+    _report(S, C, OI, HI, HF, olat, M_FILL, oid, liq, px, qty)
 
 
 @njit
-def _x_fill(S, SF, C, OI, OF, HI, HF, rest, oid, px, qty):
+def _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, oid, px, qty):
     """SimExchange._fill (maker)."""
     r = oid & (OF.shape[0] - 1)
     q, OF[r, OF_XFILLED], SF[SF_XPOS], done = maker_fill(
         OI[oid & (OI.shape[0] - 1), OI_SIDE], OF[r, OF_QTY], OF[r, OF_XFILLED], SF[SF_XPOS], qty
     )
-    _report_fill(S, C, OI, HI, HF, oid, px, q, LIQ_MAKER)
+    _report_fill(S, C, OI, HI, HF, olat, oid, px, q, LIQ_MAKER)
     if done:
         n = S[S_NREST]
         for w in range(n):
@@ -1777,11 +1882,11 @@ def _x_fill(S, SF, C, OI, OF, HI, HF, rest, oid, px, qty):
                 S[S_NREST] = n - 1
                 OI[oid & (OI.shape[0] - 1), OI_RESTING] = 0
                 break
-        _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED, 0.0, 0.0)
 
 
 @njit
-def _x_on_book(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
+def _x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, OUTI, OUTF, NOUT):
     """SimExchange.on_book."""
     n = S[S_NREST]
     if n == 0:
@@ -1805,11 +1910,11 @@ def _x_on_book(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, OUTI, OUTF, NOUT):
             OF[r, OF_TRADED],
         )
         if crossed(side, opx, x_book[0], x_book[30]):
-            _x_fill(S, SF, C, OI, OF, HI, HF, rest, o, opx, OF[r, OF_QTY] - OF[r, OF_XFILLED])
+            _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, o, opx, OF[r, OF_QTY] - OF[r, OF_XFILLED])
 
 
 @njit
-def _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, NOUT):
+def _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside, OUTI, OUTF, NOUT):
     """SimExchange.on_trade."""
     left = sz
     n = S[S_NREST]
@@ -1835,31 +1940,31 @@ def _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, rest, px, sz, tside, OUTI, OUTF, N
         q = pmin(f, left)
         if q > EPS:
             left -= q
-            _x_fill(S, SF, C, OI, OF, HI, HF, rest, o, OF[r, OF_PX], q)
+            _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, o, OF[r, OF_PX], q)
 
 
 @njit
-def _x_arrive(S, SF, C, CF, OI, OF, HI, HF, rest, x_book, oid, OUTI, OUTF, NOUT, lpx, lq):
+def _x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, OUTI, OUTF, NOUT, lpx, lq):
     """SimExchange._arrive."""
     if S[S_XBOOK] == 0:
-        _report(S, C, OI, HI, HF, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, olat, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
         return
     r = oid & (OF.shape[0] - 1)
     side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     otype = OI[oid & (OI.shape[0] - 1), OI_TYPE]
     qty = OF[r, OF_QTY]
     if OI[oid & (OI.shape[0] - 1), OI_REDUCE] != 0 and not _reduce_only_ok(SF[SF_XPOS], side, qty):
-        _report(S, C, OI, HI, HF, M_REJECT, oid, R_REDUCE_REJECTED, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, olat, M_REJECT, oid, R_REDUCE_REJECTED, 0.0, 0.0)
         return
-    _report(S, C, OI, HI, HF, M_ACK, oid, 0, 0.0, 0.0)
+    _report(S, C, OI, HI, HF, olat, M_ACK, oid, 0, 0.0, 0.0)
     limit = OF[r, OF_PX] if otype == LIMIT else NAN
     n, filled, SF[SF_XPOS], outcome = match_arrival(
         x_book, side, qty, limit, otype == MARKET, SF[SF_XPOS], lpx, lq
     )
     for j in range(n):
-        _report_fill(S, C, OI, HI, HF, oid, lpx[j], lq[j], LIQ_TAKER)
+        _report_fill(S, C, OI, HI, HF, olat, oid, lpx[j], lq[j], LIQ_TAKER)
     if outcome != AR_REST:
-        _report(S, C, OI, HI, HF, M_DONE, oid, R_FILLED if outcome == AR_FILLED else R_IOC, 0.0, 0.0)
+        _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED if outcome == AR_FILLED else R_IOC, 0.0, 0.0)
         return
     OF[r, OF_XFILLED] = filled
     OF[r, OF_AHEAD], OF[r, OF_LEVEL], OF[r, OF_TRADED] = on_new(C[C_FILL_MODEL], x_book, side, OF[r, OF_PX])

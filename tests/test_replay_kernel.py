@@ -109,6 +109,78 @@ def test_engine_settings_are_identical(session, tmp_path, change, expect):
     assert kind in set(_column(py.run_dir, stream, "kind"))  # the branch was taken, not just agreed on
 
 
+def _drawn_latencies(tmp: Path, kind: str) -> dict:
+    """Entry, response and cancel latencies, each a model drawn from its own stream."""
+    if kind == "lognormal":
+        return {
+            "latency_order_entry": "lognormal:p5=1ms,p95=30ms",
+            "latency_order_response": "lognormal:p5=500us,p95=12ms",
+            "latency_cancel": "lognormal:p5=2ms,p95=40ms",
+            "scale_order": 1.5,
+        }
+    specs = {}
+    for name, lo, hi in (("entry", 1, 30), ("response", 0.5, 12), ("cancel", 2, 40)):
+        path = tmp / f"{name}.json"
+        path.write_bytes(orjson.dumps(np.geomspace(lo * 1e6, hi * 1e6, 23).tolist()))
+        specs[name] = f"empirical:{path}"
+    if kind == "mixed":
+        return {
+            "latency_order_entry": specs["entry"],
+            "latency_order_response": "lognormal:p5=500us,p95=12ms",
+            "latency_cancel": specs["cancel"],
+        }
+    return {
+        "latency_order_entry": specs["entry"],
+        "latency_order_response": specs["response"],
+        "latency_cancel": specs["cancel"],
+    }
+
+
+@pytest.mark.parametrize("kind", ["lognormal", "empirical", "mixed"])
+def test_drawn_order_latencies_are_identical(session, tmp_path, kind):
+    """Order entry, response and cancel latencies that vary, drawn ahead by the kernel: the Python
+    engine's run, which draws each when SimExchange asks."""
+    cfg = ReplayConfig(seed=9, risk=RiskLimits(daily_loss_stop_usd=1e9), **_drawn_latencies(tmp_path, kind))
+    py, _ = _same(session, cfg, tmp_path, kind)
+    kinds = set(_column(py.run_dir, "order", "kind"))
+    assert {"ack", "cancel_ack", "done"} <= kinds and py.counts["fill"] > 0
+    names, durs = _column(py.run_dir, "latency", "name"), _column(py.run_dir, "latency", "dur_ns")
+    entry = [d for n, d in zip(names, durs, strict=True) if n == "order_entry"]
+    assert len(set(entry)) > len(entry) // 2  # the latencies really vary
+
+
+def test_stopping_for_order_latencies_at_every_step_changes_nothing(session, tmp_path, monkeypatch):
+    """Order latencies drawn a handful at a time: the kernel stops to refill after nearly every draw,
+    and the run is still the Python engine's."""
+    monkeypatch.setattr(fast_path, "LATENCY_BATCH", K.MARGIN + 2)
+    refills = []
+    more = fast_path.KernelRun._more_latencies
+
+    def count(self):
+        refills.append([int(u) for u in self.S[K.S_OLAT_USED : K.S_OLAT_USED + 3]])
+        more(self)
+
+    monkeypatch.setattr(fast_path.KernelRun, "_more_latencies", count)
+    latencies = _drawn_latencies(tmp_path, "mixed")
+    cfg = ReplayConfig(seed=5, risk=RiskLimits(daily_loss_stop_usd=1e9), **latencies)
+    py, _ = _same(session, cfg, tmp_path, "refill")
+    # one draw per new order, cancel and report (every other order event, and each fill)
+    draws = py.counts["order"] + py.counts["fill"]
+    assert 10 * len(refills) > draws  # a refill every few draws
+    assert all(max(used) >= 3 for used in refills[1:])  # each refill came when a model ran short
+
+
+def test_order_latencies_sharing_a_stream_run_in_python(session, tmp_path, monkeypatch):
+    """Models that draw from one generator interleave their draws: they cannot be drawn ahead."""
+    import replay.driver as driver
+
+    real, shared = driver._rng, np.random.default_rng([9, 4])
+    monkeypatch.setattr(driver, "_rng", lambda seed, c: shared if c in (4, 5, 6) else real(seed, c))
+    cfg = ReplayConfig(seed=9, **_drawn_latencies(tmp_path, "lognormal"))
+    r = run_replay(session, cfg, out_dir=tmp_path / "r")
+    assert r.path == "python (order latencies drawn from one random stream (order response and another))"
+
+
 def test_risk_limits_and_quotes_are_identical(session, tmp_path):
     risk = RiskLimits(
         max_position=0.006,
@@ -208,10 +280,15 @@ def test_configurations_it_cannot_reproduce_run_in_python(session, tmp_path, mon
     built = []
     real = driver.StreamedBooks
     monkeypatch.setattr(driver, "StreamedBooks", lambda *a, **k: built.append(1) or real(*a, **k))
-    cfg = ReplayConfig(seed=3, latency_order_entry="lognormal:p5=2ms,p95=9ms")
+    from venue.recorded_latency import LatencySink
+
+    sink = LatencySink()
+    sink.add("cancel", 0, 3_000_000)
+    sink.write(tmp_path)
+    cfg = ReplayConfig(seed=3, latency_cancel=f"recorded:cancel@{tmp_path}")
     r = run_replay(session, cfg, out_dir=tmp_path / "a")
     assert not built  # known from the config: no streamed set-up to throw away
-    assert r.path.startswith("python") and "order entry" in r.path
+    assert r.path == "python (a recorded cancel latency (replayed by key, not drawn in a batch))"
     r = run_replay(session, ReplayConfig(seed=3, laya_mode="tick"), out_dir=tmp_path / "b")
     assert r.path == "python (labels computed per tick)"
 
