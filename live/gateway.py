@@ -313,6 +313,9 @@ class GatewayExecution:
         self.foreign_updates = 0
         self.fill_channel_trades: set[str] = set()
         self.fills_booked = 0
+        # Size sent per symbol so far: orders sent after a reconciliation's sweep may be filled at the
+        # venue before the engine hears of it, so a position check allows that much difference.
+        self.qty_sent: dict[str, float] = {}
         self.position_checks = 12
         self.position_settle_s = 0.25
         self.positions: dict[str, float] = {}  # the latest ``positions`` push, net per symbol
@@ -331,6 +334,7 @@ class GatewayExecution:
         t = _Track(intent.client_oid, coid, intent.symbol, intent.side, intent.order_type, intent.qty, now_ns)
         self.orders[intent.client_oid] = t
         self._by_client[coid] = intent.client_oid
+        self.qty_sent[intent.symbol] = self.qty_sent.get(intent.symbol, 0.0) + intent.qty
         engine = self.engines[intent.symbol]
         # At shutdown nothing new goes out but the kill switch's own flatten orders; a refusal is
         # reported on the clock right after the decision that sent it (never re-entrant).
@@ -542,6 +546,7 @@ class GatewayExecution:
         """
         n = 0
         unsettled = False  # an order was left for the next check: positions cannot agree yet
+        sent_before = dict(self.qty_sent)
         pending = await self.gw.pending_orders()
         by_coid = {r.client_oid: r for r in pending}
         for t in list(self.orders.values()):
@@ -605,16 +610,19 @@ class GatewayExecution:
                 self._diff(row.symbol, "foreign_order", None, 0.0, row.size, "left_alone")
         if unsettled:
             return n
-        for symbol, (mine, exch) in (await self._position_mismatches()).items():
+        for symbol, (mine, exch) in (await self._position_mismatches(sent_before)).items():
             n += 1
             self._diff(symbol, "position_mismatch", None, mine, exch, "kill_switch")
             self.on_kill(f"position_mismatch:{symbol}")
         return n
 
-    async def _position_mismatches(self) -> dict[str, tuple[float, float]]:
+    async def _position_mismatches(self, sent_before: dict[str, float]) -> dict[str, tuple[float, float]]:
         """Engine vs venue positions, compared only when they describe the same moment: trading goes
         on during the REST call, so a difference counts once it was seen twice with no fill reaching
-        the engine during the call, ``position_settle_s`` apart (pushes in flight land meanwhile)."""
+        the engine during the call, ``position_settle_s`` apart (pushes in flight land meanwhile).
+        Orders sent since the order sweep (``sent_before``: size sent per symbol then) were not checked
+        by it and the venue may have filled them already: a difference up to their size waits for the
+        next check, which sweeps them first."""
         found: dict[str, tuple[float, float]] = {}
         quiet = 0
         for _ in range(self.position_checks):
@@ -625,7 +633,8 @@ class GatewayExecution:
                 exch = net_position(positions, symbol)
                 mine = float(engine.portfolio.position)
                 step = float(self.contracts[symbol].size_step) if symbol in self.contracts else 1e-9
-                if not math.isclose(mine, exch, abs_tol=step / 2):
+                unseen = self.qty_sent.get(symbol, 0.0) - sent_before.get(symbol, 0.0)
+                if not math.isclose(mine, exch, abs_tol=unseen + step / 2):
                     found[symbol] = (mine, exch)
             if not found:
                 return {}
