@@ -39,7 +39,7 @@ from engine.kev.failures import breaker_rows, judge
 from engine.kev.queue import KevQueue, QueueNote
 from engine.portfolio import Portfolio
 from engine.risk import R_OK, REASONS, OrderIntent, RiskLimits, RiskState, check, limits_array, verdict_of
-from engine.strategy import BUY, NO_ORDER, QuoteConfig, desired_quotes, kev_target, rebalance_order
+from engine.strategy import BUY, NO_ORDER, QuoteConfig, Quoter, kev_target, rebalance_order
 from venue.latency import ConstantLatency, LatencyModel
 
 # Timer priorities: ties at one timestamp resolve market data (10, 20) first, then these in order.
@@ -76,6 +76,8 @@ class EngineConfig:
     contract: ContractConfig = field(default_factory=ContractConfig)
     risk: RiskLimits = field(default_factory=RiskLimits)
     quotes: QuoteConfig = field(default_factory=QuoteConfig)
+    strategy: str = "baseline"  # engine.strategies.registry.STRATEGIES
+    strategy_params: dict[str, float] = field(default_factory=dict)  # over the strategy's defaults
     laya_latency_ns: Nanos = 200_000
     kev_queue_max: int = 2
     kev_stale_after_ns: Nanos = 1_000_000_000
@@ -95,6 +97,8 @@ def engine_config_from(settings: Any, *, symbol: str, contract: ContractConfig) 
         contract=contract,
         risk=settings.risk,
         quotes=settings.quotes,
+        strategy=settings.strategy,
+        strategy_params=dict(settings.strategy_params),
         kev_queue_max=settings.kev_queue_max,
         kev_queue_policy=settings.kev_queue_policy,
         kev_max_in_flight=settings.kev_max_in_flight,
@@ -174,6 +178,8 @@ class Engine:
         self._rs: RiskState | None = None  # the last risk state, for (book, key) below
         self._rs_book: BookSnapshot | None = None
         self._risk_lim = limits_array(config.risk)
+        # the configured strategy (engine/strategies); the replay kernel reads its kind and parameters
+        self.quoter = Quoter(config.quotes, config.contract, config.strategy, config.strategy_params)
         self._rs_key: tuple[Any, ...] = ()
 
     # ------------------------------------------------------------ market data
@@ -387,9 +393,7 @@ class Engine:
             self._cancel_all(origin_ns)
             return
         position = self._position()
-        quotes = desired_quotes(
-            self.cfg.quotes,
-            self.cfg.contract,
+        quotes = self.quoter(
             book,
             label=self.label,
             position=position,
@@ -457,9 +461,7 @@ class Engine:
         if book is None:
             return
         now = self.clock.now_ns()
-        quotes = desired_quotes(
-            self.cfg.quotes,
-            self.cfg.contract,
+        quotes = self.quoter(
             book,
             label=self.label,
             position=self._position(),

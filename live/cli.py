@@ -21,6 +21,7 @@ from pathlib import Path
 from engine.errors import DualhubError
 from engine.urls import WS, check_url
 from engine.venues.bitget_v2 import REST_BASE_URL
+from replay.cli import add_strategy_args, strategy_fields
 
 CONFIRM_FLAG = "--i-understand-this-trades-real-money"
 
@@ -65,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="never sleep the event loop and keep the label path warm (lowest tick latency; costs a core)",
     )
+    add_strategy_args(p)
     p.add_argument("--kill-file", default="", help="kill switch file (default OUT/KILL)")
     p.add_argument(
         "--contract-defaults", action="store_true", help="paper: do not ask the exchange for contracts"
@@ -159,6 +161,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         status_every_s=args.status_every,
         feed_stale_s=args.feed_stale,
         venue_lost_s=args.venue_lost,
+        **strategy_fields(args),
     )
     runner = LiveRunner(
         cfg,

@@ -79,6 +79,7 @@ from engine.kev.rules import RuleKev
 from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig  # DEFAULT_MODEL: re-exported for the CLI
 from engine.risk import RiskLimits
 from engine.store import MANIFEST, atomic_write_parquet, open_session, sha256_file, write_json
+from engine.strategies.registry import resolve as resolve_strategy
 from engine.strategy import QuoteConfig
 from engine.validate import book_reason, top_ok, trade_ok, trade_reason
 from engine.venues.bitget_v2 import INST_TYPE, REST_BASE_URL, StreamCounters, arg
@@ -147,6 +148,9 @@ class LiveConfig:
     kev_timeout_ms: int = 2000
     risk: RiskLimits = field(default_factory=RiskLimits)
     quotes: QuoteConfig = field(default_factory=QuoteConfig)
+    # how the engine quotes (engine/strategies, docs/STRATEGY.md) and that strategy's parameters
+    strategy: str = "baseline"
+    strategy_params: dict[str, float] = field(default_factory=dict)
     contract_defaults: bool = False  # paper: skip the contracts request, use ContractConfig defaults
     kill_file: str = ""  # "" = <out>/KILL
     seed: int = 1
@@ -184,6 +188,7 @@ class LiveConfig:
                 parse_latency(getattr(self, name), rng)
             except ValueError as e:
                 raise DualhubError(f"{name}: {e}") from None
+        resolve_strategy(self.strategy, self.strategy_params, self.quotes)
 
     def to_json(self) -> dict[str, Any]:
         return orjson.loads(orjson.dumps(dataclasses.asdict(self), default=str))

@@ -103,6 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="multiply Kev's measured or recorded lags by X (a faster target GPU: < 1); as kev=X in "
         "--scale-latency",
     )
+    add_strategy_args(p)
     p.add_argument("--report", action="store_true", help="print the report after the run")
     p.add_argument(
         "--scale-latency",
@@ -133,6 +134,31 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=7)
     p.set_defaults(func=cmd_demo)
+
+
+def add_strategy_args(p: argparse.ArgumentParser) -> None:
+    """``--strategy NAME`` and ``--strategy-param NAME=NUMBER`` (``dualhub replay`` and ``dualhub live``)."""
+    from engine.strategies.registry import describe
+
+    p.add_argument(
+        "--strategy",
+        default="baseline",
+        metavar="NAME",
+        help=f"how the engine quotes (docs/STRATEGY.md; default baseline): {describe()}",
+    )
+    p.add_argument(
+        "--strategy-param",
+        action="append",
+        default=[],
+        metavar="NAME=NUMBER",
+        help="set one of the strategy's parameters (repeatable)",
+    )
+
+
+def strategy_fields(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
+    from engine.strategies.registry import parse_params
+
+    return {"strategy": args.strategy, "strategy_params": parse_params(args.strategy_param)}
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -166,6 +192,7 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         kev_min_interval_ms=args.kev_min_interval_ms,
         kev_timeout_ms=args.kev_timeout_ms,
         kev_lag_source=args.kev_lag,
+        **strategy_fields(args),
     )
     spec = getattr(args, "scale_latency", "")
     scales = parse_scale_latency(spec) if spec else {}

@@ -51,6 +51,7 @@ from engine.store import (
     sha256_file,
     write_json,
 )
+from engine.strategies.registry import resolve as resolve_strategy
 from engine.strategy import QuoteConfig
 from replay import fast_path
 from replay.book_source import InvalidRows, StreamedBooks, one_symbol
@@ -132,6 +133,9 @@ class ReplayConfig:
     scale_feed: float = 1.0
     risk: RiskLimits = field(default_factory=RiskLimits)
     quotes: QuoteConfig = field(default_factory=QuoteConfig)
+    # how the engine quotes (engine/strategies, docs/STRATEGY.md) and that strategy's parameters
+    strategy: str = "baseline"
+    strategy_params: dict[str, float] = field(default_factory=dict)
     contract: ContractConfig = field(default_factory=ContractConfig)
     # Kev's lag when a live model answers (llm mode, cassette misses under --kev-miss live): "measured"
     # (each call's wall time x scale_kev, so a 2.5 s answer is 2.5 s late on the virtual clock and the
@@ -170,6 +174,7 @@ class ReplayConfig:
             _checked_latency(getattr(self, name), rng, name)
         if self.latency_feed != "recorded":
             _checked_latency(self.latency_feed, rng, "latency_feed")
+        resolve_strategy(self.strategy, self.strategy_params, self.quotes)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -178,6 +183,8 @@ class ReplayConfig:
             del d["exchange_feed"]
         if not self.asks_live_model():  # the lag source means nothing there: run names stay as they were
             del d["kev_lag_source"]
+        if self.strategy == "baseline" and not self.strategy_params:  # run names stay as they were
+            del d["strategy"], d["strategy_params"]
         return orjson.loads(orjson.dumps(d, default=str))
 
     def asks_live_model(self) -> bool:

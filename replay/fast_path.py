@@ -239,8 +239,8 @@ class KernelRun:
         fm, qn = FILL_MODEL_CODES[cfg.fill_model]
         C[K.C_FILL_MODEL] = fm
         CF[K.CF_QUEUE_N] = qn
-        C[K.C_OFFSET_TICKS] = q.offset_ticks
-        C[K.C_LABEL_SKEW] = q.label_skew_ticks
+        C[K.C_STRATEGY] = engine.quoter.kind
+        CF[K.CF_PARAMS :] = engine.quoter.params
         C[K.C_MAX_ORDERS_PER_S] = r.max_orders_per_s
         C[K.C_STALE_BOOK] = r.stale_book_ns
         C[K.C_MAX_ADVICE_AGE] = r.max_advice_age_ns
@@ -251,7 +251,6 @@ class KernelRun:
         CF[K.CF_SIZE_STEP] = c.size_step
         CF[K.CF_MIN_QTY] = c.min_qty
         CF[K.CF_QUOTE_QTY] = q.quote_qty
-        CF[K.CF_INV_SKEW] = q.inventory_skew_ticks
         CF[K.CF_MAX_POSITION] = r.max_position
         CF[K.CF_MAX_DELTA] = r.max_net_delta_usd
         CF[K.CF_MAX_ORDER_QTY] = r.max_order_qty

@@ -3,8 +3,9 @@ machine over the merged walk.
 
 The decisions are not here. Each one is a compiled function in the module that owns it, called
 from this loop and from the Python engine and venue alike: the risk gateway's rules
-(``engine/risk.py``), quoting, Kev's target and rebalancing (``engine/strategy.py``), the rule
-advisor (``engine/kev/rules.py``), the Kev queue policy (``engine/kev/queue.py``), the book rules
+(``engine/risk.py``), quoting (``engine/strategies/``), Kev's target and rebalancing
+(``engine/strategy.py``), the rule advisor (``engine/kev/rules.py``), the Kev queue policy
+(``engine/kev/queue.py``), the book rules
 (``engine/book.py``), fill and queue-position models (``venue/fills.py``) and matching
 (``venue/exchange.py``). What this file holds is the bookkeeping around them (order, request and
 timer tables, the Kev request flow, money), which ``engine/core.py`` also holds for live mode and
@@ -75,7 +76,8 @@ from engine.risk import (  # noqa: F401 - the gateway's codes, kernel names (BUY
     verdict,
 )
 from engine.risk import only_reduces as _reduce_only_ok
-from engine.strategy import NO_ORDER, kev_target, quote_prices, rebalance_order
+from engine.strategies import registry
+from engine.strategy import NO_ORDER, kev_target, rebalance_order
 from venue.exchange import AR_FILLED, AR_REST, crossed, maker_fill, match_arrival
 from venue.fills import (  # noqa: F401 - the fill model codes, kernel names too (fast_path reads K.FM_*)
     FM_QUEUE_LOG,
@@ -194,8 +196,7 @@ SF_SIZE = 8
     C_KEV_STALE,
     C_KEV_TTL,
     C_FILL_MODEL,
-    C_OFFSET_TICKS,
-    C_LABEL_SKEW,
+    C_STRATEGY,  # the strategy's kind code (engine.strategies.registry.KINDS)
     C_MAX_ORDERS_PER_S,
     C_STALE_BOOK,
     C_MAX_ADVICE_AGE,
@@ -204,7 +205,7 @@ SF_SIZE = 8
     C_MAKER_EXP,
     C_TAKER_NUM,
     C_TAKER_EXP,
-) = range(21)
+) = range(20)
 C_SIZE = 32
 # CF (float64 config)
 (
@@ -212,7 +213,6 @@ C_SIZE = 32
     CF_SIZE_STEP,
     CF_MIN_QTY,
     CF_QUOTE_QTY,
-    CF_INV_SKEW,
     CF_MAX_POSITION,
     CF_MAX_DELTA,
     CF_MAX_ORDER_QTY,
@@ -222,8 +222,9 @@ C_SIZE = 32
     CF_QUEUE_N,
     CF_STEP_FRACTION,
     CF_MIN_PROB,
-) = range(14)
-CF_SIZE = 16
+) = range(13)
+CF_PARAMS = 16  # 16..: the strategy's parameters (registry.MAX_PARAMS)
+CF_SIZE = CF_PARAMS + registry.MAX_PARAMS
 
 # Per-order table: OI (int64) / OF (float64) columns, a ring: order N lives in row N & (rows - 1). A row
 # is taken again only once its order is done, off the book and named by no pending timer (S_OLDEST).
@@ -990,20 +991,16 @@ def _requote(
         return
     qq = CF[CF_QUOTE_QTY]
     tick = CF[CF_TICK]
-    want_buy, bid_px, want_sell, ask_px = quote_prices(
-        eng_book[0],
-        eng_book[15],
-        eng_book[30],
-        eng_book[45],
+    want_buy, bid_px, want_sell, ask_px = registry.quote(
+        C[C_STRATEGY],
+        eng_book,
         tick,
+        qq,
         S[S_LAST_LABEL_NAME],
         _position(S),
         _target(S, SF, CF, now),
         CF[CF_MAX_POSITION],
-        qq,
-        C[C_OFFSET_TICKS],
-        C[C_LABEL_SKEW],
-        CF[CF_INV_SKEW],
+        CF[CF_PARAMS:],
     )
     if S[S_NWORK] == 0:
         if want_buy:

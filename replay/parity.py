@@ -80,6 +80,8 @@ def replay_config_for(run_dir: Path | str, **overrides: Any) -> ReplayConfig:
         "fill_model": cfg["fill_model"],
         "risk": RiskLimits(**ec["risk"]),
         "quotes": QuoteConfig(**ec["quotes"]),
+        "strategy": ec.get("strategy", "baseline"),
+        "strategy_params": ec.get("strategy_params", {}),
         "contract": contract,
         **{
             k: cfg[k]

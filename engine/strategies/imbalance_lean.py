@@ -1,0 +1,51 @@
+"""A worked example (docs/STRATEGY.md): quotes lean with the depth imbalance of the top levels.
+
+When the displayed bids outweigh the asks, buyers are waiting: both quotes move up by up to
+``lean_ticks`` (and down when the asks outweigh the bids). Laya's label is not read; Kev's target
+still pulls the quotes against the inventory, as the baseline's do."""
+
+from __future__ import annotations
+
+import math
+
+from engine.book import ASK_PX, ASK_SZ, BID_PX, BID_SZ, tradable_top
+from engine.contract import round_to_tick
+from engine.exact import pmax, pmin
+from engine.jit import njit
+from engine.strategies import Param
+
+NAME = "imbalance_lean"
+PARAMS = (
+    Param("offset_ticks", 1.0, 0.0, 1e6, "distance behind the touch on a balanced book"),
+    Param("lean_ticks", 3.0, -1e6, 1e6, "shift at full imbalance (all depth on one side)"),
+    Param("depth_levels", 5.0, 1.0, 15.0, "levels per side the imbalance is measured over (whole)"),
+    Param("inventory_skew_ticks", 4.0, -1e6, 1e6, "shift per max_position of (position - target)"),
+)
+
+NAN = math.nan
+MAX_TICKS = 4503599627370496.0  # 2**52: past it a price is no longer a multiple of the tick
+
+
+@njit
+def quote(book, tick, qty, label, position, target, max_position, params):
+    offset, lean, depth, inv_skew = params[0], params[1], int(params[2]), params[3]
+    bid, ask = book[BID_PX], book[ASK_PX]
+    if not (tradable_top(bid, book[BID_SZ], ask, book[ASK_SZ]) and ask < MAX_TICKS * tick):
+        return False, NAN, False, NAN
+    bids = 0.0
+    asks = 0.0
+    for i in range(depth):
+        b = book[BID_SZ + i]
+        a = book[ASK_SZ + i]
+        if 0.0 <= b < math.inf:  # a missing level is NaN: it counts nothing
+            bids += b
+        if 0.0 <= a < math.inf:
+            asks += a
+    imbalance = (bids - asks) / (bids + asks)  # in [-1, 1]: the top's sizes are > 0
+    inv = (position - target) / max_position if max_position > 0 else 0.0
+    shift = imbalance * lean - inv * inv_skew
+    want_buy = position + qty <= max_position + 1e-12
+    want_sell = position - qty >= -max_position - 1e-12
+    bid_px = round_to_tick(pmin(bid + (shift - offset) * tick, ask - tick), tick) if want_buy else NAN
+    ask_px = round_to_tick(pmax(ask + (shift + offset) * tick, bid + tick), tick) if want_sell else NAN
+    return want_buy, bid_px, want_sell, ask_px

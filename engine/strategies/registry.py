@@ -1,0 +1,84 @@
+"""The strategies compiled into the core, by name and kind code, and the one dispatch every caller uses.
+
+The registry is closed on purpose: the replay kernel calls :func:`quote` with a kind code, so it
+compiles (and caches) once with every strategy in it; a function passed as an argument would make
+numba compile the kernel anew in every process. ``engine/jit.py`` stamps the cache with the core's
+sources, so an edited strategy recompiles on its next use.
+
+Adding a strategy: its module in this package, its entry in :data:`STRATEGIES` and its branch in
+:func:`quote` (docs/STRATEGY.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from engine.errors import DualhubError
+from engine.jit import njit
+from engine.strategies import baseline, imbalance_lean
+
+STRATEGIES = (baseline, imbalance_lean)  # a strategy's kind code is its place here
+KINDS = {m.NAME: k for k, m in enumerate(STRATEGIES)}
+MAX_PARAMS = 8  # the length of the parameter array every strategy receives
+assert all(len(m.PARAMS) <= MAX_PARAMS for m in STRATEGIES) and len(KINDS) == len(STRATEGIES)
+
+
+@njit
+def quote(kind, book, tick, qty, label, position, target, max_position, params):
+    """The strategy of ``kind`` (:data:`KINDS`) on the signature of :mod:`engine.strategies`."""
+    if kind == 1:
+        return imbalance_lean.quote(book, tick, qty, label, position, target, max_position, params)
+    return baseline.quote(book, tick, qty, label, position, target, max_position, params)
+
+
+def resolve(name: str, params: Mapping[str, float], defaults: Any = None) -> tuple[int, np.ndarray]:
+    """(kind code, parameter array) of strategy ``name`` with ``params`` set over its defaults.
+
+    A parameter that ``defaults`` (the engine's ``QuoteConfig``) also has starts from its value there
+    (the baseline's ``offset_ticks``, ``label_skew_ticks``, ``inventory_skew_ticks``), so a quote
+    config that sets them keeps working. A name or value the strategy does not declare is an error."""
+    if name not in KINDS:
+        raise DualhubError(f"unknown strategy {name!r}; known: {', '.join(KINDS)}")
+    kind = KINDS[name]
+    declared = STRATEGIES[kind].PARAMS
+    names = [p.name for p in declared]
+    for key in params:
+        if key not in names:
+            raise DualhubError(
+                f"strategy {name} has no parameter {key!r}; its parameters: {', '.join(names) or 'none'}"
+            )
+    out = np.zeros(MAX_PARAMS, dtype=np.float64)
+    for i, p in enumerate(declared):
+        v = params.get(p.name, getattr(defaults, p.name, p.default))
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not p.lo <= v <= p.hi:
+            raise DualhubError(
+                f"strategy {name}: {p.name} must be a number in [{p.lo:g}, {p.hi:g}], got {v!r}"
+            )
+        out[i] = v
+    return kind, out
+
+
+def parse_params(items: Iterable[str], flag: str = "--strategy-param") -> dict[str, float]:
+    """``["k=v", ...]`` from the command line as ``{k: float(v)}``."""
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not sep or not key.strip() or not math.isfinite(value):
+            raise DualhubError(f"{flag} wants NAME=NUMBER, got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
+def describe() -> str:
+    """Every strategy and its parameters with their defaults, one line each (for --help)."""
+    return "; ".join(
+        f"{m.NAME} ({', '.join(f'{p.name}={p.default:g}' for p in m.PARAMS)})" for m in STRATEGIES
+    )
