@@ -41,7 +41,7 @@ from engine.kev.sim import SimKevBackend
 from engine.laya.features import features_v0
 from engine.laya.features_fast import features_v0_table
 from engine.laya.features_v1 import FeaturesV1, features_v1_batch
-from engine.laya.model import DEFAULT_MODEL, FEATURE_SIZES, Laya, LayaConfig, training_sessions
+from engine.laya.model import DEFAULT_MODEL, FEATURE_SIZES, N_CLASSES, Laya, LayaConfig, training_sessions
 from engine.risk import RiskLimits
 from engine.store import (
     SeqOrderError,
@@ -291,6 +291,22 @@ def _tick_labeler(laya: Laya) -> Callable[[BookSnapshot], tuple[int, np.ndarray]
         return laya.predict(features_v0(book, out=buf))
 
     return label
+
+
+def _tick_labels(
+    labeler: Callable[[BookSnapshot], tuple[int, np.ndarray]], tape: _Tape, clock: ReplayClock
+) -> _BatchLabeler:
+    """A tick labeler's labels of every book, called in the order the engine receives the books (a v1
+    labeler feeds itself the trades before each), as a batch labeler's arrays: the compiled loop reads
+    labels by row. A label depends on the book (and trades before it), never on the engine's state, so
+    these are the bits the engine computes per tick."""
+    n = len(tape.b_seq)
+    labels = np.empty(n, dtype=np.int8)
+    probs = np.empty((n, N_CLASSES), dtype=np.float32)
+    book = tape.book
+    for i in tape.engine_book_order().tolist():
+        labels[i], probs[i] = labeler(book(i))
+    return _BatchLabeler(tape.b_seq, labels, probs, clock)
 
 
 def _v1_labeler(
@@ -598,12 +614,17 @@ def _kev_lag_info(cfg: ReplayConfig) -> str:
 
 
 def _label_due(tape: _Tape, model: LatencyModel) -> np.ndarray | None:
-    """When each book's Laya label becomes visible (ts_recv + a latency drawn in the order the engine
-    receives the books, as ``Engine.on_book`` would draw it), or None when the model cannot be drawn
-    in a batch (then the engine schedules each label as it goes)."""
+    """When each book's Laya label becomes visible: ts_recv + a latency drawn in the order the engine
+    receives the books, as ``Engine.on_book`` would draw it. Nothing else draws from the Laya model,
+    so a model that cannot be drawn in a batch (recorded latencies, keyed by ts_recv) is drawn here one
+    book at a time, in that order: the same draws. None when a draw is negative (then the engine
+    schedules each label as it goes and the clock refuses the one in the past)."""
     order = tape.engine_book_order()
     drawn = sample_many(model, tape.b_loc[order])
-    if drawn is None or (len(drawn) and int(drawn.min()) < 0):  # negative: let the clock refuse it
+    if drawn is None:
+        sample = model.sample_ns
+        drawn = np.fromiter((sample(t) for t in tape.b_loc[order].tolist()), np.int64, len(order))
+    if len(drawn) and int(drawn.min()) < 0:
         return None
     due = np.empty_like(tape.b_loc)
     due[order] = tape.b_loc[order] + drawn
@@ -903,17 +924,16 @@ def _run_replay(
     exchange.engine = engine
 
     bar = _progress(progress, n_walk)
-    batch_labels = isinstance(labeler, _BatchLabeler)
     why = early or (
-        "kernel=False"
-        if not kernel
-        else unsupported(cfg, engine, exchange, advisor, labels_walked, batch_labels)
+        "kernel=False" if not kernel else unsupported(cfg, engine, exchange, advisor, labels_walked)
     )
     if why and (streamed is not None or walk is not None):  # the Python engine needs the whole tape
         log.abandon()
         raise KernelUnsupported(why)
     if not why:
-        assert isinstance(labeler, _BatchLabeler)
+        if not isinstance(labeler, _BatchLabeler):  # per tick: a pass over the books first
+            assert isinstance(tape, _Tape)
+            labeler = _tick_labels(labeler, tape, clock)
         try:
             assert walk is not None
             _run_kernel(cfg, engine, exchange, advisor, log, tape, labeler, walk, bar)

@@ -79,10 +79,6 @@ def config_unsupported(cfg: Any) -> str:
     read (so a run the kernel cannot take is not set up twice). "" does not promise the kernel runs."""
     if cfg.kev_mode != "sim":
         return f"Kev mode {cfg.kev_mode!r} (the kernel has the rule advisor only)"
-    if cfg.kev_lag_fit:
-        return "a Kev lag model that cannot be drawn in a batch"
-    if cfg.laya_mode != "batch" or cfg.latency_laya.startswith("recorded:"):
-        return "labels computed per tick"
     for name, spec in (
         ("order entry", cfg.latency_order_entry),
         ("order response", cfg.latency_order_response),
@@ -95,9 +91,7 @@ def config_unsupported(cfg: Any) -> str:
     return ""
 
 
-def unsupported(
-    cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_walked: bool, by_row: bool
-) -> str:
+def unsupported(cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_walked: bool) -> str:
     """Why this replay must run on the Python engine ("" when the kernel can run it): the config's
     reasons, then what only the built engine, exchange and advisor tell."""
     why = config_unsupported(cfg)
@@ -110,8 +104,8 @@ def unsupported(
         return "a Kev backend other than the simulated one"
     if sample_many(kev.lag, np.zeros(0, dtype=np.int64)) is None:
         return "a Kev lag model that cannot be drawn in a batch"
-    if not (labels_walked and by_row):
-        return "labels computed per tick"
+    if not labels_walked:
+        return "a Laya latency drawn below zero (each label scheduled on the clock, which refuses it)"
     if Engine.uses_trades or type(engine) is not Engine:
         return "an engine that reads public trades"
     streams: list[Any] = []

@@ -61,6 +61,28 @@ def test_batch_latency_empirical_and_unknown_models():
     assert sample_many(Recorded(), ts) is None
 
 
+@pytest.mark.parametrize("factor", [1.0, 1.5])
+def test_batch_draws_of_a_fitted_kev_lag_equal_one_at_a_time(factor):
+    """``dualhub kev fit-lag``'s model (101 quantiles, ties and a long tail) on the Kev lag's own
+    stream: drawn in batches of any size, the same lags as one per request."""
+    from engine.kev.lag import EmpiricalLag, fit_lag
+
+    rng = np.random.default_rng(4)
+    lag = np.concatenate([rng.lognormal(18.5, 0.6, 3_000), np.full(200, 9e7), [3e9]]).astype(np.int64)
+    fit = {"fit": fit_lag(lag, np.zeros(len(lag), dtype=np.int64))}
+
+    def model():
+        m = EmpiricalLag.from_fit(fit, rng=driver._rng(11, 1))
+        return m if factor == 1.0 else ScaledLatency(m, factor)
+
+    one = model()
+    want = [one.sample_ns(0) for _ in range(6_000)]
+    batched, drawn = model(), []
+    for size in (1, 4_096, 7, 0, 1_896):
+        drawn += sample_many(batched, np.zeros(size, dtype=np.int64)).tolist()
+    assert drawn == want and len(set(want)) > 1_000
+
+
 @pytest.mark.parametrize(
     "cfg",
     [

@@ -2,6 +2,7 @@
 byte, the same manifest and digest, over fill models, Kev queue policies, timeouts, latencies and the
 loss stop; and it hands a run back to the Python engine whenever it cannot be exact."""
 
+import statistics
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
@@ -24,9 +25,16 @@ def session(tmp_path_factory) -> Path:
     return simulate_session(tmp_path_factory.mktemp("sim") / "s", minutes=2.0, seed=31)
 
 
-def _same(session: Path, cfg: ReplayConfig, tmp: Path, name: str) -> tuple:
-    """Run ``cfg`` on the Python engine and on the kernel; assert identical output; return both."""
-    py = run_replay(session, cfg, out_dir=tmp / f"{name}-py", kernel=False)
+def _same(session: Path, cfg: ReplayConfig, tmp: Path, name: str, per_event: bool = False) -> tuple:
+    """Run ``cfg`` on the Python engine and on the kernel; assert identical output; return both.
+    ``per_event``: the Python engine labels each book as it arrives and schedules the label itself
+    (no Laya latencies drawn ahead, no labels delivered by the walk)."""
+    with pytest.MonkeyPatch.context() as m:
+        if per_event:
+            import replay.driver as driver
+
+            m.setattr(driver, "_label_due", lambda tape, model: None)
+        py = run_replay(session, cfg, out_dir=tmp / f"{name}-py", kernel=False)
     kn = run_replay(session, cfg, out_dir=tmp / f"{name}-k")
     assert kn.path.startswith("kernel"), kn.path
     assert py.path.startswith("python")
@@ -289,8 +297,97 @@ def test_configurations_it_cannot_reproduce_run_in_python(session, tmp_path, mon
     r = run_replay(session, cfg, out_dir=tmp_path / "a")
     assert not built  # known from the config: no streamed set-up to throw away
     assert r.path == "python (a recorded cancel latency (replayed by key, not drawn in a batch))"
-    r = run_replay(session, ReplayConfig(seed=3, laya_mode="tick"), out_dir=tmp_path / "b")
-    assert r.path == "python (labels computed per tick)"
+    from engine.kev.cassette import Cassette
+
+    Cassette().write(tmp_path / "empty.parquet")
+    cfg = ReplayConfig(seed=3, kev_mode="cassette", kev_cassette=str(tmp_path / "empty.parquet"))
+    r = run_replay(session, cfg, out_dir=tmp_path / "b")
+    assert r.path == "python (Kev mode 'cassette' (the kernel has the rule advisor only))"
+    assert not built
+
+
+def _recorded_laya(session: Path, tmp: Path) -> tuple[str, set[int]]:
+    """A live run's recorded Laya latencies for this session's books, in the order they arrived: most
+    books once, every tenth not at all (the recorded median stands in), a few keyed twice (only the
+    first is used). Returns the spec and the durations a replay may draw."""
+    import pyarrow.compute as pc
+
+    from engine.store import open_session
+    from venue.recorded_latency import LatencySink
+
+    recv = np.sort(pc.cast(open_session(session).read_table("books15").column("ts_recv"), "int64").to_numpy())
+    durs = np.random.default_rng(8).integers(50_000, 30_000_000, len(recv)).tolist()
+    sink = LatencySink()
+    for i, (t, d) in enumerate(zip(recv.tolist(), durs, strict=True)):
+        if i % 10:
+            sink.add("laya", t, d)
+        if i % 97 == 1:
+            sink.add("laya", t, d + 1)
+    recorded = list(sink.dur)
+    sink.add("cancel", 0, 1)  # another kind in the same file is not a Laya latency
+    run = tmp / "live"
+    run.mkdir()
+    sink.write(run)
+    return f"recorded:laya@{run}", {*recorded, int(statistics.median(recorded))}
+
+
+@pytest.mark.parametrize("mode, recorded", [("tick", False), ("tick", True), ("batch", True)])
+def test_tick_labels_and_recorded_laya_latencies_are_identical(
+    session, tmp_path, monkeypatch, mode, recorded
+):
+    """The kernel labels every book the tick way in a pass before the walk and draws recorded Laya
+    latencies by key in the order the engine receives the books: the events of the per-event engine,
+    which labels each book as it arrives and schedules its label on the clock."""
+    import replay.driver as driver
+
+    cfg = ReplayConfig(seed=5, laya_mode=mode, risk=RiskLimits(daily_loss_stop_usd=1e9))
+    if recorded:
+        spec, durations = _recorded_laya(session, tmp_path)
+        cfg = replace(cfg, latency_laya=spec)
+    passes = []
+    real = driver._tick_labels
+    monkeypatch.setattr(driver, "_tick_labels", lambda *a: passes.append(1) or real(*a))
+    py, kn = _same(session, cfg, tmp_path, "x", per_event=True)
+    assert len(passes) == (mode == "tick")  # the kernel's run labelled per tick; the engine's did not pass
+    assert py.counts["label"] > 0 and py.counts["order"] > 0
+    delay = np.array(_column(py.run_dir, "label", "ts_recv")) - np.array(
+        _column(py.run_dir, "label", "book_ts_recv")
+    )
+    if recorded:
+        assert set(delay.tolist()) <= durations and len(set(delay.tolist())) > 100
+    batch = run_replay(session, replace(cfg, laya_mode="batch"), out_dir=tmp_path / "batch")
+    assert batch.path.startswith("kernel") and batch.digest == kn.digest  # tick and batch labels agree
+
+
+def test_features_v1_per_tick_are_identical(session, tmp_path):
+    from engine.laya.labels import LabelConfig
+    from replay.train_cli import train
+
+    model = tmp_path / "v1.onnx"
+    train([session], model, features="v1", labels=LabelConfig(lean_bps=1.0, emergency_bps=3.0), folds=2)
+    cfg = ReplayConfig(seed=4, model_path=model, laya_features="v1", laya_mode="tick", scale_feed=3.0)
+    py, kn = _same(session, cfg, tmp_path, "v1", per_event=True)
+    assert len(set(_column(py.run_dir, "label", "label"))) > 1
+    batch = run_replay(session, replace(cfg, laya_mode="batch"), out_dir=tmp_path / "batch")
+    assert batch.path.startswith("kernel") and batch.digest == kn.digest
+
+
+def test_a_fitted_kev_lag_is_identical(session, tmp_path, monkeypatch):
+    """``dualhub kev fit-lag``'s measured lag, drawn in batches on the kernel (a few at a time here,
+    so most requests wait for a refill), one per request on the engine."""
+    from replay.kev_cli import fit_runs
+
+    base = run_replay(session, ReplayConfig(seed=3), out_dir=tmp_path / "base")
+    lag_json = tmp_path / "lag.json"
+    lag_json.write_bytes(orjson.dumps(fit_runs([base.run_dir], allow_modelled=True)))
+    monkeypatch.setattr(fast_path, "LAG_BATCH", 3)
+    cfg = ReplayConfig(
+        seed=8, kev_lag_fit=str(lag_json), scale_kev=1.5, risk=RiskLimits(daily_loss_stop_usd=1e9)
+    )
+    py, kn = _same(session, cfg, tmp_path, "fit")
+    assert "empirical lag.json x1.5" in (py.run_dir / "manifest.json").read_text()
+    lags = _column(py.run_dir, "kev_response", "lag_ns")
+    assert len(lags) > 10 and lags != _column(base.run_dir, "kev_response", "lag_ns")
 
 
 def test_a_kernel_that_gives_up_mid_run_leaves_a_python_run(session, tmp_path, monkeypatch):
