@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from engine.errors import DualhubError
+from engine.strategies.registry import add_strategy_args, strategy_fields
 from engine.urls import WS, check_url
 from engine.venues.bitget_v2 import REST_BASE_URL
-from replay.cli import add_strategy_args, strategy_fields
 
 CONFIRM_FLAG = "--i-understand-this-trades-real-money"
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from engine.errors import DualhubError, check_output_path
+from engine.strategies.registry import add_strategy_args, strategy_fields
 from venue.fills import FILL_MODELS
 
 # What each fill model assumes about a resting order's place in the queue (venue/fills.py).
@@ -134,31 +135,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=7)
     p.set_defaults(func=cmd_demo)
-
-
-def add_strategy_args(p: argparse.ArgumentParser) -> None:
-    """``--strategy NAME`` and ``--strategy-param NAME=NUMBER`` (``dualhub replay`` and ``dualhub live``)."""
-    from engine.strategies.registry import describe
-
-    p.add_argument(
-        "--strategy",
-        default="baseline",
-        metavar="NAME",
-        help=f"how the engine quotes (docs/STRATEGY.md; default baseline): {describe()}",
-    )
-    p.add_argument(
-        "--strategy-param",
-        action="append",
-        default=[],
-        metavar="NAME=NUMBER",
-        help="set one of the strategy's parameters (repeatable)",
-    )
-
-
-def strategy_fields(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
-    from engine.strategies.registry import parse_params
-
-    return {"strategy": args.strategy, "strategy_params": parse_params(args.strategy_param)}
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

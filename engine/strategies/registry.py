@@ -11,6 +11,7 @@ Adding a strategy: its module in this package, its entry in :data:`STRATEGIES` a
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -82,3 +83,25 @@ def describe() -> str:
     return "; ".join(
         f"{m.NAME} ({', '.join(f'{p.name}={p.default:g}' for p in m.PARAMS)})" for m in STRATEGIES
     )
+
+
+def add_strategy_args(p: argparse.ArgumentParser) -> None:
+    """``--strategy NAME`` and ``--strategy-param NAME=NUMBER`` (``dualhub replay`` and ``dualhub live``)."""
+    p.add_argument(
+        "--strategy",
+        default="baseline",
+        metavar="NAME",
+        help=f"how the engine quotes (docs/STRATEGY.md; default baseline): {describe()}",
+    )
+    p.add_argument(
+        "--strategy-param",
+        action="append",
+        default=[],
+        metavar="NAME=NUMBER",
+        help="set one of the strategy's parameters (repeatable)",
+    )
+
+
+def strategy_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields of the two flags."""
+    return {"strategy": args.strategy, "strategy_params": parse_params(args.strategy_param)}
