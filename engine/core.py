@@ -35,6 +35,7 @@ from engine.events import (
 )
 from engine.fastinit import frozen_maker
 from engine.kev.advisor import KevContext, KevReply, context_body
+from engine.kev.command import CommandFields
 from engine.kev.failures import breaker_rows, judge
 from engine.kev.queue import KevQueue, QueueNote
 from engine.portfolio import Portfolio
@@ -325,10 +326,7 @@ class Engine:
                 advisor or self.advisor_name,
                 key,
                 raw,
-                float(timings.get("prompt_ms", 0.0)),
-                float(timings.get("predicted_ms", 0.0)),
-                int(timings.get("prompt_tokens", 0)),
-                int(timings.get("completion_tokens", 0)),
+                *timing_fields(timings),
             ),
         )
 
@@ -340,15 +338,14 @@ class Engine:
             # Its timeout already fired: the engine moved on without this advice.
             self._queue_notes([QueueNote(ctx.request_id, "late_reply", len(self.queue))], now)
             return
-        verdict, error, failure = judge(reply)
-        raw = orjson.dumps(reply.raw, option=orjson.OPT_SORT_KEYS).decode() if reply.raw is not None else ""
+        verdict, error, failure, key, raw = reply_verdict(ctx, reply)
         self._kev_response(
             ctx,
             now,
             error=error,
             failure=failure,
             lag_ns=lag_ns,
-            key=reply.key or _context_key(ctx),
+            key=key,
             raw=raw,
             timings=reply.timings,
             advisor=reply.advisor,
@@ -721,6 +718,24 @@ class Engine:
             fee=fee,
             position_after=float(self.portfolio.position),
         )
+
+
+def reply_verdict(ctx: KevContext, reply: KevReply) -> tuple[CommandFields | None, str, str, str, str]:
+    """``(command, error, failure, key, raw)`` of Kev's reply to ``ctx``: :func:`judge`'s verdict, the
+    request key and the raw JSON text its ``kev_response`` event carries."""
+    verdict, error, failure = judge(reply)
+    raw = orjson.dumps(reply.raw, option=orjson.OPT_SORT_KEYS).decode() if reply.raw is not None else ""
+    return verdict, error, failure, reply.key or _context_key(ctx), raw
+
+
+def timing_fields(timings: dict) -> tuple[float, float, int, int]:
+    """A ``kev_response``'s prompt_ms, predicted_ms, prompt_tokens and completion_tokens."""
+    return (
+        float(timings.get("prompt_ms", 0.0)),
+        float(timings.get("predicted_ms", 0.0)),
+        int(timings.get("prompt_tokens", 0)),
+        int(timings.get("completion_tokens", 0)),
+    )
 
 
 def _context_key(ctx: KevContext) -> str:

@@ -9,8 +9,10 @@ MONEY_QUANTUM = Decimal("1e-12")
 
 
 def dec(x: float) -> Decimal:
-    """A float parsed from an exchange string back to that exact decimal (shortest repr round-trips)."""
-    return Decimal(repr(x))
+    """A float parsed from an exchange string back to that exact decimal (shortest repr round-trips).
+    ``float()`` first: a compiled rule read as plain Python (NUMBA_DISABLE_JIT) hands back numpy
+    floats, whose repr is not a number."""
+    return Decimal(repr(float(x)))
 
 
 @dataclass

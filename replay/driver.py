@@ -941,6 +941,7 @@ def _run_replay(
             log.abandon()
             raise
         finally:
+            kev.close()
             if bar is not None:
                 bar.close()
         if isinstance(tape, StreamedTape):

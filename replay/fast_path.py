@@ -18,12 +18,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.contract import ContractConfig
-from engine.core import LABEL_NAMES, Engine, EngineConfig
+from engine.core import LABEL_NAMES, Engine, EngineConfig, reply_verdict, timing_fields
 from engine.eventlog import EventLog
 from engine.events import STREAMS
 from engine.fastinit import frozen_maker
 from engine.kev.advisor import KevContext
 from engine.kev.command import ACTIONS
+from engine.kev.failures import breaker_rows
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
@@ -51,6 +52,9 @@ OUT_CAP = 1 << 15  # rows per output stream between two drains
 INITIAL_ROWS = 4096  # first size of the order ring, request and timer tables (they double as needed)
 LAG_BATCH = 4096  # Kev lags drawn at a time
 LATENCY_BATCH = 1 << 14  # order latencies held per model (more than K.MARGIN: one step's draws fit)
+# The rule advisor decides inside the kernel; False: it answers from Python at a Kev stop, as every
+# other advisor does (a test of those stops against the compiled rule).
+RULES_COMPILED = True
 
 
 def _stream(model: LatencyModel) -> Any:
@@ -77,8 +81,6 @@ def _tick_decimals(tick: float) -> int | None:
 def config_unsupported(cfg: Any) -> str:
     """:func:`unsupported`'s answer where the replay config alone decides it, asked before any data is
     read (so a run the kernel cannot take is not set up twice). "" does not promise the kernel runs."""
-    if cfg.kev_mode != "sim":
-        return f"Kev mode {cfg.kev_mode!r} (the kernel has the rule advisor only)"
     for name, spec in (
         ("order entry", cfg.latency_order_entry),
         ("order response", cfg.latency_order_response),
@@ -97,10 +99,8 @@ def unsupported(cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_wa
     why = config_unsupported(cfg)
     if why:
         return why
-    if type(advisor) is not RuleKev:
-        return f"Kev mode {cfg.kev_mode!r} (the kernel has the rule advisor only)"
     kev = engine.kev
-    if not isinstance(kev, SimKevBackend) or kev.use_recorded_lag:
+    if type(kev) is not SimKevBackend:
         return "a Kev backend other than the simulated one"
     if sample_many(kev.lag, np.zeros(0, dtype=np.int64)) is None:
         return "a Kev lag model that cannot be drawn in a batch"
@@ -201,7 +201,7 @@ class KernelRun:
         cfg: Any,
         engine: Engine,
         exchange: Any,
-        advisor: RuleKev,
+        advisor: Any,
         log: EventLog,
         symbol: str,
         n_books: int,
@@ -209,7 +209,10 @@ class KernelRun:
         e: EngineConfig = engine.cfg
         self.e, self.log, self.symbol, self.advisor = e, log, symbol, advisor
         assert isinstance(engine.kev, SimKevBackend)
+        self.kev, self.clock, self.advisor_name = engine.kev, engine.clock, engine.advisor_name
         self.lag_model = engine.kev.lag
+        # Python answers each request at a Kev stop unless the kernel has the advisor compiled.
+        self.ask = not (RULES_COMPILED and type(advisor) is RuleKev)
         self.timeout_text = f"timeout after {e.kev_timeout_ns / 1e6:.0f} ms: no advice"
         self.S = np.zeros(K.S_SIZE, dtype=np.int64)
         self.S[K.S_OLDEST] = 1  # order ids start at 1
@@ -251,8 +254,10 @@ class KernelRun:
         CF[K.CF_MAX_SLIP] = r.max_slippage_bps
         CF[K.CF_BAND] = r.price_band_bps
         CF[K.CF_LOSS_STOP] = r.daily_loss_stop_usd
-        CF[K.CF_STEP_FRACTION] = advisor.step_fraction
-        CF[K.CF_MIN_PROB] = advisor.min_prob
+        C[K.C_KEV_ASK] = self.ask
+        if not self.ask:
+            CF[K.CF_STEP_FRACTION] = advisor.step_fraction
+            CF[K.CF_MIN_PROB] = advisor.min_prob
         n0 = INITIAL_ROWS
         ring = 1 << max(0, n0 - 1).bit_length()  # a power of two: order N's row is N & (ring - 1)
         self.OI = np.zeros((ring, K.OI_COLS), dtype=np.int64)
@@ -277,6 +282,11 @@ class KernelRun:
         self.olat = np.zeros((3, 0), dtype=np.int64)
         self.streams = {s: _KernelStream(log, s) for s in K.OUT_STREAMS}
         self._texts: dict[int, tuple[str, str, str]] = {}  # request id -> (key, raw, reason)
+        # Python's answers, by request id until their response is drained: (error, failure, advisor,
+        # key, raw, prompt_ms, predicted_ms, prompt_tokens, completion_tokens, reason)
+        self._replies: dict[int, tuple[Any, ...]] = {}
+        # kev_breaker rows by their reply timer's (due, seq): the order the timers fire in
+        self.breaker: list[tuple[int, int, list[tuple[Any, ...]]]] = []
 
     def state(self) -> tuple[np.ndarray, ...]:
         """The kernel's state arrays, in its functions' argument order (S ... x_book)."""
@@ -356,8 +366,69 @@ class KernelRun:
             self.S[K.S_OLAT_USED + k] = 0
         self.olat = olat
 
+    def _context(self, rid: int) -> KevContext:
+        """Request ``rid``'s KevContext, as the engine built it, from its row."""
+        RI, RF = self.RI[rid & (self.RI.shape[0] - 1)], self.RF[rid & (self.RF.shape[0] - 1)]
+        return _kev_context(  # KevContext fields in order
+            rid,
+            int(RI[K.RI_TS]),
+            self.symbol,
+            LABEL_NAMES[int(RI[K.RI_LABEL])],
+            int(RI[K.RI_LABEL_SEQ]),
+            float(RF[K.RF_P]),
+            float(RF[K.RF_MID]),
+            float(RF[K.RF_SPREAD]),
+            float(RF[K.RF_IMB]),
+            float(RF[K.RF_POS]),
+            float(RF[K.RF_MAXPOS]),
+        )
+
+    def _model_lag(self, now_ns: int) -> int:
+        """The next Kev lag of the lag model, from the ones drawn ahead (the kernel keeps K.KQ_CAP)."""
+        used = int(self.S[K.S_LAG_USED])
+        self.S[K.S_LAG_USED] = used + 1
+        return int(self.lags[used])
+
+    def _answer_kev(self) -> None:
+        """The requests the last step started, in the order it started them: the advisor answers each
+        as SimKevBackend.start would, the verdict goes into its row and its reply is scheduled."""
+        S, RI, RF = self.S, self.RI, self.RF
+        mask = RI.shape[0] - 1
+        asked = [r for r in self.inflight[: int(S[K.S_INFLIGHT_N])].tolist() if RI[r & mask, K.RI_OK] == -1]
+        assert len(asked) == int(S[K.S_KEV_ASKED]), (asked, int(S[K.S_KEV_ASKED]))
+        for rid in asked:
+            i = rid & mask
+            now = int(RI[i, K.RI_STARTED])
+            self.clock.t_ns = now  # a circuit breaker reads the replay clock
+            ctx = self._context(rid)
+            reply, lag = self.kev.answer(ctx, now, self._model_lag)
+            if lag < 0:
+                raise KernelUnsupported("a Kev reply due before its request")
+            verdict, error, failure, key, raw = reply_verdict(ctx, reply)
+            reason = ""
+            if verdict is not None:
+                RI[i, K.RI_ACTION] = ACTIONS.index(verdict.action)
+                RF[i, K.RF_TARGET] = verdict.target_position
+                RF[i, K.RF_HEDGE] = verdict.hedge_ratio
+                RF[i, K.RF_SLIP] = verdict.max_slippage_bps
+                reason = verdict.reason
+            RI[i, K.RI_OK] = verdict is not None
+            advisor = reply.advisor or self.advisor_name
+            self._replies[rid] = (error, failure, advisor, key, raw, *timing_fields(reply.timings), reason)
+            if reply.breaker:
+                rows = breaker_rows(reply, now + lag, rid)
+                self.breaker.append((now + lag, int(RI[i, K.RI_DONE_SEQ]), rows))
+            K.kev_replied(S, self.HI, self.HF, self.OI, RI, rid, lag)
+
+    def breaker_rows(self) -> list[tuple[Any, ...]]:
+        """The run's kev_breaker rows, in the order the engine logs them (when each reply arrives)."""
+        return [row for _, _, rows in sorted(self.breaker, key=lambda b: b[:2]) for row in rows]
+
     def handle(self, status: int) -> bool:
         """Deal with a kernel stop; True when the kernel should be called again."""
+        if status == K.ST_NEED_KEV:  # no drain: the rows stay buffered, the kernel goes on
+            self._answer_kev()
+            return True
         self.drain()
         if status == K.ST_DONE:
             return False
@@ -387,19 +458,7 @@ class KernelRun:
         if t is not None:
             return t
         RI, RF = self.RI[rid & (self.RI.shape[0] - 1)], self.RF[rid & (self.RF.shape[0] - 1)]
-        ctx = _kev_context(  # KevContext fields in order
-            rid,
-            int(RI[K.RI_TS]),
-            self.symbol,
-            LABEL_NAMES[int(RI[K.RI_LABEL])],
-            int(RI[K.RI_LABEL_SEQ]),
-            float(RF[K.RF_P]),
-            float(RF[K.RF_MID]),
-            float(RF[K.RF_SPREAD]),
-            float(RF[K.RF_IMB]),
-            float(RF[K.RF_POS]),
-            float(RF[K.RF_MAXPOS]),
-        )
+        ctx = self._context(rid)
         raw = self.advisor.decide(ctx)
         mine = (
             ACTIONS[int(RI[K.RI_ACTION])],
@@ -433,6 +492,36 @@ class KernelRun:
         # A request's texts serve its response and command, written by the same timer: never after.
         self._texts.clear()
 
+    def _response_columns(self, n: int, ints: np.ndarray) -> list[pa.Array]:
+        """kev_response columns from Python's answers; a timeout's row names none (a late answer's is
+        dropped with it). A valid command's texts stay for its command row, drained with it."""
+        timeout = (self.timeout_text, "timeout", self.advisor_name, "", "", 0.0, 0.0, 0, 0, "")
+        recs = []
+        for rid, timed_out in zip(ints[:, 1].tolist(), ints[:, 4].tolist(), strict=True):
+            rec = self._replies.pop(rid, None)
+            if timed_out:
+                rec = timeout
+            else:
+                assert rec is not None
+                if not rec[0]:
+                    self._texts[rid] = (rec[3], rec[4], rec[9])
+            recs.append(rec)
+        cols = list(zip(*recs, strict=True))
+        ts = pa.array(ints[:, 0].copy())
+        return [
+            ts,
+            ts,
+            pa.array(ints[:, 1].copy()),
+            pa.array(ints[:, 2].astype(bool)),
+            *(pa.array(c, pa.string()) for c in cols[:2]),  # error, failure
+            pa.array(ints[:, 3].copy()),  # lag
+            *(pa.array(c, pa.string()) for c in cols[2:5]),  # advisor, key, raw
+            pa.array(cols[5], pa.float64()),
+            pa.array(cols[6], pa.float64()),
+            pa.array(cols[7], pa.int64()),
+            pa.array(cols[8], pa.int64()),
+        ]
+
     def _sym(self, n: int) -> pa.Array:
         return pa.array([self.symbol], pa.string()).take(pa.array(np.zeros(n, dtype=np.int64)))
 
@@ -459,6 +548,8 @@ class KernelRun:
                 *(pa.array(floats[:, k].copy()) for k in range(4)),
                 pa.array(ints[:, 5].copy()),
             ]
+        if s == K.O_KEV_RESPONSE and self.ask:
+            return self._response_columns(n, ints)
         if s == K.O_KEV_RESPONSE:
             ok = ints[:, 2].astype(bool)
             keys, raws = [], []
@@ -590,6 +681,8 @@ def run_kernel(
     t_px, t_sz, t_side = trades
     S = run.S
     done = 0
+    if bar is not None:  # a slow Kev (a real LLM) moves the bar per answer, not only per walk chunk
+        run.kev.on_answer = lambda: bar.update(done + int(S[K.S_WALK]), run.kev.answers)
     while True:
         if between is not None:
             between()
@@ -618,7 +711,10 @@ def run_kernel(
             if not run.handle(int(status)):
                 break
         done += n
+    S[K.S_WALK] = 0  # the walk is over: the bar's position is `done`
     while True:
         status = K.run_all(*run.state(), b_loc, run.lags, run.olat, run.OUTI, run.OUTF, run.NOUT, OUT_CAP)
         if not run.handle(int(status)):
             break
+    for row in run.breaker_rows():
+        run.log.append("kev_breaker", row)

@@ -19,7 +19,8 @@ a float estimate of the PnL and the run gives up (``ST_UNSUPPORTED``) when it is
 limit to decide; so do tables that would outgrow their caps. The driver then runs the per-event path.
 
 Layout: state lives in numpy arrays so a run can stop (an output buffer is full, a table must grow,
-Kev lags or order latencies must be drawn) and resume where it stopped. Strings are codes;
+Kev lags or order latencies must be drawn, an advisor that is not the compiled rule must answer a Kev
+request in Python) and resume where it stopped. Strings are codes;
 :mod:`replay.fast_path` turns rows into the event log's Arrow tables.
 """
 
@@ -124,6 +125,7 @@ PRIO_KEV, PRIO_EXCH_IN, PRIO_EXCH_OUT = 52, 61, 62
 # statuses
 ST_DONE, ST_OUT_FULL, ST_GROW_ORDERS, ST_GROW_HEAP, ST_GROW_REQUESTS, ST_NEED_LAGS = 0, 1, 2, 3, 4, 5
 ST_NEED_LATENCIES = 6
+ST_NEED_KEV = 8  # a Kev request started whose advisor answers in Python (C_KEV_ASK): fast_path answers it
 ST_UNSUPPORTED = 9
 # why unsupported
 U_NONE, U_ROUND, U_PX_DECIMALS, U_OVERFLOW, U_LOSS_STOP_CLOSE, U_TABLE, U_LOOK_AHEAD = 0, 1, 2, 3, 4, 5, 6
@@ -178,6 +180,7 @@ UNSUPPORTED_TEXT = (
 S_LAST_LABEL_NAME = 34  # engine.label, as its class index
 S_OLDEST = 35  # the oldest order that may still be in use
 S_OLAT_USED = 36  # 36..38: how many of each row of olat (OLAT_*) the run has used
+S_KEV_ASKED = 39  # Kev requests started and not answered yet (C_KEV_ASK): they wait in RI_OK == -1
 S_SIZE = 40
 # SF (float64 scalars)
 SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
@@ -206,6 +209,7 @@ SF_SIZE = 8
     C_TAKER_NUM,
     C_TAKER_EXP,
 ) = range(20)
+C_KEV_ASK = 31  # 1: the advisor is Python's (cassette, LLM); 0: the compiled rule advisor decides
 C_SIZE = 32
 # CF (float64 config)
 (
@@ -235,7 +239,9 @@ OF_PX, OF_QTY, OF_FILLED, OF_SLIP, OF_XFILLED, OF_AHEAD, OF_LEVEL, OF_TRADED = 0
 OF_COLS = 8
 # Per-request table (row = request id): RI / RF
 RI_TS, RI_LABEL, RI_LABEL_SEQ, RI_ACTION, RI_WHY, RI_STARTED = 0, 1, 2, 3, 4, 5
-RI_COLS = 6
+# RI_OK: the reply is a valid command (1), is not (0), is not there yet (-1); RI_DONE_SEQ: its timer's seq
+RI_OK, RI_DONE_SEQ = 6, 7
+RI_COLS = 8
 RF_P, RF_MID, RF_SPREAD, RF_IMB, RF_POS, RF_TARGET, RF_HEDGE, RF_SLIP, RF_MAXPOS = 0, 1, 2, 3, 4, 5, 6, 7, 8
 RF_COLS = 9
 # Timer heap: HI (ts, prio, seq, kind, a, b, c), HF (f1, f2)
@@ -273,11 +279,17 @@ NAN = math.nan
 
 @njit
 def _heap_push(S, HI, HF, OI, ts, prio, kind, a, b, c6, f1, f2):
+    seq = S[S_HEAP_SEQ]
+    S[S_HEAP_SEQ] = seq + 1
+    _heap_insert(S, HI, HF, OI, ts, prio, seq, kind, a, b, c6, f1, f2)
+
+
+@njit
+def _heap_insert(S, HI, HF, OI, ts, prio, seq, kind, a, b, c6, f1, f2):
+    """A timer under a seq taken earlier (_heap_push takes the next)."""
     if kind <= T_REPORT:  # the timer names order a: its row stays taken until the timer ran
         OI[a & (OI.shape[0] - 1), OI_REFS] += 1
     n = S[S_HEAP_N]
-    seq = S[S_HEAP_SEQ]
-    S[S_HEAP_SEQ] = seq + 1
     i = n
     S[S_HEAP_N] = n + 1
     # sift up
@@ -616,6 +628,8 @@ def run_all(
 
 @njit
 def _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat):
+    if S[S_KEV_ASKED] > 0:  # the previous step started requests the advisor must answer first
+        return ST_NEED_KEV
     for s in range(8):
         if NOUT[s] + MARGIN > out_cap:
             return ST_OUT_FULL
@@ -1493,9 +1507,19 @@ def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, 
     OUTF[O_KEV_REQUEST, k, 3] = RF[rid & (RF.shape[0] - 1), RF_POS]
     _span(OUTI, NOUT, SPAN_KEV_QUEUE, REF_KEV, rid, ts, now)
     _heap_push(S, HI, HF, OI, now + C[C_KEV_TIMEOUT], PRIO_KEV, T_KEV_TIMEOUT, rid, now, 0, 0.0, 0.0)
+    RI[rid & (RI.shape[0] - 1), RI_STARTED] = now
+    if C[C_KEV_ASK] != 0:
+        # SimKevBackend.start asks the advisor now and schedules its reply: the run stops after this
+        # step (ST_NEED_KEV), Python answers and kev_replied() schedules the reply under the seq taken
+        # here, so it sorts among equal timers where the engine's would.
+        RI[rid & (RI.shape[0] - 1), RI_OK] = -1
+        RI[rid & (RI.shape[0] - 1), RI_DONE_SEQ] = S[S_HEAP_SEQ]
+        S[S_HEAP_SEQ] += 1
+        S[S_KEV_ASKED] += 1
+        return True
     # SimKevBackend.start: RuleKev decides now; the reply is due after a lag drawn now
     _rule_kev(RI, RF, CF, rid)
-    RI[rid & (RI.shape[0] - 1), RI_STARTED] = now
+    RI[rid & (RI.shape[0] - 1), RI_OK] = 1
     lag = lags[S[S_LAG_USED]]
     S[S_LAG_USED] += 1
     _heap_push(S, HI, HF, OI, now + lag, PRIO_KEV, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
@@ -1522,6 +1546,16 @@ def _rule_kev(RI, RF, CF, rid):
     RF[i, RF_TARGET] = target
     RF[i, RF_HEDGE] = hedge
     RF[i, RF_SLIP] = slip
+
+
+@njit
+def kev_replied(S, HI, HF, OI, RI, rid, lag):
+    """Request ``rid``'s reply (its verdict written in its row by fast_path) is due ``lag`` after it
+    started."""
+    i = rid & (RI.shape[0] - 1)
+    due, seq = RI[i, RI_STARTED] + lag, RI[i, RI_DONE_SEQ]
+    _heap_insert(S, HI, HF, OI, due, PRIO_KEV, seq, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
+    S[S_KEV_ASKED] -= 1
 
 
 @njit
@@ -1656,14 +1690,21 @@ def _timer(
         if not _inflight_pop(S, inflight, a):
             _queue_note(OUTI, NOUT, now, a, Q_LATE, S[S_KQ_N])
             return
+        ok = RI[a & (RI.shape[0] - 1), RI_OK]
         k = NOUT[O_KEV_RESPONSE]
         NOUT[O_KEV_RESPONSE] = k + 1
         OUTI[O_KEV_RESPONSE, k, 0] = now
         OUTI[O_KEV_RESPONSE, k, 1] = a
-        OUTI[O_KEV_RESPONSE, k, 2] = 1
+        OUTI[O_KEV_RESPONSE, k, 2] = ok
         OUTI[O_KEV_RESPONSE, k, 3] = b
         OUTI[O_KEV_RESPONSE, k, 4] = 0
         _span(OUTI, NOUT, SPAN_KEV, REF_KEV, a, now - b, now)
+        if ok != 1:  # a reply that is no valid command: the engine notes it and moves on
+            _kev_pump(
+                S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, recent, eng_book, b_loc, kq, inflight, lags, OUTI,
+                OUTF, NOUT, lpx, lq,
+            )  # fmt: skip
+            return
         cid = S[S_CMD_ID] + 1
         S[S_CMD_ID] = cid
         k = NOUT[O_COMMAND]

@@ -302,21 +302,44 @@ class CassetteAdvisor:
         self.live_calls = 0
         # False once a live model answered a miss: the run is no longer a pure replay.
         self.deterministic = True
+        if fallback is None or hasattr(fallback, "advise_now"):
+            self.advise_now = self._advise_now
 
     def key(self, ctx: KevContext) -> str:
         return self.key_fn(ctx)
 
     async def advise(self, ctx: KevContext) -> KevReply:
+        key, reply = self._recorded(ctx)
+        if reply is not None:
+            return reply
+        assert self.fallback is not None
+        t0 = self._clock_ns()
+        reply = await self.fallback.advise(ctx)
+        return self._answered(ctx, key, reply, self._clock_ns() - t0)
+
+    def _advise_now(self, ctx: KevContext) -> KevReply:
+        """:meth:`advise` without an event loop (``advise_now`` where the fallback has one too: the
+        replay backend then skips the loop's round trip per request)."""
+        key, reply = self._recorded(ctx)
+        if reply is not None:
+            return reply
+        t0 = self._clock_ns()
+        reply = self.fallback.advise_now(ctx)  # type: ignore[union-attr]
+        return self._answered(ctx, key, reply, self._clock_ns() - t0)
+
+    def _recorded(self, ctx: KevContext) -> tuple[str, KevReply | None]:
+        """The request's key and the cassette's reply (a recording, or a miss under policy fail); None
+        when the fallback answers."""
         key = self.key_fn(ctx)
         n = self._seen.get(key, 0)
         self._seen[key] = n + 1
         entry = self.cassette.get(key, n)
         if entry is not None:
             self.hits += 1
-            return entry.to_reply()
+            return key, entry.to_reply()
         self.misses += 1
         if self.miss_policy == "fail" or self.fallback is None:
-            return KevReply(
+            return key, KevReply(
                 raw=None,
                 error=f"cassette miss: key {key[:16]} was not recorded (miss policy fail)",
                 timings={"cassette_miss": 1.0},
@@ -327,9 +350,11 @@ class CassetteAdvisor:
             self.live_calls += 1
             self.deterministic = False
         self.fallbacks += 1
-        t0 = self._clock_ns()
-        reply = await self.fallback.advise(ctx)
-        lag_ns = self._clock_ns() - t0
+        return key, None
+
+    def _answered(self, ctx: KevContext, key: str, reply: KevReply, lag_ns: int) -> KevReply:
+        """The fallback's ``reply`` to a miss (it took ``lag_ns``), marked as such, and recorded."""
+        assert self.fallback is not None
         if self.record_misses:
             self.cassette.add(
                 CassetteEntry.from_reply(

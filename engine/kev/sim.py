@@ -28,7 +28,7 @@ from functools import partial
 from engine.clock import Clock
 from engine.core import PRIO_KEV, KevDone
 from engine.events import Nanos
-from engine.kev.advisor import KevAdvisor, KevContext
+from engine.kev.advisor import KevAdvisor, KevContext, KevReply
 from venue.latency import LatencyModel
 from venue.recorded_latency import LatencySink
 
@@ -63,6 +63,15 @@ class SimKevBackend:
                 breaker.clock_ns = clock.now_ns
 
     def start(self, ctx: KevContext, now_ns: Nanos, done: KevDone) -> None:
+        reply, lag_ns = self.answer(ctx, now_ns)
+        self.clock.schedule(now_ns + lag_ns, PRIO_KEV, partial(done, ctx, reply, lag_ns))
+
+    def answer(
+        self, ctx: KevContext, now_ns: Nanos, model_lag: Callable[[Nanos], Nanos] | None = None
+    ) -> tuple[KevReply, Nanos]:
+        """The advisor's reply to ``ctx``, picked up at ``now_ns``, and its lag: what :meth:`start`
+        schedules (the replay kernel asks here and schedules it itself). ``model_lag``: where a lag
+        drawn from the lag model comes from (the kernel draws them ahead, in the same order)."""
         advise_now = getattr(self.advisor, "advise_now", None)
         t0 = self.wall_ns() if self.measure else 0
         if advise_now is not None:  # synchronous advisors skip the event loop round trip
@@ -78,11 +87,11 @@ class SimKevBackend:
             lag_ns = int(round(recorded * self.recorded_lag_scale))
             self.recorded.add("kev", now_ns, lag_ns)
         else:
-            lag_ns = self.lag.sample_ns(now_ns)
-        self.clock.schedule(now_ns + lag_ns, PRIO_KEV, partial(done, ctx, reply, lag_ns))
+            lag_ns = (model_lag or self.lag.sample_ns)(now_ns)
         self.answers += 1
         if self.on_answer is not None:
             self.on_answer()
+        return reply, lag_ns
 
     def close(self) -> None:
         """Close HTTP clients (the advisor's and its fallback's) on the loop they ran on, then the loop."""
