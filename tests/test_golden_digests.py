@@ -67,7 +67,8 @@ def test_the_compiled_core_read_as_plain_python_gives_the_same_run(session, tmp_
     script = (
         "import sys, orjson; from pathlib import Path; from replay.driver import run_replay, ReplayConfig\n"
         "for k in (True, False):\n"
-        "    r = run_replay(Path(sys.argv[1]), ReplayConfig(), out_dir=Path(sys.argv[2]) / str(k), kernel=k)\n"
+        "    out = Path(sys.argv[2]) / str(k)\n"
+        "    r = run_replay(Path(sys.argv[1]), ReplayConfig(), out_dir=out, kernel=k)\n"
         "    print(orjson.loads((r.run_dir / 'manifest.json').read_bytes())['decision_digest'])"
     )
     env = os.environ | {"NUMBA_DISABLE_JIT": "1"}
