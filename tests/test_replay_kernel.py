@@ -302,8 +302,7 @@ def test_configurations_it_cannot_reproduce_run_in_python(session, tmp_path, mon
     Cassette().write(tmp_path / "empty.parquet")
     cfg = ReplayConfig(seed=3, kev_mode="cassette", kev_cassette=str(tmp_path / "empty.parquet"))
     r = run_replay(session, cfg, out_dir=tmp_path / "b")
-    assert r.path == "python (Kev mode 'cassette' (the kernel has the rule advisor only))"
-    assert not built
+    assert r.path.startswith("kernel")  # Kev answered from Python through the loop's stops
 
 
 def _recorded_laya(session: Path, tmp: Path) -> tuple[str, set[int]]:
