@@ -45,8 +45,7 @@ def walk_levels(bk, side, qty, lpx, lq) -> int:
     real one (missing, a non-finite or non-positive price, a negative or non-finite size, a price on
     the wrong side of the previous level): past it the book says nothing trustworthy, so what it would
     fill is not counted (the risk gateway then sees a short fill and refuses). Each take is rounded to
-    12 digits, so fills of sizes like 0.1 + 0.2 sum to the size; a take too large for 12 exact digits
-    (>= 2**52 / 1e12) is used as it is."""
+    12 digits, so fills of sizes like 0.1 + 0.2 sum to the size."""
     off = ASK_PX if side == SIDE_BUY else BID_PX
     left = qty
     n = 0
@@ -59,10 +58,7 @@ def walk_levels(bk, side, qty, lpx, lq) -> int:
         if (p <= prev) if side == SIDE_BUY else (p >= prev):
             break
         prev = p
-        raw = pmin(left, s)
-        take = pyround(raw, 12)
-        if take != take:
-            take = raw
+        take = pyround(pmin(left, s), 12)
         lpx[n] = p
         lq[n] = take
         n += 1

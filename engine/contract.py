@@ -3,47 +3,15 @@ and its price and size rounding, compiled once for the engine, the strategy and 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from decimal import Decimal
 
 import numpy as np
 
-from engine.exact import POW10, pyround
+from engine.exact import pyround
 from engine.jit import njit
 
-_SPLIT = 134217729.0  # 2**27 + 1 (Dekker)
-_TWO53 = 9007199254740992.0
-
-
-@njit
-def round_exact(x: float, nd: int) -> float:
-    """CPython's ``round(x, nd)`` for every float and ``0 <= nd <= 22``: :func:`~engine.exact.pyround`,
-    and exactly where it gives up (``|x| * 10**nd >= 2**52``). There the product is an integer give or
-    take its rounding error ``lo`` (|lo| <= 1/2), so only a tie (|lo| == 1/2) moves it, to the even
-    neighbour; from ``2**53`` on the decimal grid is finer than the doubles around ``x``, whose
-    rounding is then ``x`` itself. A Python float also read as plain Python (``float()`` is free
-    compiled): numpy scalars are not JSON numbers."""
-    r = pyround(x, nd)
-    if r == r or x != x:
-        return float(r)
-    p = POW10[nd]
-    ax = abs(x)
-    hi = ax * p
-    if hi > _TWO53:
-        return float(x)
-    c = _SPLIT * ax
-    ah = c - (c - ax)
-    al = ax - ah
-    c = _SPLIT * p
-    bh = c - (c - p)
-    bl = p - bh
-    lo = ((ah * bh - hi) + ah * bl + al * bh) + al * bl
-    if hi == _TWO53 and lo >= 0:
-        return float(x)
-    n = hi + 2.0 * lo if abs(lo) == 0.5 and hi - 2.0 * math.floor(hi / 2.0) != 0.0 else hi
-    res = n / p
-    return float(-res if x < 0 else res)
+round_exact = pyround  # CPython's round(x, nd): one implementation, in engine/exact.py
 
 
 @njit

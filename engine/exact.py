@@ -16,6 +16,7 @@ from engine.jit import njit
 NAN = math.nan
 _SPLIT = 134217729.0  # 2**27 + 1 (Dekker)
 _TWO52 = 4503599627370496.0
+_TWO53 = 9007199254740992.0
 POW10 = np.array([10.0**k for k in range(23)])
 
 
@@ -33,16 +34,22 @@ def pmax(a: float, b: float) -> float:
 
 @njit
 def pyround(x: float, nd: int) -> float:
-    """CPython's ``round(x, nd)`` for ``0 <= nd <= 22``; NaN (with finite ``x``) when it cannot be
-    computed exactly here (``|x| * 10**nd >= 2**52``); the caller then gives up."""
+    """CPython's ``round(x, nd)`` for every float and ``0 <= nd <= 22``, as a Python float.
+
+    CPython rounds the exact binary value half-even and returns the nearest double: here the product
+    ``x * 10**nd`` is taken with its exact rounding error (Dekker's two-product) and divided back
+    once. From ``|x| * 10**nd >= 2**52`` on the product is an integer give or take that error
+    (|lo| <= 1/2), so only a tie moves it, to the even neighbour; from ``2**53`` on the decimal grid is
+    finer than the doubles around ``x``, whose rounding is then ``x`` itself. ``float()``: read as
+    plain Python (NUMBA_DISABLE_JIT) the arithmetic gives numpy floats, which are not JSON numbers."""
     if not math.isfinite(x):
-        return x
+        return float(x)
     p = POW10[nd]
     ax = abs(x)
     hi = ax * p
-    if hi >= _TWO52:
-        return NAN
-    # lo: the exact rounding error of ax * p (Dekker's two-product)
+    if hi > _TWO53:
+        return float(x)
+    # lo: the exact rounding error of ax * p
     c = _SPLIT * ax
     ah = c - (c - ax)
     al = ax - ah
@@ -50,20 +57,25 @@ def pyround(x: float, nd: int) -> float:
     bh = c - (c - p)
     bl = p - bh
     lo = ((ah * bh - hi) + ah * bl + al * bh) + al * bl
-    fl = math.floor(hi)
-    r = hi - fl  # exact
-    if r < 0.25:
-        n = fl
+    if hi >= _TWO52:
+        if hi == _TWO53 and lo >= 0:
+            return float(x)
+        n = hi + 2.0 * lo if abs(lo) == 0.5 and hi - 2.0 * math.floor(hi / 2.0) != 0.0 else hi
     else:
-        s = (r - 0.5) + lo  # its sign is the sign of the exact (r - 0.5 + lo)
-        if s > 0:
-            n = fl + 1.0
-        elif s < 0:
+        fl = math.floor(hi)
+        r = hi - fl  # exact
+        if r < 0.25:
             n = fl
         else:
-            n = fl if fl - 2.0 * math.floor(fl / 2.0) == 0.0 else fl + 1.0
+            s = (r - 0.5) + lo  # its sign is the sign of the exact (r - 0.5 + lo)
+            if s > 0:
+                n = fl + 1.0
+            elif s < 0:
+                n = fl
+            else:
+                n = fl if fl - 2.0 * math.floor(fl / 2.0) == 0.0 else fl + 1.0
     res = n / p
-    return -res if x < 0 or (x == 0 and math.copysign(1.0, x) < 0) else res
+    return float(-res if x < 0 or (x == 0 and math.copysign(1.0, x) < 0) else res)
 
 
 @njit(inline="always")

@@ -53,9 +53,6 @@ def _same(session: Path, cfg: ReplayConfig, tmp: Path, name: str, per_event: boo
 @pytest.mark.parametrize("nd", [0, 2, 6, 10, 12])
 def test_pyround_is_cpythons_round(x, nd):
     got = K.pyround(x, nd)
-    if abs(x) * 10.0**nd >= 2.0**52:
-        assert np.isnan(got)  # the kernel gives up instead of guessing
-        return
     want = round(x, nd)
     assert got == want and np.copysign(1.0, got) == np.copysign(1.0, want), (x, nd, got, want)
 

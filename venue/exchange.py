@@ -60,11 +60,8 @@ def crossed(side, px, best_bid, best_ask) -> bool:
 def maker_fill(side, qty, filled, position, q) -> tuple[float, float, float, bool]:
     """A maker fill of ``q`` on a resting order of ``qty`` with ``filled`` done: (the fill's quantity,
     filled after, the venue's position after, whether the order is done). The quantity is rounded to 12
-    digits, so partial fills of sizes like 0.1 + 0.2 sum to the size; one too large for 12 exact digits
-    (>= 2**52 / 1e12) is used as it is."""
+    digits, so partial fills of sizes like 0.1 + 0.2 sum to the size."""
     r = pyround(q, 12)
-    if r != r:
-        r = q
     filled += r
     position += r if side == SIDE_BUY else -r
     return r, filled, position, qty - filled <= EPS
