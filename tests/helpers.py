@@ -29,3 +29,27 @@ def make_book(
         ask_px=tuple(round(ask + i * tick, 10) for i in range(levels)) + pad,
         ask_sz=(size,) * levels + pad,
     )
+
+
+def as_plain_python(compiled: str, producer: str):
+    """``producer()`` (``"tests.module.function"``) run in a subprocess with ``NUMBA_DISABLE_JIT=1``,
+    its JSON result parsed: the compiled source read as plain Python. ``compiled`` names a compiled
+    function (``"module.function"``) the subprocess checks is really not compiled there."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    mod, fn = compiled.rsplit(".", 1)
+    pmod, pfn = producer.rsplit(".", 1)
+    code = (
+        f"import json, {mod} as m, {pmod} as t\n"
+        f"assert not hasattr(m.{fn}, 'py_func'), 'still compiled'\n"
+        f"print(json.dumps(t.{pfn}()))"
+    )
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout)

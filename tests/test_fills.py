@@ -1,12 +1,7 @@
 """Queue-aware fills on L2 snapshots, checked step by step on hand-built books and trades."""
 
-import json
 import math
-import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +10,7 @@ from engine.book import SIDE_BUY, SIDE_SELL, as_levels
 from engine.clock import ReplayClock
 from engine.events import Trade
 from engine.risk import OrderIntent
-from tests.helpers import make_book
+from tests.helpers import as_plain_python, make_book
 from venue.exchange import AR_FILLED, AR_IOC_EXPIRED, AR_REST, SimExchange, maker_fill, match_arrival
 from venue.fills import FILL_MODELS, FM_QUEUE_LOG, FM_QUEUE_POWER, QueueState, level_qty, prob
 from venue.latency import ConstantLatency
@@ -342,17 +337,8 @@ def _scenario() -> list:
 
 
 def test_the_models_read_as_plain_python_give_the_compiled_fills():
-    code = (
-        "import json, venue.fills as f, tests.test_fills as t\n"
-        "assert not hasattr(f.on_depth, 'py_func'), 'still compiled'\n"
-        "print(json.dumps(t._scenario()))"
-    )
-    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    root = Path(__file__).resolve().parent.parent
-    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-2000:]
     compiled = _scenario()
-    assert json.loads(run.stdout) == compiled
+    assert as_plain_python("venue.fills.on_depth", "tests.test_fills._scenario") == compiled
     kinds = {(c[1], c[-2]) for c in compiled if c[1] in ("on_fill", "on_done")}
     assert {("on_fill", "maker"), ("on_fill", "taker"), ("on_done", "ioc_remainder_expired")} <= kinds
 

@@ -1,10 +1,5 @@
-import json
 import math
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +16,7 @@ from engine.risk import (
     limits_array,
     loss_stop,
 )
-from tests.helpers import make_book
+from tests.helpers import as_plain_python, make_book
 
 NOW = 1_000_000_000
 LIMITS = RiskLimits(
@@ -249,16 +244,7 @@ def _verdicts() -> list:
 
 
 def test_the_rules_read_as_plain_python_give_the_compiled_verdicts():
-    code = (
-        "import json, engine.risk as r, tests.test_risk as t\n"
-        "assert not hasattr(r.verdict, 'py_func'), 'still compiled'\n"
-        "print(json.dumps(t._verdicts()))"
-    )
-    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    root = Path(__file__).resolve().parent.parent
-    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-2000:]
-    pure = json.loads(run.stdout)
+    pure = as_plain_python("engine.risk.verdict", "tests.test_risk._verdicts")
     compiled = _verdicts()
     assert pure == compiled
     assert set(REASONS) <= set(compiled) and R_LOSS_UNDECIDED in compiled  # every rule was reached
