@@ -48,8 +48,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.events import BookSnapshot  # noqa: E402
-from engine.laya.features import features_v0  # noqa: E402
-from engine.laya.features_fast import features_v0_levels  # noqa: E402
+from engine.laya.features import (
+    features_v0,  # noqa: E402
+    features_v0_levels,  # noqa: E402
+)
 from engine.venues.bitget_v2 import StreamCounters, decode  # noqa: E402
 from engine.venues.bitget_v2_fast import Books15Scanner  # noqa: E402
 from live.runner import LiveConfig, LiveRunner  # noqa: E402

@@ -3,8 +3,8 @@
 Why: on this CPU the general path (``decode`` -> ``BookSnapshot`` -> ``features_v0`` -> ONNX) took
 ~60 us from frame to label, mostly CPython parsing 60 decimal strings. Here a canonical books15 frame
 is scanned by the compiled codec fast path (:mod:`engine.venues.bitget_v2_fast`), its features are
-computed by the compiled twin of ``features_v0`` straight into Laya's input row, and ONNX Runtime
-runs at once; only then is the ``BookSnapshot`` built and handed to the engine.
+computed by the features v0 kernel (``features_v0_levels``) straight into Laya's input row, and ONNX
+Runtime runs at once; only then is the ``BookSnapshot`` built and handed to the engine.
 
 The engine is unchanged: :class:`TickLaya` is both its ``labeler`` and its Laya latency model. When
 ``Engine.on_book`` asks for the label of the book that was just pre-labelled it gets that result and,
@@ -20,9 +20,8 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.events import BookSnapshot, Nanos, Quarantined, Trade
-from engine.laya.features import features_v0
-from engine.laya.features_fast import features_v0_levels
-from engine.laya.features_fast import warm_up as warm_features
+from engine.laya.features import features_v0, features_v0_levels
+from engine.laya.features import warm_up as warm_features
 from engine.laya.model import Laya
 from engine.venues.bitget_v2 import Control, StreamCounters
 from engine.venues.bitget_v2_fast import Books15Scanner, TradeScanner, decode_fast, decode_not_books15
@@ -33,7 +32,7 @@ class TickLaya:
     """Decoder + labeler + Laya latency model of live mode (see the module docstring)."""
 
     def __init__(self, laya: Laya, wall_ns: Callable[[], int]) -> None:
-        # the compiled twin exists for v0 only; other versions keep the general path throughout
+        # the scanned-levels path exists for v0 only; other versions keep the general path throughout
         self.compiled = laya.feature_version == "v0"
         self.laya = laya
         self.wall_ns = wall_ns

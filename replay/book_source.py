@@ -20,8 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engine.laya.features import N_FEATURES
-from engine.laya.features_fast import features_v0_rows
+from engine.laya.features import N_FEATURES, features_v0_rows
 from engine.laya.model import Laya
 from engine.store import SessionError, first_line, open_parquet
 from engine.validate import LEVEL_COLUMNS, REASONS, book_codes

@@ -38,8 +38,7 @@ from engine.kev.llama import LlamaAdvisor, LlamaConfig
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
-from engine.laya.features import features_v0
-from engine.laya.features_fast import features_v0_table
+from engine.laya.features import features_v0, features_v0_batch
 from engine.laya.features_v1 import FeaturesV1, features_v1_batch
 from engine.laya.model import DEFAULT_MODEL, FEATURE_SIZES, N_CLASSES, Laya, LayaConfig, training_sessions
 from engine.risk import RiskLimits
@@ -277,8 +276,8 @@ def _batch_v0(laya: Laya, books: pa.Table, chunk_rows: int = 65_536) -> tuple[np
     memory (a 1M-row feature matrix alone would be 512 MB)."""
     labels, probs = [], []
     for start in range(0, books.num_rows, chunk_rows):
-        # compiled twin of features_v0_batch, bit-identical (tests/test_laya.py), one pass per chunk
-        lab, pr = laya.predict_batch(features_v0_table(books.slice(start, chunk_rows)))
+        # one pass per chunk
+        lab, pr = laya.predict_batch(features_v0_batch(books.slice(start, chunk_rows)))
         labels.append(lab.astype(np.int8))
         probs.append(pr.astype(np.float32))
     return np.concatenate(labels), np.concatenate(probs)

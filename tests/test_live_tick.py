@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from engine.events import BookSnapshot
-from engine.laya.features import features_v0
-from engine.laya.features_fast import features_v0_levels
+from engine.laya.features import features_v0, features_v0_levels
 from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig
 from engine.venues.bitget_v2 import StreamCounters, decode, encode_books15
 from engine.venues.bitget_v2_fast import Books15Scanner

@@ -9,12 +9,17 @@ Layout (the seed's), computed in float64 and cast to float32 once at the end:
 
 A missing level (NaN in memory, null on disk) contributes 0 everywhere, including the size sums.
 
-There are two implementations on purpose: :func:`features_v0` is the per-tick path that live mode
-and replay run on every snapshot, :func:`features_v0_batch` is the vectorised path over a whole
-session (training, offline labelling). They are bit-identical: both accumulate the size sums level by
-level, 0 to 14, in float64 (no pairwise ``ndarray.sum``), and ``tests/test_laya.py`` checks it over
-whole sessions with ``np.array_equal``. Change one, change the other, and bump ``FEATURE_VERSION``:
-models carry the version they were trained on and :class:`engine.laya.model.Laya` refuses a mismatch.
+One implementation, compiled: :func:`features_v0_levels` computes one snapshot from a ``(4, 15)``
+float64 array (the live tick path hands it the books15 scanner's levels before any event object
+exists); :func:`features_v0` (a ``BookSnapshot``), :func:`features_v0_batch` (an Arrow table:
+training, replay's batch labels) and :func:`features_v0_rows` (replay's streamed blocks) run that
+kernel per row. The size sums accumulate level by level, 0 to 14, in float64. Change the kernel and
+bump ``FEATURE_VERSION``: models carry the version they were trained on and
+:class:`engine.laya.model.Laya` refuses a mismatch.
+
+The residues (``px % 1000``, ``(sz * 100) % 255``) use :func:`pymod`: a float ``%`` compiles to a libm
+``fmod`` call, ~10 ns, and 60 of them were ~2/3 of the kernel's time; ``pymod`` computes the same
+double from a floor and a multiply (exact: the proof is in its docstring), ~3x faster.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.events import BOOK_LEVELS, BookSnapshot
+from engine.jit import njit
 
 FEATURE_VERSION: Final = "v0"
 N_FEATURES: Final = 128
@@ -36,73 +42,112 @@ ASK_OFFSET: Final = 2 * BOOK_LEVELS  # 30
 IMBALANCE_INDEX: Final = 4 * BOOK_LEVELS  # 60
 
 
-def features_v0(book: BookSnapshot, out: np.ndarray | None = None) -> np.ndarray:
-    """Features of one snapshot, shape ``(128,)`` float32.
+_PX_INV = 1.0 / PX_MOD
+_SZ_INV = 1.0 / SZ_MOD
+_FAST_BELOW = 2.0**49  # q = floor(x / m) stays far below 2**53 / m, so q * m is an exact integer
 
-    ``out``, if given, must be a float32 array of shape ``(128,)``; it is filled and returned, so a
-    caller on the tick path can reuse one buffer.
-    """
-    f = [0.0] * N_FEATURES
-    bid_px, bid_sz, ask_px, ask_sz = book.bid_px, book.bid_sz, book.ask_px, book.ask_sz
+
+@njit(nogil=True, inline="always")
+def pymod(x, m, inv):  # pragma: no cover - compiled
+    """Python's ``x % m`` for a positive integer-valued ``m`` (1000.0, 255.0) and ``inv = 1 / m``.
+    The result is the same double, bit for bit.
+
+    For ``0 <= x < 2**49``:
+    - ``q = floor(x * inv)`` is ``floor(x / m)`` off by at most one (relative error ~2**-52 of a
+      quotient < 2**40), and ``q * m`` is an exact integer.
+    - ``x - q * m`` is exact. Its true value is the residue ``r0 = fmod(x, m)``, which is always
+      representable, or ``r0 - m``, or ``r0 + m``. The value is a multiple of ulp(x). When
+      ``q >= 1`` its magnitude stays below ``2**(exponent(x) + 1)``; when ``x < m``, Sterbenz's
+      lemma applies.
+    - One addition or subtraction of ``m`` then lands on ``r0``. That sum is a representable value,
+      so it is exact.
+    - A zero residue comes out as ``+0.0``, as Python gives it.
+
+    Anything else goes to numba's own ``%``: negatives, ``-0.0``, huge values and inf. NaN never
+    reaches here, because the callers skip it. ``tests/test_laya.py`` checks edges and near
+    multiples against CPython."""
+    if x > 0.0 and x < _FAST_BELOW:
+        q = np.floor(x * inv)
+        r = x - q * m
+        if r < 0.0:
+            r += m
+        elif r >= m:
+            r -= m
+        return r
+    return x % m
+
+
+@njit(nogil=True)
+def features_v0_levels(levels, out):  # pragma: no cover - compiled
+    """``levels`` float64 (4, 15) = bid px, bid sz, ask px, ask sz (NaN = missing); ``out`` float32 (128,)."""
+    for k in range(N_FEATURES):
+        out[k] = 0.0
     sum_bid = 0.0
     sum_ask = 0.0
     for i in range(BOOK_LEVELS):
-        px = bid_px[i]
-        sz = bid_sz[i]
-        if px == px:  # NaN != NaN: a missing level stays 0
-            f[2 * i] = px % PX_MOD
-        if sz == sz:
-            f[2 * i + 1] = (sz * SZ_SCALE) % SZ_MOD
-            sum_bid += sz
-        px = ask_px[i]
-        sz = ask_sz[i]
+        px = levels[0, i]
+        sz = levels[1, i]
         if px == px:
-            f[ASK_OFFSET + 2 * i] = px % PX_MOD
+            out[2 * i] = np.float32(pymod(px, PX_MOD, _PX_INV))
         if sz == sz:
-            f[ASK_OFFSET + 2 * i + 1] = (sz * SZ_SCALE) % SZ_MOD
+            out[2 * i + 1] = np.float32(pymod(sz * SZ_SCALE, SZ_MOD, _SZ_INV))
+            sum_bid += sz
+        px = levels[2, i]
+        sz = levels[3, i]
+        if px == px:
+            out[ASK_OFFSET + 2 * i] = np.float32(pymod(px, PX_MOD, _PX_INV))
+        if sz == sz:
+            out[ASK_OFFSET + 2 * i + 1] = np.float32(pymod(sz * SZ_SCALE, SZ_MOD, _SZ_INV))
             sum_ask += sz
     total = sum_bid + sum_ask
     if total != 0.0:
-        f[IMBALANCE_INDEX] = (sum_bid - sum_ask) / total
-    if out is None:
-        return np.array(f, dtype=np.float64).astype(np.float32)
-    out[:] = f  # float64 Python floats -> float32, same round-to-nearest as astype
-    return out
+        out[IMBALANCE_INDEX] = np.float32((sum_bid - sum_ask) / total)
 
 
-def _side_columns(table: pa.Table, name: str) -> np.ndarray:
-    """``(n, 15)`` float64 of ``<name>_0..14`` with nulls as NaN."""
-    cols = [
-        table.column(f"{name}_{i}").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-        for i in range(BOOK_LEVELS)
-    ]
-    return np.column_stack(cols) if cols[0].shape[0] else np.empty((0, BOOK_LEVELS), dtype=np.float64)
+def warm_up() -> None:
+    """Compile (or load from numba's cache) before the first real tick needs it."""
+    levels = np.full((4, BOOK_LEVELS), np.nan)
+    levels[:, 0] = (1.0, 1.0, 2.0, 1.0)
+    features_v0_levels(levels, np.zeros(N_FEATURES, dtype=np.float32))
+
+
+@njit(nogil=True)
+def _features_v0_columns(cols, out):  # pragma: no cover - compiled
+    """``cols``: float64 (4, 15, n) = bid px, bid sz, ask px, ask sz per level and row (NaN = missing);
+    ``out``: float32 (n, 128). Row r is the per-tick kernel of book r, so the two cannot drift apart."""
+    for r in range(out.shape[0]):
+        features_v0_levels(cols[:, :, r], out[r])
+
+
+@njit(nogil=True)
+def features_v0_rows(levels, out):  # pragma: no cover - compiled
+    """``levels``: float64 (n, 60) C-ordered rows of bid px, bid sz, ask px, ask sz (15 each, NaN =
+    missing); ``out``: float32 (n, 128). The per-tick kernel per row, reading rows in memory order (the
+    replay's streamed blocks are laid out so)."""
+    for r in range(out.shape[0]):
+        features_v0_levels(levels[r].reshape((4, BOOK_LEVELS)), out[r])
 
 
 def features_v0_batch(table: pa.Table) -> np.ndarray:
-    """Features of every row of a ``books15`` table, shape ``(n, 128)`` float32, row for row equal
-    to :func:`features_v0` of the same snapshot."""
+    """Features of every row of a ``books15`` table, shape ``(n, 128)`` float32: the per-tick kernel
+    per row, in one pass over the Arrow columns."""
     n = table.num_rows
-    f = np.zeros((n, N_FEATURES), dtype=np.float64)
+    out = np.zeros((n, N_FEATURES), dtype=np.float32)
     if n == 0:
-        return f.astype(np.float32)
-    sums = []
-    for side, offset in (("bid", 0), ("ask", ASK_OFFSET)):
-        px = _side_columns(table, f"{side}_px")
-        sz = _side_columns(table, f"{side}_sz")
-        px_present = ~np.isnan(px)
-        sz_present = ~np.isnan(sz)
-        f[:, offset : offset + 2 * BOOK_LEVELS : 2] = np.where(px_present, np.remainder(px, PX_MOD), 0.0)
-        f[:, offset + 1 : offset + 2 * BOOK_LEVELS : 2] = np.where(
-            sz_present, np.remainder(sz * SZ_SCALE, SZ_MOD), 0.0
-        )
-        sz0 = np.where(sz_present, sz, 0.0)
-        acc = np.zeros(n, dtype=np.float64)
-        for i in range(BOOK_LEVELS):  # level order, like the per-tick loop (not pairwise .sum)
-            acc += sz0[:, i]
-        sums.append(acc)
-    sum_bid, sum_ask = sums
-    total = sum_bid + sum_ask
-    nonzero = total != 0.0
-    f[:, IMBALANCE_INDEX] = np.where(nonzero, (sum_bid - sum_ask) / np.where(nonzero, total, 1.0), 0.0)
-    return f.astype(np.float32)
+        return out
+    cols = np.empty((4, BOOK_LEVELS, n), dtype=np.float64)
+    for k, side in enumerate(("bid_px", "bid_sz", "ask_px", "ask_sz")):
+        for i in range(BOOK_LEVELS):
+            cols[k, i] = table.column(f"{side}_{i}").to_numpy(zero_copy_only=False)  # nulls -> NaN
+    _features_v0_columns(cols, out)
+    return out
+
+
+def features_v0(book: BookSnapshot, out: np.ndarray | None = None) -> np.ndarray:
+    """Features of one snapshot, shape ``(128,)`` float32. ``out``, if given, must be a float32 array
+    of shape ``(128,)``; it is filled and returned, so a caller on the tick path can reuse one buffer."""
+    levels = np.array((book.bid_px, book.bid_sz, book.ask_px, book.ask_sz), dtype=np.float64)
+    if out is None:
+        out = np.empty(N_FEATURES, dtype=np.float32)
+    features_v0_levels(levels, out)
+    return out
