@@ -99,9 +99,19 @@ def imbalance_levels(bk) -> float:
 # ---------------------------------------------------------------- over a BookSnapshot
 
 
+_last: tuple[BookSnapshot | None, np.ndarray] = (None, np.empty(0))  # replaced in one store
+
+
 def as_levels(book: BookSnapshot) -> np.ndarray:
-    """The book in the compiled layout (60 float64)."""
-    return np.array(book.bid_px + book.bid_sz + book.ask_px + book.ask_sz, dtype=np.float64)
+    """The book in the compiled layout (60 float64), made once per snapshot: the strategy, the risk
+    gateway and every resting order at the simulated venue read the same book. Read-only to callers."""
+    global _last
+    last = _last
+    if last[0] is book:
+        return last[1]
+    bk = np.array(book.bid_px + book.bid_sz + book.ask_px + book.ask_sz, dtype=np.float64)
+    _last = (book, bk)
+    return bk
 
 
 def tradable(book: BookSnapshot) -> bool:

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.book import SIDE_BUY, SIDE_SELL, as_levels
 from engine.contract import ContractConfig, round_to_step
 from engine.events import BookSnapshot, Label, Nanos
@@ -74,7 +72,7 @@ class Quoter:
     """The configured strategy over a BookSnapshot: the Python engine's adapter to
     :func:`engine.strategies.registry.quote` (the replay kernel calls that with its own book)."""
 
-    __slots__ = ("kind", "params", "qty", "tick", "_book", "_levels")
+    __slots__ = ("kind", "params", "qty", "tick")
 
     def __init__(
         self,
@@ -85,18 +83,14 @@ class Quoter:
     ) -> None:
         self.kind, self.params = registry.resolve(strategy, params or {}, cfg)
         self.qty, self.tick = cfg.quote_qty, contract.tick
-        self._book: BookSnapshot | None = None  # the book _levels was laid out from
-        self._levels = np.empty(0)
 
     def __call__(
         self, book: BookSnapshot, *, label: str, position: float, target: float, max_position: float
     ) -> list[Quote]:
         """The bid and ask the strategy wants resting now, buy first."""
-        if book is not self._book:  # one layout per book, however many decisions read it
-            self._levels, self._book = as_levels(book), book
         buy, bid_px, sell, ask_px = registry.quote(
             self.kind,
-            self._levels,
+            as_levels(book),
             self.tick,
             self.qty,
             LABEL_CODE.get(label, -1),

@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from engine.book import LEVELS, SIDE_BUY, SIDE_SELL, walk_levels
+from engine.book import LEVELS, SIDE_BUY, SIDE_SELL, as_levels, walk_levels
 from engine.clock import ReplayClock
 from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
 from engine.exact import pyround
 from engine.jit import njit
 from engine.risk import OrderIntent, reduce_only_ok
-from venue.fills import EPS, SIDE_CODE, FillModel, QueueState, book_levels
+from venue.fills import EPS, SIDE_CODE, FillModel, QueueState
 from venue.latency import LatencyModel
 
 # What an arriving order does after its marketable part.
@@ -148,7 +148,7 @@ class SimExchange:
         self._report("on_ack", oid)
         lpx, lq = self._lpx, self._lq
         n, filled, self.position, outcome = match_arrival(
-            book_levels(book),
+            as_levels(book),
             SIDE_CODE[intent.side],
             intent.qty,
             intent.px if intent.order_type == "limit" else math.nan,

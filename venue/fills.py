@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Final
 
-import numpy as np
-
 from engine.book import ASK_PX, BID_PX, LEVELS, SIDE_BUY, SIDE_SELL, as_levels
 from engine.events import BookSnapshot, Trade
 from engine.exact import pmax, pmin
@@ -145,23 +143,11 @@ def on_depth(kind, n, bk, side, px, ahead, level, traded) -> tuple[float, float,
 # ---------------------------------------------------------------- over BookSnapshot / Trade / QueueState
 
 SIDE_CODE: Final = {"buy": SIDE_BUY, "sell": SIDE_SELL}
-_last_levels: tuple[BookSnapshot | None, np.ndarray] = (None, np.empty(0))
-
-
-def book_levels(book: BookSnapshot) -> np.ndarray:
-    """``as_levels(book)``, made once per snapshot: every resting order reads the same book."""
-    global _last_levels
-    last = _last_levels
-    if last[0] is book:
-        return last[1]
-    bk = as_levels(book)
-    _last_levels = (book, bk)
-    return bk
 
 
 def level_qty(book: BookSnapshot, side: str, px: float) -> float | None:
     """:func:`level_size` on ``book``; None when ``px`` left the window (unknown)."""
-    known, q = level_size(book_levels(book), SIDE_CODE[side], px)
+    known, q = level_size(as_levels(book), SIDE_CODE[side], px)
     return float(q) if known else None
 
 
@@ -193,7 +179,7 @@ class FillModel:
 
     def on_new(self, st: QueueState, book: BookSnapshot) -> None:
         st.ahead, st.level_qty, st.traded_at_px = on_new(
-            self.kind, book_levels(book), SIDE_CODE[st.side], st.px
+            self.kind, as_levels(book), SIDE_CODE[st.side], st.px
         )
 
     def on_trade(self, st: QueueState, trade: Trade) -> float:
@@ -214,7 +200,7 @@ class FillModel:
         st.ahead, st.level_qty, st.traded_at_px = on_depth(
             self.kind,
             self.n,
-            book_levels(book),
+            as_levels(book),
             SIDE_CODE[st.side],
             st.px,
             st.ahead,
