@@ -35,7 +35,8 @@ def core_files() -> tuple[Path, ...]:
 def core_stamp() -> str:
     """sha256 over the core's sources (paths and bytes), recomputed when a file's size or mtime moves,
     so an edit made while a process runs is seen by the functions it compiles next."""
-    return _stamp(tuple((p, p.stat().st_mtime_ns, p.stat().st_size) for p in core_files()))
+    stats = ((p, p.stat()) for p in core_files())
+    return _stamp(tuple((p, st.st_mtime_ns, st.st_size) for p, st in stats))
 
 
 @functools.lru_cache(maxsize=4)
