@@ -79,6 +79,7 @@ from engine.kev.rules import RuleKev
 from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig  # DEFAULT_MODEL: re-exported for the CLI
 from engine.risk import RiskLimits
 from engine.store import MANIFEST, atomic_write_parquet, open_session, sha256_file, write_json
+from engine.strategies import plugin
 from engine.strategies.registry import resolve as resolve_strategy
 from engine.strategy import QuoteConfig
 from engine.validate import book_reason, top_ok, trade_ok, trade_reason
@@ -188,10 +189,14 @@ class LiveConfig:
                 parse_latency(getattr(self, name), rng)
             except ValueError as e:
                 raise DualhubError(f"{name}: {e}") from None
+        object.__setattr__(self, "strategy", plugin.canonical(self.strategy))
         resolve_strategy(self.strategy, self.strategy_params, self.quotes)
 
     def to_json(self) -> dict[str, Any]:
-        return orjson.loads(orjson.dumps(dataclasses.asdict(self), default=str))
+        d = dataclasses.asdict(self)
+        if plugin.is_spec(self.strategy):  # which source traded
+            d["strategy_sha256"] = plugin.source_sha256(self.strategy)
+        return orjson.loads(orjson.dumps(d, default=str))
 
     def sha256(self) -> str:
         return hashlib.sha256(orjson.dumps(self.to_json(), option=orjson.OPT_SORT_KEYS)).hexdigest()

@@ -50,6 +50,7 @@ from engine.store import (
     sha256_file,
     write_json,
 )
+from engine.strategies import plugin
 from engine.strategies.registry import resolve as resolve_strategy
 from engine.strategy import QuoteConfig
 from replay import fast_path
@@ -173,6 +174,7 @@ class ReplayConfig:
             _checked_latency(getattr(self, name), rng, name)
         if self.latency_feed != "recorded":
             _checked_latency(self.latency_feed, rng, "latency_feed")
+        object.__setattr__(self, "strategy", plugin.canonical(self.strategy))
         resolve_strategy(self.strategy, self.strategy_params, self.quotes)
 
     def to_json(self) -> dict[str, Any]:
@@ -184,6 +186,8 @@ class ReplayConfig:
             del d["kev_lag_source"]
         if self.strategy == "baseline" and not self.strategy_params:  # run names stay as they were
             del d["strategy"], d["strategy_params"]
+        if plugin.is_spec(self.strategy):  # its source is part of the run: an edit is another run
+            d["strategy_sha256"] = plugin.source_sha256(self.strategy)
         return orjson.loads(orjson.dumps(d, default=str))
 
     def asks_live_model(self) -> bool:

@@ -6,7 +6,8 @@ numba compile the kernel anew in every process. ``engine/jit.py`` stamps the cac
 sources, so an edited strategy recompiles on its next use.
 
 Adding a strategy: its module in this package, its entry in :data:`STRATEGIES` and its branch in
-:func:`quote` (docs/STRATEGY.md).
+:func:`quote` (docs/STRATEGY.md). A plain Python function (``MODULE:FUNCTION``) needs none of that:
+:mod:`engine.strategies.plugin` loads it and :func:`quote`'s last branch calls it.
 """
 
 from __future__ import annotations
@@ -16,21 +17,29 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numba as nb
 import numpy as np
 
 from engine.errors import DualhubError
 from engine.jit import njit
-from engine.strategies import baseline, imbalance_lean
+from engine.strategies import baseline, imbalance_lean, plugin
 
 STRATEGIES = (baseline, imbalance_lean)  # a strategy's kind code is its place here
 KINDS = {m.NAME: k for k, m in enumerate(STRATEGIES)}
 MAX_PARAMS = 8  # the length of the parameter array every strategy receives
 assert all(len(m.PARAMS) <= MAX_PARAMS for m in STRATEGIES) and len(KINDS) == len(STRATEGIES)
+assert len(STRATEGIES) <= plugin.FIRST_KIND
 
 
 @njit
 def quote(kind, book, tick, qty, label, position, target, max_position, params):
     """The strategy of ``kind`` (:data:`KINDS`) on the signature of :mod:`engine.strategies`."""
+    if kind >= plugin.FIRST_KIND:  # a Python function: the interpreter runs it, the result comes back
+        with nb.objmode(buy="boolean", bid_px="float64", sell="boolean", ask_px="float64"):
+            buy, bid_px, sell, ask_px = plugin.call(
+                kind, book, tick, qty, label, position, target, max_position, params
+            )
+        return buy, bid_px, sell, ask_px
     if kind == 1:
         return imbalance_lean.quote(book, tick, qty, label, position, target, max_position, params)
     return baseline.quote(book, tick, qty, label, position, target, max_position, params)
@@ -42,10 +51,17 @@ def resolve(name: str, params: Mapping[str, float], defaults: Any = None) -> tup
     A parameter that ``defaults`` (the engine's ``QuoteConfig``) also has starts from its value there
     (the baseline's ``offset_ticks``, ``label_skew_ticks``, ``inventory_skew_ticks``), so a quote
     config that sets them keeps working. A name or value the strategy does not declare is an error."""
-    if name not in KINDS:
-        raise DualhubError(f"unknown strategy {name!r}; known: {', '.join(KINDS)}")
-    kind = KINDS[name]
-    declared = STRATEGIES[kind].PARAMS
+    if plugin.is_spec(name):
+        kind, declared = plugin.load(name)
+        if len(declared) > MAX_PARAMS:
+            raise DualhubError(f"strategy {name!r} declares {len(declared)} PARAMS; at most {MAX_PARAMS}")
+    elif name not in KINDS:
+        raise DualhubError(
+            f"unknown strategy {name!r}; known: {', '.join(KINDS)}, or MODULE:FUNCTION for a Python one"
+        )
+    else:
+        kind = KINDS[name]
+        declared = STRATEGIES[kind].PARAMS
     names = [p.name for p in declared]
     for key in params:
         if key not in names:
@@ -81,7 +97,8 @@ def parse_params(items: Iterable[str], flag: str = "--strategy-param") -> dict[s
 def describe() -> str:
     """Every strategy and its parameters with their defaults, one line each (for --help)."""
     return "; ".join(
-        f"{m.NAME} ({', '.join(f'{p.name}={p.default:g}' for p in m.PARAMS)})" for m in STRATEGIES
+        [f"{m.NAME} ({', '.join(f'{p.name}={p.default:g}' for p in m.PARAMS)})" for m in STRATEGIES]
+        + ["MODULE:FUNCTION (a plain Python function, its module's PARAMS)"]
     )
 
 

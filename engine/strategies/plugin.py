@@ -1,0 +1,123 @@
+"""Strategies written as plain Python functions, loaded at run time (``--strategy MODULE:FUNCTION``).
+
+A compiled strategy is a branch of :func:`engine.strategies.registry.quote`. A Python one cannot be:
+numba compiles the core once, cached, with every branch in it. So the registry's dispatch has one
+more branch, for kind codes from :data:`FIRST_KIND` on: it leaves compiled code (``numba.objmode``,
+the interpreter runs the block and hands the result back) and calls :func:`call`, which finds the
+function loaded in this process under that code. The compiled core, and so the cache, are the same
+whatever the user's function is; the replay kernel, the per-event replay and live mode run it at the
+same point with the same inputs as a compiled strategy. It is slower (a few microseconds a call), not
+different.
+
+``MODULE`` is an importable module (``mypkg.strats``) or the path of a ``.py`` file; it may declare
+``PARAMS`` (a tuple of :class:`engine.strategies.Param`), which the function then receives as
+``params`` just as a compiled strategy does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.errors import DualhubError
+from engine.strategies import Param
+
+FIRST_KIND = 64  # kind codes below are the compiled registry's; FIRST_KIND + i is the i-th loaded here
+
+_loaded: list[tuple[str, Any, tuple]] = []  # (spec, function, PARAMS), by kind - FIRST_KIND
+_by_spec: dict[str, int] = {}
+
+
+def is_spec(name: str) -> bool:
+    """Whether a strategy name names a Python function (``MODULE:FUNCTION``), not a compiled strategy."""
+    return ":" in name
+
+
+def canonical(name: str) -> str:
+    """``name`` with a ``.py`` file's path made absolute (a run's recorded config must name the same
+    file from any directory: ``dualhub parity`` replays it later); other names unchanged."""
+    module_name, _, fn_name = name.rpartition(":")
+    if not is_spec(name) or not module_name.endswith(".py"):
+        return name
+    return f"{Path(module_name).expanduser().resolve()}:{fn_name}"
+
+
+def source_sha256(spec: str) -> str:
+    """sha256 of the source file of the module ``spec`` loads: part of a run's identity, so an edited
+    strategy is another run, never the cached result of the old one."""
+    kind, _ = load(spec)
+    fn = _loaded[kind - FIRST_KIND][1]
+    path = getattr(sys.modules.get(fn.__module__), "__file__", None)
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else ""
+
+
+def load(spec: str) -> tuple[int, tuple]:
+    """(kind code, PARAMS) of the function ``spec`` names, importing it once per process."""
+    if spec in _by_spec:
+        kind = _by_spec[spec]
+        return kind, _loaded[kind - FIRST_KIND][2]
+    module_name, _, fn_name = spec.rpartition(":")
+    if not module_name or not fn_name.isidentifier():
+        raise DualhubError(f"strategy {spec!r}: want MODULE:FUNCTION (a module or .py file, then a function)")
+    module = _import(spec, module_name)
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise DualhubError(f"strategy {spec!r}: {module_name} has no function {fn_name!r}")
+    params = getattr(module, "PARAMS", ())
+    if not isinstance(params, (tuple, list)) or not all(isinstance(p, Param) for p in params):
+        raise DualhubError(
+            f"strategy {spec!r}: {module_name}.PARAMS must be a tuple of engine.strategies.Param"
+        )
+    params = tuple(params)
+    kind = FIRST_KIND + len(_loaded)
+    _loaded.append((spec, fn, params))
+    _by_spec[spec] = kind
+    return kind, params
+
+
+def _import(spec: str, module_name: str) -> Any:
+    if module_name.endswith(".py"):
+        path = Path(module_name).expanduser().resolve()
+        if not path.is_file():
+            raise DualhubError(f"strategy {spec!r}: no such file {module_name}")
+        name = f"dualhub_strategy_{len(_loaded)}_{path.stem}"
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        assert loader_spec is not None and loader_spec.loader is not None
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[name] = module  # what pickling (sweeps) and dataclasses in the module look up
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as e:  # the user's module: whatever it raises, one line naming it
+            sys.modules.pop(name, None)
+            raise DualhubError(
+                f"strategy {spec!r}: importing {path.name} failed: {type(e).__name__}: {e}"
+            ) from e
+        return module
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as e:
+        raise DualhubError(f"strategy {spec!r}: cannot import {module_name}: {e}") from e
+
+
+def call(kind, book, tick, qty, label, position, target, max_position, params):
+    """Run the Python strategy of ``kind`` on the strategy signature (``engine.strategies``) and check
+    what it returns: ``(want_buy, bid_px, want_sell, ask_px)``."""
+    spec, fn, _ = _loaded[kind - FIRST_KIND]
+    view = book.view()  # the engine's own book: readable, not writable
+    view.flags.writeable = False
+    try:
+        out = fn(view, tick, qty, label, position, target, max_position, params)
+    except Exception as e:  # the user's code: whatever it raises ends the run with one line naming it
+        raise DualhubError(f"strategy {spec!r} raised {type(e).__name__}: {e}") from e
+    try:
+        buy, bid_px, sell, ask_px = out
+        buy, sell, bid_px, ask_px = bool(buy), bool(sell), float(bid_px), float(ask_px)
+    except (TypeError, ValueError) as e:
+        raise DualhubError(
+            f"strategy {spec!r} returned {out!r}: want (want_buy, bid_px, want_sell, ask_px)"
+        ) from e
+    return buy, bid_px, sell, ask_px
