@@ -125,9 +125,6 @@ def unsupported(cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_wa
         return "a contract whose tick is not a short decimal"
     if _decimal_parts(c.maker_fee_rate) is None or _decimal_parts(c.taker_fee_rate) is None:
         return "fee rates with more than 12 decimals"
-    e = engine.cfg
-    if e.kev_queue_max >= K.KQ_CAP or e.kev_max_in_flight >= K.KQ_CAP:
-        return "a Kev queue larger than the kernel's table"
     return ""
 
 
@@ -268,8 +265,8 @@ class KernelRun:
         self.HF = np.zeros((n0, K.HF_COLS), dtype=np.float64)
         self.work = np.zeros(3 * K.WORK_CAP, dtype=np.int64)  # the list, then two scratch copies
         self.rest = np.zeros(2 * K.REST_CAP, dtype=np.int64)
-        self.kq = np.zeros(K.KQ_CAP, dtype=np.int64)
-        self.inflight = np.zeros(K.KQ_CAP, dtype=np.int64)
+        self.kq = np.zeros(max(K.KQ_CAP, e.kev_queue_max + 1), dtype=np.int64)
+        self.inflight = np.zeros(max(K.KQ_CAP, e.kev_max_in_flight + 1), dtype=np.int64)
         self.recent = np.zeros(r.max_orders_per_s + 16, dtype=np.int64)
         self.eng_book = np.full(60, np.nan)
         self.x_book = np.full(60, np.nan)
@@ -312,6 +309,13 @@ class KernelRun:
             b = np.zeros((rows * 2, a.shape[1]), dtype=a.dtype)
             b[oids & (rows * 2 - 1)] = a[oids & (rows - 1)]
             setattr(self, name, b)
+
+    def _grow_work(self) -> None:
+        """Double the working-order list (its two scratch copies grow with it; they need no copy)."""
+        n = int(self.S[K.S_NWORK])
+        work = np.zeros(2 * self.work.shape[0], dtype=np.int64)
+        work[:n] = self.work[:n]
+        self.work = work
 
     def _oldest_request(self) -> int:
         """The lowest request id whose row the kernel may still read: one in the Kev queue or in flight.
@@ -384,7 +388,8 @@ class KernelRun:
         )
 
     def _model_lag(self, now_ns: int) -> int:
-        """The next Kev lag of the lag model, from the ones drawn ahead (the kernel keeps K.KQ_CAP)."""
+        """The next Kev lag of the lag model, from the ones drawn ahead (the kernel keeps a table of
+        requests in flight's worth)."""
         used = int(self.S[K.S_LAG_USED])
         self.S[K.S_LAG_USED] = used + 1
         return int(self.lags[used])
@@ -439,6 +444,8 @@ class KernelRun:
             self._grow("HF")
         elif status == K.ST_GROW_REQUESTS:
             self._ring_requests()
+        elif status == K.ST_GROW_WORK:
+            self._grow_work()
         elif status == K.ST_NEED_LAGS:
             self._more_lags()
         elif status == K.ST_NEED_LATENCIES:

@@ -125,6 +125,7 @@ PRIO_KEV, PRIO_EXCH_IN, PRIO_EXCH_OUT = 52, 61, 62
 # statuses
 ST_DONE, ST_OUT_FULL, ST_GROW_ORDERS, ST_GROW_HEAP, ST_GROW_REQUESTS, ST_NEED_LAGS = 0, 1, 2, 3, 4, 5
 ST_NEED_LATENCIES = 6
+ST_GROW_WORK = 7  # the working-order list must grow (fast_path doubles it) before the next step
 ST_NEED_KEV = 8  # a Kev request started whose advisor answers in Python (C_KEV_ASK): fast_path answers it
 ST_UNSUPPORTED = 9
 # why unsupported
@@ -267,7 +268,12 @@ OUT_MAXI, OUT_MAXF = 9, 4
 
 # Headroom checked before each walk entry and each timer: no single step emits more than this.
 MARGIN = 256
-WORK_CAP, REST_CAP, KQ_CAP = 64, 64, 16  # work holds 3 x WORK_CAP and rest 2 x REST_CAP: scratch after
+# First sizes of the working-order list (work holds it, then two scratch copies of its size), the
+# resting orders (rest: them, then one scratch copy) and the Kev queue and in-flight tables (at least
+# the config's queue and in-flight limits: they never fill). The working list grows through
+# ST_GROW_WORK: one step adds fewer than STEP_ORDERS orders (a requote two, a rebalance one).
+WORK_CAP, REST_CAP, KQ_CAP = 64, 64, 16
+STEP_ORDERS = 16
 EPS = 1e-12
 NAN = math.nan
 
@@ -450,7 +456,7 @@ def run(
         p = walk_prio[i]
         # timers that sort before this entry
         while S[S_HEAP_N] > 0 and (HI[0, 0] < t or (HI[0, 0] == t and HI[0, 1] < p)):
-            st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat)
+            st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
             if st != ST_DONE:
                 return st
             _heap_pop(S, HI, HF, tmpi, tmpf)
@@ -486,7 +492,7 @@ def run(
             )
             if S[S_WHY] != U_NONE:
                 return ST_UNSUPPORTED
-        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat)
+        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
         if st != ST_DONE:
             return st
         S[S_NOW] = t
@@ -587,7 +593,7 @@ def run_all(
     lpx = np.zeros(16, dtype=np.float64)
     lq = np.zeros(16, dtype=np.float64)
     while S[S_HEAP_N] > 0:
-        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat)
+        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
         if st != ST_DONE:
             return st
         _heap_pop(S, HI, HF, tmpi, tmpf)
@@ -627,7 +633,7 @@ def run_all(
 
 
 @njit
-def _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat):
+def _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight):
     if S[S_KEV_ASKED] > 0:  # the previous step started requests the advisor must answer first
         return ST_NEED_KEV
     for s in range(8):
@@ -650,7 +656,9 @@ def _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat):
         return ST_GROW_HEAP
     if S[S_RID] + MARGIN - S[S_RID_OLDEST] >= RI.shape[0]:  # requests live in a ring, as orders do
         return ST_GROW_REQUESTS
-    if S[S_LAG_USED] + KQ_CAP > S[S_LAG_N]:
+    if S[S_NWORK] + STEP_ORDERS > work.shape[0] // 3:
+        return ST_GROW_WORK
+    if S[S_LAG_USED] + inflight.shape[0] > S[S_LAG_N]:  # a step starts fewer requests than fit in flight
         return ST_NEED_LAGS
     for k in range(3):  # a step sends fewer than MARGIN orders, cancels and reports
         if S[S_OLAT_USED + k] + MARGIN > olat.shape[1]:
@@ -903,7 +911,7 @@ def _send_new(
     OF[oid & (OF.shape[0] - 1), OF_FILLED] = 0.0
     OF[oid & (OF.shape[0] - 1), OF_SLIP] = slip
     nw = S[S_NWORK]
-    if nw >= WORK_CAP:
+    if nw >= work.shape[0] // 3:  # unreachable: _headroom grows the list first
         S[S_WHY] = U_TABLE
         return
     work[nw] = oid
@@ -942,7 +950,8 @@ def _send_cancel(S, C, OI, OF, HI, HF, olat, oid, OUTI, OUTF, NOUT):
 @njit
 def _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
     n = S[S_NWORK]
-    snapshot = work[WORK_CAP : 2 * WORK_CAP]  # scratch: the list as it was (cancels do not change it)
+    cap = work.shape[0] // 3
+    snapshot = work[cap : 2 * cap]  # scratch: the list as it was (cancels do not change it)
     for w in range(n):
         snapshot[w] = work[w]
     for w in range(n):
@@ -1085,7 +1094,7 @@ def _requote(
         want = want_buy if side == BUY else want_sell
         qpx = bid_px if side == BUY else ask_px
         n = S[S_NWORK]
-        sel = work[2 * WORK_CAP : 3 * WORK_CAP]  # scratch: this side's working limit orders
+        sel = work[2 * (work.shape[0] // 3) :]  # scratch: this side's working limit orders
         m = 0
         for w in range(n):
             o = work[w]
@@ -1405,7 +1414,7 @@ def _offer_kev(
             lq,
         )
         return
-    if n >= KQ_CAP:
+    if n >= kq.shape[0]:  # unreachable: the table holds the configured queue
         S[S_WHY] = U_TABLE
         return
     kq[n] = rid
@@ -1487,7 +1496,7 @@ def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, 
     if rid < 0:
         return False
     m = S[S_INFLIGHT_N]
-    if m >= KQ_CAP:
+    if m >= inflight.shape[0]:  # unreachable: the table holds the configured requests in flight
         S[S_WHY] = U_TABLE
         return False
     inflight[m] = rid

@@ -114,6 +114,21 @@ def test_engine_settings_are_identical(session, tmp_path, change, expect):
     assert kind in set(_column(py.run_dir, stream, "kind"))  # the branch was taken, not just agreed on
 
 
+def test_a_kev_queue_longer_than_the_kernels_first_table_stays_on_the_kernel(session, tmp_path):
+    cfg = ReplayConfig(
+        seed=6,
+        risk=RiskLimits(daily_loss_stop_usd=1e9),
+        kev_queue_policy="fifo",
+        kev_queue_max=K.KQ_CAP + 8,
+        kev_stale_after_ms=600_000,
+        kev_lag_p5_ms=8000.0,
+        kev_lag_p95_ms=12000.0,
+        kev_timeout_ms=30_000,
+    )
+    py, _ = _same(session, cfg, tmp_path, "tables")
+    assert max(_column(py.run_dir, "kev_queue", "depth")) > K.KQ_CAP
+
+
 def _drawn_latencies(tmp: Path, kind: str) -> dict:
     """Entry, response and cancel latencies, each a model drawn from its own stream."""
     if kind == "lognormal":
@@ -223,17 +238,20 @@ def test_stopping_and_resuming_changes_nothing(session, tmp_path, monkeypatch):
     monkeypatch.setattr(fast_path, "WALK_CHUNK", 1000)
     monkeypatch.setattr(fast_path, "INITIAL_ROWS", K.MARGIN + 8)
     monkeypatch.setattr(fast_path, "LAG_BATCH", 3)
-    handle, grown = fast_path.KernelRun.handle, []
+    handle, grown, worked = fast_path.KernelRun.handle, [], []
 
-    def handle_and_grow(self, status):  # the order ring also doubles (rows move) a few times mid-run
+    def handle_and_grow(self, status):  # the order ring and the working list also double mid-run
         if len(grown) < 3 and int(self.S[K.S_OID]) > 200 * (len(grown) + 1):
             self._grow_orders()
             grown.append(self.OI.shape[0])
+        if len(worked) < 3 and int(self.S[K.S_NWORK]) >= 2:
+            self._grow_work()
+            worked.append(self.work.shape[0])
         return handle(self, status)
 
     monkeypatch.setattr(fast_path.KernelRun, "handle", handle_and_grow)
     small = run_replay(session, cfg, out_dir=tmp_path / "small")
-    assert grown == [1024, 2048, 4096]
+    assert grown == [1024, 2048, 4096] and worked == [6 * K.WORK_CAP, 12 * K.WORK_CAP, 24 * K.WORK_CAP]
     assert small.path.startswith("kernel") and small.digest == whole.digest
     for s in OUTPUT_STREAMS:
         a = (whole.run_dir / "events" / f"{s}.parquet").read_bytes()
