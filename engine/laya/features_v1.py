@@ -30,26 +30,37 @@ book first), same symbol, in ``(ts_recv, seq)`` order. Notional is ``px * sz`` (
 35    vpin_fill           completed buckets used / 50
 ====  ==================  ====================================================================
 
-Two implementations, bit-identical on purpose (as for v0): :class:`FeaturesV1` is the per-tick
-path (feed it trades with :meth:`FeaturesV1.on_trade`, ask for :meth:`FeaturesV1.features` at each
-snapshot), :func:`features_v1_batch` the vectorised path over a whole session. Both sum level by
-level and trade by trade in the same order (running sums, ``np.cumsum``; never pairwise
-``ndarray.sum``), windows are differences of the same cumulative sums, and ``log1p`` is applied by
-numpy to one contiguous float64 vector in both. ``tests/test_research.py`` checks equality with
-``np.array_equal`` on simulated and real sessions. Change one, change the other, and bump the version.
+One implementation, compiled, over explicit state arrays (:func:`new_state`): :func:`v1_trade` is
+the transition (one trade into the state), :func:`v1_features` the features of one book (60 floats
+in the :mod:`engine.book` layout) given that state. :class:`FeaturesV1` (per tick: replay's tick
+labels) holds one state and makes one compiled call per trade and per book; :func:`features_v1_batch`
+(training, replay's batch labels) feeds a symbol's trades and computes its books by the same two
+kernels in compiled loops. A book's features depend only on the trades before it, so feeding a
+trade early never leaks it, and books may be asked for in any order.
+
+The state keeps every trade fed (cumulative sums from the first one, so a window is the difference
+of two of them): memory grows with the trades, 40 bytes each (up to twice that: room is doubled
+when it runs out). Sums run trade by trade and level by level in float64; each value is rounded to
+float32 once, ``log1p`` (the C library's, as ``math.log1p``) applied first for the log columns.
+NumPy's vectorised ``log1p`` may differ from the C library's in the last float64 bit; none of those
+differences survives the float32 rounding on the data in ``tests/test_features_v1.py``, which pins
+the outputs. Change a kernel and bump ``FEATURE_VERSION``.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from typing import Final
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.events import BOOK_LEVELS, STREAMS, BookSnapshot, Trade
+from engine.book import as_levels
+from engine.errors import DualhubError
+from engine.events import BOOK_LEVELS, BookSnapshot, Trade
+from engine.jit import njit
+from engine.validate import levels_of
 
 FEATURE_VERSION: Final = "v1"
 CUM_LEVELS: Final = (3, 5, 10, 15)
@@ -68,39 +79,190 @@ FEATURE_NAMES: Final = (
     + ("last_trade_bps", "vpin", "vpin_fill")
 )
 N_FEATURES: Final = len(FEATURE_NAMES)  # 36
-_IX: Final = {name: i for i, name in enumerate(FEATURE_NAMES)}
-# Columns that hold a non-negative quantity until log1p is applied at the end.
-LOG_COLUMNS: Final = tuple(
-    _IX[n]
-    for n in (
-        "slope_bid_5",
-        "slope_ask_5",
-        "slope_bid_15",
-        "slope_ask_15",
-        "depth_bid",
-        "depth_ask",
-        "notional_1s",
-        "notional_5s",
-        "trades_1s",
-        "since_trade_ms",
+
+_IMB0 = FEATURE_NAMES.index("imb_l0")
+_DEPTH_BID = FEATURE_NAMES.index("depth_bid")
+_FLOW0 = FEATURE_NAMES.index("flow_imb_1s")
+# Per level i (0-based): the imb_cum column that ends at level i (-1: none), and the slope_bid column
+# (slope_ask is the next one) that ends there.
+_CUM_AT = np.full(BOOK_LEVELS, -1, dtype=np.int64)
+_SLOPE_AT = np.full(BOOK_LEVELS, -1, dtype=np.int64)
+for _k in CUM_LEVELS:
+    _CUM_AT[_k - 1] = FEATURE_NAMES.index(f"imb_cum{_k}")
+for _k in SLOPE_LEVELS:
+    _SLOPE_AT[_k - 1] = FEATURE_NAMES.index(f"slope_bid_{_k}")
+_W1, _W5 = FLOW_WINDOWS_NS
+_V = VPIN_BUCKET_NOTIONAL
+_BID_PX, _BID_SZ, _ASK_PX, _ASK_SZ = 0, BOOK_LEVELS, 2 * BOOK_LEVELS, 3 * BOOK_LEVELS
+
+# v1_trade's answers
+TAKEN, NO_ROOM, BACKWARDS, NOT_FINITE = 0, 1, 2, 3
+
+
+# -- state ------------------------------------------------------------------------------------------
+#
+# ti int64 (2, cap + 1):   ti[0, i] ts_recv of trade i; ti[1, i] volume-bucket boundaries completed by
+#                          the first i trades (ti[1, 0] = 0)
+# tf float64 (3, cap + 1): tf[0, i] px of trade i; tf[1, i] notional of the first i trades; tf[2, i] buy
+#                          notional of the first i trades (tf[1:, 0] = 0)
+# bf float64 (2, bcap + 1): bf[0, k] buy notional at boundary k (cumulative notional k * 100k; bf[0, 0]
+#                          = 0); bf[1, k] |buy - sell| / 100k of the bucket that ends at boundary k
+# n  int64 (2,):           trades fed, boundaries completed
+
+
+def new_state(trades: int = 1024, buckets: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """An empty state (ti, tf, bf, n) with room for ``trades`` trades and ``buckets`` boundaries."""
+    return (
+        np.zeros((2, trades + 1), dtype=np.int64),
+        np.zeros((3, trades + 1), dtype=np.float64),
+        np.zeros((2, buckets + 1), dtype=np.float64),
+        np.zeros(2, dtype=np.int64),
     )
-)
-_LOG_IDX: Final = np.array(LOG_COLUMNS, dtype=np.intp)
-_IMB0: Final = _IX["imb_l0"]
-_CUM0: Final = _IX["imb_cum3"]
-_SLOPE: Final = {("bid", 5): 21, ("ask", 5): 22, ("bid", 15): 23, ("ask", 15): 24}
-_DEPTH: Final = {"bid": _IX["depth_bid"], "ask": _IX["depth_ask"]}
-_FLOW0: Final = _IX["flow_imb_1s"]
 
 
-def _finish(f: np.ndarray) -> np.ndarray:
-    """log1p on :data:`LOG_COLUMNS` of a float64 row or matrix, through one contiguous vector."""
-    if f.ndim == 1:
-        f[_LOG_IDX] = np.log1p(np.ascontiguousarray(f[_LOG_IDX]))
-    else:
-        block = np.ascontiguousarray(f[:, _LOG_IDX]).ravel()
-        f[:, _LOG_IDX] = np.log1p(block).reshape(f.shape[0], len(LOG_COLUMNS))
-    return f.astype(np.float32)
+def _grown(state: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The same state with twice the room for trades and for boundaries."""
+    ti, tf, bf, n = state
+    new = new_state(max(1, 2 * (ti.shape[1] - 1)), max(1, 2 * (bf.shape[1] - 1)))
+    for old, big in zip((ti, tf, bf), new[:3], strict=True):
+        big[:, : old.shape[1]] = old
+    new[3][:] = n
+    return new
+
+
+@njit(nogil=True)
+def v1_trade(ti, tf, bf, n, t_ns, px, sz, is_buy):  # pragma: no cover - compiled
+    """Feed one trade (``ts_recv`` ``t_ns``, aggressor ``is_buy``) into the state. Returns TAKEN, or
+    leaves the state as it was and returns NO_ROOM (grow it, call again), BACKWARDS (``t_ns`` before
+    the previous trade's) or NOT_FINITE (``px * sz`` is NaN or infinite)."""
+    nt = n[0]
+    if nt > 0 and t_ns < ti[0, nt - 1]:
+        return BACKWARDS
+    notional = px * sz
+    if not abs(notional) < math.inf:
+        return NOT_FINITE
+    c0 = tf[1, nt]
+    b0 = tf[2, nt]
+    c1 = c0 + notional
+    k = n[1] + 1  # the next boundary
+    last = k
+    while last * _V <= c1:
+        last += 1
+    if nt + 1 >= ti.shape[1] or last - 1 >= bf.shape[1]:
+        return NO_ROOM
+    buy = 1.0 if is_buy else 0.0
+    ti[0, nt] = t_ns
+    tf[0, nt] = px
+    tf[1, nt + 1] = c1
+    tf[2, nt + 1] = b0 + notional * buy
+    while k < last:  # boundary k at cumulative notional k * V falls inside this trade: split it there
+        x = k * _V
+        bf[0, k] = b0 + (x - c0) * buy
+        bucket_buy = bf[0, k] - bf[0, k - 1]
+        bf[1, k] = abs(2.0 * bucket_buy - _V) / _V
+        k += 1
+    n[1] = last - 1
+    ti[1, nt + 1] = last - 1
+    n[0] = nt + 1
+    return TAKEN
+
+
+@njit(nogil=True, inline="always")
+def _first_at_or_after(ts, hi, t):  # pragma: no cover - compiled
+    """The first index in ``ts[:hi]`` (ascending) whose value is >= ``t`` (``hi`` if none)."""
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if ts[mid] < t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(nogil=True)
+def v1_features(book, t_ns, ti, tf, bf, n, out):  # pragma: no cover - compiled
+    """Features of ``book`` (60 float64, NaN = missing level) received at ``t_ns``, given the trades in
+    the state, into ``out`` (float32, 36)."""
+    for j in range(N_FEATURES):
+        out[j] = 0.0
+    # book part
+    b0 = book[_BID_PX]
+    a0 = book[_ASK_PX]
+    qb0 = book[_BID_SZ]
+    qa0 = book[_ASK_SZ]
+    mid = (b0 + a0) / 2.0
+    if not mid > 0.0:  # NaN (a missing side) or nonsense
+        mid = math.nan
+    if mid == mid:
+        out[0] = (a0 - b0) / mid * 1e4
+        if qb0 == qb0 and qa0 == qa0 and qb0 + qa0 > 0.0:
+            out[1] = ((b0 * qa0 + a0 * qb0) / (qb0 + qa0) - mid) / mid * 1e4
+    sb = 0.0  # cumulative sizes
+    sa = 0.0
+    nb = 0.0  # cumulative notionals
+    na = 0.0
+    deep_b = math.nan  # deepest present price so far
+    deep_a = math.nan
+    for i in range(BOOK_LEVELS):
+        px = book[_BID_PX + i]
+        sz = book[_BID_SZ + i]
+        qb = 0.0
+        if px == px and sz == sz:
+            qb = sz
+            nb += px * sz
+            deep_b = px
+        px = book[_ASK_PX + i]
+        sz = book[_ASK_SZ + i]
+        qa = 0.0
+        if px == px and sz == sz:
+            qa = sz
+            na += px * sz
+            deep_a = px
+        if qb + qa > 0.0:
+            out[_IMB0 + i] = (qb - qa) / (qb + qa)
+        sb += qb
+        sa += qa
+        c = _CUM_AT[i]
+        if c >= 0 and sb + sa > 0.0:
+            out[c] = (sb - sa) / (sb + sa)
+        s = _SLOPE_AT[i]
+        if s >= 0 and mid == mid:
+            dist_b = (mid - deep_b) / mid * 1e4
+            dist_a = (deep_a - mid) / mid * 1e4
+            if dist_b > 0.0 and nb > 0.0:
+                out[s] = math.log1p(nb / dist_b)
+            if dist_a > 0.0 and na > 0.0:
+                out[s + 1] = math.log1p(na / dist_a)
+    out[_DEPTH_BID] = math.log1p(nb)
+    out[_DEPTH_BID + 1] = math.log1p(na)
+    # trade part: trades 0..m-1 came strictly before the book
+    m = _first_at_or_after(ti[0], n[0], t_ns)
+    for w in range(2):
+        lo = _first_at_or_after(ti[0], m, t_ns - (_W1 if w == 0 else _W5))
+        vol = tf[1, m] - tf[1, lo]
+        buy = tf[2, m] - tf[2, lo]
+        if vol > 0.0:
+            out[_FLOW0 + w] = (buy - (vol - buy)) / vol
+        out[_FLOW0 + 2 + w] = math.log1p(vol)
+        if w == 0:
+            out[_FLOW0 + 4] = math.log1p(float(m - lo))
+    since = NO_TRADE_MS
+    if m > 0:
+        since = (t_ns - ti[0, m - 1]) / 1e6
+        if since > NO_TRADE_MS:
+            since = NO_TRADE_MS
+        if mid == mid:
+            out[_FLOW0 + 6] = (tf[0, m - 1] - mid) / mid * 1e4
+    out[_FLOW0 + 5] = math.log1p(since)
+    done = ti[1, m]  # boundaries completed by trades 0..m-1
+    used = min(done, VPIN_BUCKETS)
+    if used > 0:
+        acc = 0.0
+        for k in range(done - used + 1, done + 1):  # oldest first
+            acc += bf[1, k]
+        out[_FLOW0 + 7] = acc / used
+    out[_FLOW0 + 8] = used / VPIN_BUCKETS
 
 
 # -- per tick ---------------------------------------------------------------------------------------
@@ -115,243 +277,79 @@ class FeaturesV1:
     """
 
     def __init__(self) -> None:
-        self._ts: list[int] = []
-        self._px: list[float] = []
-        self._cum = [0.0]  # cumulative notional after each trade (index 0: before any)
-        self._cum_buy = [0.0]
-        self._bucket_buy = [0.0]  # cumulative buy notional at each bucket boundary k * V
-        self._bucket_at: list[int] = []  # trade count (index + 1) that completed boundary k (k >= 1)
-        self._bucket_imb: list[float] = []  # |buy - sell| / V of bucket k (k >= 1)
+        self._ti, self._tf, self._bf, self._n = new_state()
 
     def on_trade(self, trade: Trade) -> None:
-        if self._ts and trade.ts_recv < self._ts[-1]:
-            raise ValueError(
-                f"trades must come in ts_recv order: ts_recv={trade.ts_recv} < previous {self._ts[-1]}"
-            )
-        notional = trade.px * trade.sz
-        is_buy = 1.0 if trade.side == "buy" else 0.0
-        c0 = self._cum[-1]
-        b0 = self._cum_buy[-1]
-        c1 = c0 + notional
-        self._ts.append(trade.ts_recv)
-        self._px.append(trade.px)
-        self._cum.append(c1)
-        self._cum_buy.append(b0 + notional * is_buy)
-        k = len(self._bucket_buy)
-        while k * VPIN_BUCKET_NOTIONAL <= c1:
-            x = k * VPIN_BUCKET_NOTIONAL
-            self._bucket_buy.append(b0 + (x - c0) * is_buy)
-            buy = self._bucket_buy[k] - self._bucket_buy[k - 1]
-            self._bucket_imb.append(abs(2.0 * buy - VPIN_BUCKET_NOTIONAL) / VPIN_BUCKET_NOTIONAL)
-            self._bucket_at.append(len(self._ts))
-            k += 1
+        ts, px, sz, buy = trade.ts_recv, trade.px, trade.sz, trade.side == "buy"
+        answer = v1_trade(self._ti, self._tf, self._bf, self._n, ts, px, sz, buy)
+        while answer == NO_ROOM:
+            self._ti, self._tf, self._bf, self._n = _grown((self._ti, self._tf, self._bf, self._n))
+            answer = v1_trade(self._ti, self._tf, self._bf, self._n, ts, px, sz, buy)
+        if answer != TAKEN:
+            _refuse(answer, ts, px, sz, int(self._ti[0, self._n[0] - 1]) if self._n[0] else 0)
 
     def features(self, book: BookSnapshot, out: np.ndarray | None = None) -> np.ndarray:
-        """Features of ``book`` given the trades fed so far, shape ``(36,)`` float32."""
-        f = [0.0] * N_FEATURES
-        mid = _book_part(book, f)
-        self._trade_part(book.ts_recv, mid, f)
-        row = _finish(np.array(f, dtype=np.float64))
+        """Features of ``book`` given the trades fed so far, shape ``(36,)`` float32. ``out``, if given,
+        must be a contiguous float32 array of shape ``(36,)``; it is filled and returned."""
         if out is None:
-            return row
-        out[:] = row
+            out = np.empty(N_FEATURES, dtype=np.float32)
+        elif out.dtype != np.float32 or out.shape != (N_FEATURES,):  # a float64 row would skip the rounding
+            raise ValueError(f"out must be float32 of shape ({N_FEATURES},), got {out.dtype} {out.shape}")
+        v1_features(as_levels(book), book.ts_recv, self._ti, self._tf, self._bf, self._n, out)
         return out
 
-    def _trade_part(self, t_ns: int, mid: float, f: list[float]) -> None:
-        ts = self._ts
-        m = bisect_left(ts, t_ns)  # trades strictly before t_ns
-        cum, cum_buy = self._cum, self._cum_buy
-        for w, window_ns in enumerate(FLOW_WINDOWS_NS):
-            lo = bisect_left(ts, t_ns - window_ns, 0, m)
-            vol = cum[m] - cum[lo]
-            buy = cum_buy[m] - cum_buy[lo]
-            if vol > 0.0:
-                f[_FLOW0 + w] = (buy - (vol - buy)) / vol
-            f[_FLOW0 + 2 + w] = vol
-            if w == 0:
-                f[_FLOW0 + 4] = float(m - lo)
-        if m > 0:
-            f[_FLOW0 + 5] = min((t_ns - ts[m - 1]) / 1e6, NO_TRADE_MS)
-            if mid == mid:
-                f[_FLOW0 + 6] = (self._px[m - 1] - mid) / mid * 1e4
-        else:
-            f[_FLOW0 + 5] = NO_TRADE_MS
-        n_done = bisect_left(self._bucket_at, m + 1)  # boundaries completed by trades 1..m
-        n_eff = min(n_done, VPIN_BUCKETS)
-        if n_eff > 0:
-            acc = 0.0
-            for k in range(n_done - n_eff, n_done):
-                acc += self._bucket_imb[k]
-            f[_FLOW0 + 7] = acc / n_eff
-        f[_FLOW0 + 8] = n_eff / VPIN_BUCKETS
 
-
-def _book_part(book: BookSnapshot, f: list[float]) -> float:
-    """Fill the book features into ``f``; returns the mid (NaN on a one-sided book)."""
-    b0, a0 = book.bid_px[0], book.ask_px[0]
-    qb0, qa0 = book.bid_sz[0], book.ask_sz[0]
-    mid = (b0 + a0) / 2.0
-    if not mid > 0.0:  # NaN (a missing side) or nonsense
-        mid = math.nan
-    if mid == mid:
-        f[0] = (a0 - b0) / mid * 1e4
-        if qb0 == qb0 and qa0 == qa0 and qb0 + qa0 > 0.0:
-            f[1] = ((b0 * qa0 + a0 * qb0) / (qb0 + qa0) - mid) / mid * 1e4
-    sb = sa = 0.0  # cumulative sizes
-    nb = na = 0.0  # cumulative notionals
-    deep_b = deep_a = math.nan  # deepest present price so far
-    for i in range(BOOK_LEVELS):
-        px, sz = book.bid_px[i], book.bid_sz[i]
-        qb = 0.0
-        if px == px and sz == sz:
-            qb = sz
-            nb += px * sz
-            deep_b = px
-        px, sz = book.ask_px[i], book.ask_sz[i]
-        qa = 0.0
-        if px == px and sz == sz:
-            qa = sz
-            na += px * sz
-            deep_a = px
-        if qb + qa > 0.0:
-            f[_IMB0 + i] = (qb - qa) / (qb + qa)
-        sb += qb
-        sa += qa
-        k = i + 1
-        if k in CUM_LEVELS and sb + sa > 0.0:
-            f[_CUM0 + CUM_LEVELS.index(k)] = (sb - sa) / (sb + sa)
-        if k in SLOPE_LEVELS and mid == mid:
-            dist_b = (mid - deep_b) / mid * 1e4
-            dist_a = (deep_a - mid) / mid * 1e4
-            if dist_b > 0.0 and nb > 0.0:
-                f[_SLOPE["bid", k]] = nb / dist_b
-            if dist_a > 0.0 and na > 0.0:
-                f[_SLOPE["ask", k]] = na / dist_a
-    f[_DEPTH["bid"]] = nb
-    f[_DEPTH["ask"]] = na
-    return mid
+def _refuse(answer: int, ts: int, px: float, sz: float, previous: int) -> None:
+    if answer == BACKWARDS:
+        raise ValueError(f"trades must come in ts_recv order: ts_recv={ts} < previous {previous}")
+    raise DualhubError(f"trade at ts_recv={ts} has px * sz = {px!r} * {sz!r}, not a finite notional")
 
 
 # -- batch ------------------------------------------------------------------------------------------
 
 
-def _col(table: pa.Table, name: str) -> np.ndarray:
-    return table.column(name).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+@njit(nogil=True)
+def _feed(ti, tf, bf, n, ts, px, sz, is_buy, start):  # pragma: no cover - compiled
+    """:func:`v1_trade` for trades ``start..``; returns (the trade it stopped at, its answer)."""
+    for i in range(start, ts.shape[0]):
+        answer = v1_trade(ti, tf, bf, n, ts[i], px[i], sz[i], is_buy[i])
+        if answer != TAKEN:
+            return i, answer
+    return ts.shape[0], TAKEN
 
 
-def _book_batch(table: pa.Table, f: np.ndarray) -> np.ndarray:
-    n = table.num_rows
-    b0, a0 = _col(table, "bid_px_0"), _col(table, "ask_px_0")
-    qb0, qa0 = _col(table, "bid_sz_0"), _col(table, "ask_sz_0")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mid = (b0 + a0) / 2.0
-        mid = np.where(mid > 0.0, mid, np.nan)
-        has_mid = ~np.isnan(mid)
-        f[:, 0] = np.where(has_mid, (a0 - b0) / mid * 1e4, 0.0)
-        q = qb0 + qa0
-        micro_ok = has_mid & ~np.isnan(qb0) & ~np.isnan(qa0) & (q > 0.0)
-        f[:, 1] = np.where(micro_ok, ((b0 * qa0 + a0 * qb0) / q - mid) / mid * 1e4, 0.0)
-        sb, sa = np.zeros(n), np.zeros(n)
-        nb, na = np.zeros(n), np.zeros(n)
-        deep_b, deep_a = np.full(n, np.nan), np.full(n, np.nan)
-        for i in range(BOOK_LEVELS):
-            px, sz = _col(table, f"bid_px_{i}"), _col(table, f"bid_sz_{i}")
-            ok = ~np.isnan(px) & ~np.isnan(sz)
-            qb = np.where(ok, sz, 0.0)
-            nb = np.where(ok, nb + px * sz, nb)
-            deep_b = np.where(ok, px, deep_b)
-            px, sz = _col(table, f"ask_px_{i}"), _col(table, f"ask_sz_{i}")
-            ok = ~np.isnan(px) & ~np.isnan(sz)
-            qa = np.where(ok, sz, 0.0)
-            na = np.where(ok, na + px * sz, na)
-            deep_a = np.where(ok, px, deep_a)
-            tot = qb + qa
-            f[:, _IMB0 + i] = np.where(tot > 0.0, (qb - qa) / np.where(tot > 0.0, tot, 1.0), 0.0)
-            sb = sb + qb
-            sa = sa + qa
-            k = i + 1
-            if k in CUM_LEVELS:
-                tot = sb + sa
-                f[:, _CUM0 + CUM_LEVELS.index(k)] = np.where(
-                    tot > 0.0, (sb - sa) / np.where(tot > 0.0, tot, 1.0), 0.0
-                )
-            if k in SLOPE_LEVELS:
-                dist_b = (mid - deep_b) / mid * 1e4
-                dist_a = (deep_a - mid) / mid * 1e4
-                f[:, _SLOPE["bid", k]] = np.where(has_mid & (dist_b > 0.0) & (nb > 0.0), nb / dist_b, 0.0)
-                f[:, _SLOPE["ask", k]] = np.where(has_mid & (dist_a > 0.0) & (na > 0.0), na / dist_a, 0.0)
-        f[:, _DEPTH["bid"]] = nb
-        f[:, _DEPTH["ask"]] = na
-    return mid
+@njit(nogil=True)
+def _rows(levels, t_ns, rows, ti, tf, bf, n, out):  # pragma: no cover - compiled
+    """:func:`v1_features` of the books ``rows`` (indices into ``levels``, ``t_ns`` and ``out``)."""
+    for r in rows:
+        v1_features(levels[r], t_ns[r], ti, tf, bf, n, out[r])
 
 
-class _TradeArrays:
-    """One symbol's trades (sorted by ts_recv, seq) as the cumulative sums both paths share."""
-
-    def __init__(self, trades: pa.Table) -> None:
-        self.ts = trades.column("ts_recv").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        self.px = _col(trades, "px")
-        notional = self.px * _col(trades, "sz")
-        is_buy = np.where(
-            pc.equal(trades.column("side"), "buy").to_numpy(zero_copy_only=False).astype(bool), 1.0, 0.0
-        )
-        self.cum = np.concatenate([[0.0], np.cumsum(notional)])
-        self.cum_buy = np.concatenate([[0.0], np.cumsum(notional * is_buy)])
-        # Volume buckets: boundary k (k >= 1) at cumulative notional k * V, completed by the first
-        # trade whose cumulative notional reaches it; that trade is split pro rata at the boundary.
-        total = float(self.cum[-1])
-        ks = np.arange(1, int(total // VPIN_BUCKET_NOTIONAL) + 2)
-        x = ks * VPIN_BUCKET_NOTIONAL
-        x = x[x <= total]
-        j = np.searchsorted(self.cum[1:], x, side="left")  # trade index (0-based) completing boundary k
-        bucket_buy = np.concatenate([[0.0], self.cum_buy[j] + (x - self.cum[j]) * is_buy[j]])
-        buy = bucket_buy[1:] - bucket_buy[:-1]
-        self.bucket_imb = np.abs(2.0 * buy - VPIN_BUCKET_NOTIONAL) / VPIN_BUCKET_NOTIONAL
-        self.bucket_at = j + 1  # trades (count) needed to complete boundary k
+def _state_of(trades: pa.Table, ts_recv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The state after one symbol's trades, fed in ``(ts_recv, seq)`` order."""
+    order = np.lexsort((trades.column("seq").to_numpy(zero_copy_only=False), ts_recv))
+    ts = np.ascontiguousarray(ts_recv[order], dtype=np.int64)
+    px = trades.column("px").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)[order]
+    sz = trades.column("sz").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)[order]
+    is_buy = pc.equal(trades.column("side"), "buy").to_numpy(zero_copy_only=False).astype(bool)[order]
+    state = new_state(len(ts), 64)
+    at = 0
+    while True:
+        at, answer = _feed(*state, ts, px, sz, is_buy, at)
+        if answer == TAKEN:
+            return state
+        if answer != NO_ROOM:
+            _refuse(answer, int(ts[at]), float(px[at]), float(sz[at]), int(ts[at - 1]) if at else 0)
+        state = _grown(state)
 
 
-def _trade_batch(t_ns: np.ndarray, mid: np.ndarray, tr: _TradeArrays, f: np.ndarray) -> None:
-    """Trade features for book times ``t_ns`` (and mids) into ``f``'s trade columns."""
-    ts, cum, cum_buy = tr.ts, tr.cum, tr.cum_buy
-    m = np.searchsorted(ts, t_ns, side="left")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        for w, window_ns in enumerate(FLOW_WINDOWS_NS):
-            lo = np.minimum(np.searchsorted(ts, t_ns - window_ns, side="left"), m)
-            vol = cum[m] - cum[lo]
-            buy = cum_buy[m] - cum_buy[lo]
-            f[:, _FLOW0 + w] = np.where(vol > 0.0, (buy - (vol - buy)) / np.where(vol > 0.0, vol, 1.0), 0.0)
-            f[:, _FLOW0 + 2 + w] = vol
-            if w == 0:
-                f[:, _FLOW0 + 4] = (m - lo).astype(np.float64)
-        has = m > 0
-        last = np.maximum(m - 1, 0)
-        if len(ts):
-            since = np.minimum((t_ns - ts[last]) / 1e6, NO_TRADE_MS)
-            f[:, _FLOW0 + 5] = np.where(has, since, NO_TRADE_MS)
-            ok = has & ~np.isnan(mid)
-            f[:, _FLOW0 + 6] = np.where(ok, (tr.px[last] - mid) / mid * 1e4, 0.0)
-        else:
-            f[:, _FLOW0 + 5] = NO_TRADE_MS
-    imb = tr.bucket_imb
-    n_done = np.searchsorted(tr.bucket_at, m + 1, side="left")  # boundaries completed by trades 1..m
-    n_eff = np.minimum(n_done, VPIN_BUCKETS)
-    acc = np.zeros(len(t_ns))
-    for o in range(VPIN_BUCKETS):  # oldest to newest, as the per-tick loop adds them
-        use = o < n_eff
-        k = np.where(use, n_done - n_eff + o, 0)
-        acc = np.where(use, acc + (imb[k] if len(imb) else 0.0), acc)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        f[:, _FLOW0 + 7] = np.where(n_eff > 0, acc / np.maximum(n_eff, 1), 0.0)
-    f[:, _FLOW0 + 8] = n_eff / VPIN_BUCKETS
-
-
-def _with_ts_recv(table: pa.Table, ts_recv: np.ndarray | None) -> pa.Table:
-    if ts_recv is None:
-        return table
-    ts = np.asarray(ts_recv, dtype=np.int64)
+def _ts_recv(table: pa.Table, override: np.ndarray | None) -> np.ndarray:
+    if override is None:
+        return table.column("ts_recv").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    ts = np.asarray(override, dtype=np.int64)
     if ts.shape != (table.num_rows,):
         raise ValueError(f"ts_recv override has shape {ts.shape}, the table has {table.num_rows} rows")
-    return table.set_column(table.schema.get_field_index("ts_recv"), "ts_recv", pa.array(ts))
+    return ts
 
 
 def features_v1_batch(
@@ -366,38 +364,32 @@ def features_v1_batch(
     :meth:`FeaturesV1.features` fed with the same symbol's ``trades`` (``None``: no trade stream).
 
     ``book_ts_recv`` / ``trade_ts_recv`` replace the tables' ``ts_recv`` columns (a replay with
-    modelled feed latency sees the market at other local times than the recording did). Books are
-    processed ``chunk_rows`` at a time, so float64 temporaries stay small on long sessions.
+    modelled feed latency sees the market at other local times than the recording did). Book levels
+    are read ``chunk_rows`` rows at a time, so the float64 copy stays small on long sessions.
     """
     n = books.num_rows
     out = np.zeros((n, N_FEATURES), dtype=np.float32)
     if n == 0:
         return out
-    books = _with_ts_recv(books, book_ts_recv)
-    if trades is not None:
-        trades = _with_ts_recv(trades, trade_ts_recv)
-    t_all = books.column("ts_recv").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    sym_all = books.column("symbol").to_numpy(zero_copy_only=False)
-    by_symbol: dict[str, _TradeArrays] = {}
-    for sym in sorted(set(sym_all.tolist())):
-        if trades is not None and trades.num_rows:
-            tr = trades.filter(pc.equal(trades.column("symbol"), sym))
-            tr = tr.sort_by([("ts_recv", "ascending"), ("seq", "ascending")])
-        else:
-            tr = STREAMS["trade"].schema.empty_table()
-        by_symbol[sym] = _TradeArrays(tr)
+    t_books = _ts_recv(books, book_ts_recv)
+    t_trades = _ts_recv(trades, trade_ts_recv) if trades is not None else None
+    sym_books = books.column("symbol").to_numpy(zero_copy_only=False)
+    sym_trades = trades.column("symbol").to_numpy(zero_copy_only=False) if trades is not None else None
+    states = {}
+    for sym in sorted(set(sym_books.tolist())):
+        if trades is None or t_trades is None or sym_trades is None:
+            states[sym] = new_state(0, 0)
+            continue
+        mine = np.flatnonzero(sym_trades == sym)
+        states[sym] = _state_of(trades.take(mine), t_trades[mine])
     for start in range(0, n, chunk_rows):
         chunk = books.slice(start, chunk_rows)
-        f = np.zeros((chunk.num_rows, N_FEATURES), dtype=np.float64)
-        mid = _book_batch(chunk, f)
-        t_ns = t_all[start : start + chunk.num_rows]
-        syms = sym_all[start : start + chunk.num_rows]
-        for sym, tr in by_symbol.items():
+        levels = levels_of(chunk)
+        t_ns = t_books[start : start + chunk.num_rows]
+        syms = sym_books[start : start + chunk.num_rows]
+        part = out[start : start + chunk.num_rows]
+        for sym, state in states.items():
             rows = np.flatnonzero(syms == sym)
-            if rows.size == 0:
-                continue
-            sub = np.zeros((rows.size, N_FEATURES), dtype=np.float64)
-            _trade_batch(t_ns[rows], mid[rows], tr, sub)
-            f[rows, _FLOW0:] = sub[:, _FLOW0:]
-        out[start : start + chunk.num_rows] = _finish(f)
+            if rows.size:
+                _rows(levels, t_ns, rows, *state, part)
     return out
