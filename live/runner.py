@@ -799,17 +799,22 @@ class LiveRunner:
             paper = None
             execution: Any = self.execution
             if cfg.mode == "paper":
-                rng = np.random.default_rng([rng_root, 4, i])
+                # One stream per order latency model, components 4, 5, 6 as replay's: for the first
+                # symbol the streams are replay's own (a seed sequence pads its entropy with zeros), so
+                # a replay with the run's seed and models draws what the paper venue drew.
+                entry, response, cancel = (np.random.default_rng([rng_root, c, i]) for c in (4, 5, 6))
                 paper = SimExchange(
                     self.clock,  # type: ignore[arg-type]  # schedule/now_ns: the live clock fits
                     fill_model=FILL_MODELS[cfg.fill_model](),
                     entry_latency=RecordingLatency(
-                        parse_latency(cfg.latency_order_entry, rng), "order_entry", sink
+                        parse_latency(cfg.latency_order_entry, entry), "order_entry", sink
                     ),
                     response_latency=RecordingLatency(
-                        parse_latency(cfg.latency_order_response, rng), "order_response", sink
+                        parse_latency(cfg.latency_order_response, response), "order_response", sink
                     ),
-                    cancel_latency=RecordingLatency(parse_latency(cfg.latency_cancel, rng), "cancel", sink),
+                    cancel_latency=RecordingLatency(
+                        parse_latency(cfg.latency_cancel, cancel), "cancel", sink
+                    ),
                 )
                 execution = paper
             kev = LiveKevBackend(advisor, self, sink)

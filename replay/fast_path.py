@@ -30,7 +30,7 @@ from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
 from replay import kernel as K
 from replay.walk import StreamedWalk
-from venue.batch_latency import sample_many
+from venue.batch_latency import RecordedTable, recorded_table, sample_many
 from venue.fills import FILL_MODELS
 from venue.latency import LatencyModel, ScaledLatency
 
@@ -64,6 +64,21 @@ def _stream(model: LatencyModel) -> Any:
     return getattr(model, "_rng", None)
 
 
+def _keyed_row(table: RecordedTable | None) -> np.ndarray | None:
+    """A recorded model's table as the kernel's olat row (kernel.KEY_*), None for a drawn model."""
+    if table is None:
+        return None
+    n, head = len(table.keys), K.KEY_HEAD
+    row = np.empty(head + 3 * n + len(table.dur_ns), dtype=np.int64)
+    row[K.KEY_N], row[K.KEY_FALLBACK], row[K.KEY_MISSES] = n, table.fallback_ns, 0
+    row[head : head + n] = table.keys
+    ends = head + 3 * n + np.cumsum(table.counts)
+    row[head + n : head + 2 * n] = ends - table.counts  # each key's next duration: its first
+    row[head + 2 * n : head + 3 * n] = ends
+    row[head + 3 * n :] = table.dur_ns
+    return row
+
+
 def _decimal_parts(d: Decimal) -> tuple[int, int] | None:
     """``d`` as (integer, decimals) with d == integer * 10**-decimals, decimals in 0..12."""
     sign, digits, exp = d.as_tuple()
@@ -81,13 +96,6 @@ def _tick_decimals(tick: float) -> int | None:
 def config_unsupported(cfg: Any) -> str:
     """:func:`unsupported`'s answer where the replay config alone decides it, asked before any data is
     read (so a run the kernel cannot take is not set up twice). "" does not promise the kernel runs."""
-    for name, spec in (
-        ("order entry", cfg.latency_order_entry),
-        ("order response", cfg.latency_order_response),
-        ("cancel", cfg.latency_cancel),
-    ):
-        if spec.startswith("recorded:"):
-            return f"a recorded {name} latency (replayed by key, not drawn in a batch)"
     if cfg.fill_model not in FILL_MODEL_CODES:
         return f"fill model {cfg.fill_model!r}"
     return ""
@@ -114,6 +122,11 @@ def unsupported(cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_wa
         ("order response", exchange.response_latency),
         ("cancel", exchange.cancel_latency),
     ):
+        table = recorded_table(m)
+        if table is not None:  # looked up by key as it is drawn
+            if table.fallback_ns < 0 or bool((table.dur_ns < 0).any()):
+                return f"a recorded {name} latency below zero (the clock refuses it)"
+            continue
         if sample_many(m, np.zeros(0, dtype=np.int64)) is None:
             return f"a latency model the kernel cannot draw in a batch ({name}: {type(m).__name__})"
         rng = _stream(m)
@@ -274,8 +287,12 @@ class KernelRun:
         self.OUTF = np.zeros((8, OUT_CAP, K.OUT_MAXF), dtype=np.float64)
         self.NOUT = np.zeros(8, dtype=np.int64)
         self.lags = np.zeros(0, dtype=np.int64)
-        # rows K.OLAT_ENTRY, K.OLAT_RESPONSE, K.OLAT_CANCEL (unsupported() checked each draws in a batch)
+        # rows K.OLAT_ENTRY, K.OLAT_RESPONSE, K.OLAT_CANCEL (unsupported() checked each draws in a batch
+        # or is a recorded table, which the kernel looks each draw up in)
         self.olat_models = (exchange.entry_latency, exchange.response_latency, exchange.cancel_latency)
+        self.olat_keyed = [_keyed_row(recorded_table(m)) for m in self.olat_models]
+        for k, row in enumerate(self.olat_keyed):
+            C[K.C_OLAT_KEYED + k] = row is not None
         self.olat = np.zeros((3, 0), dtype=np.int64)
         self.streams = {s: _KernelStream(log, s) for s in K.OUT_STREAMS}
         self._texts: dict[int, tuple[str, str, str]] = {}  # request id -> (key, raw, reason)
@@ -358,10 +375,15 @@ class KernelRun:
         self.S[K.S_LAG_N] = len(self.lags)
 
     def _more_latencies(self) -> None:
-        """Each order latency model's unused draws, then new ones, LATENCY_BATCH a model."""
-        width = max(LATENCY_BATCH, K.MARGIN + 1)
-        olat = np.empty((3, width), dtype=np.int64)
+        """Each order latency model's unused draws, then new ones, LATENCY_BATCH a model; a recorded
+        model's table as the kernel left it (its draws never use the row up)."""
+        width = max(LATENCY_BATCH, K.MARGIN + 1, *(len(r) for r in self.olat_keyed if r is not None))
+        olat = np.zeros((3, width), dtype=np.int64)
         for k, model in enumerate(self.olat_models):
+            keyed = self.olat_keyed[k]
+            if keyed is not None:
+                olat[k, : len(keyed)] = self.olat[k, : len(keyed)] if self.olat.shape[1] else keyed
+                continue
             left = self.olat[k, int(self.S[K.S_OLAT_USED + k]) :]
             olat[k, : len(left)] = left
             drawn = sample_many(model, np.zeros(width - len(left), dtype=np.int64))

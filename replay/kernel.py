@@ -210,6 +210,7 @@ SF_SIZE = 8
     C_TAKER_NUM,
     C_TAKER_EXP,
 ) = range(20)
+C_OLAT_KEYED = 28  # 28..30: 1 where olat row OLAT_* is a recorded table looked up by the draw's time
 C_KEV_ASK = 31  # 1: the advisor is Python's (cassette, LLM); 0: the compiled rule advisor decides
 C_SIZE = 32
 # CF (float64 config)
@@ -250,6 +251,10 @@ HI_COLS, HF_COLS = 7, 2
 # Order latencies drawn ahead, one row per model (each its own random stream, drawn in the order
 # SimExchange draws it): olat[OLAT_*, S[S_OLAT_USED + OLAT_*]] is the next one.
 OLAT_ENTRY, OLAT_RESPONSE, OLAT_CANCEL = 0, 1, 2
+# A recorded model's row (C_OLAT_KEYED) is its whole table instead (venue.recorded_latency): the number
+# of keys n, the fallback, the misses so far, then from KEY_HEAD the n keys ascending, each key's next
+# and end position in the row, and the durations grouped by key, each key's in recorded order.
+KEY_N, KEY_FALLBACK, KEY_MISSES, KEY_HEAD = 0, 1, 2, 3
 
 # Output streams: index, int columns, float columns
 O_KEV_QUEUE, O_KEV_REQUEST, O_KEV_RESPONSE, O_COMMAND, O_RISK, O_ORDER, O_FILL, O_LATENCY = range(8)
@@ -667,11 +672,29 @@ def _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight):
 
 
 @njit
-def _draw(S, olat, k):
-    """The next latency of order latency model ``k`` (OLAT_*)."""
+def _draw(S, C, olat, k):
+    """The next latency of order latency model ``k`` (OLAT_*); a recorded model's is looked up by the
+    time of the draw, which SimExchange passes to ``sample_ns`` (S_NOW at every call here)."""
+    if C[C_OLAT_KEYED + k] != 0:
+        return _recorded(olat[k], S[S_NOW])
     i = S[S_OLAT_USED + k]
     S[S_OLAT_USED + k] = i + 1
     return olat[k, i]
+
+
+@njit
+def _recorded(row, key):
+    """RecordedLatency.sample_ns(key) on a table row (KEY_*): the key's next duration in recorded order;
+    a key never recorded, or with none left, gets the fallback and counts a miss."""
+    n = row[KEY_N]
+    j = np.searchsorted(row[KEY_HEAD : KEY_HEAD + n], key)
+    if j < n and row[KEY_HEAD + j] == key:
+        p = row[KEY_HEAD + n + j]
+        if p < row[KEY_HEAD + 2 * n + j]:
+            row[KEY_HEAD + n + j] = p + 1
+            return row[p]
+    row[KEY_MISSES] += 1
+    return row[KEY_FALLBACK]
 
 
 # ---------------------------------------------------------------- engine: events
@@ -918,7 +941,7 @@ def _send_new(
     S[S_NWORK] = nw + 1
     _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_NEW, now, now, R_EMPTY)
     _span(OUTI, NOUT, SPAN_TICK_TO_ORDER, REF_ORDER, oid, origin, now)
-    at = now + _draw(S, olat, OLAT_ENTRY)
+    at = now + _draw(S, C, olat, OLAT_ENTRY)
     _heap_push(S, HI, HF, OI, at, PRIO_EXCH_IN, T_ARRIVE, oid, 0, 0, 0.0, 0.0)
 
 
@@ -943,7 +966,7 @@ def _send_cancel(S, C, OI, OF, HI, HF, olat, oid, OUTI, OUTF, NOUT):
     )
     OI[oid & (OI.shape[0] - 1), OI_STATUS] = PENDING_CANCEL
     _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_CANCEL, now, now, R_EMPTY)
-    at = now + _draw(S, olat, OLAT_CANCEL)
+    at = now + _draw(S, C, olat, OLAT_CANCEL)
     _heap_push(S, HI, HF, OI, at, PRIO_EXCH_IN, T_ARRIVE_CANCEL, oid, 0, 0, 0.0, 0.0)
 
 
@@ -1789,7 +1812,7 @@ def _timer(
 def _report(S, C, OI, HI, HF, olat, method, oid, arg, f1, f2):
     """SimExchange._report: the engine hears of it after the response latency, with ts_event = now."""
     now = S[S_NOW]
-    at = now + _draw(S, olat, OLAT_RESPONSE)
+    at = now + _draw(S, C, olat, OLAT_RESPONSE)
     _heap_push(S, HI, HF, OI, at, PRIO_EXCH_OUT, T_REPORT, oid, method | (arg << 8), now, f1, f2)
 
 

@@ -11,6 +11,12 @@ grid::
     fill_model = ["touch", "through"]
     "risk.max_position" = [0.02, 0.05]
     scale_latency = ["kev=1", "kev=2,order=0.5"]   # the --scale-latency spec works as a key too
+    strategy = ["baseline", "imbalance_lean"]     # --strategy
+    "strategy_params.offset_ticks" = [0, 1, 2]    # --strategy-param offset_ticks=N
+
+A strategy parameter is checked against the strategy of every grid point it meets (its name, its
+range: ``engine.strategies.registry``) when the grid is read: a wrong one stops the sweep before
+anything runs.
 
 Every (session, parameter set) is one call of :func:`run_one`, a top-level function of plain
 arguments that returns a plain row dict (no globals, nothing shared between calls), so it can be
@@ -52,10 +58,12 @@ import pyarrow.parquet as pq
 from engine.errors import DualhubError
 from engine.events import Label
 from engine.store import atomic_write_parquet, open_session
+from engine.strategies.registry import parse_params, resolve
 from replay.driver import ReplayConfig, run_replay
 
 SCALE_KEYS: Final = ("kev", "laya", "order", "feed")
 SCALE_LATENCY_KEY: Final = "scale_latency"  # grid/base key taking a --scale-latency spec
+STRATEGY_PARAMS: Final = "strategy_params"  # group of the strategy's parameters: strategy_params.NAME
 PARAM_PREFIX: Final = "p_"  # results column of parameter "risk.max_position": "p_risk_max_position"
 
 # ---------------------------------------------------------------------------------------------------
@@ -128,9 +136,11 @@ def check_param_name(name: str) -> None:
     if not dot:
         if name not in top:
             raise DualhubError(f"unknown parameter {name!r}; ReplayConfig fields: {', '.join(top)}")
-        if name in nested:
+        if name in nested or name == STRATEGY_PARAMS:
             raise DualhubError(f"parameter {name!r} is a group; set its fields ({name}.FIELD)")
         return
+    if head == STRATEGY_PARAMS and leaf:
+        return  # the strategy's own names: check_strategy_params
     if head not in nested:
         raise DualhubError(f"unknown parameter group {head!r} in {name!r}; groups: {', '.join(nested)}")
     if leaf not in _fields(nested[head]):
@@ -174,6 +184,7 @@ def build_config(params: Mapping[str, Any], base: ReplayConfig | None = None) ->
     top: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {}
     scales: dict[str, float] = {}
+    strategy_params: dict[str, float] = {}
     for name, value in params.items():
         check_param_name(name)
         if name == SCALE_LATENCY_KEY:
@@ -182,15 +193,42 @@ def build_config(params: Mapping[str, Any], base: ReplayConfig | None = None) ->
             scales = parse_scale_latency(value)
             continue
         head, dot, leaf = name.partition(".")
-        if dot:
+        if head == STRATEGY_PARAMS:
+            strategy_params.update(_strategy_param(leaf, value))
+        elif dot:
             groups.setdefault(head, {})[leaf] = _coerce(name, _fields(nested[head])[leaf], value)
         else:
             top[name] = _coerce(name, top_fields[name], value)
     cfg = base or ReplayConfig()
     for head, values in groups.items():
         top[head] = dataclasses.replace(getattr(cfg, head), **values)
+    if strategy_params:
+        top[STRATEGY_PARAMS] = {**cfg.strategy_params, **strategy_params}
     cfg = dataclasses.replace(cfg, **top)
     return apply_scales(cfg, scales) if scales else cfg
+
+
+def _strategy_param(name: str, value: Any) -> dict[str, float]:
+    """``strategy_params.NAME = value`` as ``--strategy-param NAME=value`` reads it."""
+    text = str(value).lower() if isinstance(value, bool) else str(value)  # a bool is no number
+    return parse_params([f"{name}={text}"], flag=f"{STRATEGY_PARAMS}.{name}")
+
+
+def check_strategy_params(base: Mapping[str, Any], axes: Mapping[str, list[Any]]) -> None:
+    """Raise :class:`DualhubError` unless every combination of ``strategy`` and ``strategy_params.*``
+    the grid makes names a strategy of the registry and only its parameters, each in its range."""
+    names = [n for n in axes if n == "strategy" or n.partition(".")[0] == STRATEGY_PARAMS]
+    default = _fields(ReplayConfig)["strategy"].default
+    for values in itertools.product(*(axes[n] for n in names)):
+        point = {**base, **dict(zip(names, values, strict=True))}
+        params: dict[str, float] = {}
+        for name, value in point.items():
+            head, _, leaf = name.partition(".")
+            if head == STRATEGY_PARAMS:
+                params.update(_strategy_param(leaf, value))
+        strategy = point.get("strategy", default)
+        if params or "strategy" in point:
+            resolve(strategy if isinstance(strategy, str) else repr(strategy), params)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -237,6 +275,10 @@ def parse_grid(doc: Mapping[str, Any], source: str = "grid") -> Grid:
     both = sorted(set(base) & set(axes))
     if both:
         raise DualhubError(f"{source}: {both} set in both [base] and [grid]")
+    try:
+        check_strategy_params(base, axes)
+    except DualhubError as e:
+        raise DualhubError(f"{source}: {e}") from None
     return Grid(base=base, axes={n: axes[n] for n in sorted(axes)})
 
 

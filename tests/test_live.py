@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIRM = "--i-understand-this-trades-real-money"
 SPEED = 10.0  # two simulated minutes in 12 s of wall time; live runs here last a few seconds
 JITTER = "lognormal:p5=1ms,p95=9ms"
+CANCEL_JITTER = "lognormal:p5=2ms,p95=15ms"
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,16 @@ def paper_run(frames, tmp_path_factory):
     # random order latencies (seed 7; the replay's default seed is 1): only the recorded values can
     # reproduce them
     with LocalExchangeThread(LocalExchange(frames, speed=SPEED)) as ex:
-        res = run_live(_cfg(ex, out, latency_order_entry=JITTER, latency_order_response=JITTER, seed=7))
+        res = run_live(
+            _cfg(
+                ex,
+                out,
+                latency_order_entry=JITTER,
+                latency_order_response=JITTER,
+                latency_cancel=CANCEL_JITTER,
+                seed=7,
+            )
+        )
     return res
 
 
@@ -134,6 +144,23 @@ def test_live_to_replay_parity(paper_run, tmp_path):
         if stream == "kev_response":
             a, b = a.drop(["advisor"]), b.drop(["advisor"])
         assert _rows(a) == _rows(b), stream
+
+
+def test_paper_latencies_are_drawn_as_replay_draws_them(paper_run, tmp_path):
+    """Paper mode draws each order latency model from its own stream, seeded as replay seeds it: a
+    replay with the run's seed and models, drawing afresh instead of reading the recording, is the run."""
+    run = paper_run.run_dirs["BTCUSDT"]
+    kinds = pq.read_table(run / RECORDED_FILE).column("kind").to_pylist()
+    assert min(kinds.count(k) for k in ("order_entry", "order_response", "cancel")) > 3
+    models = {
+        "latency_order_entry": JITTER,
+        "latency_order_response": JITTER,
+        "latency_cancel": CANCEL_JITTER,
+    }
+    rr = run_replay(paper_run.session_dir, replay_config_for(run, seed=7, **models), out_dir=tmp_path / "r")
+    d = diff_runs(run, rr.run_dir, streams=COMPARABLE_STREAMS)
+    assert not d.diverged, d.to_json()["divergence"]
+    assert rr.counts == paper_run.counts["BTCUSDT"]
 
 
 def _rows(t):

@@ -61,6 +61,34 @@ def test_batch_latency_empirical_and_unknown_models():
     assert sample_many(Recorded(), ts) is None
 
 
+@pytest.mark.parametrize("factor", [1.0, 1.5, 0.0])
+def test_recorded_table_lookups_equal_sample_ns(factor):
+    """A recorded model's table, as the replay kernel holds it, looked up key after key: what the model's
+    ``sample_ns`` answers, keys recorded once, several times, used up or never recorded alike."""
+    from replay import fast_path
+    from replay import kernel as K
+    from venue.batch_latency import recorded_table
+    from venue.recorded_latency import RecordedLatency
+
+    rng = np.random.default_rng(12)
+    keys = rng.integers(0, 400, 600).tolist()  # repeats: a key answers its durations in recorded order
+    durs = rng.integers(1, 9_000_000, 600).tolist()
+
+    def model():
+        m = RecordedLatency("order_entry", keys, durs)
+        return m if factor == 1.0 else ScaledLatency(m, factor)
+
+    asked = rng.integers(-5, 420, 3_000).tolist()  # hits, keys used up, keys never recorded
+    one = model()
+    want = [one.sample_ns(t) for t in asked]
+    row = fast_path._keyed_row(recorded_table(model()))
+    got = [int(K._recorded(row, t)) for t in asked]
+    assert got == want
+    inner = getattr(one, "inner", one)
+    assert row[K.KEY_MISSES] == inner.misses > 100 and len(set(want)) > 300 * (factor > 0)
+    assert recorded_table(ConstantLatency(5)) is None
+
+
 @pytest.mark.parametrize("factor", [1.0, 1.5])
 def test_batch_draws_of_a_fitted_kev_lag_equal_one_at_a_time(factor):
     """``dualhub kev fit-lag``'s model (101 quantiles, ties and a long tail) on the Kev lag's own

@@ -201,6 +201,85 @@ def test_order_latencies_sharing_a_stream_run_in_python(session, tmp_path, monke
     assert r.path == "python (order latencies drawn from one random stream (order response and another))"
 
 
+ORDER_KINDS = {
+    "order entry": "order_entry",
+    "latency_order_response": "order_response",
+    "latency_cancel": "cancel",
+}
+
+
+def _recording_models(monkeypatch, sink) -> None:
+    """Make the driver's order latency models record every draw into ``sink``, as live mode's do."""
+    import replay.driver as driver
+    from venue.recorded_latency import RecordingLatency
+
+    real = driver._checked_latency
+
+    def checked(spec, rng, name):
+        m = real(spec, rng, name)
+        return RecordingLatency(m, ORDER_KINDS[name], sink) if name in ORDER_KINDS else m
+
+    monkeypatch.setattr(driver, "_checked_latency", checked)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.5])
+def test_recorded_order_latencies_are_identical(session, tmp_path, monkeypatch, scale):
+    """Recorded order entry, response and cancel latencies, looked up by the time of each draw: the
+    per-event engine's run, hits, fallbacks (keys never recorded or used up) and all. Replayed from a
+    run that recorded them, unscaled, they give that run's events back."""
+    from venue.recorded_latency import LatencySink
+
+    base = ReplayConfig(
+        seed=9, risk=RiskLimits(daily_loss_stop_usd=1e9), **_drawn_latencies(tmp_path, "lognormal")
+    )
+    base = replace(base, scale_order=1.0)
+    sink = LatencySink()
+    with pytest.MonkeyPatch.context() as m:
+        _recording_models(m, sink)
+        src = run_replay(session, base, out_dir=tmp_path / "src", kernel=False)
+    assert {"order_entry", "order_response", "cancel"} == set(sink.kind)
+    full, part = tmp_path / "full", tmp_path / "part"
+    for d in (full, part):
+        d.mkdir()
+    sink.write(full)
+    thinned = LatencySink()  # every seventh draw missing, every eleventh recorded twice
+    for i, (k, t, d) in enumerate(zip(sink.kind, sink.ts, sink.dur, strict=True)):
+        if i % 7:
+            thinned.add(k, t, d)
+        if i % 11 == 3:
+            thinned.add(k, t, d + 1_000)
+    thinned.write(part)
+    specs = lambda run: {  # noqa: E731
+        "latency_order_entry": f"recorded:order_entry@{run}",
+        "latency_order_response": f"recorded:order_response@{run}",
+        "latency_cancel": f"recorded:cancel@{run}",
+        "scale_order": scale,
+    }
+    py, kn = _same(session, replace(base, **specs(full)), tmp_path, "full")
+    if scale == 1.0:  # the recorded run again, event for event
+        for s in OUTPUT_STREAMS:
+            assert _column(py.run_dir, s, "ts_recv") == _column(src.run_dir, s, "ts_recv"), s
+        assert py.digest == src.digest
+    import replay.driver as driver
+
+    runs, exchanges = [], []
+    real_init, real_exchange = fast_path.KernelRun.__init__, driver.SimExchange
+    monkeypatch.setattr(
+        fast_path.KernelRun, "__init__", lambda self, *a: runs.append(self) or real_init(self, *a)
+    )
+    monkeypatch.setattr(
+        driver, "SimExchange", lambda *a, **k: exchanges.append(real_exchange(*a, **k)) or exchanges[-1]
+    )
+    py, kn = _same(session, replace(base, **specs(part)), tmp_path, "part")
+    assert py.counts["order"] > 100
+    x = exchanges[0]  # the Python run's: its recorded models count their fallbacks
+    models = (x.entry_latency, x.response_latency, x.cancel_latency)
+    py_misses = [getattr(m, "inner", m).misses for m in models]
+    (run,) = runs
+    kn_misses = [int(run.olat[k, K.KEY_MISSES]) for k in (K.OLAT_ENTRY, K.OLAT_RESPONSE, K.OLAT_CANCEL)]
+    assert kn_misses == py_misses and min(py_misses) > 0
+
+
 def test_risk_limits_and_quotes_are_identical(session, tmp_path):
     risk = RiskLimits(
         max_position=0.006,
@@ -303,15 +382,21 @@ def test_configurations_it_cannot_reproduce_run_in_python(session, tmp_path, mon
     built = []
     real = driver.StreamedBooks
     monkeypatch.setattr(driver, "StreamedBooks", lambda *a, **k: built.append(1) or real(*a, **k))
+    monkeypatch.delitem(fast_path.FILL_MODEL_CODES, "through")  # a venue fill model the kernel lacks
+    r = run_replay(session, ReplayConfig(seed=3, fill_model="through"), out_dir=tmp_path / "a")
+    assert not built  # known from the config: no streamed set-up to throw away
+    assert r.path == "python (fill model 'through')"
     from venue.recorded_latency import LatencySink
 
     sink = LatencySink()
+    sink.add("cancel", 0, -1)  # the kernel cannot tell whether a negative duration will be drawn
+    sink.add("cancel", 0, 3_000_000)
     sink.add("cancel", 0, 3_000_000)
     sink.write(tmp_path)
-    cfg = ReplayConfig(seed=3, latency_cancel=f"recorded:cancel@{tmp_path}")
-    r = run_replay(session, cfg, out_dir=tmp_path / "a")
-    assert not built  # known from the config: no streamed set-up to throw away
-    assert r.path == "python (a recorded cancel latency (replayed by key, not drawn in a batch))"
+    r = run_replay(
+        session, ReplayConfig(seed=3, latency_cancel=f"recorded:cancel@{tmp_path}"), out_dir=tmp_path / "n"
+    )
+    assert r.path == "python (a recorded cancel latency below zero (the clock refuses it))"
     from engine.kev.cassette import Cassette
 
     Cassette().write(tmp_path / "empty.parquet")

@@ -177,3 +177,74 @@ def test_invalid_parameter_becomes_error_rows_not_a_crash(session, tmp_path, cap
     grid.write_text("[grid]\nfill_modle = [1]\n")
     assert main(cmd) == 2
     assert "unknown parameter 'fill_modle'" in capsys.readouterr().err
+
+
+def test_strategy_parameters_are_grid_axes():
+    grid = parse_grid(
+        {"grid": {"strategy": ["baseline", "imbalance_lean"], "strategy_params": {"offset_ticks": [0, 2]}}}
+    )
+    assert list(grid.axes) == ["strategy", "strategy_params.offset_ticks"]
+    cfgs = [build_config(p) for p in grid.points()]
+    assert [(c.strategy, c.strategy_params) for c in cfgs] == [
+        ("baseline", {"offset_ticks": 0.0}),
+        ("baseline", {"offset_ticks": 2.0}),
+        ("imbalance_lean", {"offset_ticks": 0.0}),
+        ("imbalance_lean", {"offset_ticks": 2.0}),
+    ]
+    assert len({c.sha256() for c in cfgs}) == 4
+    base = build_config({"strategy_params.lean_ticks": 1}, ReplayConfig(strategy="imbalance_lean"))
+    assert base.strategy_params == {"lean_ticks": 1.0}
+    lean = {"strategy": "imbalance_lean"}
+    for doc, msg in [
+        (
+            {"grid": {"strategy": ["baseline", "imbalance_lean"], "strategy_params.lean_ticks": [1]}},
+            "grid: strategy baseline has no parameter 'lean_ticks'",
+        ),
+        (
+            {"base": lean, "grid": {"strategy_params.depth_levels": [5, 40]}},
+            r"depth_levels must be .* got 40",
+        ),
+        (
+            {"grid": {"strategy_params.offset_ticks": ["far"]}},
+            "strategy_params.offset_ticks wants NAME=NUMBER",
+        ),
+        ({"grid": {"strategy_params.offset_ticks": [True]}}, "wants NAME=NUMBER"),
+        ({"grid": {"strategy_params.offset_ticks": [float("inf")]}}, "wants NAME=NUMBER"),
+        ({"grid": {"strategy": ["baseline", "nope"]}}, "unknown strategy 'nope'"),
+        ({"grid": {"strategy": [3]}}, "unknown strategy"),
+        ({"grid": {"strategy_params": [1]}}, "is a group"),
+    ]:
+        with pytest.raises(DualhubError, match=msg):
+            parse_grid(doc)
+
+
+def test_sweep_over_strategy_parameters(session, tmp_path, capsys):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        '[base]\nseed = 3\nlaya_provider = "cpu"\nstrategy = "imbalance_lean"\n'
+        '[grid]\n"strategy_params.lean_ticks" = [0, 8]\n'
+    )
+    out = tmp_path / "results.parquet"
+    cmd = ["sweep", str(grid), "--sessions", str(session), "--out", str(out), "--no-progress", "--serial"]
+    assert main(cmd) == 0
+    rows = pq.read_table(out).to_pylist()
+    assert [r["p_strategy_params_lean_ticks"] for r in rows] == [0, 8]
+    for i, r in enumerate(rows):
+        assert r["error"] == ""
+        cfg = ReplayConfig(
+            seed=3,
+            laya_provider="cpu",
+            strategy="imbalance_lean",
+            strategy_params={"lean_ticks": float(r["p_strategy_params_lean_ticks"])},
+        )
+        assert r["config_sha256"] == cfg.sha256()
+        assert r["digest"] == run_replay(session, cfg, out_dir=tmp_path / f"direct{i}").digest
+    assert rows[0]["digest"] != rows[1]["digest"]  # the parameter reached the strategy
+    # a parameter the strategy lacks: one line, nothing run
+    grid.write_text('[base]\nstrategy = "imbalance_lean"\n[grid]\n"strategy_params.label_skew_ticks" = [1]\n')
+    capsys.readouterr()
+    assert main([*cmd, "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "strategy imbalance_lean has no parameter 'label_skew_ticks'" in err
+    assert err.startswith("dualhub sweep: error: ")
+    assert pq.read_table(out).to_pylist() == rows

@@ -5,14 +5,21 @@ their latencies in one go where the model allows it: constant, lognormal and emp
 ``ScaledLatency`` around them) draw from their own generator element by element, so a vector draw
 returns exactly the sequence of scalar draws (``tests/test_replay_fast.py`` checks it). Any other
 model (recorded latencies, anything unknown) answers None and the caller samples one at a time.
+
+A recorded model answers by key (the time passed to ``sample_ns``), which only the draw knows:
+:func:`recorded_table` hands its table over whole, for a loop that looks each draw up as
+:class:`venue.recorded_latency.RecordedLatency` does.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from venue.latency import ConstantLatency, EmpiricalLatency, LatencyModel, LognormalLatency, ScaledLatency
+from venue.recorded_latency import RecordedLatency
 
 
 def sample_many(model: LatencyModel, ts_ns: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
@@ -33,3 +40,36 @@ def sample_many(model: LatencyModel, ts_ns: npt.NDArray[np.int64]) -> npt.NDArra
         inner = sample_many(s.inner, ts_ns)
         return None if inner is None else np.rint(inner * s.factor).astype(np.int64)
     return None
+
+
+class RecordedTable(NamedTuple):
+    """What a recorded model has left to answer: ``keys`` ascending, ``counts[i]`` durations for
+    ``keys[i]``, ``dur_ns`` grouped by key (each key's in the order ``sample_ns`` hands them out) and
+    ``fallback_ns`` for any other key, every value as the model answers it (scaled included)."""
+
+    keys: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64]
+    dur_ns: npt.NDArray[np.int64]
+    fallback_ns: int
+
+
+def recorded_table(model: LatencyModel) -> RecordedTable | None:
+    """The table of a :class:`RecordedLatency` (or a ``ScaledLatency`` around one), None for any other
+    model. Looking a key up in it gives ``model.sample_ns(key)``, call after call."""
+    kind = type(model)
+    if kind is ScaledLatency:
+        s: ScaledLatency = model  # type: ignore[assignment]
+        t = recorded_table(s.inner)
+        if t is None:
+            return None
+        # ScaledLatency.sample_ns: int(round(inner * factor)); rint rounds half to even like round().
+        scaled = np.rint(np.append(t.dur_ns, t.fallback_ns) * s.factor).astype(np.int64)
+        return t._replace(dur_ns=scaled[:-1], fallback_ns=int(scaled[-1]))
+    if kind is not RecordedLatency:
+        return None
+    r: RecordedLatency = model  # type: ignore[assignment]
+    by_ts = {t: q for t, q in r._by_ts.items() if q}
+    keys = np.array(sorted(by_ts), dtype=np.int64)
+    counts = np.array([len(by_ts[t]) for t in keys.tolist()], dtype=np.int64)
+    dur = np.array([d for t in keys.tolist() for d in by_ts[t]], dtype=np.int64)
+    return RecordedTable(keys, counts, dur, r.fallback_ns)
