@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import orjson
 
-from engine.book import imbalance, tradable
+from engine.book import imbalance
 from engine.clock import Clock
 from engine.contract import ContractConfig
 from engine.eventlog import EventLog
@@ -38,8 +38,18 @@ from engine.kev.advisor import KevContext, KevReply, context_body
 from engine.kev.command import CommandFields
 from engine.kev.failures import breaker_rows, judge
 from engine.kev.queue import KevQueue, QueueNote
-from engine.portfolio import Portfolio
-from engine.risk import R_OK, REASONS, OrderIntent, RiskLimits, RiskState, check, limits_array, verdict_of
+from engine.portfolio import Portfolio, units
+from engine.risk import (
+    R_OK,
+    REASONS,
+    OrderIntent,
+    RiskLimits,
+    RiskState,
+    check,
+    limits_array,
+    rule_codes,
+    verdict_of,
+)
 from engine.strategy import BUY, NO_ORDER, QuoteConfig, Quoter, kev_target, rebalance_order
 from venue.latency import ConstantLatency, LatencyModel
 
@@ -169,8 +179,8 @@ class Engine:
         self._last_rebalance_ns = -(1 << 62)
         self._recent_orders: deque[Nanos] = deque()  # send times of accepted new orders, oldest first
         self._recent_tuple: tuple[Nanos, ...] | None = ()  # the same as a tuple; None: rebuild
-        self._pnl_key: tuple[float, Decimal, Decimal] | None = None  # (mark, cash, position) of _pnl
-        self._pnl = 0.0
+        self._units_of: tuple[Decimal, Decimal] | None = None  # the (position, cash) _units were taken of
+        self._units = (0, 0)
         self._position_dec: Decimal | None = None  # the portfolio position _position_f was converted from
         self._position_f = 0.0
         self._requote_min_ns = config.quotes.requote_min_ns  # read on every label
@@ -179,6 +189,7 @@ class Engine:
         self._rs: RiskState | None = None  # the last risk state, for (book, key) below
         self._rs_book: BookSnapshot | None = None
         self._risk_lim = limits_array(config.risk)
+        self._risk_rules = rule_codes(config.risk)
         # the configured strategy (engine/strategies); the replay kernel reads its kind and parameters
         self.quoter = Quoter(config.quotes, config.contract, config.strategy, config.strategy_params)
         self._rs_key: tuple[Any, ...] = ()
@@ -531,21 +542,18 @@ class Engine:
             self._recent_tuple = None
         if self._recent_tuple is None:
             self._recent_tuple = tuple(recent)
-        book = self.book
         buy = sell = 0.0
         for o in self._working.values():
             if o.side == "buy":
                 buy += o.qty - o.filled
             elif o.side == "sell":
                 sell += o.qty - o.filled
-        return _risk_state(  # position, open_buy_qty, open_sell_qty, pnl_usd, recent_order_ns, kill_switch
-            self._position(),
+        pos_units, cash_units = self._portfolio_units()
+        return _risk_state(  # position_units, open_buy_qty, open_sell_qty, cash_units, recent_order_ns, kill
+            pos_units,
             buy,
             sell,
-            # mid; on a book that is not tradable no rule reads the PnL (Decimal math on inf raises)
-            self._pnl_at((book.bid_px[0] + book.ask_px[0]) / 2.0)
-            if book is not None and tradable(book)
-            else 0.0,
+            cash_units,
             self._recent_tuple,
             self.kill_switch,
         )
@@ -558,22 +566,21 @@ class Engine:
             self._position_dec, self._position_f = pos, float(pos)
         return self._position_f
 
-    def _pnl_at(self, mark: float) -> float:
-        """``float(portfolio.pnl(mark))``: exact Decimal math, cached until the mark, the cash or the
-        position changes (risk checks ask once per intent, often twice per book)."""
+    def _portfolio_units(self) -> tuple[int, int]:
+        """The portfolio's (position, cash) as integers of 1e-12 (``engine.portfolio.units``), the
+        loss stop's inputs, converted again only when either changed (a new Decimal is a new object)."""
         pf = self.portfolio
-        key = (mark, pf.cash, pf.position)
-        old = self._pnl_key
-        if old is None or old[0] != mark or old[1] is not pf.cash or old[2] is not pf.position:
-            self._pnl_key, self._pnl = key, float(pf.pnl(mark))
-        return self._pnl
+        old = self._units_of
+        if old is None or old[0] is not pf.position or old[1] is not pf.cash:
+            self._units_of, self._units = (pf.position, pf.cash), (units(pf.position), units(pf.cash))
+        return self._units
 
     def _decide(self, intent: OrderIntent) -> bool:
         now = self.clock.now_ns()
         if intent.intent == "cancel":  # check() always allows cancels: skip building the state
             ok, reason = True, "ok"
         else:
-            code = verdict_of(self._risk_lim, self._risk_state(now), intent, self.book, now)
+            code = verdict_of(self._risk_lim, self._risk_rules, self._risk_state(now), intent, self.book, now)
             ok, reason = code == R_OK, REASONS[code]
         self.log.append(  # RiskDecision row
             "risk",

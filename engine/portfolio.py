@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 
 MONEY_QUANTUM = Decimal("1e-12")
 
@@ -13,6 +13,14 @@ def dec(x: float) -> Decimal:
     ``float()`` first: a compiled rule read as plain Python (NUMBA_DISABLE_JIT) hands back numpy
     floats, whose repr is not a number."""
     return Decimal(repr(float(x)))
+
+
+def units(x: Decimal | float) -> int:
+    """``x`` (a Decimal, or a float read as :func:`dec` reads it) as an integer of MONEY_QUANTUM, rounded
+    half-even: exact for the portfolio's cash and fees (quantized to it) and for a position of sizes
+    with at most 12 decimals. The risk rules and the replay kernel keep money and position so."""
+    d = x if isinstance(x, Decimal) else dec(x)
+    return int(d.scaleb(12).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 @dataclass
@@ -39,7 +47,3 @@ class Portfolio:
         self.volume += notional
         self.fills += 1
         return notional, fee
-
-    def pnl(self, mark: float) -> Decimal:
-        """Cash plus the position marked at ``mark`` (mid), net of fees."""
-        return self.cash + self.position * dec(mark)

@@ -1,24 +1,32 @@
 """Risk gateway: deterministic pre-trade rules between every order intent and the exchange.
 
-Each rule is a small compiled function below and :func:`verdict` runs them in a fixed order: the first
-failing rule names the rejection (an index into :data:`REASONS`). Its inputs are plain numbers and
-arrays, so the replay kernel calls it on its own state, and the Python engine through :func:`check`,
-the pure ``(limits, state, intent, book, now_ns) -> (accepted, reason)`` adapter (or
-:func:`verdict_of` with arrays it keeps); the caller turns the verdict into a ``RiskDecision`` event,
-so every decision is on the record. A rule holds when its comparison does (``value <= limit``) and
-the verdict rejects on ``not rule``, so a NaN anywhere rejects instead of passing. With
-``NUMBA_DISABLE_JIT=1`` the rules run as plain Python: the readable reference of the compiled code.
+Each rule is a small compiled function below, named by :data:`RULES` and coded by its rejection reason
+(an index into :data:`REASONS`). :func:`verdict` runs the configured list of codes in order
+(``RiskLimits.rules``, default :data:`DEFAULT_RULES`): the first failing rule names the rejection.
+Its inputs are plain numbers and arrays, so the replay kernel calls it on its own state, and the Python
+engine through :func:`check`, the pure ``(limits, state, intent, book, now_ns) -> (accepted, reason)``
+adapter (or :func:`verdict_of` with arrays it keeps); the caller turns the verdict into a
+``RiskDecision`` event, so every decision is on the record. A rule holds when its comparison does
+(``value <= limit``) and the verdict rejects on ``not rule``, so a NaN anywhere rejects instead of
+passing. The loss stop reads position and cash as the integers of 1e-12 both engines keep, and is
+decided exactly (:func:`loss_ok`). With ``NUMBA_DISABLE_JIT=1`` the rules run as plain Python: the
+readable reference of the compiled code.
+
+To add a rule: a compiled function here, a reason in :data:`REASONS` (its code and name), a branch in
+:func:`verdict`, and, if it should run by default, a place in :data:`DEFAULT_RULES`.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import numpy as np
 
 from engine.book import LEVELS, SIDE_BUY, SIDE_SELL, WIDTH, as_levels, tradable_top, walk_levels, walked_avg
+from engine.errors import DualhubError
 from engine.events import BookSnapshot, Nanos
 from engine.exact import pmin
 from engine.jit import njit
@@ -58,7 +66,32 @@ REASONS: Final = (
     R_BAD_BOOK,
     R_REDUCE_ONLY,
 ) = range(len(REASONS))
-R_LOSS_UNDECIDED = -1  # an estimated PnL within its tolerance of the loss stop (never with an exact one)
+
+# The rules: each is named by the reason it rejects with, and coded by that reason's code.
+RULES: Final = REASONS[1:]
+N_RULES: Final = len(RULES)
+DEFAULT_RULES: Final = (
+    "bad_order",
+    "kill_switch",
+    "stale_advice",
+    "no_book",
+    "bad_book",
+    "stale_book",
+    "max_order_qty",
+    "reduce_only",
+    "max_position",
+    "max_net_delta",
+    "price_band",
+    "max_slippage",
+    "order_rate",
+    "loss_stop",
+)
+# Never left out: without them a malformed order, an order under the kill switch, an order with no
+# usable book to price it, or a "reduce-only" order that grows the position (the kill switch lets
+# reduce-only flattening through, trusting this rule) could pass.
+MANDATORY_RULES: Final = ("bad_order", "kill_switch", "no_book", "bad_book", "reduce_only")
+# Rules that read the book: they run after no_book and bad_book, which guarantee a finite positive mid.
+BOOK_RULES: Final = ("stale_book", "max_net_delta", "price_band", "max_slippage", "loss_stop")
 
 # order codes (OrderIntent's strings)
 BUY, SELL = SIDE_BUY, SIDE_SELL
@@ -97,8 +130,11 @@ class RiskLimits:
     stale_book_ns: Nanos = 2_000_000_000
     daily_loss_stop_usd: float = 100.0
     max_advice_age_ns: Nanos = 3_000_000_000  # orders acting on older Kev advice are refused
+    # the rules to run, in order (names of RULES; a comma-separated string is read too)
+    rules: tuple[str, ...] = DEFAULT_RULES
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "rules", checked_rules(self.rules))
         # `not (x > 0)` also refuses NaN, which would switch a rule off (every comparison is false).
         for name in (
             "max_position",
@@ -131,16 +167,56 @@ class OrderIntent:
     advice_age_ns: Nanos = -1  # age of the Kev command this order acts on; -1 when none
 
 
+def checked_rules(rules: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``rules`` (names, or one comma-separated string of them) as a tuple, or a DualhubError (one line)
+    naming what is wrong: an unknown or repeated name, a mandatory rule left out, an order that lets a
+    rule read what the rules before it have not checked (``bad_order`` first; ``no_book``, then
+    ``bad_book``, before the rules that read the book)."""
+    names = tuple(r.strip() for r in rules.split(",")) if isinstance(rules, str) else tuple(rules)
+    for r in names:
+        if r not in RULES:
+            raise DualhubError(f"unknown risk rule {r!r}; known: {', '.join(RULES)}")
+        if names.count(r) > 1:
+            raise DualhubError(f"risk rule {r!r} is listed twice")
+    missing = [r for r in MANDATORY_RULES if r not in names]
+    if missing:
+        raise DualhubError(
+            f"risk rules must include {', '.join(missing)} (never left out: {', '.join(MANDATORY_RULES)})"
+        )
+    if names[0] != "bad_order":
+        raise DualhubError("risk rule 'bad_order' must come first: every other rule reads the order")
+    first_book = min([names.index(r) for r in BOOK_RULES if r in names], default=len(names))
+    if not names.index("no_book") < names.index("bad_book") < first_book:
+        raise DualhubError(
+            "risk rules 'no_book' then 'bad_book' must come before the rules that read the book: "
+            + ", ".join(BOOK_RULES)
+        )
+    return names
+
+
+def rule_codes(limits: RiskLimits) -> np.ndarray:
+    """``limits.rules`` as the codes :func:`verdict` runs: N_RULES int64, in order, padded with R_OK."""
+    a = np.zeros(N_RULES, dtype=np.int64)
+    a[: len(limits.rules)] = [REASONS.index(r) for r in limits.rules]
+    return a
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RiskState:
-    """The slice of portfolio state the rules read."""
+    """The slice of portfolio state the rules read. Money and position are integers of 1e-12
+    (:func:`engine.portfolio.units`: the Portfolio's Decimals exactly)."""
 
-    position: float = 0.0
+    position_units: int = 0  # base units x 1e12
     open_buy_qty: float = 0.0
     open_sell_qty: float = 0.0
-    pnl_usd: float = 0.0  # realised + unrealised, net of fees, since the start of the day
+    cash_units: int = 0  # USDT x 1e12, net of fees, since the start of the day
     recent_order_ns: tuple[Nanos, ...] = ()  # send times of accepted new orders
     kill_switch: bool = False
+
+    @property
+    def position(self) -> float:
+        """The position in base units, as the rules read it (correctly rounded)."""
+        return self.position_units / 10**12
 
 
 def limits_array(limits: RiskLimits) -> np.ndarray:
@@ -240,26 +316,92 @@ def order_rate_ok(lim, recent_n) -> bool:
     return recent_n < lim[L_MAX_ORDERS_PER_S]
 
 
+_SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's split of a float into two 26-bit halves
+_WORD = 4294967296.0  # 2**32: money and position reach the rules as two words, hi * 2**32 + lo
+_FAR = 2.0**900  # the exact path's operands stay within 2**-900 .. 2**900: no overflow, no underflow
+
+
 @njit
-def loss_stop(lim, pnl, pnl_tol) -> int:
-    """R_LOSS once the day's PnL is down to the stop. ``pnl_tol``: how far an estimated ``pnl`` may be
-    off; within it of the stop the answer is R_LOSS_UNDECIDED (0 for an exact PnL: never)."""
-    stop = -lim[L_LOSS_STOP]
-    if pnl > stop + pnl_tol:
-        return R_OK
-    if pnl < stop - pnl_tol or pnl_tol == 0.0:
-        return R_LOSS
-    return R_LOSS_UNDECIDED
+def _two_sum(a, b):
+    """``a + b`` and its rounding error, exactly (Knuth)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@njit
+def _two_prod(a, b):
+    """``a * b`` and its rounding error, exactly (Dekker; no FMA needed)."""
+    p = a * b
+    c = _SPLIT * a
+    ah = c - (c - a)
+    al = a - ah
+    c = _SPLIT * b
+    bh = c - (c - b)
+    bl = b - bh
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+@njit
+def _sum_is_positive(t) -> bool:
+    """Whether the exact sum of the floats ``t`` is > 0: Shewchuk's grow-expansion turns them into
+    non-overlapping components of increasing magnitude, and the largest one carries the sign."""
+    e = np.zeros(t.shape[0])
+    for k in range(t.shape[0]):
+        q = t[k]
+        for i in range(k):
+            q, h = _two_sum(q, e[i])
+            e[i] = h
+        e[k] = q
+    for i in range(t.shape[0] - 1, -1, -1):
+        if e[i] != 0.0:
+            return e[i] > 0.0
+    return False
+
+
+@njit
+def loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid) -> bool:
+    """Whether the day's PnL, ``cash + position * mid``, is still above the stop (``-lim[L_LOSS_STOP]``),
+    decided exactly. Position and cash are integers of 1e-12, as two words each (``hi * 2**32 + lo``,
+    ``0 <= lo < 2**32``); ``mid`` is read as the float it is. Floats decide when the answer is clear of
+    their rounding by far; otherwise the sum is taken exactly in units of 1e-12 USDT (error-free
+    products and sums). Fails closed: a NaN, a word beyond 2**53, or, in the exact case, a mid or stop
+    outside 2**-900 .. 2**900 stops."""
+    stop = lim[L_LOSS_STOP]
+    if not (abs(pos_hi) <= 2**53 and abs(cash_hi) <= 2**53):
+        return False
+    cash = (cash_hi * _WORD + cash_lo) * 1e-12
+    pm = (pos_hi * _WORD + pos_lo) * 1e-12 * mid
+    est = cash + pm + stop
+    if not math.isfinite(est):
+        return est > 0.0  # an infinite stop, or a position worth more than floats hold
+    # each term is off by a few units in the 16th digit: 1e-9 of their sizes is far beyond that
+    tol = 1e-9 * (abs(cash) + abs(pm) + stop)
+    if est > tol:
+        return True
+    if est < -tol:
+        return False
+    if not (1.0 / _FAR <= mid <= _FAR and 1.0 / _FAR <= stop <= _FAR):
+        return False
+    t = np.empty(8)
+    t[0] = cash_hi * _WORD
+    t[1] = float(cash_lo)
+    t[2], t[3] = _two_prod(pos_hi * _WORD, mid)
+    t[4], t[5] = _two_prod(float(pos_lo), mid)
+    t[6], t[7] = _two_prod(stop, 1e12)
+    return _sum_is_positive(t)
 
 
 @njit
 def verdict(
     lim,
-    position,
+    rules,
+    pos_hi,
+    pos_lo,
+    cash_hi,
+    cash_lo,
     open_buy,
     open_sell,
-    pnl,
-    pnl_tol,
     recent_n,
     kill,
     side,
@@ -281,45 +423,56 @@ def verdict(
     lpx,
     lq,
 ) -> int:
-    """The reason code (R_OK: accepted) for a new order. ``lim``: :func:`limits_array`; ``recent_n``:
-    accepted new orders in the rate window; ``side``/``otype``/``source``: codes; ``slip``: the order's
-    slippage cap, NaN for none; the book (read only when ``has_book``): its top, received at
-    ``book_ts``, and for the walk of a market order ``bk``, laid out as :func:`engine.book.as_levels`
-    does; ``lpx``/``lq``: scratch for the walk."""
-    if not well_formed(side, otype, px, qty):
-        return R_BAD_ORDER
-    if not kill_switch_ok(kill, reduce_only, source):
-        return R_KILL
-    if not advice_fresh(lim, source, age):
-        return R_STALE_ADVICE
-    if not has_book:
-        return R_NO_BOOK
-    if not tradable_top(bid, bid_sz, ask, ask_sz):
-        return R_BAD_BOOK
-    if not book_fresh(lim, book_ts, now):
-        return R_STALE_BOOK
-    if not order_qty_ok(lim, qty):
-        return R_MAX_QTY
-    if reduce_only and not only_reduces(position, side, qty):
-        return R_REDUCE_ONLY
+    """The reason code (R_OK: accepted) for a new order: the code of the first rule of ``rules`` that
+    fails. ``lim``: :func:`limits_array`; ``rules``: :func:`rule_codes` (R_OK entries are skipped);
+    position and cash: integers of 1e-12 as two words each (:func:`loss_ok`); ``recent_n``: accepted
+    new orders in the rate window; ``side``/``otype``/``source``: codes; ``slip``: the order's slippage
+    cap, NaN for none; the book (read only when ``has_book``): its top, received at ``book_ts``, and for
+    the walk of a market order ``bk``, laid out as :func:`engine.book.as_levels` does; ``lpx``/``lq``:
+    scratch for the walk."""
+    position = (pos_hi * _WORD + pos_lo) / 1e12
     # Worst case: every resting order on the same side fills too. An order "reduces" only when even
     # then the position shrinks; only such an order may pass the position and loss limits.
     worst = worst_position(position, open_buy, open_sell, side, qty)
     reducing = abs(worst) < abs(position) - 1e-12
     mid = (bid + ask) / 2.0
-    if not reducing:
-        if not position_ok(lim, worst):
-            return R_MAX_POS
-        if not net_delta_ok(lim, worst, mid):
-            return R_MAX_DELTA
-    if otype == LIMIT:
-        if not in_price_band(lim, px, mid):
-            return R_BAND
-    elif not slippage_ok(lim, bk, side, qty, slip, mid, lpx, lq):
-        return R_SLIP
-    if not order_rate_ok(lim, recent_n):
-        return R_RATE
-    return R_OK if reducing else loss_stop(lim, pnl, pnl_tol)
+    for i in range(rules.shape[0]):
+        r = rules[i]
+        if r == R_OK:
+            continue
+        if r == R_BAD_ORDER:
+            ok = well_formed(side, otype, px, qty)
+        elif r == R_KILL:
+            ok = kill_switch_ok(kill, reduce_only, source)
+        elif r == R_STALE_ADVICE:
+            ok = advice_fresh(lim, source, age)
+        elif r == R_NO_BOOK:
+            ok = has_book
+        elif r == R_BAD_BOOK:
+            ok = tradable_top(bid, bid_sz, ask, ask_sz)
+        elif r == R_STALE_BOOK:
+            ok = book_fresh(lim, book_ts, now)
+        elif r == R_MAX_QTY:
+            ok = order_qty_ok(lim, qty)
+        elif r == R_REDUCE_ONLY:
+            ok = not reduce_only or only_reduces(position, side, qty)
+        elif r == R_MAX_POS:
+            ok = reducing or position_ok(lim, worst)
+        elif r == R_MAX_DELTA:
+            ok = reducing or net_delta_ok(lim, worst, mid)
+        elif r == R_BAND:
+            ok = otype != LIMIT or in_price_band(lim, px, mid)
+        elif r == R_SLIP:
+            ok = otype != MARKET or slippage_ok(lim, bk, side, qty, slip, mid, lpx, lq)
+        elif r == R_RATE:
+            ok = order_rate_ok(lim, recent_n)
+        elif r == R_LOSS:
+            ok = reducing or loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid)
+        else:
+            ok = False  # not a rule: nothing vouches for the order
+        if not ok:
+            return int(r)
+    return R_OK
 
 
 # ---------------------------------------------------------------- Python adapters
@@ -327,8 +480,16 @@ def verdict(
 _NO_LEVELS = np.full(WIDTH, math.nan)
 _LPX = np.empty(LEVELS)  # walk scratch: compiled calls hold the GIL (no nogil): one pair serves all
 _LQ = np.empty(LEVELS)
-# check()'s last limits and their array, replaced in one store: a thread never reads half of another's
-_last_limits: tuple = (None, None)
+# check()'s last limits and their arrays, replaced in one store: a thread never reads half of another's
+_last_limits: tuple = (None, None, None)
+_WORD_MAX = 1 << 62  # words beyond int64 are clamped here; loss_ok refuses any beyond 2**53
+
+
+def units_words(units: int) -> tuple[int, int]:
+    """An integer of 1e-12 (any size) as the two words the rules read: ``(hi, lo)``, ``units == hi *
+    2**32 + lo``, ``0 <= lo < 2**32``; ``hi`` clamped to int64 (the loss stop refuses such a size)."""
+    hi = units >> 32
+    return max(-_WORD_MAX, min(_WORD_MAX, hi)), units & 0xFFFFFFFF
 
 
 def reduce_only_ok(position: float, side: str, qty: float) -> bool:
@@ -337,9 +498,15 @@ def reduce_only_ok(position: float, side: str, qty: float) -> bool:
 
 
 def verdict_of(
-    lim: np.ndarray, state: RiskState, intent: OrderIntent, book: BookSnapshot | None, now_ns: Nanos
+    lim: np.ndarray,
+    rules: np.ndarray,
+    state: RiskState,
+    intent: OrderIntent,
+    book: BookSnapshot | None,
+    now_ns: Nanos,
 ) -> int:
-    """:func:`verdict` for a new (or malformed) intent; ``lim``: :func:`limits_array` of the limits."""
+    """:func:`verdict` for a new (or malformed) intent; ``lim``/``rules``: :func:`limits_array` and
+    :func:`rule_codes` of the limits."""
     otype = _TYPES.get(intent.order_type, -1) if intent.intent == "new" else -1  # other intents: malformed
     if book is None:
         has_book, bid, bid_sz, ask, ask_sz, bk, book_ts = False, 0.0, 0.0, 0.0, 0.0, _NO_LEVELS, 0
@@ -354,13 +521,17 @@ def verdict_of(
         if t > cutoff:
             recent_n += 1
     slip = intent.max_slippage_bps
+    pos_hi, pos_lo = units_words(state.position_units)
+    cash_hi, cash_lo = units_words(state.cash_units)
     return verdict(
         lim,
-        state.position,
+        rules,
+        pos_hi,
+        pos_lo,
+        cash_hi,
+        cash_lo,
         state.open_buy_qty,
         state.open_sell_qty,
-        state.pnl_usd,
-        0.0,
         recent_n,
         state.kill_switch,
         _SIDES.get(intent.side, -1),
@@ -389,12 +560,32 @@ def check(
 ) -> tuple[bool, str]:
     """Accept or reject one intent. Cancels are always allowed: they only ever reduce risk.
 
-    RiskLimits is frozen: a check with the same limits as the one before reuses their array."""
+    RiskLimits is frozen: a check with the same limits as the one before reuses their arrays."""
     global _last_limits
     if intent.intent == "cancel":
         return True, "ok"
     lims = _last_limits
     if lims[0] is not limits:
-        lims = _last_limits = (limits, limits_array(limits))
-    code = verdict_of(lims[1], state, intent, book, now_ns)
+        lims = _last_limits = (limits, limits_array(limits), rule_codes(limits))
+    code = verdict_of(lims[1], lims[2], state, intent, book, now_ns)
     return code == R_OK, REASONS[code]
+
+
+def add_risk_args(p: argparse.ArgumentParser) -> None:
+    """``--risk-rules NAME,...`` (``dualhub replay`` and ``dualhub live``)."""
+    p.add_argument(
+        "--risk-rules",
+        default="",
+        metavar="NAMES",
+        help="the risk rules to run, in order, comma-separated (default: "
+        + ",".join(DEFAULT_RULES)
+        + "); never without "
+        + ", ".join(MANDATORY_RULES),
+    )
+
+
+def risk_fields(args: argparse.Namespace, base: RiskLimits | None = None) -> dict[str, RiskLimits]:
+    """The config field of the flag: ``{"risk": ...}`` over ``base``, or nothing when not given."""
+    if not args.risk_rules:
+        return {}
+    return {"risk": replace(base or RiskLimits(), rules=args.risk_rules)}

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from engine.errors import DualhubError
+from engine.risk import add_risk_args, risk_fields
 from engine.strategies.registry import add_strategy_args, strategy_fields
 from engine.urls import WS, check_url
 from engine.venues.bitget_v2 import REST_BASE_URL
@@ -67,6 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="never sleep the event loop and keep the label path warm (lowest tick latency; costs a core)",
     )
     add_strategy_args(p)
+    add_risk_args(p)
     p.add_argument("--kill-file", default="", help="kill switch file (default OUT/KILL)")
     p.add_argument(
         "--contract-defaults", action="store_true", help="paper: do not ask the exchange for contracts"
@@ -162,6 +164,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         feed_stale_s=args.feed_stale,
         venue_lost_s=args.venue_lost,
         **strategy_fields(args),
+        **risk_fields(args),
     )
     runner = LiveRunner(
         cfg,

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from engine.errors import DualhubError, check_output_path
+from engine.risk import add_risk_args, risk_fields
 from engine.strategies.registry import add_strategy_args, strategy_fields
 from venue.fills import FILL_MODELS
 
@@ -105,6 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--scale-latency",
     )
     add_strategy_args(p)
+    add_risk_args(p)
     p.add_argument("--report", action="store_true", help="print the report after the run")
     p.add_argument(
         "--scale-latency",
@@ -169,6 +171,7 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         kev_timeout_ms=args.kev_timeout_ms,
         kev_lag_source=args.kev_lag,
         **strategy_fields(args),
+        **risk_fields(args),
     )
     spec = getattr(args, "scale_latency", "")
     scales = parse_scale_latency(spec) if spec else {}

@@ -41,7 +41,7 @@ from engine.kev.sim import SimKevBackend
 from engine.laya.features import features_v0, features_v0_batch
 from engine.laya.features_v1 import FeaturesV1, features_v1_batch
 from engine.laya.model import DEFAULT_MODEL, FEATURE_SIZES, N_CLASSES, Laya, LayaConfig, training_sessions
-from engine.risk import RiskLimits
+from engine.risk import DEFAULT_RULES, RiskLimits
 from engine.store import (
     SeqOrderError,
     SessionError,
@@ -188,6 +188,8 @@ class ReplayConfig:
             del d["strategy"], d["strategy_params"]
         if plugin.is_spec(self.strategy):  # its source is part of the run: an edit is another run
             d["strategy_sha256"] = plugin.source_sha256(self.strategy)
+        if self.risk.rules == DEFAULT_RULES:  # run names stay as they were; runtime.json names the rules
+            del d["risk"]["rules"]
         return orjson.loads(orjson.dumps(d, default=str))
 
     def asks_live_model(self) -> bool:
@@ -1141,6 +1143,7 @@ def _finish(
         {
             **{k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
             "engine_path": path,
+            "risk_rules": list(cfg.risk.rules),  # the gateway's rules, in the order they ran
         },
     )
     return RunResult(

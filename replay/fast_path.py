@@ -28,6 +28,7 @@ from engine.kev.failures import breaker_rows
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
+from engine.risk import N_RULES, rule_codes
 from replay import kernel as K
 from replay.walk import StreamedWalk
 from venue.batch_latency import RecordedTable, recorded_table, sample_many
@@ -251,6 +252,7 @@ class KernelRun:
         C[K.C_MAX_ORDERS_PER_S] = r.max_orders_per_s
         C[K.C_STALE_BOOK] = r.stale_book_ns
         C[K.C_MAX_ADVICE_AGE] = r.max_advice_age_ns
+        C[K.C_RISK_RULES : K.C_RISK_RULES + N_RULES] = rule_codes(r)
         C[K.C_PX_DECIMALS] = _tick_decimals(c.tick) or 0
         C[K.C_MAKER_NUM], C[K.C_MAKER_EXP] = _decimal_parts(c.maker_fee_rate)  # type: ignore[misc]
         C[K.C_TAKER_NUM], C[K.C_TAKER_EXP] = _decimal_parts(c.taker_fee_rate)  # type: ignore[misc]

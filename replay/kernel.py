@@ -14,9 +14,10 @@ and pinned by golden digests (``tests/test_golden_digests.py``).
 
 Money: position, cash and fees are integers of 1e-12 (prices of ``px_decimals`` digits, checked to
 be their own shortest repr, as ``Decimal(repr(px))`` reads them), quantized half-even as
-``Decimal.quantize`` does, so the totals equal the Python portfolio's Decimals. The loss stop reads
-a float estimate of the PnL and the run gives up (``ST_UNSUPPORTED``) when it is too close to the
-limit to decide; so do tables that would outgrow their caps. The driver then runs the per-event path.
+``Decimal.quantize`` does, so the totals equal the Python portfolio's Decimals, and the loss stop
+reads those integers as the Python engine does (``engine.risk.loss_ok``, exact). Money beyond its
+bounds and tables that would outgrow their caps give up (``ST_UNSUPPORTED``): the driver then runs the
+per-event path.
 
 Layout: state lives in numpy arrays so a run can stop (an output buffer is full, a table must grow,
 Kev lags or order latencies must be drawn, an advisor that is not the compiled rule must answer a Kev
@@ -51,12 +52,12 @@ from engine.risk import (  # noqa: F401 - the gateway's codes, kernel names (BUY
     BUY,
     LIMIT,
     MARKET,
+    N_RULES,
     R_BAD_BOOK,
     R_BAD_ORDER,
     R_BAND,
     R_KILL,
     R_LOSS,
-    R_LOSS_UNDECIDED,
     R_MAX_DELTA,
     R_MAX_POS,
     R_MAX_QTY,
@@ -129,13 +130,12 @@ ST_GROW_WORK = 7  # the working-order list must grow (fast_path doubles it) befo
 ST_NEED_KEV = 8  # a Kev request started whose advisor answers in Python (C_KEV_ASK): fast_path answers it
 ST_UNSUPPORTED = 9
 # why unsupported
-U_NONE, U_ROUND, U_PX_DECIMALS, U_OVERFLOW, U_LOSS_STOP_CLOSE, U_TABLE, U_LOOK_AHEAD = 0, 1, 2, 3, 4, 5, 6
+U_NONE, U_ROUND, U_PX_DECIMALS, U_OVERFLOW, U_TABLE, U_LOOK_AHEAD = 0, 1, 2, 3, 4, 5
 UNSUPPORTED_TEXT = (
     "",
     "a value round() cannot reproduce exactly here",
     "a fill price that is not a short decimal",
     "money beyond int64",
-    "PnL too close to the loss stop to decide in floats",
     "more working orders or queued Kev requests than the kernel's tables hold",
     "a label asked for before its book was received",
 )
@@ -212,7 +212,8 @@ SF_SIZE = 8
 ) = range(20)
 C_OLAT_KEYED = 28  # 28..30: 1 where olat row OLAT_* is a recorded table looked up by the draw's time
 C_KEV_ASK = 31  # 1: the advisor is Python's (cassette, LLM); 0: the compiled rule advisor decides
-C_SIZE = 32
+C_RISK_RULES = 32  # 32..: the risk rules to run, in order (engine.risk.rule_codes: N_RULES codes)
+C_SIZE = C_RISK_RULES + N_RULES
 # CF (float64 config)
 (
     CF_TICK,
@@ -400,15 +401,6 @@ def _qty_units(q):
 
 
 # ---------------------------------------------------------------- the machine
-
-
-@njit
-def _risk_state_pnl(S, mid):
-    """The loss stop's PnL at ``mid`` in floats, and how far it may be from the portfolio's exact
-    Decimal PnL: the rule gives R_LOSS_UNDECIDED within that of the stop."""
-    pos = S[S_POS] / 1e12
-    cash = S[S_CASH] / 1e12
-    return cash + pos * mid, 1e-6 * (1.0 + abs(cash) + abs(pos * mid))
 
 
 @njit
@@ -784,8 +776,8 @@ def _check_new(
     lpx,
     lq,
 ):
-    """engine.risk.verdict on the engine's state for a new order; returns the reason code (R_OK when
-    accepted), or stops the run (U_LOSS_STOP_CLOSE) when the loss stop is too close to call."""
+    """engine.risk.verdict, with the configured rules, on the engine's state for a new order; returns
+    the reason code (R_OK when accepted)."""
     # open quantities of working orders, summed in insertion order as _build_risk_state does
     buy = 0.0
     sell = 0.0
@@ -803,7 +795,6 @@ def _check_new(
         head += 1
     S[S_RECENT_HEAD] = head
     has_book = S[S_ENG_BOOK] != 0
-    pnl, pnl_tol = _risk_state_pnl(S, (eng_book[0] + eng_book[30]) / 2.0)
     # the limits in engine.risk.L_* order; a tuple: no allocation per check
     lim = (
         CF[CF_MAX_POSITION],
@@ -816,13 +807,16 @@ def _check_new(
         CF[CF_LOSS_STOP],
         float(C[C_MAX_ADVICE_AGE]),
     )
-    reason = verdict(
+    # position and cash (integers of 1e-12) as the rules' two words each: hi * 2**32 + lo
+    return verdict(
         lim,
-        _position(S),
+        C[C_RISK_RULES : C_RISK_RULES + N_RULES],
+        S[S_POS] >> 32,
+        S[S_POS] & 0xFFFFFFFF,
+        S[S_CASH] >> 32,
+        S[S_CASH] & 0xFFFFFFFF,
         buy,
         sell,
-        pnl,
-        pnl_tol,
         tail - head,
         S[S_KILL] != 0,
         side,
@@ -844,10 +838,6 @@ def _check_new(
         lpx,
         lq,
     )
-    if reason == R_LOSS_UNDECIDED:
-        S[S_WHY] = U_LOSS_STOP_CLOSE
-        return R_OK
-    return reason
 
 
 # ---------------------------------------------------------------- engine: orders

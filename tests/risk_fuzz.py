@@ -158,13 +158,12 @@ def book_of(
 
 
 def gen_state(rng: random.Random) -> RiskState:
-    lot = 0.001
-    pos = float(rng.randrange(-120, 121)) * lot
+    lot = 10**9  # 0.001 base units, in units of 1e-12
     return RiskState(
-        position=pos,
+        position_units=rng.randrange(-120, 121) * lot,
         open_buy_qty=float(rng.choice([0, 0, 0.002, 0.02, 0.1])),
         open_sell_qty=float(rng.choice([0, 0, 0.002, 0.02, 0.1])),
-        pnl_usd=float(rng.choice([0.0, 5.0, -50.0, -100.0, -1e6, math.nan])),
+        cash_units=rng.choice([0, 5, -50, -100, -1_000_000, 5_000, -5_000, 10**13]) * 10**12,
         recent_order_ns=tuple(
             sorted(NOW - rng.randrange(0, 2_000_000_000) for _ in range(rng.randrange(12)))
         ),

@@ -498,14 +498,14 @@ def test_a_kernel_that_gives_up_mid_run_leaves_a_python_run(session, tmp_path, m
     def give_up_on_the_third(self, status):
         calls["n"] += 1
         if calls["n"] == 3:
-            self.S[K.S_WHY] = K.U_LOSS_STOP_CLOSE
+            self.S[K.S_WHY] = K.U_TABLE
             status = K.ST_UNSUPPORTED
         return handle(self, status)
 
     monkeypatch.setattr(fast_path, "OUT_CAP", K.MARGIN + 40)  # stops early, after writing some rows
     monkeypatch.setattr(fast_path.KernelRun, "handle", give_up_on_the_third)
     r = run_replay(session, cfg, out_dir=tmp_path / "r")
-    assert r.path.startswith("python (PnL too close to the loss stop")
+    assert r.path.startswith("python (more working orders")
     assert r.digest == ref.digest
     for s in OUTPUT_STREAMS:
         assert (r.run_dir / "events" / f"{s}.parquet").read_bytes() == (

@@ -23,7 +23,16 @@ from engine.kev.command import (
     CommandFields,
     validate_command,
 )
-from engine.risk import OrderIntent, RiskLimits, RiskState, check
+from engine.risk import (
+    DEFAULT_RULES,
+    MANDATORY_RULES,
+    N_RULES,
+    OrderIntent,
+    RiskLimits,
+    RiskState,
+    check,
+    rule_codes,
+)
 from engine.strategy import desired_quotes
 from replay import kernel as K
 from tests.helpers import make_book
@@ -68,10 +77,15 @@ def books(draw: st.DrawFn) -> BookSnapshot:
 lots = st.integers(-150, 150).map(lambda n: n / 1000)
 states = st.builds(
     RiskState,
-    position=lots,
+    position_units=st.integers(-150, 150).map(lambda n: n * 10**9),
     open_buy_qty=st.integers(0, 120).map(lambda n: n / 1000),
     open_sell_qty=st.integers(0, 120).map(lambda n: n / 1000),
-    pnl_usd=st.one_of(st.sampled_from([0.0, -99.0, -100.0, -1e6]), st.floats(-500, 500)),
+    # cash in units of 1e-12: round amounts, any amount, and amounts beyond what the kernel holds
+    cash_units=st.one_of(
+        st.sampled_from([0, -99, -100, -1_000_000, 5_000]).map(lambda n: n * 10**12),
+        st.integers(-(10**16), 10**16),
+        st.integers(-(10**40), 10**40),
+    ),
     recent_order_ns=st.lists(st.integers(NOW - 2_000_000_000, NOW), max_size=12).map(
         lambda v: tuple(sorted(v))
     ),
@@ -197,13 +211,14 @@ def test_a_seeded_fuzz_of_commands_strategy_and_risk_finds_no_breach():
 
 
 def _kernel_check(limits: RiskLimits, state: RiskState, it: OrderIntent, book: BookSnapshot) -> str | None:
-    """The replay kernel's ``_check_new`` on the same inputs; None where it defers to the Python engine
-    (a PnL within its float tolerance of the loss stop, a value round() cannot reproduce)."""
+    """The replay kernel's ``_check_new`` on the same inputs; None for money beyond the kernel's bounds
+    (such a run is the Python engine's)."""
     S = np.zeros(K.S_SIZE, dtype=np.int64)
     C = np.zeros(K.C_SIZE, dtype=np.int64)
     CF = np.zeros(K.CF_SIZE, dtype=np.float64)
     C[K.C_MAX_ADVICE_AGE], C[K.C_STALE_BOOK] = limits.max_advice_age_ns, limits.stale_book_ns
     C[K.C_MAX_ORDERS_PER_S] = limits.max_orders_per_s
+    C[K.C_RISK_RULES : K.C_RISK_RULES + N_RULES] = rule_codes(limits)
     for i, v in (
         (K.CF_MAX_ORDER_QTY, limits.max_order_qty),
         (K.CF_MAX_POSITION, limits.max_position),
@@ -214,12 +229,9 @@ def _kernel_check(limits: RiskLimits, state: RiskState, it: OrderIntent, book: B
     ):
         CF[i] = v
     S[K.S_KILL], S[K.S_ENG_BOOK], S[K.S_ENG_ROW] = int(state.kill_switch), 1, 0
-    S[K.S_POS] = round(state.position * 1e12)
-    mid = (book.bid_px[0] + book.ask_px[0]) / 2
-    cash = (state.pnl_usd - state.position * mid) * 1e12 if math.isfinite(mid) else 0.0
-    if not abs(cash) < 9e18:
-        return None  # money beyond int64: the kernel defers such a run to the Python engine
-    S[K.S_CASH] = round(cash)
+    if abs(state.cash_units) > 1 << 61 or abs(state.position_units) > 1 << 52:
+        return None  # the kernel's money bounds (_on_fill): beyond them the Python engine runs
+    S[K.S_POS], S[K.S_CASH] = state.position_units, state.cash_units
     OI = np.zeros((16, K.OI_COLS), dtype=np.int64)
     OF = np.zeros((16, K.OF_COLS), dtype=np.float64)
     work = np.zeros(3 * K.WORK_CAP, dtype=np.int64)
@@ -256,24 +268,32 @@ def test_the_compiled_gateway_gives_the_same_verdict(case):
         return  # the kernel's intents are typed codes: these exist only as Python strings
     if intent.max_slippage_bps is not None and math.isnan(intent.max_slippage_bps):
         return  # the kernel's "no command limit" is NaN
-    state = replace(state, pnl_usd=round(state.pnl_usd, 3))
     got = _kernel_check(LIMITS, state, intent, book)
     if got is not None:
         assert got == check(LIMITS, state, intent, book, NOW)[1]
 
 
-def test_the_compiled_gateway_agrees_on_the_seeded_fuzz_cases():
+# the mandatory rules, then the others backwards; and the mandatory ones alone
+OTHERS = tuple(r for r in DEFAULT_RULES[::-1] if r not in MANDATORY_RULES)
+REORDERED = replace(LIMITS, rules=(*MANDATORY_RULES, *OTHERS))
+MANDATORY_ONLY = replace(LIMITS, rules=MANDATORY_RULES)
+
+
+@pytest.mark.parametrize(
+    "limits", [LIMITS, REORDERED, MANDATORY_ONLY], ids=["default", "reordered", "mandatory"]
+)
+def test_the_compiled_gateway_agrees_on_the_seeded_fuzz_cases(limits):
     verdicts: Counter[str] = Counter()
     for state, its, book in gen_cases(seed=17, n=1_500):
-        state = replace(state, pnl_usd=0.0 if math.isnan(state.pnl_usd) else state.pnl_usd)
         for it in its:
             if it.max_slippage_bps is not None and math.isnan(it.max_slippage_bps):
                 continue
-            got = _kernel_check(LIMITS, state, it, book)
+            got = _kernel_check(limits, state, it, book)
             if got is not None:
-                assert got == check(LIMITS, state, it, book, NOW)[1], (state, it, book)
+                assert got == check(limits, state, it, book, NOW)[1], (state, it, book)
                 verdicts[got] += 1
-    assert verdicts["ok"] > 100 and len(verdicts) >= 10, verdicts
+    assert verdicts["ok"] > 100 and len(verdicts) >= (10 if limits is not MANDATORY_ONLY else 5), verdicts
+    assert set(verdicts) <= {"ok", *limits.rules}, verdicts  # no rule outside the list ever answers
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, 0.0])
