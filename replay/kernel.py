@@ -80,16 +80,14 @@ from engine.risk import (  # noqa: F401 - the gateway's codes, kernel names (BUY
 from engine.risk import only_reduces as _reduce_only_ok
 from engine.strategies import registry
 from engine.strategy import NO_ORDER, kev_target, rebalance_order
-from venue.exchange import AR_FILLED, AR_REST, crossed, maker_fill, match_arrival
+from venue.exchange import AR_FILLED, AR_REST, book_fills, maker_fill, match_arrival, trade_fills
 from venue.fills import (  # noqa: F401 - the fill model codes, kernel names too (fast_path reads K.FM_*)
     FM_QUEUE_LOG,
     FM_QUEUE_POWER,
     FM_RISK_AVERSE,
     FM_THROUGH,
     FM_TOUCH,
-    on_depth,
     on_new,
-    on_trade,
 )
 
 # ---------------------------------------------------------------- codes (shared with fast_path)
@@ -1946,61 +1944,66 @@ def _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, oid, px, qty):
 
 
 @njit
+def _x_rest_rows(S, OF, rest):
+    """The resting orders' rows in the order table, in arrival order, in rest's scratch half: the book
+    as it was before fills remove orders from the first half."""
+    rows = rest[REST_CAP : 2 * REST_CAP]
+    for w in range(S[S_NREST]):
+        rows[w] = rest[w] & (OF.shape[0] - 1)
+    return rows
+
+
+@njit
 def _x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, OUTI, OUTF, NOUT):
-    """SimExchange.on_book."""
+    """SimExchange.on_book: venue.exchange.book_fills over the order table, then its maker fills."""
     n = S[S_NREST]
     if n == 0:
         return
-    snapshot = rest[REST_CAP : 2 * REST_CAP]  # scratch: the book as it was before fills remove orders
-    for w in range(n):
-        snapshot[w] = rest[w]
-    for w in range(n):
-        o = snapshot[w]
-        r = o & (OF.shape[0] - 1)
-        side = OI[o & (OI.shape[0] - 1), OI_SIDE]
-        opx = OF[r, OF_PX]
-        OF[r, OF_AHEAD], OF[r, OF_LEVEL], OF[r, OF_TRADED] = on_depth(
-            C[C_FILL_MODEL],
-            CF[CF_QUEUE_N],
-            x_book,
-            side,
-            opx,
-            OF[r, OF_AHEAD],
-            OF[r, OF_LEVEL],
-            OF[r, OF_TRADED],
-        )
-        if crossed(side, opx, x_book[0], x_book[30]):
-            _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, o, opx, OF[r, OF_QTY] - OF[r, OF_XFILLED])
+    rows = _x_rest_rows(S, OF, rest)
+    k = book_fills(
+        C[C_FILL_MODEL],
+        CF[CF_QUEUE_N],
+        x_book,
+        rows,
+        n,
+        OI[:, OI_SIDE],
+        OF[:, OF_PX],
+        OF[:, OF_AHEAD],
+        OF[:, OF_LEVEL],
+        OF[:, OF_TRADED],
+        rows,
+    )
+    for j in range(k):
+        r = rows[j]
+        left = OF[r, OF_QTY] - OF[r, OF_XFILLED]
+        _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], left)
 
 
 @njit
 def _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside, OUTI, OUTF, NOUT):
-    """SimExchange.on_trade."""
-    left = sz
+    """SimExchange.on_trade: venue.exchange.trade_fills over the order table, then its maker fills."""
     n = S[S_NREST]
-    snapshot = rest[REST_CAP : 2 * REST_CAP]
-    for w in range(n):
-        snapshot[w] = rest[w]
-    for w in range(n):
-        if left <= EPS:
-            break
-        o = snapshot[w]
-        r = o & (OF.shape[0] - 1)
-        f, OF[r, OF_AHEAD], OF[r, OF_TRADED] = on_trade(
-            C[C_FILL_MODEL],
-            OI[o & (OI.shape[0] - 1), OI_SIDE],
-            OF[r, OF_PX],
-            OF[r, OF_QTY] - OF[r, OF_XFILLED],
-            OF[r, OF_AHEAD],
-            OF[r, OF_TRADED],
-            px,
-            sz,
-            tside,
-        )
-        q = pmin(f, left)
-        if q > EPS:
-            left -= q
-            _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, o, OF[r, OF_PX], q)
+    rows = _x_rest_rows(S, OF, rest)
+    fq = np.empty(n)
+    k = trade_fills(
+        C[C_FILL_MODEL],
+        rows,
+        n,
+        OI[:, OI_SIDE],
+        OF[:, OF_PX],
+        OF[:, OF_QTY],
+        OF[:, OF_XFILLED],
+        OF[:, OF_AHEAD],
+        OF[:, OF_TRADED],
+        px,
+        sz,
+        tside,
+        rows,
+        fq,
+    )
+    for j in range(k):
+        r = rows[j]
+        _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], fq[j])
 
 
 @njit
