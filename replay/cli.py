@@ -30,10 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "simulate",
         help="write a simulated Bitget v2 session (books15 + trade) to Parquet",
         description="Generate a deterministic (seeded) BTCUSDT-like market as Bitget v2 books15/trade push "
-        "frames and normalise them into a session directory through the recorder's codec.",
+        "frames and normalise them into a session directory through the recorder's codec. With --symbols, "
+        "several symbols in one session: the first leads, each other one is cointegrated with it (a "
+        "mean-reverting spread with regime shifts; the true parameters go into the manifest).",
     )
     p.add_argument("--out", type=Path, required=True, help="session directory to create")
-    p.add_argument("--symbol", default="BTCUSDT")
+    p.add_argument("--symbol", help="one symbol (default BTCUSDT)")
+    p.add_argument(
+        "--symbols",
+        metavar="A,B,...",
+        help="several symbols, comma-separated, the first the leader, e.g. BTCUSDT,ETHUSDT "
+        "(known contracts: venue.simulator.INSTRUMENTS)",
+    )
     p.add_argument("--minutes", type=float, default=10.0, help="simulated duration (default 10)")
     p.add_argument("--seed", type=int, default=7)
     p.set_defaults(func=cmd_simulate)
@@ -140,11 +148,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from venue.simulator import simulate_session
+    from venue.simulator import check_symbols, simulate_session
 
+    if args.symbol is not None and args.symbols is not None:
+        raise DualhubError("give --symbol or --symbols, not both")
+    if args.symbols is not None:
+        symbols = check_symbols([s.strip() for s in args.symbols.split(",")])
+    else:
+        symbols = check_symbols([args.symbol or "BTCUSDT"])
+    if not args.minutes > 0:
+        raise DualhubError(f"--minutes must be > 0, got {args.minutes}")
     if (args.out / "manifest.json").exists():
         raise DualhubError(f"{args.out} already holds a session; choose another --out")
-    simulate_session(args.out, symbol=args.symbol, minutes=args.minutes, seed=args.seed, progress=True)
+    simulate_session(args.out, symbols=symbols, minutes=args.minutes, seed=args.seed, progress=True)
     print(f"session written: {args.out}")
     return 0
 

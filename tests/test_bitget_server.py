@@ -408,3 +408,33 @@ def test_simulator_source_streams() -> None:
         assert sum(isinstance(e, Trade) for e in out) > 10 and st.checksums_verified > 50
 
     run(go())
+
+
+def test_simulator_source_serves_each_symbol_to_its_subscribers() -> None:
+    """Several simulated symbols on one feed: a connection gets exactly the symbols it subscribed to,
+    ETHUSDT's derived ``books`` (two-decimal prices) checksum-verified."""
+    src = list(simulator_frames(SYMS, minutes=0.2, seed=3))
+    want = [raw for _, raw in src if b'"instId":"ETHUSDT"' in raw]
+    assert 0 < len(want) < len(src)
+
+    async def go() -> tuple[list[bytes], list[bytes]]:
+        async with BitgetServer(src, speed=0) as srv:
+            eth, btc = await _client(srv.url), await _client(srv.url)
+            await eth.send(subscribe_request([arg(c, "ETHUSDT") for c in ("books15", "trade", "books")]))
+            await btc.send(subscribe_request([arg("books15", "BTCUSDT")]))
+            got_eth = await _collect(eth, 8.0, until=lambda o: srv.finished.is_set())
+            got_eth += await _collect(eth, 0.5)  # what was in flight when the feed ended
+            got_btc = await _collect(btc, 1.0)
+            return got_eth, got_btc
+
+    got_eth, got_btc = run(go())
+    eth_data = _data(got_eth)
+    assert {d["arg"]["instId"] for d in eth_data} == {"ETHUSDT"}
+    pushed = [f for f in got_eth if f.startswith(b'{"action"') and b'"channel":"books"' not in f[:90]]
+    assert pushed == want
+    st, c = BooksState(), StreamCounters()
+    out = [e for f in got_eth for e in decode_with_books(f, 0, c, st)]
+    assert not any(isinstance(e, BookFault) or type(e).__name__ == "Quarantined" for e in out)
+    assert st.checksums_verified > 50
+    assert {d["arg"]["instId"] for d in _data(got_btc)} == {"BTCUSDT"}
+    assert all(d["arg"]["channel"] == "books15" for d in _data(got_btc))

@@ -402,3 +402,29 @@ def test_reduce_only_is_enforced_per_account(ex):
         assert ex.position("BTCUSDT") == pytest.approx(0.2)
 
     _run(_with_gw(ex, go))
+
+
+def test_simulated_symbols_get_their_contracts():
+    """Without contract rows, a symbol the simulator knows trades on its contract (ETHUSDT: tick 0.01,
+    size step 0.01) beside BTCUSDT's."""
+    with LocalExchangeThread(LocalExchange(symbols=["BTCUSDT", "ETHUSDT"])) as ex:
+        ex.apply_book(make_book(3000.0, 3000.01, tick=0.01, symbol="ETHUSDT", ts=time.time_ns()))
+
+        def eth(px, size, coid):
+            return place_order_body(
+                symbol="ETHUSDT", side="buy", order_type="limit", size=size, price=px, client_oid=coid
+            )
+
+        async def go(gw):
+            specs = {s.symbol: s for s in await gw.contracts()}
+            assert (str(specs["ETHUSDT"].tick), str(specs["ETHUSDT"].size_step)) == ("0.01", "0.01")
+            assert (str(specs["BTCUSDT"].tick), str(specs["BTCUSDT"].size_step)) == ("0.1", "0.001")
+            await gw.place_order(eth("2999.99", "0.05", "e-1"))
+            with pytest.raises(BitgetParamError) as e:
+                await gw.place_order(eth("2999.995", "0.05", "e-2"))
+            assert e.value.code == "41103"
+            with pytest.raises(BitgetParamError) as e:
+                await gw.place_order(eth("2999.99", "0.055", "e-3"))
+            assert e.value.code == "40808"
+
+        _run(_with_gw(ex, go))

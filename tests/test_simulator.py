@@ -1,19 +1,37 @@
-"""The Bitget v2 market simulator: determinism, wire format, receive times, realism, sessions."""
+"""The Bitget v2 market simulator: determinism, wire format, receive times, realism, sessions, and
+multi-symbol sessions (a cointegrated pair with a mean-reverting spread and regime shifts)."""
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import orjson
+import pyarrow.parquet as pq
 import pytest
 
+from dualhub.cli import main
+from engine.contract import ContractConfig
 from engine.events import BOOK_LEVELS, BookSnapshot, Trade
 from engine.store import open_session
 from engine.venues.bitget_v2 import MS, StreamCounters, decode
-from venue.simulator import DEFAULT_START_MS, SimConfig, _Market, _Tape, generate_frames, simulate_session
+from venue.bitget.public_server import simulator_frames
+from venue.simulator import (
+    DEFAULT_START_MS,
+    INSTRUMENTS,
+    MultiSim,
+    PairConfig,
+    SimConfig,
+    _Market,
+    _Tape,
+    generate_frames,
+    simulate_session,
+)
 
 PX_RE = re.compile(r"^[1-9]\d*\.\d$")  # tick 0.1: exactly one decimal
 SZ_RE = re.compile(r"^\d+\.\d{3}$")  # size step 0.001: exactly three decimals
@@ -269,3 +287,274 @@ def test_simulate_session_round_trip(tmp_path: Path) -> None:
     assert stored[0] == books[0] and stored[-1] == books[-1]
     assert session.read_events("trade")[-1] == trades[-1]
     assert session.manifest["ts_recv_min"] == min(books[0].ts_recv, trades[0].ts_recv)
+
+
+# ---------------------------------------------------------------- one symbol: the bytes are pinned
+
+
+def _frames_sha(frames: Iterable[tuple[int, bytes]]) -> str:
+    h = hashlib.sha256()
+    for ts, raw in frames:
+        h.update(ts.to_bytes(8, "little") + len(raw).to_bytes(4, "little") + raw)
+    return h.hexdigest()
+
+
+def test_single_symbol_bytes_are_pinned(ten_minutes: dict, tmp_path: Path) -> None:
+    """What the single-symbol simulator wrote before multi-symbol sessions existed: every session of
+    the other tests (and their golden digests) stands on these bytes."""
+    assert len(ten_minutes["frames"]) == 17220
+    assert (
+        _frames_sha(ten_minutes["frames"])
+        == "6ed49d75395abc1f37a70b897f74713450ace2240ffccbf6197d84076afa0850"
+    )
+    served = simulator_frames(["BTCUSDT"], minutes=2, seed=3)  # the live tests' feed
+    assert _frames_sha(served) == "61fb976b14b6a73e2428b7047a815e92fa6d986e94fc8bd720c8b36da8d61714"
+    a = open_session(simulate_session(tmp_path / "a", minutes=0.5, seed=11))
+    b = open_session(simulate_session(tmp_path / "b", symbols=["BTCUSDT"], minutes=0.5, seed=11))
+    assert a.digest() == b.digest() and a.manifest["simulator"] == b.manifest["simulator"]
+    assert a.manifest["simulator"] == {
+        "seed": 11,
+        "minutes": 0.5,
+        "symbol": "BTCUSDT",
+        "start_ms": DEFAULT_START_MS,
+    }
+
+
+# ---------------------------------------------------------------- several symbols
+
+
+PAIR = ("BTCUSDT", "ETHUSDT")
+
+
+def _by_symbol(frames: list[tuple[int, bytes]]) -> dict[str, dict[str, list]]:
+    out: dict[str, dict[str, list]] = {}
+    counters = StreamCounters()
+    for ts_recv, raw in frames:
+        for e in decode(raw, ts_recv, counters):
+            assert isinstance(e, BookSnapshot | Trade), f"not a book or trade: {e!r}"[:300]
+            d = out.setdefault(e.symbol, {"books": [], "trades": []})
+            d["books" if isinstance(e, BookSnapshot) else "trades"].append(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair_session() -> dict:
+    sim = MultiSim(PAIR, minutes=10.0, seed=7)
+    frames = list(sim.frames())
+    return {"frames": frames, "truth": sim.truth(), "by_symbol": _by_symbol(frames)}
+
+
+def test_multi_symbol_same_seed_same_bytes(pair_session: dict, ten_minutes: dict) -> None:
+    frames = pair_session["frames"]
+    assert list(MultiSim(PAIR, minutes=10.0, seed=7).frames()) == frames
+    other = list(MultiSim(PAIR, minutes=1.0, seed=8).frames())
+    assert other[:100] != frames[:100]
+    # One time order over both symbols: receive times never go back.
+    recv = [t for t, _ in frames]
+    assert recv == sorted(recv)
+    syms = [orjson.loads(raw)["arg"]["instId"] for _, raw in frames]
+    assert Counter(syms).keys() == set(PAIR)
+    # The leader draws from the single-symbol streams: its frames are the single-symbol session's.
+    lead = [f for f, s in zip(frames, syms, strict=True) if s == "BTCUSDT"]
+    assert lead == ten_minutes["frames"]
+    # The server source is the same merge.
+    assert list(simulator_frames(PAIR, minutes=1.0, seed=8)) == other
+    # A shorter session's frames are a prefix of a longer one's.
+    short = list(MultiSim(PAIR, minutes=0.5, seed=8).frames())
+    assert len(other) > len(short) > 100 and other[: len(short)] == short
+
+
+def test_multi_symbol_books_are_valid_on_each_contract(pair_session: dict) -> None:
+    for sym, d in pair_session["by_symbol"].items():
+        inst = INSTRUMENTS[sym]
+        tick, step = float(inst.tick), float(inst.size_step)
+        books: list[BookSnapshot] = d["books"]
+        assert 3500 < len(books) < 4500 and len(d["trades"]) > 1000
+        bid = np.array([b.bid_px for b in books])
+        ask = np.array([b.ask_px for b in books])
+        sizes = np.array([b.bid_sz + b.ask_sz for b in books])
+        assert np.isfinite(bid).all() and np.isfinite(ask).all()
+        assert (bid[:, 0] < ask[:, 0]).all()  # never crossed nor locked
+        assert (np.diff(ask, axis=1) > 0).all() and (np.diff(bid, axis=1) < 0).all()
+        for x, unit in (
+            (bid, tick),
+            (ask, tick),
+            (sizes, step),
+            (np.array([t.px for t in d["trades"]]), tick),
+        ):
+            n = x / unit
+            assert np.abs(n - np.rint(n)).max() < 1e-6, sym
+        assert (sizes >= step).all()
+        spread_ticks = np.rint((ask[:, 0] - bid[:, 0]) / tick)
+        assert Counter(spread_ticks.tolist()).most_common(1)[0][0] == 1  # mostly one tick wide
+        mid = (bid[:, 0] + ask[:, 0]) / 2
+        assert 0.9 * inst.price < mid.min() and mid.max() < 1.1 * inst.price
+        seqs = [b.exch_seq for b in books]
+        assert seqs == sorted(set(seqs))
+    # The wire strings carry the contract's decimals.
+    eth = next(
+        orjson.loads(r) for _, r in pair_session["frames"] if b'"books15"' in r[:90] and b"ETHUSDT" in r[:120]
+    )
+    px, sz = eth["data"][0]["bids"][0]
+    assert re.match(r"^[1-9]\d*\.\d{2}$", px) and re.match(r"^\d+\.\d{2}$", sz)
+
+
+def _log_mid_grid(books: list[BookSnapshot], grid: np.ndarray) -> np.ndarray:
+    ts = np.array([b.ts_event for b in books], dtype=np.int64)
+    mid = np.array([b.mid for b in books])
+    return np.log(mid[np.searchsorted(ts, grid, "right") - 1])
+
+
+def _pair_on_grid(by_symbol: dict, step_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lb, fb = by_symbol["BTCUSDT"]["books"], by_symbol["ETHUSDT"]["books"]
+    lo = max(lb[0].ts_event, fb[0].ts_event)
+    hi = min(lb[-1].ts_event, fb[-1].ts_event)
+    grid = np.arange(lo, hi, int(step_s * 1e9), dtype=np.int64)
+    return grid, _log_mid_grid(lb, grid), _log_mid_grid(fb, grid)
+
+
+def _regime_spans(regimes: list[dict], grid: np.ndarray) -> list[tuple[dict, np.ndarray]]:
+    out = []
+    for i, r in enumerate(regimes):
+        end = regimes[i + 1]["start_ms"] * MS if i + 1 < len(regimes) else grid[-1] + 1
+        out.append((r, (grid >= r["start_ms"] * MS) & (grid < end)))
+    return out
+
+
+def test_the_spread_mean_reverts_at_its_half_life() -> None:
+    """One regime (no shifts): log(ETH) - alpha - beta * log(BTC) on a 1 s grid is an AR(1) whose
+    half-life is the configured one (loosely: 15 minutes of a 15 s half-life)."""
+    pc = PairConfig(half_life_s=15.0, spread_sd_bps=8.0, regime_mean_s=1e9)
+    sim = MultiSim(PAIR, minutes=15.0, seed=3, config=SimConfig(pair=pc))
+    by_symbol = _by_symbol(list(sim.frames()))
+    (pair,) = sim.truth()["pairs"]
+    (r,) = pair["regimes"]
+    assert pair["half_life_s"] == 15.0 and math.isclose(pair["spread_sd"], 8e-4)
+    grid, lead, follow = _pair_on_grid(by_symbol, 1.0)
+    spread = follow - r["alpha"] - r["beta"] * lead
+    x = spread - spread.mean()
+    phi = float(np.dot(x[:-1], x[1:]) / np.dot(x[:-1], x[:-1]))
+    half_life = -math.log(2.0) / math.log(phi)
+    assert 7.5 < half_life < 30.0, half_life
+    assert 4e-4 < spread.std() < 1.6e-3  # about the configured 8 bps
+    # Without the hedge the follower wanders with the leader: its log price is no stationary spread.
+    assert np.std(follow - follow.mean()) > 2 * spread.std()
+
+
+def test_realized_beta_follows_each_regime() -> None:
+    """OLS beta of 1 s log returns over each long regime is near that regime's true beta, and nearer
+    to it than to any other regime's."""
+    sim = MultiSim(PAIR, minutes=15.0, seed=3, config=SimConfig(pair=PairConfig(regime_mean_s=300.0)))
+    by_symbol = _by_symbol(list(sim.frames()))
+    regimes = sim.truth()["pairs"][0]["regimes"]
+    grid, lead, follow = _pair_on_grid(by_symbol, 1.0)
+    checked = []
+    for r, m in _regime_spans(regimes, grid):
+        if m.sum() < 150:
+            continue
+        dl, df = np.diff(lead[m]), np.diff(follow[m])
+        est = float(np.dot(dl, df) / np.dot(dl, dl))
+        assert 0.8 < est / r["beta"] < 1.2, (est, r["beta"])
+        others = [o["beta"] for o in regimes if abs(o["beta"] - r["beta"]) > 0.2]
+        assert all(abs(est - r["beta"]) < abs(est - b) for b in others)
+        checked.append(r["beta"])
+    assert len(checked) >= 2 and max(checked) - min(checked) > 0.2
+
+
+def test_regime_shifts_are_recorded(pair_session: dict, tmp_path: Path) -> None:
+    truth = pair_session["truth"]
+    cfg = SimConfig()
+    assert truth["leader"] == "BTCUSDT"
+    assert truth["instruments"]["ETHUSDT"] == {"tick": "0.01", "size_step": "0.01", "price": 3000.0}
+    (pair,) = truth["pairs"]
+    assert pair["leader"] == "BTCUSDT" and pair["follower"] == "ETHUSDT"
+    assert pair["half_life_s"] == cfg.pair.half_life_s
+    assert math.isclose(pair["kappa_per_s"], math.log(2.0) / cfg.pair.half_life_s)
+    regimes = pair["regimes"]
+    starts = [r["start_ms"] for r in regimes]
+    end_ms = DEFAULT_START_MS + 600_000
+    assert starts[0] == DEFAULT_START_MS - cfg.warmup_ms and starts == sorted(set(starts))
+    assert starts[-1] < end_ms and len(regimes) >= 3  # a few shifts in 10 minutes
+    assert regimes[0]["beta"] == cfg.pair.beta and regimes[0]["spread_mean"] == 0.0
+    lo, hi = cfg.pair.beta_range
+    assert all(lo <= r["beta"] <= hi for r in regimes[1:])
+    assert len({r["spread_mean"] for r in regimes}) == len(regimes)
+    # At a shift alpha moves so that the follower's price does not jump at the leader's price then.
+    lb = pair_session["by_symbol"]["BTCUSDT"]["books"]
+    for old, new in zip(regimes, regimes[1:], strict=False):
+        if new["start_ms"] * MS < lb[0].ts_event:
+            continue  # a shift in the warm-up, before the first book
+        log_l = _log_mid_grid(lb, np.array([new["start_ms"] * MS]))[0]
+        jump = (new["alpha"] - old["alpha"]) + (new["beta"] - old["beta"]) * log_l
+        assert abs(jump) < 1e-3 * abs(new["beta"] - old["beta"]) + 1e-12
+    # The session keeps the truth in its manifest.
+    s = open_session(simulate_session(tmp_path / "s", symbols=PAIR, minutes=10.0, seed=7))
+    assert s.manifest["symbols"] == sorted(PAIR)
+    assert s.manifest["simulator"] == {
+        "seed": 7,
+        "minutes": 10.0,
+        "symbols": list(PAIR),
+        "start_ms": DEFAULT_START_MS,
+        **orjson.loads(orjson.dumps(truth)),
+    }
+    books = s.read_table("books15")
+    n = Counter(books.column("symbol").to_pylist())
+    assert n == {k: len(v["books"]) for k, v in pair_session["by_symbol"].items()}
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_simulate_command_writes_several_symbols(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "s"
+    assert main(["simulate", "--out", str(out), "--symbols", "BTCUSDT,ETHUSDT", "--minutes", "0.5"]) == 0
+    s = open_session(out)
+    assert s.manifest["symbols"] == ["BTCUSDT", "ETHUSDT"]
+    assert s.manifest["simulator"]["pairs"][0]["follower"] == "ETHUSDT"
+    assert set(s.read_table("trade").column("symbol").to_pylist()) == {"BTCUSDT", "ETHUSDT"}
+    assert main(["simulate", "--out", str(tmp_path / "one"), "--symbol", "ETHUSDT", "--minutes", "0.2"]) == 0
+    assert open_session(tmp_path / "one").manifest["simulator"]["symbol"] == "ETHUSDT"
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["--symbols", "BTCUSDT,ETHUSDT,BTCUSDT"], "symbol BTCUSDT is given twice"),
+        (["--symbols", "BTCUSDT,,ETHUSDT"], "bad symbol ''"),
+        (["--symbols", "BTCUSDT,ethusdt"], "bad symbol 'ethusdt'"),
+        (["--symbols", "BTCUSDT,DOGEUSDT"], "no simulated contract for DOGEUSDT"),
+        (["--symbol", "BTCUSDT", "--symbols", "BTCUSDT,ETHUSDT"], "not both"),
+        (["--symbols", "BTCUSDT,ETHUSDT", "--minutes", "0"], "--minutes must be > 0"),
+    ],
+)
+def test_simulate_command_refuses_bad_symbol_lists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], why: str
+) -> None:
+    out = tmp_path / "s"
+    assert main(["simulate", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dualhub simulate: error: ") and why in lines[0], err
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- replay, one symbol of several
+
+
+def test_a_multi_symbol_session_replays_each_symbol(tmp_path: Path) -> None:
+    """`dualhub replay` has no --symbol: ReplayConfig.symbol picks the instrument, each on its contract."""
+    from replay.driver import ReplayConfig, run_replay
+
+    session = simulate_session(tmp_path / "s", symbols=PAIR, minutes=2.0, seed=3)
+    books = Counter(open_session(session).read_table("books15").column("symbol").to_pylist())
+    for sym in PAIR:
+        inst = INSTRUMENTS[sym]
+        step = float(inst.size_step)
+        contract = ContractConfig(symbol=sym, tick=float(inst.tick), size_step=step, min_qty=step)
+        r = run_replay(session, ReplayConfig(seed=1, symbol=sym, contract=contract), out_dir=tmp_path / sym)
+        assert r.counts["label"] == books[sym]  # only its own books
+        assert r.counts["fill"] > 0 and r.counts["command"] > 0
+        px = pq.read_table(tmp_path / sym / "events" / "fill.parquet").column("px").to_numpy()
+        assert np.abs(px / float(inst.tick) - np.rint(px / float(inst.tick))).max() < 1e-6
+        assert (0.9 * inst.price < px).all() and (px < 1.1 * inst.price).all()

@@ -1,9 +1,10 @@
-"""Deterministic Bitget v2 market simulator for one USDT-M perpetual: ``books15`` and ``trade`` pushes.
+"""Deterministic Bitget v2 market simulator for USDT-M perpetuals: ``books15`` and ``trade`` pushes.
 
 Same seed, same bytes: every draw comes from ``numpy.random.default_rng([seed, component])``, one
 stream per component, nothing reads the wall clock. Prices are integer ticks of 0.1 and sizes
-integer lots of 0.001 internally; they become exchange strings (``"90000.1"``, ``"0.250"``) only on
-the wire, through :func:`engine.venues.bitget_v2.encode_books15` / ``encode_trades``.
+integer lots of 0.001 internally (in a multi-symbol session, each contract's tick and size step);
+they become exchange strings (``"90000.1"``, ``"0.250"``) only on the wire, through
+:func:`engine.venues.bitget_v2.encode_books15` / ``encode_trades``.
 
 Model (exchange time, in chunks of 10 s on a 10 ms grid):
 
@@ -24,19 +25,29 @@ Model (exchange time, in chunks of 10 s on a 10 ms grid):
   a ``trade`` push per matching millisecond, newest first, rising ``tradeId``; the first trade push
   is a ``snapshot`` of recent trades (from a warm-up before ``start_ms``), then ``update``\\ s. Each
   push gets a receive time: push ts + lognormal feed latency, first in first out (one connection).
+- **Several symbols** (:class:`MultiSim`): the first one leads; each other one's fair price follows
+  it on a cointegrating relation, ``log F = alpha + beta * log L + spread``, the spread mean-reverting
+  (Ornstein-Uhlenbeck) with regime changes of ``beta`` and of the spread's mean (:class:`PairConfig`).
+  Every symbol has its own order flow, book and wire on its own contract (:data:`INSTRUMENTS`), and
+  its own random streams. The true parameters go into the session's manifest.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+import re
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final
 
 import numpy as np
 
+from engine.errors import DualhubError
 from engine.events import BOOK_LEVELS
 from engine.store import SessionWriter
 from engine.venues.bitget_v2 import MS, Control, StreamCounters, decode, encode_books15, encode_trades
@@ -49,13 +60,45 @@ CHUNK_STEPS: Final = 1000  # 10 s of exchange time per chunk
 _TAPE_BLOCK: Final = 4096
 _MAX_DEPTH: Final = 256  # size-profile table length; deeper levels use the last entry
 # One independent stream per component: changing how one part draws never shifts another.
-_RNG_LATENT, _RNG_FLOW, _RNG_BOOK, _RNG_WIRE, _RNG_FEED = range(5)
+_RNG_LATENT, _RNG_FLOW, _RNG_BOOK, _RNG_WIRE, _RNG_FEED, _RNG_SPREAD, _RNG_PAIR = range(7)
 _CALM, _BURSTY = 0, 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PairConfig:
+    """How each follower of a multi-symbol session follows the leader (:class:`MultiSim`).
+
+    ``log F = alpha + beta * log L + spread``; the spread is an Ornstein-Uhlenbeck process with this
+    half-life and stationary sd around its mean (0 at first). Regime changes come as a Poisson process
+    (mean gap ``regime_mean_s``): beta is drawn anew, uniform in ``beta_range`` (alpha moves so the
+    price does not jump), and the spread's mean is drawn ~ N(0, ``mean_shift_bps``). The follower's
+    own moves (its order-flow signal's drift, the impact of its trades and sweeps) fade with time
+    constant ``own_tau_s``: short-lived next to the spread, so the pair stays cointegrated.
+    """
+
+    beta: float = 1.2
+    half_life_s: float = 60.0
+    spread_sd_bps: float = 4.0
+    regime_mean_s: float = 240.0
+    beta_range: tuple[float, float] = (0.6, 1.8)
+    mean_shift_bps: float = 15.0
+    own_tau_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not (self.half_life_s > 0 and self.regime_mean_s > 0 and self.own_tau_s > 0):
+            raise ValueError("half_life_s, regime_mean_s and own_tau_s must be > 0")
+        if self.spread_sd_bps < 0:
+            raise ValueError("spread_sd_bps must be >= 0")
+        lo, hi = self.beta_range
+        if not 0 < lo <= hi or self.beta <= 0 or self.mean_shift_bps < 0:
+            raise ValueError("beta and beta_range must be > 0 (lo <= hi), mean_shift_bps >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
-    """Model parameters. Pairs are ``(calm, bursty)``; prices in ticks (0.1), sizes in lots (0.001)."""
+    """Model parameters. Pairs are ``(calm, bursty)``; prices in ticks (0.1), sizes in lots (0.001).
+    On another contract of a multi-symbol session the same market is rescaled: price moves keep their
+    size in bps and a lot its notional (``_instrument_config``)."""
 
     initial_mid_px: float = 90_000.0
     warmup_ms: int = 20_000  # simulated before start_ms; its last trades form the first trade push
@@ -102,6 +145,7 @@ class SimConfig:
     feed_latency_median_ms: float = 3.0
     feed_latency_sigma: float = 0.5
     trade_snapshot_len: int = 50
+    pair: PairConfig = field(default_factory=PairConfig)  # followers of a multi-symbol session
 
     def __post_init__(self) -> None:
         lo, hi = self.book_interval_ms
@@ -115,8 +159,10 @@ class SimConfig:
             raise ValueError("warmup_ms must be >= 0 and initial_mid_px > 0")
 
 
-def _rng(seed: int, component: int) -> np.random.Generator:
-    return np.random.default_rng([seed, component])
+def _rng(seed: int, component: int, symbol_index: int = 0) -> np.random.Generator:
+    """Symbol 0 (a single-symbol session's only one, a multi-symbol session's leader) draws from
+    ``[seed, component]``, symbol ``k`` from ``[seed, component, k]``."""
+    return np.random.default_rng([seed, component] if symbol_index == 0 else [seed, component, symbol_index])
 
 
 class _Tape:
@@ -474,27 +520,427 @@ class _Market:
         return out[0], out[1]
 
 
-# ---------------------------------------------------------------- wire
+# ---------------------------------------------------------------- contracts and wire
 
 
-def _px(tick: int) -> str:
-    return f"{tick // TICKS_PER_PX}.{tick % TICKS_PER_PX}"
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Instrument:
+    """A simulated contract: tick and size step as exchange strings, and its typical price level."""
+
+    tick: str
+    size_step: str
+    price: float
 
 
-def _sz(lots: int) -> str:
-    return f"{lots // LOTS_PER_UNIT}.{lots % LOTS_PER_UNIT:03d}"
+# Tick and size step of Bitget's USDT-M perpetuals. BTCUSDT: pricePlace 1 (docs/bitget-v2.md) and the
+# engine's default contract; ETHUSDT and SOLUSDT: 2 and 3 price decimals, as Bitget's product list in
+# ../shared/data/real/bitget-v1/BITGET.0 gives them. BTCUSDT's price is SimConfig's initial_mid_px, so
+# a BTCUSDT leader runs the single-symbol model unchanged.
+INSTRUMENTS: Final[Mapping[str, Instrument]] = MappingProxyType(
+    {
+        "BTCUSDT": Instrument(tick="0.1", size_step="0.001", price=90_000.0),
+        "ETHUSDT": Instrument(tick="0.01", size_step="0.01", price=3_000.0),
+        "SOLUSDT": Instrument(tick="0.001", size_step="0.1", price=150.0),
+    }
+)
+_SYMBOL_RE: Final = re.compile(r"^[A-Z0-9]{2,40}$")
+# SimConfig fields in ticks that describe price *moves* (scaled with the price level, so moves keep
+# their size in bps) and in lots (scaled so a lot keeps its notional); spreads, gaps and hysteresis
+# stay in ticks: they are set by the tick, whatever the price.
+_MOVE_FIELDS: Final = (
+    "fair_vol_ticks_per_sqrt_s",
+    "signal_drift_ticks_per_s",
+    "trade_impact_ticks",
+    "level_impact_ticks",
+    "liquidation_median_ticks",
+)
+_LOT_FIELDS: Final = ("trade_median_lots", "level_median_lots", "trade_max_lots")
 
 
-def _trade_rows(fills: list[tuple[int, int, int, bool, int]]) -> list[dict[str, str]]:
+def _decimals(text: str) -> tuple[int, int]:
+    """``"0.01"`` -> (2, 1): the step is ``unit`` in units of 10**-dp."""
+    d = Decimal(text).normalize()
+    if not d.is_finite() or d <= 0:
+        raise ValueError(f"a tick or size step must be a positive decimal, got {text!r}")
+    dp = max(0, -int(d.as_tuple().exponent))
+    return dp, int(d.scaleb(dp))
+
+
+def _formatter(text: str) -> Callable[[int], str]:
+    """Integer steps -> the exchange string (``"90000.1"``, ``"0.250"``): every decimal of the step."""
+    dp, unit = _decimals(text)
+    if dp == 0:
+        return lambda n: str(n * unit)
+    p = 10**dp
+
+    def fmt(n: int) -> str:
+        v = n * unit
+        return f"{v // p}.{v % p:0{dp}d}"
+
+    return fmt
+
+
+class _Units:
+    """One contract's integer model units: prices in ticks, sizes in lots."""
+
+    __slots__ = ("ticks_per_px", "lots_per_unit", "px", "sz")
+
+    def __init__(self, tick: str, size_step: str) -> None:
+        pdp, punit = _decimals(tick)
+        sdp, sunit = _decimals(size_step)
+        self.ticks_per_px = 10**pdp / punit
+        self.lots_per_unit = 10**sdp / sunit
+        self.px = _formatter(tick)
+        self.sz = _formatter(size_step)
+
+
+_DEFAULT_UNITS: Final = _Units("0.1", "0.001")  # SimConfig's: TICKS_PER_PX, LOTS_PER_UNIT
+
+
+def _instrument_config(cfg: SimConfig, inst: Instrument, units: _Units) -> SimConfig:
+    """``cfg`` describes a contract of tick 0.1 and size step 0.001 at ``initial_mid_px``; the same
+    market on ``inst``: moves keep their size in bps, a lot its notional."""
+    move = inst.price * units.ticks_per_px / (cfg.initial_mid_px * TICKS_PER_PX)
+    lot = (cfg.initial_mid_px / LOTS_PER_UNIT) / (inst.price / units.lots_per_unit)
+    if move == 1.0 and lot == 1.0:
+        return cfg
+    changes: dict[str, Any] = {"initial_mid_px": inst.price}
+    for name in _MOVE_FIELDS:
+        v = getattr(cfg, name)
+        changes[name] = tuple(x * move for x in v) if isinstance(v, tuple) else v * move
+    for name in _LOT_FIELDS:
+        v = getattr(cfg, name)
+        changes[name] = max(1, round(v * lot)) if isinstance(v, int) else v * lot
+    return replace(cfg, **changes)
+
+
+def _trade_rows(fills: list[tuple[int, int, int, bool, int]], units: _Units) -> list[dict[str, str]]:
     """Bitget order: newest first."""
+    px, sz = units.px, units.sz
     return [
-        {"ts": str(ms), "price": _px(t), "size": _sz(q), "side": "buy" if b else "sell", "tradeId": str(i)}
+        {"ts": str(ms), "price": px(t), "size": sz(q), "side": "buy" if b else "sell", "tradeId": str(i)}
         for ms, t, q, b, i in reversed(fills)
     ]
 
 
+# ---------------------------------------------------------------- a follower's cointegrated price
+
+
+class _Pair:
+    """A follower's fair price on the grid: ``log F = alpha + beta * log L + x``, where ``L`` is the
+    leader's fair price (its latent price plus the impact of its own trades, as its book follows it)
+    and the spread ``x`` is an Ornstein-Uhlenbeck process around ``mean``. Regime changes arrive as a
+    Poisson process: a new ``beta`` (alpha moves so the price does not jump) and a new ``mean`` (the
+    spread then reverts towards it). On top, ``y``: the drift of the follower's own order-flow signal,
+    fading with ``own_tau_s`` (its imbalance leads its mid, as the leader's does)."""
+
+    def __init__(
+        self,
+        pc: PairConfig,
+        cfg: SimConfig,
+        units: _Units,
+        leader_units: _Units,
+        leader_price: float,
+        spread_rng: np.random.Generator,
+        regime_rng: np.random.Generator,
+        t0: int,
+    ) -> None:
+        dt = GRID_MS / 1000.0
+        self.pc = pc
+        self.kappa = math.log(2.0) / pc.half_life_s
+        self.phi = math.exp(-self.kappa * dt)
+        self.sd = pc.spread_sd_bps * 1e-4  # stationary
+        self.step_sd = self.sd * math.sqrt(1.0 - self.phi * self.phi)
+        fair0 = cfg.initial_mid_px * units.ticks_per_px
+        self.drift = tuple(k * dt / fair0 for k in cfg.signal_drift_ticks_per_s)  # log units per step
+        self.own_decay = math.exp(-dt / pc.own_tau_s)
+        self.tick = 1.0 / units.ticks_per_px
+        self.leader_tick = 1.0 / leader_units.ticks_per_px
+        self.spread_rng = spread_rng
+        self.regime_rng = regime_rng
+        self.beta = pc.beta
+        self.mean = 0.0
+        self.alpha = math.log(cfg.initial_mid_px) - self.beta * math.log(leader_price)
+        self.x = 0.0
+        self.y = 0.0
+        self.regimes: list[dict[str, float | int]] = []
+        self._record(t0)
+        self.next_ms = t0 + self._gap_ms()
+
+    def _gap_ms(self) -> int:
+        return 1 + int(self.regime_rng.exponential(self.pc.regime_mean_s * 1000.0))
+
+    def _record(self, ms: int) -> None:
+        self.regimes.append(
+            {"start_ms": ms, "beta": self.beta, "alpha": self.alpha, "spread_mean": self.mean}
+        )
+
+    def _shift(self, ms: int, log_leader: float) -> None:
+        lo, hi = self.pc.beta_range
+        beta = lo + (hi - lo) * float(self.regime_rng.random())
+        self.alpha += (self.beta - beta) * log_leader
+        self.beta = beta
+        self.mean = self.pc.mean_shift_bps * 1e-4 * float(self.regime_rng.standard_normal())
+        self._record(ms)
+        self.next_ms = ms + self._gap_ms()
+
+    def chunk(self, chunk_start: int, ch: _Chunk, leader_ticks: list[float]) -> list[float]:
+        """The follower's fair price in its own ticks at each grid step of the chunk."""
+        n = len(ch.s)
+        eps = self.spread_rng.standard_normal(n).tolist()
+        out = [0.0] * n
+        phi, step_sd, drift, lt, own = self.phi, self.step_sd, self.drift, self.leader_tick, self.own_decay
+        s, regime = ch.s, ch.regime
+        log, exp = math.log, math.exp
+        x, y = self.x, self.y
+        for j in range(n):
+            lp = log(leader_ticks[j] * lt)
+            ms = chunk_start + j * GRID_MS
+            while ms >= self.next_ms:
+                self._shift(self.next_ms, lp)
+            out[j] = exp(self.alpha + self.beta * lp + x + y) / self.tick
+            m = self.mean
+            x = m + phi * (x - m) + step_sd * eps[j]
+            y = own * y + drift[regime[j]] * s[j]
+        self.x, self.y = x, y
+        return out
+
+    def truth(self, end_ms: int) -> dict[str, Any]:
+        return {
+            "model": "log(follower) = alpha + beta * log(leader) + spread + own; "
+            "d spread = kappa * (spread_mean - spread) dt + sigma dW; own: the follower's own flow and "
+            "impact, fading with own_tau_s",
+            "own_tau_s": self.pc.own_tau_s,
+            "half_life_s": self.pc.half_life_s,
+            "kappa_per_s": self.kappa,
+            "spread_sd": self.sd,
+            "sigma_per_sqrt_s": self.sd * math.sqrt(2.0 * self.kappa),
+            "regimes": [r for r in self.regimes if r["start_ms"] < end_ms],
+        }
+
+
+# ---------------------------------------------------------------- one symbol's frames
+
+
 # A frame before receive times: (push_ms, event_ms, kind, gen, raw). kind 0 trade, 1 book.
 _Frame = tuple[int, int, int, int, bytes]
+
+
+class _SymbolSim:
+    """One symbol's market and wire, a 10 s chunk at a time (:meth:`chunks`).
+
+    ``index`` 0 draws from ``[seed, component]`` (a single-symbol session's streams), symbol ``k`` of
+    a multi-symbol session from ``[seed, component, k]``. A leader (``record_path``) keeps its fair
+    price at the start of each grid step of the last chunk in :attr:`path`; a follower (``pair``) reads
+    the leader's from :attr:`leader` before each chunk.
+    """
+
+    def __init__(
+        self,
+        symbol: str,
+        cfg: SimConfig,
+        *,
+        seed: int,
+        index: int,
+        start_ms: int,
+        end_ms: int,
+        units: _Units,
+        pair: _Pair | None = None,
+        record_path: bool = False,
+    ) -> None:
+        self.symbol, self.cfg, self.seed, self.index = symbol, cfg, seed, index
+        self.start_ms, self.end_ms, self.units = start_ms, end_ms, units
+        self.pair = pair
+        self.record_path = record_path
+        self.path: list[float] = []
+        self.leader: list[float] = []
+
+    def chunks(self) -> Iterator[list[tuple[int, bytes]]]:
+        """Per chunk, the (ts_recv_ns, raw) of the frames whose receive time is now known."""
+        cfg, symbol, seed, k, units = self.cfg, self.symbol, self.seed, self.index, self.units
+        start_ms, end_ms, pair = self.start_ms, self.end_ms, self.pair
+        t0 = start_ms - cfg.warmup_ms
+        latent_rng = _rng(seed, _RNG_LATENT, k)
+        flow = _rng(seed, _RNG_FLOW, k)
+        wire = _Tape(_rng(seed, _RNG_WIRE, k))
+        feed = _Tape(_rng(seed, _RNG_FEED, k))
+        book_tape = _Tape(_rng(seed, _RNG_BOOK, k))
+        fair0 = cfg.initial_mid_px * units.ticks_per_px
+        latent = _Latent(regime=_CALM, s=0.0, excite=0.0, stress=0.0, fair=fair0)
+        mkt = _Market(
+            cfg,
+            book_tape,
+            fair0,
+            first_trade_id=1_390_000_000_000_000_000 + int(wire.u() * 1e15),
+            first_seq=400_000_000_000 + int(wire.u() * 1e10),
+        )
+        recent: deque[tuple[int, int, int, bool, int]] = deque(maxlen=cfg.trade_snapshot_len)
+        subscribed = False
+        frames: list[_Frame] = []  # waiting for their receive time
+        gen = 0
+        last_trade_push = 0
+        recv_ns = 0
+        lat_mu = math.log(cfg.feed_latency_median_ms * MS)
+        book_lo, book_hi = cfg.book_interval_ms
+        next_book = t0 + book_lo
+        last_book = t0
+        group: list[tuple[int, int, int, bool, int]] = []
+        gain, sgain = cfg.flow_side_gain, cfg.sweep_side_gain
+        px, sz = units.px, units.sz
+        # A follower's own impact fades (PairConfig.own_tau_s): the pair stays cointegrated.
+        impact_decay_per_ms = 1.0 / (1000.0 * pair.pc.own_tau_s) if pair is not None else 0.0
+        last_ms = t0
+
+        def trade_frame(fills: list[tuple[int, int, int, bool, int]], action: str, push_ms: int) -> None:
+            nonlocal gen
+            raw = encode_trades(symbol, _trade_rows(fills, units), push_ts_ms=push_ms, action=action)
+            frames.append((push_ms, fills[-1][0], 0, gen, raw))
+            gen += 1
+
+        def flush_group() -> None:
+            nonlocal subscribed, last_trade_push
+            if not group:
+                return
+            ms = group[0][0]
+            push = max(last_trade_push, ms + int(wire.u() * (cfg.trade_push_delay_ms + 1)))
+            last_trade_push = push
+            trade_frame(group, "update" if subscribed else "snapshot", push)
+            subscribed = True
+            group.clear()
+
+        chunk_start = t0
+        done = False
+        while not done:
+            ch = _latent_chunk(cfg, latent_rng, latent, CHUNK_STEPS)
+            base = ch.fair if pair is None else pair.chunk(chunk_start, ch, self.leader)
+            impact_at = [0.0] * CHUNK_STEPS if self.record_path else None
+            filled = 0
+            chunk_end = chunk_start + CHUNK_STEPS * GRID_MS
+            # Small taker orders: time within the grid step, side, size.
+            counts = np.asarray(ch.trades, dtype=np.int64)
+            steps = np.repeat(np.arange(CHUNK_STEPS, dtype=np.int64), counts)
+            m = steps.size
+            t_ms = chunk_start + steps * GRID_MS + flow.integers(0, GRID_MS, m)
+            p_buy = 1.0 / (1.0 + np.exp(-gain * np.asarray(ch.s)[steps]))
+            t_buy = (flow.random(m) < p_buy).tolist()
+            t_lots = np.clip(
+                np.rint(cfg.trade_median_lots * np.exp(cfg.trade_size_sigma * flow.standard_normal(m))),
+                1,
+                cfg.trade_max_lots,
+            ).astype(np.int64)
+            # Sweeps: time, side, kind and size.
+            sw = np.asarray(ch.sweeps, dtype=np.int64)
+            n_sw = sw.size
+            sw_ms = chunk_start + sw * GRID_MS + flow.integers(0, GRID_MS, n_sw)
+            sw_buy = (flow.random(n_sw) < 1.0 / (1.0 + np.exp(-sgain * np.asarray(ch.s)[sw]))).tolist()
+            sw_liq = (flow.random(n_sw) < cfg.liquidation_share).tolist()
+            sw_move = np.rint(
+                cfg.liquidation_median_ticks * np.exp(cfg.liquidation_sigma * flow.standard_normal(n_sw))
+            ).astype(np.int64)
+            sw_levels = 1 + flow.geometric(cfg.block_levels_p, n_sw)
+            sw_frac = flow.random(n_sw).tolist()
+            # Book snapshot times.
+            b_ms = []
+            while next_book < chunk_end:
+                b_ms.append(next_book)
+                span = book_hi - book_lo + 1
+                next_book += book_lo + int((wire.u() + wire.u()) * 0.5 * span)
+            # All events of the chunk in time order; at equal ms trades, then sweeps, then the snapshot.
+            ev_ms = np.concatenate([t_ms, sw_ms, np.asarray(b_ms, dtype=np.int64)])
+            ev_kind = np.concatenate(
+                [np.zeros(m, np.int64), np.ones(n_sw, np.int64), np.full(len(b_ms), 2, np.int64)]
+            )
+            ev_idx = np.concatenate([np.arange(m), np.arange(n_sw), np.arange(len(b_ms))]).astype(np.int64)
+            order = np.lexsort((ev_idx, ev_kind, ev_ms))
+            ev_ms_l, ev_kind_l, ev_idx_l = (
+                ev_ms[order].tolist(),
+                ev_kind[order].tolist(),
+                ev_idx[order].tolist(),
+            )
+            t_lots_l, sw_move_l, sw_levels_l = t_lots.tolist(), sw_move.tolist(), sw_levels.tolist()
+
+            for ms, kind, idx in zip(ev_ms_l, ev_kind_l, ev_idx_l, strict=True):
+                if ms >= end_ms:
+                    done = True
+                    break
+                if not subscribed and ms >= start_ms:
+                    if recent:
+                        trade_frame(list(recent), "snapshot", start_ms)
+                        subscribed = True
+                        last_trade_push = start_ms
+                j = (ms - chunk_start) // GRID_MS
+                if impact_at is not None and filled <= j:
+                    impact_at[filled : j + 1] = [mkt.impact] * (j + 1 - filled)
+                    filled = j + 1
+                if impact_decay_per_ms:
+                    mkt.impact *= math.exp(-impact_decay_per_ms * (ms - last_ms))
+                    last_ms = ms
+                fair = base[j] + mkt.impact
+                bursty = ch.regime[j] == _BURSTY
+                spread = 1 + int(cfg.spread_base[ch.regime[j]] + ch.stress[j] + book_tape.u())
+                mkt.s = ch.s[j]
+                mkt.sync(ms, fair, spread, bursty)
+                if kind == 0:
+                    buy = t_buy[idx]
+                    emptied, _ = mkt.take(buy, t_lots_l[idx], ms)
+                    d = 1.0 if buy else -1.0
+                    mkt.impact += d * (cfg.trade_impact_ticks + cfg.level_impact_ticks * emptied)
+                elif kind == 1:
+                    buy = sw_buy[idx]
+                    if sw_liq[idx]:
+                        last = mkt.sweep_to(buy, sw_move_l[idx], ms)
+                    else:
+                        last = mkt.sweep_levels(buy, sw_levels_l[idx], sw_frac[idx], ms)
+                    mkt.impact = last - base[j]  # the fair price moves to where the sweep stopped
+                else:
+                    bids, asks = mkt.snapshot(ms - last_book)
+                    last_book = ms
+                    if ms >= start_ms:
+                        push = ms + int(wire.u() * (cfg.book_push_delay_ms + 1))
+                        raw = encode_books15(
+                            symbol,
+                            ts_ms=ms,
+                            seq=mkt.seq,
+                            bids=[(px(t), sz(q)) for t, q in bids],
+                            asks=[(px(t), sz(q)) for t, q in asks],
+                            push_ts_ms=push,
+                        )
+                        frames.append((push, ms, 1, gen, raw))
+                        gen += 1
+                if mkt.fills:
+                    new, mkt.fills = mkt.fills, []
+                    if ms < start_ms:
+                        recent.extend(new)
+                    else:
+                        if group and group[0][0] != ms:
+                            flush_group()
+                        group.extend(new)
+            flush_group()  # a matching millisecond never spans two chunks
+            if impact_at is not None:
+                impact_at[filled:] = [mkt.impact] * (CHUNK_STEPS - filled)
+                self.path = [f + i for f, i in zip(ch.fair, impact_at, strict=True)]
+            chunk_start = chunk_end
+
+            # Frames pushed before chunk_end can no longer be overtaken: give them receive times.
+            frames.sort(key=lambda f: f[:4])
+            cut = (
+                len(frames)
+                if done
+                else next((i for i, f in enumerate(frames) if f[0] >= chunk_end), len(frames))
+            )
+            out = []
+            for push_ms, _, _, _, raw in frames[:cut]:
+                lat_ns = int(math.exp(lat_mu + cfg.feed_latency_sigma * feed.n()))
+                recv_ns = max(recv_ns, push_ms * MS + lat_ns)
+                out.append((recv_ns, raw))
+            del frames[:cut]
+            yield out
+
+
+def _end_ms(start_ms: int, minutes: float) -> int:
+    if not minutes > 0:
+        raise ValueError(f"minutes must be > 0, got {minutes}")
+    return start_ms + round(minutes * 60_000)
 
 
 def generate_frames(
@@ -505,177 +951,164 @@ def generate_frames(
     start_ms: int = DEFAULT_START_MS,
     config: SimConfig | None = None,
 ) -> Iterator[tuple[int, bytes]]:
-    """(ts_recv_ns, raw frame bytes) in receive order.
+    """(ts_recv_ns, raw frame bytes) of one symbol, in receive order.
 
     Covers exchange time ``[start_ms, start_ms + minutes)``; the model runs ``config.warmup_ms``
     earlier so the first trade push can be the snapshot of recent trades Bitget sends after
     subscribing. Generated lazily in 10 s chunks (memory stays flat for long sessions), and a
     shorter session's frames are a prefix of a longer one's with the same seed and ``start_ms``.
-    ``config`` (default :class:`SimConfig`) holds the model parameters.
+    ``config`` (default :class:`SimConfig`) holds the model parameters, whose tick (0.1) and size step
+    (0.001) hold whatever ``symbol`` is called. Several symbols, each on its own contract: :class:`MultiSim`.
     """
     cfg = config or SimConfig()
-    if minutes <= 0:
-        raise ValueError(f"minutes must be > 0, got {minutes}")
-    end_ms = start_ms + round(minutes * 60_000)
-    t0 = start_ms - cfg.warmup_ms
-    latent_rng = _rng(seed, _RNG_LATENT)
-    flow = _rng(seed, _RNG_FLOW)
-    wire = _Tape(_rng(seed, _RNG_WIRE))
-    feed = _Tape(_rng(seed, _RNG_FEED))
-    book_tape = _Tape(_rng(seed, _RNG_BOOK))
-    fair0 = cfg.initial_mid_px * TICKS_PER_PX
-    latent = _Latent(regime=_CALM, s=0.0, excite=0.0, stress=0.0, fair=fair0)
-    mkt = _Market(
-        cfg,
-        book_tape,
-        fair0,
-        first_trade_id=1_390_000_000_000_000_000 + int(wire.u() * 1e15),
-        first_seq=400_000_000_000 + int(wire.u() * 1e10),
-    )
-    recent: deque[tuple[int, int, int, bool, int]] = deque(maxlen=cfg.trade_snapshot_len)
-    subscribed = False
-    frames: list[_Frame] = []  # waiting for their receive time
-    gen = 0
-    last_trade_push = 0
-    recv_ns = 0
-    lat_mu = math.log(cfg.feed_latency_median_ms * MS)
-    book_lo, book_hi = cfg.book_interval_ms
-    next_book = t0 + book_lo
-    last_book = t0
-    group: list[tuple[int, int, int, bool, int]] = []
-    gain, sgain = cfg.flow_side_gain, cfg.sweep_side_gain
+    end_ms = _end_ms(start_ms, minutes)
+    sim = _SymbolSim(symbol, cfg, seed=seed, index=0, start_ms=start_ms, end_ms=end_ms, units=_DEFAULT_UNITS)
+    for out in sim.chunks():
+        yield from out
 
-    def trade_frame(fills: list[tuple[int, int, int, bool, int]], action: str, push_ms: int) -> None:
-        nonlocal gen
-        raw = encode_trades(symbol, _trade_rows(fills), push_ts_ms=push_ms, action=action)
-        frames.append((push_ms, fills[-1][0], 0, gen, raw))
-        gen += 1
 
-    def flush_group() -> None:
-        nonlocal subscribed, last_trade_push
-        if not group:
+def check_symbols(
+    symbols: Sequence[str], instruments: Mapping[str, Instrument] | None = None
+) -> tuple[str, ...]:
+    """The symbols of a simulated session, or a one-line :class:`DualhubError`: upper-case names, no
+    repeats, and, for more than one, each a contract of ``instruments`` (default :data:`INSTRUMENTS`)."""
+    syms = tuple(symbols)
+    if not syms:
+        raise DualhubError("no symbols given")
+    for s in syms:
+        if not isinstance(s, str) or not _SYMBOL_RE.match(s):
+            raise DualhubError(f"bad symbol {s!r}: upper-case letters and digits, e.g. BTCUSDT")
+    if dup := sorted({s for s in syms if syms.count(s) > 1}):
+        raise DualhubError(f"symbol {dup[0]} is given twice")
+    table = INSTRUMENTS if instruments is None else instruments
+    if len(syms) > 1 and (unknown := [s for s in syms if s not in table]):
+        raise DualhubError(
+            f"no simulated contract for {', '.join(unknown)}; a multi-symbol session knows {', '.join(table)}"
+        )
+    return syms
+
+
+class MultiSim:
+    """Several symbols in one session: the first leads, each other one is cointegrated with it
+    (:class:`PairConfig`, ``config.pair``), each on its own contract (tick, size step, price level from
+    ``instruments``, default :data:`INSTRUMENTS`).
+
+    :meth:`frames` yields every symbol's (ts_recv_ns, raw) merged by (ts_recv, symbol's place in
+    ``symbols``, its own order): each symbol's feed has its own receive times, as on its own connection.
+    One symbol is :func:`generate_frames` exactly (any name, SimConfig's contract); a BTCUSDT leader's
+    frames are those of the single-symbol session with the same seed. :meth:`truth` holds each pair's
+    true parameters and regime changes (complete once :meth:`frames` is exhausted).
+    """
+
+    def __init__(
+        self,
+        symbols: Sequence[str],
+        *,
+        minutes: float = 10.0,
+        seed: int = 7,
+        start_ms: int = DEFAULT_START_MS,
+        config: SimConfig | None = None,
+        instruments: Mapping[str, Instrument] | None = None,
+    ) -> None:
+        self.symbols = check_symbols(symbols, instruments)
+        table = INSTRUMENTS if instruments is None else instruments
+        cfg = config or SimConfig()
+        self.seed, self.minutes, self.start_ms = seed, minutes, start_ms
+        self.end_ms = _end_ms(start_ms, minutes)
+        t0 = start_ms - cfg.warmup_ms
+        common = {"seed": seed, "start_ms": start_ms, "end_ms": self.end_ms}
+        if len(self.symbols) == 1:
+            self.instruments: dict[str, Instrument] = {}
+            self.sims = [_SymbolSim(self.symbols[0], cfg, index=0, units=_DEFAULT_UNITS, **common)]
+            self.pairs: list[_Pair] = []
             return
-        ms = group[0][0]
-        push = max(last_trade_push, ms + int(wire.u() * (cfg.trade_push_delay_ms + 1)))
-        last_trade_push = push
-        trade_frame(group, "update" if subscribed else "snapshot", push)
-        subscribed = True
-        group.clear()
+        self.instruments = {s: table[s] for s in self.symbols}
+        lead = self.instruments[self.symbols[0]]
+        lead_units = _Units(lead.tick, lead.size_step)
+        self.sims = [
+            _SymbolSim(
+                self.symbols[0],
+                _instrument_config(cfg, lead, lead_units),
+                index=0,
+                units=lead_units,
+                record_path=True,
+                **common,
+            )
+        ]
+        self.pairs = []
+        for k, s in enumerate(self.symbols[1:], start=1):
+            inst = self.instruments[s]
+            units = _Units(inst.tick, inst.size_step)
+            scfg = _instrument_config(cfg, inst, units)
+            pair = _Pair(
+                cfg.pair,
+                scfg,
+                units,
+                lead_units,
+                lead.price,
+                _rng(seed, _RNG_SPREAD, k),
+                _rng(seed, _RNG_PAIR, k),
+                t0,
+            )
+            self.pairs.append(pair)
+            self.sims.append(_SymbolSim(s, scfg, index=k, units=units, pair=pair, **common))
 
-    chunk_start = t0
-    done = False
-    while not done:
-        ch = _latent_chunk(cfg, latent_rng, latent, CHUNK_STEPS)
-        chunk_end = chunk_start + CHUNK_STEPS * GRID_MS
-        # Small taker orders: time within the grid step, side, size.
-        counts = np.asarray(ch.trades, dtype=np.int64)
-        steps = np.repeat(np.arange(CHUNK_STEPS, dtype=np.int64), counts)
-        m = steps.size
-        t_ms = chunk_start + steps * GRID_MS + flow.integers(0, GRID_MS, m)
-        p_buy = 1.0 / (1.0 + np.exp(-gain * np.asarray(ch.s)[steps]))
-        t_buy = (flow.random(m) < p_buy).tolist()
-        t_lots = np.clip(
-            np.rint(cfg.trade_median_lots * np.exp(cfg.trade_size_sigma * flow.standard_normal(m))),
-            1,
-            cfg.trade_max_lots,
-        ).astype(np.int64)
-        # Sweeps: time, side, kind and size.
-        sw = np.asarray(ch.sweeps, dtype=np.int64)
-        k = sw.size
-        sw_ms = chunk_start + sw * GRID_MS + flow.integers(0, GRID_MS, k)
-        sw_buy = (flow.random(k) < 1.0 / (1.0 + np.exp(-sgain * np.asarray(ch.s)[sw]))).tolist()
-        sw_liq = (flow.random(k) < cfg.liquidation_share).tolist()
-        sw_move = np.rint(
-            cfg.liquidation_median_ticks * np.exp(cfg.liquidation_sigma * flow.standard_normal(k))
-        ).astype(np.int64)
-        sw_levels = 1 + flow.geometric(cfg.block_levels_p, k)
-        sw_frac = flow.random(k).tolist()
-        # Book snapshot times.
-        b_ms = []
-        while next_book < chunk_end:
-            b_ms.append(next_book)
-            span = book_hi - book_lo + 1
-            next_book += book_lo + int((wire.u() + wire.u()) * 0.5 * span)
-        # All events of the chunk in time order; at equal ms trades, then sweeps, then the snapshot.
-        ev_ms = np.concatenate([t_ms, sw_ms, np.asarray(b_ms, dtype=np.int64)])
-        ev_kind = np.concatenate(
-            [np.zeros(m, np.int64), np.ones(k, np.int64), np.full(len(b_ms), 2, np.int64)]
-        )
-        ev_idx = np.concatenate([np.arange(m), np.arange(k), np.arange(len(b_ms))]).astype(np.int64)
-        order = np.lexsort((ev_idx, ev_kind, ev_ms))
-        ev_ms_l, ev_kind_l, ev_idx_l = ev_ms[order].tolist(), ev_kind[order].tolist(), ev_idx[order].tolist()
-        t_lots_l, sw_move_l, sw_levels_l = t_lots.tolist(), sw_move.tolist(), sw_levels.tolist()
+    def frames(self) -> Iterator[tuple[int, bytes]]:
+        gens = [sim.chunks() for sim in self.sims]
+        if len(gens) == 1:
+            for out in gens[0]:
+                yield from out
+            return
+        leader = self.sims[0]
+        live = [True] * len(gens)
+        heap: list[tuple[int, int, int, bytes]] = []
+        seen = [0] * len(gens)
+        chunk_end = self.start_ms - self.sims[0].cfg.warmup_ms
+        while any(live):
+            chunk_end += CHUNK_STEPS * GRID_MS
+            for k, g in enumerate(gens):
+                if not live[k]:
+                    continue
+                if k:
+                    # Past the leader's last chunk every follower event is past the end: any path serves.
+                    self.sims[k].leader = leader.path if live[0] else [leader.path[-1]] * CHUNK_STEPS
+                try:
+                    out = next(g)
+                except StopIteration:
+                    live[k] = False
+                    continue
+                for ts, raw in out:
+                    heapq.heappush(heap, (ts, k, seen[k], raw))
+                    seen[k] += 1
+            # Every later frame is pushed at or after chunk_end, so received after it.
+            bound = chunk_end * MS if any(live) else None
+            while heap and (bound is None or heap[0][0] < bound):
+                ts, _, _, raw = heapq.heappop(heap)
+                yield ts, raw
 
-        for ms, kind, idx in zip(ev_ms_l, ev_kind_l, ev_idx_l, strict=True):
-            if ms >= end_ms:
-                done = True
-                break
-            if not subscribed and ms >= start_ms:
-                if recent:
-                    trade_frame(list(recent), "snapshot", start_ms)
-                    subscribed = True
-                    last_trade_push = start_ms
-            j = (ms - chunk_start) // GRID_MS
-            fair = ch.fair[j] + mkt.impact
-            bursty = ch.regime[j] == _BURSTY
-            base = cfg.spread_base[ch.regime[j]]
-            spread = 1 + int(base + ch.stress[j] + book_tape.u())
-            mkt.s = ch.s[j]
-            mkt.sync(ms, fair, spread, bursty)
-            if kind == 0:
-                buy = t_buy[idx]
-                emptied, _ = mkt.take(buy, t_lots_l[idx], ms)
-                d = 1.0 if buy else -1.0
-                mkt.impact += d * (cfg.trade_impact_ticks + cfg.level_impact_ticks * emptied)
-            elif kind == 1:
-                buy = sw_buy[idx]
-                if sw_liq[idx]:
-                    last = mkt.sweep_to(buy, sw_move_l[idx], ms)
-                else:
-                    last = mkt.sweep_levels(buy, sw_levels_l[idx], sw_frac[idx], ms)
-                mkt.impact = last - ch.fair[j]  # the fair price moves to where the sweep stopped
-            else:
-                bids, asks = mkt.snapshot(ms - last_book)
-                last_book = ms
-                if ms >= start_ms:
-                    push = ms + int(wire.u() * (cfg.book_push_delay_ms + 1))
-                    raw = encode_books15(
-                        symbol,
-                        ts_ms=ms,
-                        seq=mkt.seq,
-                        bids=[(_px(t), _sz(q)) for t, q in bids],
-                        asks=[(_px(t), _sz(q)) for t, q in asks],
-                        push_ts_ms=push,
-                    )
-                    frames.append((push, ms, 1, gen, raw))
-                    gen += 1
-            if mkt.fills:
-                new, mkt.fills = mkt.fills, []
-                if ms < start_ms:
-                    recent.extend(new)
-                else:
-                    if group and group[0][0] != ms:
-                        flush_group()
-                    group.extend(new)
-        flush_group()  # a matching millisecond never spans two chunks
-        chunk_start = chunk_end
-
-        # Frames pushed before chunk_end can no longer be overtaken: give them receive times.
-        frames.sort(key=lambda f: f[:4])
-        cut = (
-            len(frames) if done else next((i for i, f in enumerate(frames) if f[0] >= chunk_end), len(frames))
-        )
-        for push_ms, _, _, _, raw in frames[:cut]:
-            lat_ns = int(math.exp(lat_mu + cfg.feed_latency_sigma * feed.n()))
-            recv_ns = max(recv_ns, push_ms * MS + lat_ns)
-            yield recv_ns, raw
-        del frames[:cut]
+    def truth(self) -> dict[str, Any]:
+        """What the notebook compares estimates with: the contracts and each pair's true parameters."""
+        if not self.pairs:
+            return {}
+        lead = self.symbols[0]
+        return {
+            "leader": lead,
+            "instruments": {
+                s: {"tick": i.tick, "size_step": i.size_step, "price": i.price}
+                for s, i in self.instruments.items()
+            },
+            "pairs": [
+                {"leader": lead, "follower": s, **p.truth(self.end_ms)}
+                for s, p in zip(self.symbols[1:], self.pairs, strict=True)
+            ],
+        }
 
 
 def simulate_session(
     out_dir: Path | str,
     *,
     symbol: str = "BTCUSDT",
+    symbols: Sequence[str] | None = None,
     minutes: float = 10.0,
     seed: int = 7,
     start_ms: int = DEFAULT_START_MS,
@@ -683,19 +1116,27 @@ def simulate_session(
     config: SimConfig | None = None,
 ) -> Path:
     """Write a finished session: frames -> engine.venues.bitget_v2.decode (the same normalisation the
-    recorder uses) -> engine.store.SessionWriter(source="simulator", symbols=[symbol],
-    extra={"simulator": {"seed": seed, "minutes": minutes, "symbol": symbol, "start_ms": start_ms}}).
-    Control frames returned by decode are ignored; Quarantined records are written too (there should be none).
-    With progress=True show a rich progress bar. Returns out_dir."""
+    recorder uses) -> engine.store.SessionWriter(source="simulator", symbols=...,
+    extra={"simulator": {"seed", "minutes", "symbol", "start_ms"}}).
+
+    ``symbols`` (two or more): a :class:`MultiSim` session; the ``simulator`` entry then has
+    ``symbols`` instead of ``symbol``, plus :meth:`MultiSim.truth` (leader, instruments, pairs).
+    Control frames returned by decode are ignored; Quarantined records are written too (there should
+    be none). With progress=True show a rich progress bar. Returns out_dir."""
+    syms = (symbol,) if symbols is None else tuple(symbols)
+    sim = MultiSim(syms, minutes=minutes, seed=seed, start_ms=start_ms, config=config)
+    if len(sim.symbols) == 1:
+        meta: dict[str, Any] = {
+            "seed": seed,
+            "minutes": minutes,
+            "symbol": sim.symbols[0],
+            "start_ms": start_ms,
+        }
+    else:
+        meta = {"seed": seed, "minutes": minutes, "symbols": list(sim.symbols), "start_ms": start_ms}
     out = Path(out_dir)
-    writer = SessionWriter(
-        out,
-        source="simulator",
-        symbols=[symbol],
-        extra={"simulator": {"seed": seed, "minutes": minutes, "symbol": symbol, "start_ms": start_ms}},
-    )
+    writer = SessionWriter(out, source="simulator", symbols=sim.symbols, extra={"simulator": meta})
     counters = StreamCounters()
-    frames = generate_frames(symbol=symbol, minutes=minutes, seed=seed, start_ms=start_ms, config=config)
     bar: Any = None
     total_ms = round(minutes * 60_000)
     if progress:
@@ -705,12 +1146,13 @@ def simulate_session(
         bar.start()
         task = bar.add_task("simulate", total=total_ms)
     try:
-        for i, (ts_recv, raw) in enumerate(frames):
+        for i, (ts_recv, raw) in enumerate(sim.frames()):
             for ev in decode(raw, ts_recv, counters):
                 if not isinstance(ev, Control):
                     writer.add(ev)
             if bar is not None and i % 256 == 0:
                 bar.update(task, completed=min(total_ms, ts_recv // MS - start_ms))
+        writer.extra["simulator"] = {**meta, **sim.truth()}
         writer.close()
     finally:
         if bar is not None:

@@ -57,6 +57,7 @@ from venue.bitget.rest_server import BitgetRestServer, Request, Response, contra
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
 from venue.latency import ConstantLatency
+from venue.simulator import INSTRUMENTS
 
 log = logging.getLogger(__name__)
 
@@ -192,11 +193,22 @@ class _PrivConn:
     closed: bool = False
 
 
+def default_contract(symbol: str) -> ContractConfig:
+    """The contract a symbol gets when none is given: the simulator's (venue.simulator.INSTRUMENTS:
+    tick and size step, the step also the minimum size) for a symbol it knows, else the engine's
+    defaults."""
+    inst = INSTRUMENTS.get(symbol)
+    if inst is None:
+        return ContractConfig(symbol=symbol)
+    step = float(inst.size_step)
+    return ContractConfig(symbol=symbol, tick=float(inst.tick), size_step=step, min_qty=step)
+
+
 class LocalExchange:
     """``async with LocalExchange(session_frames(dir), speed=1) as ex:`` -> ``ex.rest_url``, ``ex.ws_url``.
 
-    ``accounts``: API key -> (secret, passphrase). ``contracts``: contract rows (default: the engine's
-    contract config for every symbol seen in the feed, and BTCUSDT). ``fill_model``: a name from
+    ``accounts``: API key -> (secret, passphrase). ``contracts``: contract rows (default:
+    :func:`default_contract` of each of ``symbols``, and BTCUSDT). ``fill_model``: a name from
     :data:`venue.fills.FILL_MODELS`, as in replay.
     """
 
@@ -234,7 +246,7 @@ class LocalExchange:
         }
         rows = [dict(r) for r in contracts] if contracts is not None else None
         if rows is None:
-            rows = [contract_row(ContractConfig(symbol=s)) for s in sorted(set(symbols) | {"BTCUSDT"})]
+            rows = [contract_row(default_contract(s)) for s in sorted(set(symbols) | {"BTCUSDT"})]
         self.rest = BitgetRestServer(
             host=host, port=rest_port, contracts=rows, clock_offset_ms=clock_offset_ms
         )

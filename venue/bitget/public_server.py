@@ -615,13 +615,12 @@ def session_frames(root: Path | str, *, symbols: Iterable[str] | None = None) ->
 
 
 def simulator_frames(symbols: Sequence[str], *, minutes: float, seed: int) -> Iterator[tuple[int, bytes]]:
-    """Frames from ``venue.simulator.generate_frames`` for each symbol, merged by time."""
-    from venue import simulator  # written by another component; imported only when asked for
+    """Frames of ``venue.simulator``: one symbol's (``generate_frames``), or several symbols' correlated
+    markets merged by receive time (``MultiSim``: the first symbol leads, each on its own contract).
+    A bad symbol list is a ``DualhubError`` here, before any frame."""
+    from venue.simulator import MultiSim  # imported only when asked for
 
-    per_symbol = [
-        simulator.generate_frames(symbol=s, minutes=minutes, seed=seed + i) for i, s in enumerate(symbols)
-    ]
-    return merge_sources(*per_symbol)
+    return MultiSim(symbols, minutes=minutes, seed=seed).frames()
 
 
 def toy_frames(
