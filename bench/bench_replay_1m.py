@@ -188,7 +188,7 @@ def main() -> None:
     ap.add_argument(
         "--python-engine",
         action="store_true",
-        help="run the Python engine instead of the compiled kernel (run_replay(kernel=False)): the A/B",
+        help="drive the engine per event instead of the compiled loop (run_replay(kernel=False)): the A/B",
     )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as td:

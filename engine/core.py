@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -21,36 +20,22 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import orjson
 
-from engine.book import imbalance
+from engine import kernel as K
+from engine.book import as_levels
 from engine.clock import Clock
 from engine.contract import ContractConfig
+from engine.errors import DualhubError
 from engine.eventlog import EventLog
-from engine.events import (
-    BookSnapshot,
-    Fill,
-    Label,
-    Nanos,
-    PortfolioCommand,
-    Trade,
-)
+from engine.events import BookSnapshot, Nanos, Trade
 from engine.fastinit import frozen_maker
+from engine.jit import core_stamp
 from engine.kev.advisor import KevContext, KevReply, context_body
-from engine.kev.command import CommandFields
+from engine.kev.command import ACTIONS, CommandFields
 from engine.kev.failures import breaker_rows, judge
-from engine.kev.queue import KevQueue, QueueNote
-from engine.portfolio import Portfolio, units
-from engine.risk import (
-    R_OK,
-    REASONS,
-    OrderIntent,
-    RiskLimits,
-    RiskState,
-    check,
-    limits_array,
-    rule_codes,
-    verdict_of,
-)
-from engine.strategy import BUY, NO_ORDER, QuoteConfig, Quoter, kev_target, rebalance_order
+from engine.portfolio import dec
+from engine.risk import OrderIntent, RiskLimits
+from engine.state import LABEL_NAMES, CoreState
+from engine.strategy import QuoteConfig, Quoter
 from venue.latency import ConstantLatency, LatencyModel
 
 # Timer priorities: ties at one timestamp resolve market data (10, 20) first, then these in order.
@@ -60,10 +45,8 @@ PRIO_EXCH_IN = 61
 PRIO_EXCH_OUT = 62
 
 Labeler = Callable[[BookSnapshot], tuple[int, np.ndarray]]
-LABEL_NAMES: tuple[str, ...] = tuple(x.name for x in sorted(Label))  # by class index
 # Positional constructors (every field, declaration order): built once per order intent / risk check.
 _intent = frozen_maker(OrderIntent)
-_risk_state = frozen_maker(RiskState)
 KevDone = Callable[[KevContext, KevReply, Nanos], None]
 
 
@@ -120,21 +103,28 @@ def engine_config_from(settings: Any, *, symbol: str, contract: ContractConfig) 
     )
 
 
-@dataclass
-class _Order:
-    client_oid: str
-    side: str
-    order_type: str
-    px: float
-    qty: float
-    sent_ns: Nanos
-    status: str = "pending_new"  # pending_new | live | pending_cancel | done
-    filled: float = 0.0
+@dataclass(frozen=True, slots=True)
+class PortfolioView:
+    """The engine's money as the core keeps it (integers of 1e-12), as exact Decimals."""
+
+    position: Decimal
+    cash: Decimal
+    fees: Decimal
+
+    def pnl(self, mark: float) -> Decimal:
+        """Cash plus the position marked at ``mark`` (mid), net of fees."""
+        return self.cash + self.position * dec(mark)
 
 
 class Engine:
+    """The compiled core (its state arrays, its transitions), driven one event at a time by a caller
+    that owns the clock and the venue: live mode, and the per-event replay against the simulated
+    exchange. Every decision is the core's; this class only moves events in and results out: it
+    hands accepted orders and cancels to the execution client, asks Kev, keeps Kev's timers on the
+    clock and gives the core's rows to the event log."""
+
     # on_trade does nothing (public trades are context; fills come from execution reports), so a
-    # replay need not deliver them. Set True the day on_trade reads them: drivers then deliver all.
+    # replay need not deliver them. Set True the day the core reads them: drivers then deliver all.
     uses_trades: ClassVar[bool] = False
 
     def __init__(
@@ -156,43 +146,86 @@ class Engine:
         self.kev = kev
         self.execution = execution
         self.advisor_name = advisor_name
-        self.portfolio = Portfolio()
         self.laya_latency = laya_latency or ConstantLatency(config.laya_latency_ns)
-        self.queue = KevQueue(
-            maxsize=config.kev_queue_max,
-            stale_after_ns=config.kev_stale_after_ns,
-            policy=config.kev_queue_policy,
-        )
-        self.book: BookSnapshot | None = None
-        self.label = "HOLD"
-        self.command: PortfolioCommand | None = None
-        self.kill_switch = False
-        self._orders: dict[str, _Order] = {}  # every order this engine sent, by client oid
-        self._working: dict[str, _Order] = {}  # the subset not done yet (scanned on every decision)
-        self._oid = 0
-        self._request_id = 0
-        self._command_id = 0
-        self._kev_in_flight: dict[int, KevContext] = {}  # request id -> context, until reply or timeout
-        self._last_kev_offer_ns = -(1 << 62)
-        self._emergency_until = -(1 << 62)
-        self._last_requote_ns = -(1 << 62)
-        self._last_rebalance_ns = -(1 << 62)
-        self._recent_orders: deque[Nanos] = deque()  # send times of accepted new orders, oldest first
-        self._recent_tuple: tuple[Nanos, ...] | None = ()  # the same as a tuple; None: rebuild
-        self._units_of: tuple[Decimal, Decimal] | None = None  # the (position, cash) _units were taken of
-        self._units = (0, 0)
-        self._position_dec: Decimal | None = None  # the portfolio position _position_f was converted from
-        self._position_f = 0.0
-        self._requote_min_ns = config.quotes.requote_min_ns  # read on every label
-        self._rebalance_min_ns = config.quotes.rebalance_min_ns
-        self._orders_ver = 0  # bumped whenever an order is sent, finishes or fills (risk state inputs)
-        self._rs: RiskState | None = None  # the last risk state, for (book, key) below
-        self._rs_book: BookSnapshot | None = None
-        self._risk_lim = limits_array(config.risk)
-        self._risk_rules = rule_codes(config.risk)
-        # the configured strategy (engine/strategies); the replay kernel reads its kind and parameters
+        # the configured strategy (engine/strategies): its kind and parameters go into the core
         self.quoter = Quoter(config.quotes, config.contract, config.strategy, config.strategy_params)
-        self._rs_key: tuple[Any, ...] = ()
+        self.book: BookSnapshot | None = None
+        self.core = core = CoreState(
+            config,
+            log=log,
+            symbol=config.symbol,
+            clock=clock,
+            kev=kev,
+            advisor_name=advisor_name,
+            advisor=None,
+            strategy=(self.quoter.kind, self.quoter.params),
+            fill_model=None,
+            ask=True,
+            out_cap=1 << 12,  # rows per stream between two hand-overs to the log
+        )
+        # every reader of the log (a flush, the digest, the counts) sees the core's rows up to now
+        for st in core.streams.values():
+            st.before = self._hand_over
+        self._draining = False
+        self.levels = np.full((1, 60), math.nan)  # the book a label is of
+        self.b_loc = np.zeros(2, dtype=np.int64)  # [0]: its receive time; [1]: the engine's book's
+        self._sent = 0  # order rows of the core's buffer already handed to the venue
+        self._risk_seen = 0  # risk rows read for the advice age of those orders
+        self._reason_code = {t: i for i, t in enumerate(K.REASON_TEXT) if t}
+        self._kev_ctx: dict[int, KevContext] = {}  # requests asked and not answered
+        self._compile(core)
+
+    def _compile(self, core: CoreState) -> None:
+        """Load (or, on a fresh checkout, compile) every entry of the core now, on a scratch copy of
+        the state: a live engine's first frame must not wait for the compiler."""
+        c = CoreState.__new__(CoreState)
+        c.__dict__.update({k: v.copy() if isinstance(v, np.ndarray) else v for k, v in vars(core).items()})
+        lv, b_loc = self.levels.copy(), self.b_loc.copy()
+        K.headroom(c.S, c.OI, c.RI, c.HI, c.NOUT, c.OUTI.shape[1], c.lags, c.olat, c.work, c.inflight)
+        K.step_label(
+            0, 0.5, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.HI, c.HF, c.olat, c.work, c.rest, c.kq,
+            c.inflight, c.recent, c.eng_book, c.x_book, b_loc, lv, c.lags, c.OUTI, c.OUTF, c.NOUT,
+        )  # fmt: skip
+        K.step_report(
+            K.M_ACK, 0, 0, 0.0, 0.0, 0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work,
+            c.recent, c.eng_book, b_loc, c.OUTI, c.OUTF, c.NOUT,
+        )  # fmt: skip
+        K.step_timer(
+            K.T_KEV_TIMEOUT, 0, 0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.HI, c.HF, c.olat, c.work,
+            c.rest, c.kq, c.inflight, c.recent, c.eng_book, c.x_book, b_loc, c.lags, c.OUTI, c.OUTF, c.NOUT,
+        )  # fmt: skip
+        K.step_kill(c.S, c.C, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.OUTI, c.OUTF, c.NOUT)
+        K.step_flatten(
+            c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent, c.eng_book, b_loc,
+            c.OUTI, c.OUTF, c.NOUT,
+        )  # fmt: skip
+        K.step_warm(c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.work, c.recent, c.eng_book, b_loc)
+
+    def _hand_over(self) -> None:
+        """The core's buffered rows to the log (forwarded already: a step forwards before it returns)."""
+        if self._draining:  # the log flushing what this hand-over gives it
+            return
+        self._draining = True
+        try:
+            self.core.drain()
+            self._sent = self._risk_seen = 0
+        finally:
+            self._draining = False
+
+    # ------------------------------------------------------------ state seen from outside
+
+    @property
+    def portfolio(self) -> PortfolioView:
+        S = self.core.S
+        return PortfolioView(*(Decimal(int(S[i])).scaleb(-12) for i in (K.S_POS, K.S_CASH, K.S_FEES)))
+
+    @property
+    def kill_switch(self) -> bool:
+        return bool(self.core.S[K.S_KILL])
+
+    @property
+    def label(self) -> str:
+        return LABEL_NAMES[int(self.core.S[K.S_LAST_LABEL_NAME])]
 
     # ------------------------------------------------------------ market data
 
@@ -206,12 +239,15 @@ class Engine:
         at ``book.ts_recv`` + the Laya latency it drew (replay, with the latencies drawn up front), by
         calling :meth:`on_label` at that time and priority :data:`PRIO_LABEL`."""
         self.book = book
+        S = self.core.S
+        self.core.eng_book[:] = as_levels(book)
+        self.b_loc[1] = book.ts_recv
+        S[K.S_ENG_ROW] = 1
+        S[K.S_ENG_BOOK] = 1
         return self.labeler(book)
 
     def on_trade(self, trade: Trade) -> None:
         """Public trades reach the engine for context; fills are driven by the execution side."""
-
-    # ------------------------------------------------------------ Laya
 
     def on_label(self, book: BookSnapshot, label_id: int, probs: np.ndarray, *, logged: bool = False) -> None:
         """Laya's label of ``book`` becomes visible now (its compute latency after the book).
@@ -220,511 +256,230 @@ class Engine:
         columns, ``replay/label_columns.py``); the engine only acts on it.
         """
         now = self.clock.now_ns()
-        name = LABEL_NAMES[label_id]
-        self.label = name
         if not logged:
             p = probs.tolist()  # float32 -> the same Python floats as float(x) per element
             # LabelEvent row: ts_event, ts_recv, symbol, book_seq, book_ts_recv, label, p_hold..p_emergency
             self.log.append(
                 "label",
-                (book.ts_event, now, book.symbol, book.seq, book.ts_recv, name, p[0], p[1], p[2], p[3]),
+                (book.ts_event, now, book.symbol, book.seq, book.ts_recv, LABEL_NAMES[label_id], *p),
             )
-        if name == "EMERGENCY":
-            # Pull quotes at once: EMERGENCY never waits for Kev.
-            self._emergency_until = now + self.cfg.quotes.emergency_hold_ns
-            self._cancel_all(book.ts_recv)
-        if name != "HOLD" and now - self._last_kev_offer_ns >= self.cfg.kev_min_interval_ns:
-            self._offer_kev(book, name, float(probs[label_id]), now)
-        if now - self._last_requote_ns >= self._requote_min_ns:  # _requote's own rate limit
-            self._requote(book.ts_recv)
-        c = self.command  # _rebalance's own first checks: a live Kev command, and its rate limit
-        if c is not None and now <= c.valid_until and now - self._last_rebalance_ns >= self._rebalance_min_ns:
-            self._rebalance(book.ts_recv)
+        self.levels[0] = as_levels(book)
+        self.b_loc[0] = book.ts_recv
+        c = self._room(now)
+        K.step_label(
+            label_id, float(probs[label_id]), c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.HI, c.HF,
+            c.olat, c.work, c.rest, c.kq, c.inflight, c.recent, c.eng_book, c.x_book, self.b_loc,
+            self.levels, c.lags, c.OUTI, c.OUTF, c.NOUT,
+        )  # fmt: skip
+        self._after(now)
+
+    # ------------------------------------------------------------ operator
+
+    def kill(self) -> None:
+        """Kill switch: no new orders from now on; working orders are cancelled."""
+        now = self.clock.now_ns()
+        c = self._room(now)
+        K.step_kill(c.S, c.C, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.OUTI, c.OUTF, c.NOUT)
+        self._after(now)
+
+    def flatten(self) -> tuple[list[str], bool]:
+        """Reduce-only market orders for the position (the core's ``step_flatten``). Returns the client
+        oids accepted and whether one was refused (the order rate, a stale book: the caller may try
+        again later)."""
+        now = self.clock.now_ns()
+        c = self._room(now)
+        while int(c.S[K.S_NWORK]) + 128 > c.work.shape[0] // 3:  # room for 100 orders at once
+            c._grow_work()
+        n, refused = K.step_flatten(
+            c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent, c.eng_book,
+            self.b_loc, c.OUTI, c.OUTF, c.NOUT,
+        )  # fmt: skip
+        sent = self._after(now)
+        assert len(sent) == n
+        return [f"dh-{oid}" for oid in sent], bool(refused)
+
+    def keep_warm(self) -> int:
+        """Run the order decision path on the current book, results discarded (the core's
+        ``step_warm``), so the next decision finds its code and data in the CPU caches: in live mode a
+        decision runs every ~100 ms, cold. Live mode calls it between frames, replay never does.
+        Returns the risk checks it ran."""
+        c = self.core
+        c.S[K.S_NOW] = self.clock.now_ns()
+        return int(K.step_warm(c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.work, c.recent, c.eng_book, self.b_loc))
+
+    # ------------------------------------------------------------ execution reports
+
+    def on_ack(self, client_oid: str, ts_event: Nanos) -> None:
+        self._report(K.M_ACK, client_oid, 0, 0.0, 0.0, ts_event)
+
+    def on_reject(self, client_oid: str, reason: str, ts_event: Nanos) -> None:
+        self._report(K.M_REJECT, client_oid, self._reason(reason), 0.0, 0.0, ts_event)
+
+    def on_cancel_ack(self, client_oid: str, ts_event: Nanos) -> None:
+        self._report(K.M_CANCEL_ACK, client_oid, 0, 0.0, 0.0, ts_event)
+
+    def on_done(self, client_oid: str, reason: str, ts_event: Nanos) -> None:
+        """The exchange finished an order (fully filled, or an IOC remainder expired)."""
+        self._report(K.M_DONE, client_oid, self._reason(reason), 0.0, 0.0, ts_event)
+
+    def on_fill(self, client_oid: str, px: float, qty: float, liquidity: str, ts_event: Nanos) -> None:
+        liq = K.LIQ_MAKER if liquidity == "maker" else K.LIQ_TAKER
+        self._report(K.M_FILL, client_oid, liq, px, qty, ts_event)
+
+    def _reason(self, text: str) -> int:
+        """A venue's reason text as a code of the order stream (texts the core does not name get
+        codes of their own, in the order they first come)."""
+        code = self._reason_code.get(text)
+        if code is None:
+            code = self._reason_code[text] = len(self.core.reason_texts)
+            self.core.reason_texts.append(text)
+        return code
+
+    def _report(self, m: int, client_oid: str, arg: int, px: float, qty: float, ts_event: Nanos) -> None:
+        oid = int(client_oid[3:]) if client_oid.startswith("dh-") and client_oid[3:].isdigit() else 0
+        c = self.core
+        if not 0 < oid <= int(c.S[K.S_OID]) or c.OI[oid & (c.OI.shape[0] - 1), K.OI_OID] != oid:
+            raise KeyError(client_oid)  # not an order of this engine
+        now = self.clock.now_ns()
+        c = self._room(now)
+        K.step_report(
+            m, oid, arg, px, qty, ts_event, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work,
+            c.recent, c.eng_book, self.b_loc, c.OUTI, c.OUTF, c.NOUT,
+        )  # fmt: skip
+        self._after(now)
 
     # ------------------------------------------------------------ Kev
 
-    def _offer_kev(self, book: BookSnapshot, label: str, p_label: float, now: Nanos) -> None:
-        self._last_kev_offer_ns = now
-        self._request_id += 1
-        ctx = KevContext(
-            request_id=self._request_id,
-            ts_ns=now,
-            symbol=book.symbol,
-            label=label,
-            label_seq=self.log.next_seq("label") - 1,
-            p_label=round(p_label, 6),
-            mid=book.mid,
-            spread=round(book.ask_px[0] - book.bid_px[0], 10),
-            imbalance=round(imbalance(book), 6),
-            position=float(self.portfolio.position),
-            max_position=self.cfg.risk.max_position,
-        )
-        self._queue_notes(self.queue.offer(ctx), now)
-        self._kev_pump()
-
-    def _queue_notes(self, notes: list[QueueNote], now: Nanos) -> None:
-        for n in notes:  # KevQueueEvent rows
-            self.log.append("kev_queue", (now, now, n.request_id, n.kind, n.depth))
-
-    def _kev_pump(self) -> None:
-        while len(self._kev_in_flight) < self.cfg.kev_max_in_flight and self._kev_start_next():
-            pass
-
-    def _kev_start_next(self) -> bool:
-        now = self.clock.now_ns()
-        ctx, notes = self.queue.take(now)
-        self._queue_notes(notes, now)
-        if ctx is None:
-            return False
-        self._kev_in_flight[ctx.request_id] = ctx
-        self.log.append(  # KevRequest row
-            "kev_request",
-            (
-                ctx.ts_ns,
-                now,
-                ctx.request_id,
-                ctx.symbol,
-                ctx.label,
-                ctx.label_seq,
-                ctx.mid,
-                ctx.spread,
-                ctx.imbalance,
-                ctx.position,
-                now - ctx.ts_ns,
-            ),
-        )
-        self._span("kev_queue", f"kev:{ctx.request_id}", ctx.ts_ns, now)
-        self.clock.schedule(now + self.cfg.kev_timeout_ns, PRIO_KEV, partial(self._on_kev_timeout, ctx, now))
-        self.kev.start(ctx, now, self._on_kev_done)
-        return True
-
-    def _on_kev_timeout(self, ctx: KevContext, started_ns: Nanos) -> None:
-        if self._kev_in_flight.pop(ctx.request_id, None) is None:
-            return  # answered in time
-        now = self.clock.now_ns()
-        self._queue_notes([QueueNote(ctx.request_id, "timeout", len(self.queue))], now)
-        error = f"timeout after {self.cfg.kev_timeout_ns / 1e6:.0f} ms: no advice"
-        self._kev_response(
-            ctx, now, error=error, failure="timeout", lag_ns=now - started_ns, key="", raw="", timings={}
-        )
-        self._kev_pump()
-
-    def _kev_response(
-        self,
-        ctx: KevContext,
-        now: Nanos,
-        *,
-        error: str,
-        failure: str,
-        lag_ns: Nanos,
-        key: str,
-        raw: str,
-        timings: dict,
-        advisor: str = "",
-    ) -> None:
-        """One KevResponse event; ``error`` empty means a valid command follows, else ``failure`` is its
-        kind (engine/kev/failures.py); ``advisor``: who answered, when not the engine's advisor."""
-        self.log.append(  # KevResponse row
-            "kev_response",
-            (
-                now,
-                now,
-                ctx.request_id,
-                not error,
-                error,
-                failure,
-                lag_ns,
-                advisor or self.advisor_name,
-                key,
-                raw,
-                *timing_fields(timings),
-            ),
-        )
+    def _on_kev_timeout(self, rid: int, started_ns: Nanos) -> None:
+        self._kev_ctx.pop(rid, None)
+        self._timer(K.T_KEV_TIMEOUT, rid, started_ns)
 
     def _on_kev_done(self, ctx: KevContext, reply: KevReply, lag_ns: Nanos) -> None:
         now = self.clock.now_ns()
         for row in breaker_rows(reply, now, ctx.request_id):  # late or not, the breaker did change
             self.log.append("kev_breaker", row)
-        if self._kev_in_flight.pop(ctx.request_id, None) is None:
-            # Its timeout already fired: the engine moved on without this advice.
-            self._queue_notes([QueueNote(ctx.request_id, "late_reply", len(self.queue))], now)
-            return
-        verdict, error, failure, key, raw = reply_verdict(ctx, reply)
-        self._kev_response(
-            ctx,
-            now,
-            error=error,
-            failure=failure,
-            lag_ns=lag_ns,
-            key=key,
-            raw=raw,
-            timings=reply.timings,
-            advisor=reply.advisor,
-        )
-        self._span("kev", f"kev:{ctx.request_id}", now - lag_ns, now)
-        if verdict is not None:
-            self._command_id += 1
-            self.command = self.log.emit(
-                PortfolioCommand,
-                ts_event=ctx.ts_ns,
-                ts_recv=now,
-                command_id=self._command_id,
-                request_id=ctx.request_id,
-                symbol=ctx.symbol,
-                action=verdict.action,
-                target_position=verdict.target_position,
-                hedge_ratio=verdict.hedge_ratio,
-                max_slippage_bps=verdict.max_slippage_bps,
-                reason=verdict.reason,
-                valid_until=now + self.cfg.kev_advice_ttl_ns,
+        rid = ctx.request_id
+        if self._kev_ctx.pop(rid, None) is not None:  # in flight: its verdict goes into its row
+            c = self.core
+            verdict, error, failure, key, raw = reply_verdict(ctx, reply)
+            i = rid & (c.RI.shape[0] - 1)
+            reason = ""
+            if verdict is not None:
+                c.RI[i, K.RI_ACTION] = ACTIONS.index(verdict.action)
+                c.RF[i, K.RF_TARGET] = verdict.target_position
+                c.RF[i, K.RF_HEDGE] = verdict.hedge_ratio
+                c.RF[i, K.RF_SLIP] = verdict.max_slippage_bps
+                reason = verdict.reason
+            c.RI[i, K.RI_OK] = verdict is not None
+            advisor = reply.advisor or self.advisor_name
+            c._replies[rid] = (error, failure, advisor, key, raw, *timing_fields(reply.timings), reason)
+        self._timer(K.T_KEV_DONE, rid, lag_ns)  # a late one: the core notes it, nothing more
+
+    def _timer(self, kind: int, a: int, b: int) -> None:
+        now = self.clock.now_ns()
+        c = self._room(now)
+        K.step_timer(
+            kind, a, b, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.HI, c.HF, c.olat, c.work, c.rest,
+            c.kq, c.inflight, c.recent, c.eng_book, c.x_book, self.b_loc, c.lags, c.OUTI, c.OUTF, c.NOUT,
+        )  # fmt: skip
+        self._after(now)
+
+    # ------------------------------------------------------------ around each step
+
+    def _room(self, now: Nanos) -> Any:
+        """The core, with room for one step at ``now`` (output rows, order and request rows)."""
+        c = self.core
+        while True:
+            st = int(
+                K.headroom(c.S, c.OI, c.RI, c.HI, c.NOUT, c.OUTI.shape[1], c.lags, c.olat, c.work, c.inflight)
             )
-            self._rebalance(ctx.ts_ns)
-        self._kev_pump()
+            if st == K.ST_DONE:
+                break
+            self._hand_over()  # first: growth may drain, and forwarding counts rows of the buffer
+            if st != K.ST_OUT_FULL:
+                c.grow(st)
+        c.S[K.S_NOW] = now
+        return c
 
-    def _target(self, now: Nanos) -> float:
-        """Kev's target while its advice is fresh; flat otherwise (a market maker's neutral)."""
-        c = self.command
-        if c is None:  # no advice yet: no fields to pass
-            return 0.0
-        flatten = c.action == "EMERGENCY_FLATTEN"
-        return kev_target(True, now, c.valid_until, flatten, c.target_position, self.cfg.risk.max_position)
+    def _after(self, now: Nanos) -> list[int]:
+        """What the step decided that leaves the core: orders and cancels to the venue, Kev requests to
+        Kev (each with its timeout on the clock). Returns the new orders' ids."""
+        c = self.core
+        S = c.S
+        why = int(S[K.S_WHY])
+        if why != K.U_NONE:
+            raise DualhubError(f"the engine cannot go on: {K.UNSUPPORTED_TEXT[why]}")
+        sent: list[int] = []
+        n = int(c.NOUT[K.O_ORDER])
+        if n > self._sent:
+            OUTI, symbol = c.OUTI, self.cfg.symbol
+            for k in range(self._sent, n):
+                kind = int(OUTI[K.O_ORDER, k, 3])
+                oid = int(OUTI[K.O_ORDER, k, 2])
+                if kind == K.OK_NEW:
+                    sent.append(oid)
+                    self.execution.submit(self._intent(oid), now)
+                elif kind == K.OK_CANCEL:
+                    self.execution.cancel(f"dh-{oid}", symbol, now)
+            self._sent = n
+        if S[K.S_KEV_ASKED]:
+            self._ask_kev(now)
+        return sent
 
-    # ------------------------------------------------------------ strategy
-
-    def _requote(self, origin_ns: Nanos, *, force: bool = False) -> None:
-        now = self.clock.now_ns()
-        book = self.book
-        if book is None or (not force and now - self._last_requote_ns < self.cfg.quotes.requote_min_ns):
-            return
-        self._last_requote_ns = now
-        if now < self._emergency_until or self.kill_switch:
-            self._cancel_all(origin_ns)
-            return
-        position = self._position()
-        quotes = self.quoter(
-            book,
-            label=self.label,
-            position=position,
-            target=self._target(now),
-            max_position=self.cfg.risk.max_position,
-        )
-        if not self._working:  # nothing to keep or cancel: the loop below reduces to this
-            for quote in quotes:  # buy before sell, as below
-                self._send_new(quote.side, "limit", quote.px, quote.qty, origin_ns)
-            return
-        want = {q.side: q for q in quotes}
-        half_tick = self.cfg.contract.tick / 2
-        for side in ("buy", "sell"):
-            working = [o for o in self._working.values() if o.side == side and o.order_type == "limit"]
-            q = want.get(side)
-            keep = q is not None and any(abs(o.px - q.px) < half_tick for o in working)
-            for o in working:
-                if not keep and o.status in ("pending_new", "live"):
-                    self._send_cancel(o, origin_ns)
-            if q is not None and not working:
-                self._send_new(side, "limit", q.px, q.qty, origin_ns)
-
-    def _rebalance(self, origin_ns: Nanos) -> None:
-        """Market orders towards Kev's target (or flat on EMERGENCY_FLATTEN), spaced and risk-checked."""
-        now = self.clock.now_ns()
-        c = self.command
-        if c is None or now > c.valid_until or self.book is None:
-            return
-        if now - self._last_rebalance_ns < self.cfg.quotes.rebalance_min_ns:
-            return
-        k = self.cfg.contract
-        code, qty = rebalance_order(
-            self._target(now),
-            float(self.portfolio.position),
-            self.cfg.quotes.quote_qty,
-            self.cfg.risk.max_order_qty,
-            k.size_step,
-            k.min_qty,
-        )
-        if code == NO_ORDER or any(o.order_type == "market" for o in self._working.values()):
-            return
-        self._last_rebalance_ns = now
-        side = "buy" if code == BUY else "sell"
-        reduce_only = c.action == "EMERGENCY_FLATTEN"
-        self._send_new(
-            side,
-            "market",
-            math.nan,
-            qty,
-            origin_ns,
-            c.max_slippage_bps,
-            reduce_only,
-            source="flatten" if reduce_only else "kev",
-            advice_age_ns=now - c.ts_recv,
-        )
-
-    def keep_warm(self) -> None:
-        """Run the order decision path (strategy, risk state, risk rules) on the current book, results
-        discarded, so the next decision finds its code and data in the CPU caches. Why: in live mode
-        a decision runs every ~100 ms, cold; re-warmed, frame -> order p50 went from ~158 to ~104 us
-        (bench/bench_tick_path.py --spin). Live mode calls it between frames, replay never does; it changes
-        nothing a decision reads (only caches of pure functions, and drops order times that every
-        later risk state drops anyway)."""
-        book = self.book
-        if book is None:
-            return
-        now = self.clock.now_ns()
-        quotes = self.quoter(
-            book,
-            label=self.label,
-            position=self._position(),
-            target=self._target(now),
-            max_position=self.cfg.risk.max_position,
-        )
-        state = self._build_risk_state(now)  # not _risk_state(): its cache stays the decision's
-        symbol = self.cfg.symbol
-        for q in quotes:
-            check(
-                self.cfg.risk,
-                state,
-                _intent("", symbol, "new", q.side, "limit", q.px, q.qty, False, None, "quote", -1),
-                book,
-                now,
-            )
-
-    def kill(self) -> None:
-        """Kill switch: no new orders from now on; working orders are cancelled."""
-        self.kill_switch = True
-        self._cancel_all(self.clock.now_ns())
-
-    def flatten(self) -> tuple[list[str], bool]:
-        """Reduce-only market orders (``source="flatten"``, ``max_order_qty`` at most each) for the part
-        of the position that working market orders on the closing side do not cover yet. They pass the
-        risk gateway like any order; the kill switch lets exactly these through (they can only shrink
-        the position: the gateway checks reduce-only). Returns the client oids accepted and whether one
-        was refused (the order rate, a stale book: the caller may try again later)."""
-        pos = self._position()
-        side = "sell" if pos > 0 else "buy"
-        # A plain loop: sum() of floats compensates from Python 3.12 on; the result must not depend on it.
-        covered = 0.0
-        for o in self._working.values():
-            if o.order_type == "market" and o.side == side:
-                covered += o.qty - o.filled
-        left = abs(pos) - covered
-        c, now, sent = self.cfg.contract, self.clock.now_ns(), []
-        while len(sent) < 100:
-            qty = c.round_qty(min(left, self.cfg.risk.max_order_qty))
-            if qty < c.min_qty:
-                return sent, False
-            oid = f"dh-{self._oid + 1}"
-            self._send_new(side, "market", math.nan, qty, now, None, True, source="flatten")
-            if oid not in self._working:
-                return sent, True
-            sent.append(oid)
-            left -= qty
-        return sent, False
-
-    # ------------------------------------------------------------ orders and risk
-
-    def _risk_state(self, now: Nanos) -> RiskState:
-        """The state the risk rules read. Both sides of a requote are checked against the same state
-        unless the first was accepted: it is rebuilt only when time, the book, an order (sent,
-        finished, filled), the portfolio or the kill switch changed."""
-        pf = self.portfolio
-        key = (now, self._orders_ver, self.kill_switch, pf.position, pf.cash)
-        if self.book is self._rs_book and key == self._rs_key and self._rs is not None:
-            return self._rs
-        self._rs = state = self._build_risk_state(now)
-        self._rs_book, self._rs_key = self.book, key
-        return state
-
-    def _build_risk_state(self, now: Nanos) -> RiskState:
-        recent = self._recent_orders
-        cutoff = now - 1_000_000_000
-        if recent and recent[0] <= cutoff:
-            while recent and recent[0] <= cutoff:  # appended in time order: the expired ones lead
-                recent.popleft()
-            self._recent_tuple = None
-        if self._recent_tuple is None:
-            self._recent_tuple = tuple(recent)
-        buy = sell = 0.0
-        for o in self._working.values():
-            if o.side == "buy":
-                buy += o.qty - o.filled
-            elif o.side == "sell":
-                sell += o.qty - o.filled
-        pos_units, cash_units = self._portfolio_units()
-        return _risk_state(  # position_units, open_buy_qty, open_sell_qty, cash_units, recent_order_ns, kill
-            pos_units,
-            buy,
-            sell,
-            cash_units,
-            self._recent_tuple,
-            self.kill_switch,
-        )
-
-    def _position(self) -> float:
-        """``float(portfolio.position)``, converted again only when the position changed (Decimals
-        are immutable: a new position is a new object)."""
-        pos = self.portfolio.position
-        if pos is not self._position_dec:
-            self._position_dec, self._position_f = pos, float(pos)
-        return self._position_f
-
-    def _portfolio_units(self) -> tuple[int, int]:
-        """The portfolio's (position, cash) as integers of 1e-12 (``engine.portfolio.units``), the
-        loss stop's inputs, converted again only when either changed (a new Decimal is a new object)."""
-        pf = self.portfolio
-        old = self._units_of
-        if old is None or old[0] is not pf.position or old[1] is not pf.cash:
-            self._units_of, self._units = (pf.position, pf.cash), (units(pf.position), units(pf.cash))
-        return self._units
-
-    def _decide(self, intent: OrderIntent) -> bool:
-        now = self.clock.now_ns()
-        if intent.intent == "cancel":  # check() always allows cancels: skip building the state
-            ok, reason = True, "ok"
-        else:
-            code = verdict_of(self._risk_lim, self._risk_rules, self._risk_state(now), intent, self.book, now)
-            ok, reason = code == R_OK, REASONS[code]
-        self.log.append(  # RiskDecision row
-            "risk",
-            (
-                now,
-                now,
-                intent.client_oid,
-                intent.symbol,
-                intent.intent,
-                intent.side,
-                intent.order_type,
-                intent.px,
-                intent.qty,
-                intent.source,
-                intent.advice_age_ns,
-                ok,
-                reason,
-            ),
-        )
-        return ok
-
-    def _send_new(
-        self,
-        side: str,
-        order_type: str,
-        px: float,
-        qty: float,
-        origin_ns: Nanos,
-        max_slippage_bps: float | None = None,
-        reduce_only: bool = False,
-        *,
-        source: str = "quote",
-        advice_age_ns: Nanos = -1,
-    ) -> None:
-        self._oid += 1
-        oid = f"dh-{self._oid}"
-        intent = _intent(  # OrderIntent fields in order
-            oid,
+    def _intent(self, oid: int) -> OrderIntent:
+        """The accepted order ``oid`` as the venue gets it; its advice age from its risk row."""
+        c = self.core
+        OUTI = c.OUTI
+        age = -1
+        for j in range(self._risk_seen, int(c.NOUT[K.O_RISK])):
+            if OUTI[K.O_RISK, j, 1] == oid and OUTI[K.O_RISK, j, 2] == K.INTENT_NEW:
+                age = int(OUTI[K.O_RISK, j, 6])
+                self._risk_seen = j + 1
+                break
+        r = oid & (c.OI.shape[0] - 1)
+        oi, of = c.OI[r], c.OF[r]
+        slip = float(of[K.OF_SLIP])
+        return _intent(  # OrderIntent fields in order
+            f"dh-{oid}",
             self.cfg.symbol,
             "new",
-            side,
-            order_type,
-            px,
-            qty,
-            reduce_only,
-            max_slippage_bps,
-            source,
-            advice_age_ns,
-        )
-        if not self._decide(intent):
-            return
-        now = self.clock.now_ns()
-        self._recent_orders.append(now)
-        self._recent_tuple = None
-        self._orders_ver += 1
-        self._orders[oid] = self._working[oid] = _Order(oid, side, order_type, px, qty, now)
-        self._order_event(oid, "new", now, now, "")
-        self._span("tick_to_order", oid, origin_ns, now)
-        self.execution.submit(intent, now)
-
-    def _send_cancel(self, order: _Order, origin_ns: Nanos) -> None:
-        intent = OrderIntent(
-            client_oid=order.client_oid,
-            symbol=self.cfg.symbol,
-            intent="cancel",
-            side=order.side,
-            order_type=order.order_type,
-            px=order.px,
-            qty=order.qty - order.filled,
-            source="cancel",
-        )
-        if not self._decide(intent):
-            return
-        now = self.clock.now_ns()
-        order.status = "pending_cancel"
-        self._order_event(order.client_oid, "cancel", now, now, "")
-        self.execution.cancel(order.client_oid, self.cfg.symbol, now)
-
-    def _cancel_all(self, origin_ns: Nanos) -> None:
-        """Cancel every working limit order (market orders are IOC: there is nothing to pull)."""
-        for o in list(self._working.values()):
-            if o.order_type == "limit" and o.status in ("pending_new", "live"):
-                self._send_cancel(o, origin_ns)
-
-    def _order_event(self, oid: str, kind: str, ts_event: Nanos, ts_recv: Nanos, reason: str) -> None:
-        o = self._orders[oid]
-        self.log.append(  # OrderEvent row
-            "order",
-            (ts_event, ts_recv, oid, self.cfg.symbol, kind, o.side, o.order_type, o.px, o.qty, reason),
+            "buy" if oi[K.OI_SIDE] == K.BUY else "sell",
+            "limit" if oi[K.OI_TYPE] == K.LIMIT else "market",
+            float(of[K.OF_PX]),
+            float(of[K.OF_QTY]),
+            bool(oi[K.OI_REDUCE]),
+            None if math.isnan(slip) else slip,
+            SOURCES[int(oi[K.OI_SOURCE])],
+            age,
         )
 
-    def _span(self, name: str, ref: str, start: Nanos, end: Nanos) -> None:
-        self.log.append("latency", (start, end, name, ref, start, end, end - start))  # LatencySpan row
+    def _ask_kev(self, now: Nanos) -> None:
+        """The requests the step started, in the order it started them: each gets its timeout on the
+        clock, then goes to Kev, as the core's replay loop orders them."""
+        c = self.core
+        RI = c.RI
+        mask = RI.shape[0] - 1
+        for rid in c.inflight[: int(c.S[K.S_INFLIGHT_N])].tolist():
+            if RI[rid & mask, K.RI_OK] != -1:
+                continue
+            RI[rid & mask, K.RI_OK] = 0  # asked; its verdict is written when the reply comes
+            ctx = c._context(rid)
+            self._kev_ctx[rid] = ctx
+            self.clock.schedule(
+                now + self.cfg.kev_timeout_ns, PRIO_KEV, partial(self._on_kev_timeout, rid, now)
+            )
+            self.kev.start(ctx, now, self._on_kev_done)
+        c.S[K.S_KEV_ASKED] = 0
 
-    # ------------------------------------------------------------ execution reports
 
-    def on_ack(self, client_oid: str, ts_event: Nanos) -> None:
-        o = self._orders[client_oid]
-        now = self.clock.now_ns()
-        if o.status == "pending_new":
-            o.status = "live"
-        self._order_event(client_oid, "ack", ts_event, now, "")
-        self._span("order_entry", client_oid, o.sent_ns, now)
+SOURCES = ("quote", "kev", "flatten", "cancel")  # engine.risk SRC_* codes
 
-    def _finish(self, client_oid: str) -> None:
-        self._orders[client_oid].status = "done"
-        self._working.pop(client_oid, None)
-        self._orders_ver += 1
 
-    def on_reject(self, client_oid: str, reason: str, ts_event: Nanos) -> None:
-        self._finish(client_oid)
-        self._order_event(client_oid, "reject", ts_event, self.clock.now_ns(), reason)
-
-    def on_cancel_ack(self, client_oid: str, ts_event: Nanos) -> None:
-        self._finish(client_oid)
-        now = self.clock.now_ns()
-        self._order_event(client_oid, "cancel_ack", ts_event, now, "")
-        self._requote(now, force=True)  # the replacement quote goes out as soon as the old one is gone
-
-    def on_done(self, client_oid: str, reason: str, ts_event: Nanos) -> None:
-        """The exchange finished an order (fully filled, or an IOC remainder expired)."""
-        self._finish(client_oid)
-        self._order_event(client_oid, "done", ts_event, self.clock.now_ns(), reason)
-
-    def on_fill(self, client_oid: str, px: float, qty: float, liquidity: str, ts_event: Nanos) -> None:
-        o = self._orders[client_oid]
-        rate = self.cfg.contract.maker_fee_rate if liquidity == "maker" else self.cfg.contract.taker_fee_rate
-        notional, fee = self.portfolio.apply_fill(o.side, px, qty, rate)
-        o.filled += qty
-        self._orders_ver += 1
-        self.log.emit(
-            Fill,
-            ts_event=ts_event,
-            ts_recv=self.clock.now_ns(),
-            client_oid=client_oid,
-            symbol=self.cfg.symbol,
-            side=o.side,
-            px=px,
-            qty=qty,
-            liquidity=liquidity,
-            notional=notional,
-            fee=fee,
-            position_after=float(self.portfolio.position),
-        )
+def engine_identity() -> dict[str, str]:
+    """What a run's runtime.json names as its engine: the decision core, and the hash of every source
+    file compiled into it (``engine.jit.core_stamp``). A replay, on its compiled loop or per event, and
+    a live run of the same code name the same one."""
+    return {"engine": "engine/kernel.py", "engine_sha256": core_stamp()}
 
 
 def reply_verdict(ctx: KevContext, reply: KevReply) -> tuple[CommandFields | None, str, str, str, str]:

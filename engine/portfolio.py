@@ -1,8 +1,8 @@
-"""Exact portfolio accounting: position, cash and fees as Decimals (never float-accumulated)."""
+"""Money as exact decimals: an exchange float back to its decimal, and a Decimal as the integers of
+1e-12 the decision core keeps money in (``engine/kernel.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 
 MONEY_QUANTUM = Decimal("1e-12")
@@ -21,29 +21,3 @@ def units(x: Decimal | float) -> int:
     with at most 12 decimals. The risk rules and the replay kernel keep money and position so."""
     d = x if isinstance(x, Decimal) else dec(x)
     return int(d.scaleb(12).to_integral_value(rounding=ROUND_HALF_EVEN))
-
-
-@dataclass
-class Portfolio:
-    position: Decimal = Decimal(0)
-    cash: Decimal = Decimal(0)
-    fees: Decimal = Decimal(0)
-    volume: Decimal = Decimal(0)
-    fills: int = 0
-    _marks: list[Decimal] = field(default_factory=list)
-
-    def apply_fill(self, side: str, px: float, qty: float, fee_rate: Decimal) -> tuple[Decimal, Decimal]:
-        """Book a fill; returns its (notional, fee)."""
-        q = dec(qty)
-        # Money is kept to 1e-12 (the event schema's decimal128 scale): a price times a size with many
-        # decimals (recorded trade sizes need not be size-step multiples) can have more, which the
-        # event log could not store exactly. Rounding is half-even, once per fill, never accumulated.
-        notional = (dec(px) * q).quantize(MONEY_QUANTUM)
-        fee = (notional * fee_rate).quantize(MONEY_QUANTUM)
-        self.position += q if side == "buy" else -q
-        self.cash += -notional if side == "buy" else notional
-        self.cash -= fee
-        self.fees += fee
-        self.volume += notional
-        self.fills += 1
-        return notional, fee

@@ -1,8 +1,8 @@
 """What the engine does with a strategy: its quote config, Kev's target, the market order towards it,
 and the adapter that runs the configured strategy (:mod:`engine.strategies`) on a BookSnapshot.
 
-The rules are compiled functions over scalars and arrays, called by the replay kernel as they are
-and by the Python engine through the adapters here."""
+The rules are compiled functions over scalars and arrays, called by the core (``engine/kernel.py``)
+as they are, and by Python callers (tests, the risk fuzzer) through the adapters here."""
 
 from __future__ import annotations
 
@@ -69,8 +69,9 @@ def rebalance_order(
 
 
 class Quoter:
-    """The configured strategy over a BookSnapshot: the Python engine's adapter to
-    :func:`engine.strategies.registry.quote` (the replay kernel calls that with its own book)."""
+    """The configured strategy over a BookSnapshot: a Python caller's adapter to
+    :func:`engine.strategies.registry.quote` (the core calls that with its own book); the engine reads
+    its kind code and parameters from it."""
 
     __slots__ = ("kind", "params", "qty", "tick")
 

@@ -67,7 +67,7 @@ import numpy as np
 import orjson
 
 from engine.contract import ContractConfig
-from engine.core import PRIO_KEV, Engine, EngineConfig, KevDone, engine_config_from
+from engine.core import PRIO_KEV, Engine, EngineConfig, KevDone, engine_config_from, engine_identity
 from engine.errors import DualhubError
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
 from engine.events import BookSnapshot, InputQuarantined, ReconcileEvent, Trade, VenueStatus, events_to_table
@@ -1271,7 +1271,10 @@ class LiveRunner:
         write_json(st.tmp / "manifest.json", manifest)
         write_json(
             st.tmp / "runtime.json",
-            {k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
+            {
+                **{k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
+                **engine_identity(),
+            },
         )
         if st.run_dir.exists():
             shutil.rmtree(st.run_dir)

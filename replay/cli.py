@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--python-engine",
         action="store_true",
-        help="run the Python engine even where the compiled replay kernel applies (the same events, slower)",
+        help="drive the engine per event even where the compiled loop applies (same core and events, slower)",
     )
     p.add_argument("--seed", type=int, default=1, help="seed for every component's RNG")
     p.add_argument("--model", type=Path, help="Laya ONNX model (default data/models/laya-v0.onnx)")

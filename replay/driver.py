@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from engine import validate
 from engine.clock import ReplayClock
 from engine.contract import ContractConfig
-from engine.core import PRIO_LABEL, Engine, engine_config_from
+from engine.core import PRIO_LABEL, Engine, engine_config_from, engine_identity
 from engine.errors import DualhubError, check_output_path
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
 from engine.events import STREAMS, BookSnapshot, Trade
@@ -238,7 +238,7 @@ class _BatchLabeler:
         self, seqs: np.ndarray, labels: np.ndarray, probs: np.ndarray, clock: ReplayClock, lazy: bool = False
     ) -> None:
         """``lazy``: the arrays are filled as the replay goes (a streamed tape, which checks the seqs
-        itself); they are looked at on the first call, which only the Python engine makes."""
+        itself); they are looked at on the first call, which only the per-event driver makes."""
         self.seqs = np.asarray(seqs, dtype=np.int64)
         self.labels, self.probs, self.clock = labels, probs, clock
         self._n = len(self.seqs)
@@ -375,7 +375,7 @@ class _Tape:
         self.t_evt = _col(trades, "ts_event", "int64")
         self.t_px = _col(trades, "px")
         self.t_sz = _col(trades, "sz")
-        # Python strings per trade only for the Python engine's Trade objects (built on first use)
+        # Python strings per trade only for the per-event driver's Trade objects (built on first use)
         self._trades_side, self._trades_id = trades.column("side"), trades.column("trade_id")
         self._t_side: list[str] | None = None
         self._t_id: list[str] | None = None
@@ -750,7 +750,7 @@ def run_replay(
                     if not stream_books or (whole and isinstance(e, TapeDisorder)):
                         raise
                     whole, stream_books = str(e), not isinstance(e, InvalidRows)
-        except KernelUnsupported as e:  # met mid-run: nothing of it is kept, the Python engine runs it
+        except KernelUnsupported as e:  # met mid-run: nothing of it is kept, the per-event driver runs it
             result = _run_replay(
                 session_dir, cfg, laya, out_dir=run_dir, overwrite=True, progress=progress, kernel=False
             )
@@ -790,7 +790,7 @@ def _run_replay(
     tables, which streamed levels could not follow)."""
     t0 = time.perf_counter()
     early = config_unsupported(cfg) if kernel else ""
-    if early:  # known from the config: the Python engine from the start
+    if early:  # known from the config: the per-event driver from the start
         kernel = False
     session = open_session(session_dir)
     session.verify()
@@ -876,7 +876,7 @@ def _run_replay(
         n_books, n_trades = book_table.num_rows, trade_table.num_rows
         label_due = _label_due(tape, laya_latency)
         labels_walked = label_due is not None  # else Engine.on_book schedules each label on the clock
-        # The kernel takes the walk a chunk at a time from a merge of the streams; the Python engine
+        # The kernel takes the walk a chunk at a time from a merge of the streams; the per-event driver
         # walks the whole sorted order. The same entries in the same order (replay/walk.py).
         if kernel and label_due is not None and not engine_trades:
             walk = StreamedWalk(tape.walk_streams(label_due), fast_path.WALK_CHUNK)
@@ -932,7 +932,7 @@ def _run_replay(
     why = early or (
         "kernel=False" if not kernel else unsupported(cfg, engine, exchange, advisor, labels_walked)
     )
-    if why and (streamed is not None or walk is not None):  # the Python engine needs the whole tape
+    if why and (streamed is not None or walk is not None):  # the per-event driver needs the whole tape
         log.abandon()
         raise KernelUnsupported(why)
     if not why:
@@ -1037,7 +1037,7 @@ def _run_kernel(
     walk: StreamedWalk,
     bar: Any,
 ) -> None:
-    run = KernelRun(cfg, engine, exchange, advisor, log, tape.symbol, len(tape.b_seq))
+    run = KernelRun.for_replay(cfg, engine, exchange, advisor, log, tape.symbol)
     labels = LabelColumns(log, tape.symbol, tape.b_evt, tape.b_seq, tape.b_loc, labeler.labels, labeler.probs)
     between: Callable[[], None] | None = None
     if isinstance(tape, StreamedTape):
@@ -1142,7 +1142,8 @@ def _finish(
         run_dir / "runtime.json",
         {
             **{k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
-            "engine_path": path,
+            **engine_identity(),
+            "engine_path": path,  # which drove it: the compiled loop, or per event (and why)
             "risk_rules": list(cfg.risk.rules),  # the gateway's rules, in the order they ran
         },
     )

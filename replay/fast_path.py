@@ -2,33 +2,27 @@
 
 :func:`unsupported` says why a replay cannot take the compiled path (then the driver runs the Python
 engine, as always); :func:`run_kernel` runs it. The kernel's rows become the same Arrow tables, flush
-points and files the Python engine's rows give: streams are written in row groups of the log's
+points and files the per-event driver's rows give: streams are written in row groups of the log's
 ``flush_rows`` whatever produced them, and the digest is per stream.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 import numpy as np
-import orjson
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from engine.contract import ContractConfig
-from engine.core import LABEL_NAMES, Engine, EngineConfig, reply_verdict, timing_fields
+from engine.core import Engine, EngineConfig, reply_verdict, timing_fields
 from engine.eventlog import EventLog
-from engine.events import STREAMS
 from engine.fastinit import frozen_maker
 from engine.kev.advisor import KevContext
 from engine.kev.command import ACTIONS
 from engine.kev.failures import breaker_rows
-from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
-from engine.risk import N_RULES, rule_codes
+from engine.state import CoreState, decimal_parts, tick_decimals
 from replay import kernel as K
 from replay.walk import StreamedWalk
 from venue.batch_latency import RecordedTable, recorded_table, sample_many
@@ -80,20 +74,6 @@ def _keyed_row(table: RecordedTable | None) -> np.ndarray | None:
     return row
 
 
-def _decimal_parts(d: Decimal) -> tuple[int, int] | None:
-    """``d`` as (integer, decimals) with d == integer * 10**-decimals, decimals in 0..12."""
-    sign, digits, exp = d.as_tuple()
-    if not isinstance(exp, int) or exp > 0 or exp < -12:
-        return None
-    n = int("".join(map(str, digits)) or "0")
-    return (-n if sign else n), -exp
-
-
-def _tick_decimals(tick: float) -> int | None:
-    parts = _decimal_parts(Decimal(repr(tick)))
-    return None if parts is None or parts[1] > 8 else parts[1]
-
-
 def config_unsupported(cfg: Any) -> str:
     """:func:`unsupported`'s answer where the replay config alone decides it, asked before any data is
     read (so a run the kernel cannot take is not set up twice). "" does not promise the kernel runs."""
@@ -103,7 +83,7 @@ def config_unsupported(cfg: Any) -> str:
 
 
 def unsupported(cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_walked: bool) -> str:
-    """Why this replay must run on the Python engine ("" when the kernel can run it): the config's
+    """Why this replay must run on the per-event driver ("" when the kernel can run it): the config's
     reasons, then what only the built engine, exchange and advisor tell."""
     why = config_unsupported(cfg)
     if why:
@@ -135,237 +115,61 @@ def unsupported(cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_wa
             return f"order latencies drawn from one random stream ({name} and another)"
         streams.append(rng)
     c = engine.cfg.contract
-    if type(c) is not ContractConfig or _tick_decimals(c.tick) is None:
+    if type(c) is not ContractConfig or tick_decimals(c.tick) is None:
         return "a contract whose tick is not a short decimal"
-    if _decimal_parts(c.maker_fee_rate) is None or _decimal_parts(c.taker_fee_rate) is None:
+    if decimal_parts(c.maker_fee_rate) is None or decimal_parts(c.taker_fee_rate) is None:
         return "fee rates with more than 12 decimals"
     return ""
 
 
-class _KernelStream:
-    """A stream whose events the kernel produced: Arrow tables without ``seq``, given to the log in the
-    log's flush points (``EventLog.attach_columns``)."""
+class KernelRun(CoreState):
+    """The core's state for the replay's compiled loop: the simulated exchange's in it, the Kev lags
+    and order latencies drawn ahead, and the loop's stops."""
 
-    def __init__(self, log: EventLog, stream: str) -> None:
-        self.log, self.stream = log, stream
-        self.schema = STREAMS[stream].schema
-        self.tables: list[pa.Table] = []
-        self.held = 0
-        self.limit: int | None = None
-        log.attach_columns(stream, self._rows, self._pending)
-
-    def _pending(self) -> int:
-        return self.held if self.limit is None else min(self.held, self.limit)
-
-    def _rows(self, first_seq: int, n: int, consume: bool) -> pa.Table:
-        t = pa.concat_tables(self.tables) if len(self.tables) != 1 else self.tables[0]
-        head = t.slice(0, n)
-        if consume:
-            rest = t.slice(n)
-            self.tables = [rest] if rest.num_rows else []
-            self.held -= n
-        seq = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64))
-        cols = list(head.columns)
-        cols.insert(2, seq)  # every output schema is (ts_event, ts_recv, seq, ...)
-        return pa.Table.from_arrays(
-            [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in cols], schema=self.schema
+    @classmethod
+    def for_replay(
+        cls, cfg: Any, engine: Engine, exchange: Any, advisor: Any, log: EventLog, symbol: str
+    ) -> KernelRun:
+        """The state of a replay's compiled loop, its simulated venue included."""
+        assert isinstance(engine.kev, SimKevBackend)
+        return cls(
+            engine.cfg,
+            log=log,
+            symbol=symbol,
+            clock=engine.clock,
+            kev=engine.kev,
+            advisor_name=engine.advisor_name,
+            advisor=advisor,
+            strategy=(engine.quoter.kind, engine.quoter.params),
+            fill_model=cfg.fill_model,
+            # rows K.OLAT_ENTRY, K.OLAT_RESPONSE, K.OLAT_CANCEL (unsupported() checked each draws in a batch)
+            olat_models=(exchange.entry_latency, exchange.response_latency, exchange.cancel_latency),
+            # Python answers each request at a Kev stop unless the kernel has the advisor compiled.
+            ask=not (RULES_COMPILED and type(advisor) is RuleKev),
         )
-
-    def add(self, table: pa.Table) -> None:
-        if not table.num_rows:
-            return
-        self.tables.append(table)
-        self.held += table.num_rows
-        step = self.log.flush_rows
-        while self.held >= step:
-            self.limit = step
-            try:
-                self.log.flush(self.stream)
-            finally:
-                self.limit = None
-            if self.log._dir is None:  # an in-memory log keeps everything until write()
-                break
-
-
-def _decimal_array(units: np.ndarray) -> pa.Array:
-    """decimal128(38, 12) values from their unscaled int64 integers."""
-    n = len(units)
-    buf = np.empty((n, 2), dtype=np.int64)
-    buf[:, 0] = units
-    buf[:, 1] = units >> 63
-    return pa.Array.from_buffers(pa.decimal128(38, 12), n, [None, pa.py_buffer(buf.tobytes())])
-
-
-def _text(values: tuple[str, ...], codes: np.ndarray) -> pa.Array:
-    return pa.array(values, pa.string()).take(pa.array(codes.astype(np.int64)))
-
-
-def _prefixed(prefix: str, n: np.ndarray) -> pa.Array:
-    return pc.binary_join_element_wise(prefix, pc.cast(pa.array(n), pa.string()), "")
-
-
-class KernelRun:
-    """State and buffers of one kernel run."""
 
     def __init__(
         self,
-        cfg: Any,
-        engine: Engine,
-        exchange: Any,
-        advisor: Any,
-        log: EventLog,
-        symbol: str,
-        n_books: int,
+        e: EngineConfig,
+        *,
+        olat_models: tuple[LatencyModel, LatencyModel, LatencyModel],
+        fill_model: str,
+        **kw: Any,
     ) -> None:
-        e: EngineConfig = engine.cfg
-        self.e, self.log, self.symbol, self.advisor = e, log, symbol, advisor
-        assert isinstance(engine.kev, SimKevBackend)
-        self.kev, self.clock, self.advisor_name = engine.kev, engine.clock, engine.advisor_name
-        self.lag_model = engine.kev.lag
-        # Python answers each request at a Kev stop unless the kernel has the advisor compiled.
-        self.ask = not (RULES_COMPILED and type(advisor) is RuleKev)
-        self.timeout_text = f"timeout after {e.kev_timeout_ns / 1e6:.0f} ms: no advice"
-        self.S = np.zeros(K.S_SIZE, dtype=np.int64)
-        self.S[K.S_OLDEST] = 1  # order ids start at 1
-        far = -(1 << 62)
-        for i in (K.S_LAST_KEV_OFFER, K.S_EMERGENCY_UNTIL, K.S_LAST_REQUOTE, K.S_LAST_REBALANCE):
-            self.S[i] = far
-        self.SF = np.zeros(K.SF_SIZE, dtype=np.float64)
-        C = self.C = np.zeros(K.C_SIZE, dtype=np.int64)
-        CF = self.CF = np.zeros(K.CF_SIZE, dtype=np.float64)
-        q, r, c = e.quotes, e.risk, e.contract
-        C[K.C_REQUOTE_MIN] = q.requote_min_ns
-        C[K.C_REBALANCE_MIN] = q.rebalance_min_ns
-        C[K.C_EMERGENCY_HOLD] = q.emergency_hold_ns
-        C[K.C_KEV_MIN_INTERVAL] = e.kev_min_interval_ns
-        C[K.C_KEV_QUEUE_MAX] = e.kev_queue_max
-        C[K.C_KEV_POLICY] = POLICIES.index(e.kev_queue_policy)
-        C[K.C_KEV_MAX_IN_FLIGHT] = e.kev_max_in_flight
-        C[K.C_KEV_TIMEOUT] = e.kev_timeout_ns
-        C[K.C_KEV_STALE] = e.kev_stale_after_ns
-        C[K.C_KEV_TTL] = e.kev_advice_ttl_ns
-        fm, qn = FILL_MODEL_CODES[cfg.fill_model]
-        C[K.C_FILL_MODEL] = fm
-        CF[K.CF_QUEUE_N] = qn
-        C[K.C_STRATEGY] = engine.quoter.kind
-        CF[K.CF_PARAMS :] = engine.quoter.params
-        C[K.C_MAX_ORDERS_PER_S] = r.max_orders_per_s
-        C[K.C_STALE_BOOK] = r.stale_book_ns
-        C[K.C_MAX_ADVICE_AGE] = r.max_advice_age_ns
-        C[K.C_RISK_RULES : K.C_RISK_RULES + N_RULES] = rule_codes(r)
-        C[K.C_PX_DECIMALS] = _tick_decimals(c.tick) or 0
-        C[K.C_MAKER_NUM], C[K.C_MAKER_EXP] = _decimal_parts(c.maker_fee_rate)  # type: ignore[misc]
-        C[K.C_TAKER_NUM], C[K.C_TAKER_EXP] = _decimal_parts(c.taker_fee_rate)  # type: ignore[misc]
-        CF[K.CF_TICK] = c.tick
-        CF[K.CF_SIZE_STEP] = c.size_step
-        CF[K.CF_MIN_QTY] = c.min_qty
-        CF[K.CF_QUOTE_QTY] = q.quote_qty
-        CF[K.CF_MAX_POSITION] = r.max_position
-        CF[K.CF_MAX_DELTA] = r.max_net_delta_usd
-        CF[K.CF_MAX_ORDER_QTY] = r.max_order_qty
-        CF[K.CF_MAX_SLIP] = r.max_slippage_bps
-        CF[K.CF_BAND] = r.price_band_bps
-        CF[K.CF_LOSS_STOP] = r.daily_loss_stop_usd
-        C[K.C_KEV_ASK] = self.ask
-        if not self.ask:
-            CF[K.CF_STEP_FRACTION] = advisor.step_fraction
-            CF[K.CF_MIN_PROB] = advisor.min_prob
-        n0 = INITIAL_ROWS
-        ring = 1 << max(0, n0 - 1).bit_length()  # a power of two: order N's row is N & (ring - 1)
-        self.OI = np.zeros((ring, K.OI_COLS), dtype=np.int64)
-        self.OF = np.zeros((ring, K.OF_COLS), dtype=np.float64)
-        self.RI = np.zeros((ring, K.RI_COLS), dtype=np.int64)  # a ring too: request N in row N & (ring - 1)
-        self.RF = np.zeros((ring, K.RF_COLS), dtype=np.float64)
-        self.HI = np.zeros((n0, K.HI_COLS), dtype=np.int64)
-        self.HF = np.zeros((n0, K.HF_COLS), dtype=np.float64)
-        self.work = np.zeros(3 * K.WORK_CAP, dtype=np.int64)  # the list, then two scratch copies
-        self.rest = np.zeros(2 * K.REST_CAP, dtype=np.int64)
-        self.kq = np.zeros(max(K.KQ_CAP, e.kev_queue_max + 1), dtype=np.int64)
-        self.inflight = np.zeros(max(K.KQ_CAP, e.kev_max_in_flight + 1), dtype=np.int64)
-        self.recent = np.zeros(r.max_orders_per_s + 16, dtype=np.int64)
-        self.eng_book = np.full(60, np.nan)
-        self.x_book = np.full(60, np.nan)
-        self.OUTI = np.zeros((8, OUT_CAP, K.OUT_MAXI), dtype=np.int64)
-        self.OUTF = np.zeros((8, OUT_CAP, K.OUT_MAXF), dtype=np.float64)
-        self.NOUT = np.zeros(8, dtype=np.int64)
-        self.lags = np.zeros(0, dtype=np.int64)
+        super().__init__(e, fill_model=FILL_MODEL_CODES[fill_model], rows=INITIAL_ROWS, out_cap=OUT_CAP, **kw)
+        C = self.C
         # rows K.OLAT_ENTRY, K.OLAT_RESPONSE, K.OLAT_CANCEL (unsupported() checked each draws in a batch
         # or is a recorded table, which the kernel looks each draw up in)
-        self.olat_models = (exchange.entry_latency, exchange.response_latency, exchange.cancel_latency)
-        self.olat_keyed = [_keyed_row(recorded_table(m)) for m in self.olat_models]
+        self.olat_models = olat_models
+        self.olat_keyed = [_keyed_row(recorded_table(m)) for m in olat_models]
         for k, row in enumerate(self.olat_keyed):
             C[K.C_OLAT_KEYED + k] = row is not None
         self.olat = np.zeros((3, 0), dtype=np.int64)
-        self.streams = {s: _KernelStream(log, s) for s in K.OUT_STREAMS}
-        self._texts: dict[int, tuple[str, str, str]] = {}  # request id -> (key, raw, reason)
-        # Python's answers, by request id until their response is drained: (error, failure, advisor,
-        # key, raw, prompt_ms, predicted_ms, prompt_tokens, completion_tokens, reason)
-        self._replies: dict[int, tuple[Any, ...]] = {}
+        self.S[K.S_LAG_N] = 0
         # kev_breaker rows by their reply timer's (due, seq): the order the timers fire in
         self.breaker: list[tuple[int, int, list[tuple[Any, ...]]]] = []
 
-    def state(self) -> tuple[np.ndarray, ...]:
-        """The kernel's state arrays, in its functions' argument order (S ... x_book)."""
-        return (
-            self.S, self.SF, self.C, self.CF, self.OI, self.OF, self.RI, self.RF, self.HI, self.HF, self.work,
-            self.rest, self.kq, self.inflight, self.recent, self.eng_book, self.x_book,
-        )  # fmt: skip
-
     # ------------------------------------------------------------ growth
-
-    def _grow(self, name: str) -> None:
-        a = getattr(self, name)
-        b = np.zeros((a.shape[0] * 2, a.shape[1]), dtype=a.dtype)
-        b[: a.shape[0]] = a
-        setattr(self, name, b)
-
-    def _grow_orders(self) -> None:
-        """Double the order ring: each order that may be in use moves to its row in the larger ring."""
-        rows = self.OI.shape[0]
-        oids = np.arange(int(self.S[K.S_OLDEST]), int(self.S[K.S_OID]) + 1, dtype=np.int64)
-        for name in ("OI", "OF"):
-            a = getattr(self, name)
-            b = np.zeros((rows * 2, a.shape[1]), dtype=a.dtype)
-            b[oids & (rows * 2 - 1)] = a[oids & (rows - 1)]
-            setattr(self, name, b)
-
-    def _grow_work(self) -> None:
-        """Double the working-order list (its two scratch copies grow with it; they need no copy)."""
-        n = int(self.S[K.S_NWORK])
-        work = np.zeros(2 * self.work.shape[0], dtype=np.int64)
-        work[:n] = self.work[:n]
-        self.work = work
-
-    def _oldest_request(self) -> int:
-        """The lowest request id whose row the kernel may still read: one in the Kev queue or in flight.
-        A timer naming a request reads its row only while it is in flight (a reply after the timeout and
-        a timeout after the reply only note it), and this is called right after a drain, so no buffered
-        output row names one either (a response's texts are made from its row at drain time)."""
-        S = self.S
-        oldest = int(S[K.S_RID]) + 1
-        kq = self.kq[: int(S[K.S_KQ_N])]
-        fl = self.inflight[: int(S[K.S_INFLIGHT_N])]
-        for ids in (kq, fl):
-            if len(ids):
-                oldest = min(oldest, int(ids.min()))
-        return oldest
-
-    def _ring_requests(self) -> None:
-        """Room for the next requests: rows of finished requests are reused (request N in row
-        N & (rows-1)); the ring doubles, moving what is in use, only when that is not enough."""
-        S = self.S
-        oldest = self._oldest_request()
-        rows = self.RI.shape[0]
-        if int(S[K.S_RID]) + K.MARGIN - oldest >= rows:
-            while int(S[K.S_RID]) + K.MARGIN - oldest >= rows:
-                rows *= 2
-            rids = np.arange(oldest, int(S[K.S_RID]) + 1, dtype=np.int64)
-            for name in ("RI", "RF"):
-                a = getattr(self, name)
-                b = np.zeros((rows, a.shape[1]), dtype=a.dtype)
-                b[rids & (rows - 1)] = a[rids & (a.shape[0] - 1)]
-                setattr(self, name, b)
-        S[K.S_RID_OLDEST] = oldest
 
     def _more_lags(self) -> None:
         used = int(self.S[K.S_LAG_USED])
@@ -393,23 +197,6 @@ class KernelRun:
             olat[k, len(left) :] = drawn
             self.S[K.S_OLAT_USED + k] = 0
         self.olat = olat
-
-    def _context(self, rid: int) -> KevContext:
-        """Request ``rid``'s KevContext, as the engine built it, from its row."""
-        RI, RF = self.RI[rid & (self.RI.shape[0] - 1)], self.RF[rid & (self.RF.shape[0] - 1)]
-        return _kev_context(  # KevContext fields in order
-            rid,
-            int(RI[K.RI_TS]),
-            self.symbol,
-            LABEL_NAMES[int(RI[K.RI_LABEL])],
-            int(RI[K.RI_LABEL_SEQ]),
-            float(RF[K.RF_P]),
-            float(RF[K.RF_MID]),
-            float(RF[K.RF_SPREAD]),
-            float(RF[K.RF_IMB]),
-            float(RF[K.RF_POS]),
-            float(RF[K.RF_MAXPOS]),
-        )
 
     def _model_lag(self, now_ns: int) -> int:
         """The next Kev lag of the lag model, from the ones drawn ahead (the kernel keeps a table of
@@ -461,15 +248,8 @@ class KernelRun:
         self.drain()
         if status == K.ST_DONE:
             return False
-        if status == K.ST_GROW_ORDERS:
-            self._grow_orders()
-        elif status == K.ST_GROW_HEAP:
-            self._grow("HI")
-            self._grow("HF")
-        elif status == K.ST_GROW_REQUESTS:
-            self._ring_requests()
-        elif status == K.ST_GROW_WORK:
-            self._grow_work()
+        if status in (K.ST_GROW_ORDERS, K.ST_GROW_HEAP, K.ST_GROW_REQUESTS, K.ST_GROW_WORK):
+            self.grow(status)
         elif status == K.ST_NEED_LAGS:
             self._more_lags()
         elif status == K.ST_NEED_LATENCIES:
@@ -481,217 +261,6 @@ class KernelRun:
         return True
 
     # ------------------------------------------------------------ output
-
-    def _kev_texts(self, rid: int) -> tuple[str, str, str]:
-        """The rule advisor's key, raw JSON and reason for request ``rid``, from Python (the reference),
-        after checking the kernel decided the same numbers."""
-        t = self._texts.get(rid)
-        if t is not None:
-            return t
-        RI, RF = self.RI[rid & (self.RI.shape[0] - 1)], self.RF[rid & (self.RF.shape[0] - 1)]
-        ctx = self._context(rid)
-        raw = self.advisor.decide(ctx)
-        mine = (
-            ACTIONS[int(RI[K.RI_ACTION])],
-            float(RF[K.RF_TARGET]),
-            float(RF[K.RF_HEDGE]),
-            float(RF[K.RF_SLIP]),
-        )
-        ref = (raw["action"], raw["target_position"], raw["hedge_ratio"], raw["max_slippage_bps"])
-        if mine != ref:
-            raise AssertionError(f"kernel's Kev decision {mine} != RuleKev's {ref} for request {rid}")
-        t = (
-            self.advisor.key(ctx),
-            orjson.dumps(raw, option=orjson.OPT_SORT_KEYS).decode(),
-            str(raw["reason"]),
-        )
-        self._texts[rid] = t
-        return t
-
-    def drain(self) -> None:
-        """Turn the kernel's buffered rows into tables for the log."""
-        NOUT, OUTI, OUTF = self.NOUT, self.OUTI, self.OUTF
-        for s, stream in enumerate(K.OUT_STREAMS):
-            n = int(NOUT[s])
-            if not n:
-                continue
-            ints, floats = OUTI[s, :n], OUTF[s, :n]
-            self.streams[stream].add(
-                pa.Table.from_arrays(self._columns(s, n, ints, floats), schema=_no_seq(stream))
-            )
-        NOUT[:] = 0
-        # A request's texts serve its response and command, written by the same timer: never after.
-        self._texts.clear()
-
-    def _response_columns(self, n: int, ints: np.ndarray) -> list[pa.Array]:
-        """kev_response columns from Python's answers; a timeout's row names none (a late answer's is
-        dropped with it). A valid command's texts stay for its command row, drained with it."""
-        timeout = (self.timeout_text, "timeout", self.advisor_name, "", "", 0.0, 0.0, 0, 0, "")
-        recs = []
-        for rid, timed_out in zip(ints[:, 1].tolist(), ints[:, 4].tolist(), strict=True):
-            rec = self._replies.pop(rid, None)
-            if timed_out:
-                rec = timeout
-            else:
-                assert rec is not None
-                if not rec[0]:
-                    self._texts[rid] = (rec[3], rec[4], rec[9])
-            recs.append(rec)
-        cols = list(zip(*recs, strict=True))
-        ts = pa.array(ints[:, 0].copy())
-        return [
-            ts,
-            ts,
-            pa.array(ints[:, 1].copy()),
-            pa.array(ints[:, 2].astype(bool)),
-            *(pa.array(c, pa.string()) for c in cols[:2]),  # error, failure
-            pa.array(ints[:, 3].copy()),  # lag
-            *(pa.array(c, pa.string()) for c in cols[2:5]),  # advisor, key, raw
-            pa.array(cols[5], pa.float64()),
-            pa.array(cols[6], pa.float64()),
-            pa.array(cols[7], pa.int64()),
-            pa.array(cols[8], pa.int64()),
-        ]
-
-    def _sym(self, n: int) -> pa.Array:
-        return pa.array([self.symbol], pa.string()).take(pa.array(np.zeros(n, dtype=np.int64)))
-
-    def _columns(self, s: int, n: int, ints: np.ndarray, floats: np.ndarray) -> list[pa.Array]:
-        side = ("buy", "sell")
-        otype = ("limit", "market")
-        if s == K.O_KEV_QUEUE:
-            ts = pa.array(ints[:, 0].copy())
-            return [
-                ts,
-                ts,
-                pa.array(ints[:, 1].copy()),
-                _text(K.QUEUE_KINDS, ints[:, 2]),
-                pa.array(ints[:, 3].copy()),
-            ]
-        if s == K.O_KEV_REQUEST:
-            return [
-                pa.array(ints[:, 0].copy()),
-                pa.array(ints[:, 1].copy()),
-                pa.array(ints[:, 2].copy()),
-                self._sym(n),
-                _text(LABEL_NAMES, ints[:, 3]),
-                pa.array(ints[:, 4].copy()),
-                *(pa.array(floats[:, k].copy()) for k in range(4)),
-                pa.array(ints[:, 5].copy()),
-            ]
-        if s == K.O_KEV_RESPONSE and self.ask:
-            return self._response_columns(n, ints)
-        if s == K.O_KEV_RESPONSE:
-            ok = ints[:, 2].astype(bool)
-            keys, raws = [], []
-            for rid, good in zip(ints[:, 1].tolist(), ok.tolist(), strict=True):
-                if good:
-                    key, raw, _ = self._kev_texts(rid)
-                else:
-                    key = raw = ""
-                keys.append(key)
-                raws.append(raw)
-            ts = pa.array(ints[:, 0].copy())
-            zero_f = pa.array(np.zeros(n))
-            zero_i = pa.array(np.zeros(n, dtype=np.int64))
-            return [
-                ts,
-                ts,
-                pa.array(ints[:, 1].copy()),
-                pa.array(ok),
-                pa.array(["" if g else self.timeout_text for g in ok.tolist()], pa.string()),
-                pa.array(["" if g else "timeout" for g in ok.tolist()], pa.string()),  # failure
-                pa.array(ints[:, 3].copy()),
-                pa.array([self.advisor.name], pa.string()).take(zero_i),
-                pa.array(keys, pa.string()),
-                pa.array(raws, pa.string()),
-                zero_f,
-                zero_f,
-                zero_i,
-                zero_i,
-            ]
-        if s == K.O_COMMAND:
-            reasons = [self._kev_texts(rid)[2] for rid in ints[:, 3].tolist()]
-            return [
-                pa.array(ints[:, 0].copy()),
-                pa.array(ints[:, 1].copy()),
-                pa.array(ints[:, 2].copy()),
-                pa.array(ints[:, 3].copy()),
-                self._sym(n),
-                _text(ACTIONS, ints[:, 4]),
-                *(pa.array(floats[:, k].copy()) for k in range(3)),
-                pa.array(reasons, pa.string()),
-                pa.array(ints[:, 5].copy()),
-            ]
-        if s == K.O_RISK:
-            ts = pa.array(ints[:, 0].copy())
-            return [
-                ts,
-                ts,
-                _prefixed("dh-", ints[:, 1].copy()),
-                self._sym(n),
-                _text(("new", "cancel"), ints[:, 2]),
-                _text(side, ints[:, 3]),
-                _text(otype, ints[:, 4]),
-                pa.array(floats[:, 0].copy()),
-                pa.array(floats[:, 1].copy()),
-                _text(("quote", "kev", "flatten", "cancel"), ints[:, 5]),
-                pa.array(ints[:, 6].copy()),
-                pa.array(ints[:, 7].astype(bool)),
-                _text(K.REASON_TEXT, ints[:, 8]),
-            ]
-        if s == K.O_ORDER:
-            return [
-                pa.array(ints[:, 0].copy()),
-                pa.array(ints[:, 1].copy()),
-                _prefixed("dh-", ints[:, 2].copy()),
-                self._sym(n),
-                _text(K.ORDER_KINDS, ints[:, 3]),
-                _text(side, ints[:, 4]),
-                _text(otype, ints[:, 5]),
-                pa.array(floats[:, 0].copy()),
-                pa.array(floats[:, 1].copy()),
-                _text(K.REASON_TEXT, ints[:, 6]),
-            ]
-        if s == K.O_FILL:
-            return [
-                pa.array(ints[:, 0].copy()),
-                pa.array(ints[:, 1].copy()),
-                _prefixed("dh-", ints[:, 2].copy()),
-                self._sym(n),
-                _text(side, ints[:, 3]),
-                pa.array(floats[:, 0].copy()),
-                pa.array(floats[:, 1].copy()),
-                _text(("maker", "taker"), ints[:, 4]),
-                _decimal_array(ints[:, 5].copy()),
-                _decimal_array(ints[:, 6].copy()),
-                pa.array(floats[:, 2].copy()),
-            ]
-        # latency
-        start, end = ints[:, 0].copy(), ints[:, 1].copy()
-        ref_n = ints[:, 4]
-        is_kev = ints[:, 3] == K.REF_KEV
-        refs = pc.if_else(pa.array(is_kev), _prefixed("kev:", ref_n.copy()), _prefixed("dh-", ref_n.copy()))
-        return [
-            pa.array(start),
-            pa.array(end),
-            _text(K.SPAN_NAMES, ints[:, 2]),
-            refs,
-            pa.array(start),
-            pa.array(end),
-            pa.array(end - start),
-        ]
-
-
-_NO_SEQ: dict[str, pa.Schema] = {}
-
-
-def _no_seq(stream: str) -> pa.Schema:
-    s = _NO_SEQ.get(stream)
-    if s is None:
-        full = STREAMS[stream].schema
-        s = _NO_SEQ[stream] = pa.schema([f for f in full if f.name != "seq"])
-    return s
 
 
 def run_kernel(

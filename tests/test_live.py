@@ -23,9 +23,8 @@ import pytest
 
 from dualhub.cli import main
 from engine.clock import TimerKey
-from engine.core import Engine
+from engine.core import Engine, PortfolioView
 from engine.errors import DualhubError
-from engine.portfolio import Portfolio
 from engine.risk import OrderIntent
 from engine.store import open_session
 from engine.venues.bitget_v2_rest import Credentials, place_order_body
@@ -437,7 +436,7 @@ def test_crash_cancels_everything_at_the_venue(frames, tmp_path, monkeypatch):
 class _StubEngine:
     def __init__(self, clock):
         self.clock = clock
-        self.portfolio = Portfolio()
+        self.portfolio = PortfolioView(Decimal(0), Decimal(0), Decimal(0))
         self.calls = []
 
     def on_ack(self, oid, ts):
@@ -453,7 +452,8 @@ class _StubEngine:
         self.calls.append(("done", oid, reason))
 
     def on_fill(self, oid, px, qty, liquidity, ts):
-        self.portfolio.apply_fill("buy", px, qty, Decimal(0))
+        pf = self.portfolio
+        self.portfolio = PortfolioView(pf.position + Decimal(repr(qty)), pf.cash, pf.fees)  # a buy, fee-free
         self.calls.append(("fill", oid, px, qty, liquidity))
 
 

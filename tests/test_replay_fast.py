@@ -276,21 +276,6 @@ def test_loss_stop_regime_keeps_rejecting_the_same_way(session, tmp_path):
     assert "loss_stop" in reasons and "ok" in reasons
 
 
-def test_cached_risk_state_equals_a_fresh_one_per_intent(session, tmp_path, monkeypatch):
-    from engine.core import Engine
-
-    cfg = ReplayConfig(seed=3, fill_model="touch")
-    cfg = replace(
-        cfg, quotes=replace(cfg.quotes, requote_min_ns=0), risk=replace(cfg.risk, max_orders_per_s=4)
-    )
-    cached = run_replay(session, cfg, out_dir=tmp_path / "a")
-    monkeypatch.setattr(Engine, "_risk_state", lambda self, now: self._build_risk_state(now))
-    fresh = run_replay(session, cfg, out_dir=tmp_path / "b")
-    risk = pq.read_table(cached.run_dir / "events" / "risk.parquet").to_pylist()
-    assert {"ok", "order_rate"} <= {r["reason"] for r in risk}  # accepted and refused side by side
-    assert _files(cached) == _files(fresh)
-
-
 def test_skipped_trades_change_nothing(session, tmp_path, monkeypatch):
     """Trades reach the exchange only while an order rests, and the engine not at all (its on_trade
     is a no-op): delivering every trade everywhere gives the same run."""

@@ -265,7 +265,7 @@ def test_recorded_order_latencies_are_identical(session, tmp_path, monkeypatch, 
     runs, exchanges = [], []
     real_init, real_exchange = fast_path.KernelRun.__init__, driver.SimExchange
     monkeypatch.setattr(
-        fast_path.KernelRun, "__init__", lambda self, *a: runs.append(self) or real_init(self, *a)
+        fast_path.KernelRun, "__init__", lambda self, *a, **k: runs.append(self) or real_init(self, *a, **k)
     )
     monkeypatch.setattr(
         driver, "SimExchange", lambda *a, **k: exchanges.append(real_exchange(*a, **k)) or exchanges[-1]
@@ -275,7 +275,7 @@ def test_recorded_order_latencies_are_identical(session, tmp_path, monkeypatch, 
     x = exchanges[0]  # the Python run's: its recorded models count their fallbacks
     models = (x.entry_latency, x.response_latency, x.cancel_latency)
     py_misses = [getattr(m, "inner", m).misses for m in models]
-    (run,) = runs
+    (run,) = [r for r in runs if r.olat_models is not None]  # the compiled loop's (the other: per event)
     kn_misses = [int(run.olat[k, K.KEY_MISSES]) for k in (K.OLAT_ENTRY, K.OLAT_RESPONSE, K.OLAT_CANCEL)]
     assert kn_misses == py_misses and min(py_misses) > 0
 
@@ -720,6 +720,13 @@ def test_the_cli_says_which_engine_ran(session, tmp_path, capsys):
     k = orjson.loads((tmp_path / "k" / "manifest.json").read_bytes())
     p = orjson.loads((tmp_path / "p" / "manifest.json").read_bytes())
     assert k["digest"] == p["digest"]
+    # one engine, whichever drove it: runtime.json names the core and the hash of its sources
+    from engine.core import engine_identity
+
+    for run in ("k", "p"):
+        runtime = orjson.loads((tmp_path / run / "runtime.json").read_bytes())
+        assert {k: runtime[k] for k in ("engine", "engine_sha256")} == engine_identity()
+    assert engine_identity()["engine"] == "engine/kernel.py" and len(engine_identity()["engine_sha256"]) == 64
 
 
 @pytest.mark.parametrize("stats", [True, False])

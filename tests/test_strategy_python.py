@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from dualhub.cli import main
+from engine.core import engine_identity
 from engine.errors import DualhubError
 from engine.strategies import plugin, registry
 from live.runner import LiveConfig
@@ -198,6 +199,9 @@ def test_the_example_in_paper_live_replays_to_the_same_decisions(tmp_path, capsy
     assert m["engine_config"]["strategy"] == EXAMPLE
     assert m["engine_config"]["strategy_params"] == {"half_spread_ticks": 2.0}
     assert m["counts"]["order"] > 5
+    # live ran the engine a replay runs: the same core, by the hash of its sources
+    runtime = orjson.loads((run / "runtime.json").read_bytes())
+    assert {k: runtime[k] for k in ("engine", "engine_sha256")} == engine_identity()
     assert main(["parity", str(out)]) == 0  # every decision again, the Python strategy's included
     assert "no divergence: " in capsys.readouterr().out
     baseline = run_replay(

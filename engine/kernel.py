@@ -1,0 +1,1749 @@
+"""The decision core: the engine's state as arrays and its transitions as compiled functions.
+
+One implementation, driven two ways. The replay's compiled loop (``replay/kernel.py``) runs it over
+a session's merged walk, with the simulated venue (``venue/kernel.py``) in the same state; the engine
+of live mode and of the per-event replay (``engine/core.py``) calls the ``step_*`` entries one event at
+a time and owns the clock and the venue. Either way every decision is made here.
+
+The rules themselves are not here: each is a compiled function in the module that owns it, called
+from these transitions: the risk gateway's rules (``engine/risk.py``), quoting (``engine/strategies/``),
+Kev's target and rebalancing (``engine/strategy.py``), the rule advisor (``engine/kev/rules.py``), the
+Kev queue policy (``engine/kev/queue.py``) and the book rules (``engine/book.py``). What this file holds
+is the bookkeeping around them: the order, request and timer tables, the Kev request flow, money.
+
+Money: position, cash and fees are integers of 1e-12 (prices of ``px_decimals`` digits, checked to
+be their own shortest repr, as ``Decimal(repr(px))`` reads them), quantized half-even as
+``Decimal.quantize`` does. The loss stop is decided exactly on them (``engine.risk.loss_ok``).
+
+Layout: state lives in numpy arrays so a run can stop (an output buffer is full, a table must grow,
+Kev lags or order latencies must be drawn, an advisor that is not the compiled rule must answer a Kev
+request in Python) and resume where it stopped. Strings are codes; ``engine/state.py`` turns the rows
+into the event log's Arrow tables. An accepted order or cancel is only written to the order stream:
+whoever drives the core hands it to the venue (the replay loop to its simulated one, live mode to the
+exchange).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.book import imbalance_levels
+from engine.contract import round_exact, round_to_step
+from engine.exact import POW10, div_half_even, pmin, pyround  # noqa: F401 - tests call K.pyround
+from engine.jit import njit
+from engine.kev.queue import (  # noqa: F401 - the queue's codes, kernel names too
+    POLICY_CONFLATE,
+    POLICY_DROP_OLDEST,
+    POLICY_FIFO,
+    Q_ENQUEUED,
+    Q_LATE,
+    Q_STALE,
+    Q_TIMEOUT,
+    QUEUE_KINDS,
+    is_stale,
+    offer_plan,
+)
+from engine.kev.rules import A_FLATTEN, A_HOLD, A_LEAN_BUY, A_LEAN_SELL, rule_decide  # noqa: F401 - codes
+from engine.risk import (  # noqa: F401 - the gateway's codes, kernel names (BUY ... R_REDUCE_ONLY) too
+    BUY,
+    LIMIT,
+    MARKET,
+    N_RULES,
+    R_BAD_BOOK,
+    R_BAD_ORDER,
+    R_BAND,
+    R_KILL,
+    R_LOSS,
+    R_MAX_DELTA,
+    R_MAX_POS,
+    R_MAX_QTY,
+    R_NO_BOOK,
+    R_OK,
+    R_RATE,
+    R_REDUCE_ONLY,
+    R_SLIP,
+    R_STALE_ADVICE,
+    R_STALE_BOOK,
+    RATE_WINDOW_NS,
+    REASONS,
+    SELL,
+    SRC_CANCEL,
+    SRC_FLATTEN,
+    SRC_KEV,
+    SRC_QUOTE,
+    verdict,
+)
+from engine.strategies import registry
+from engine.strategy import NO_ORDER, kev_target, rebalance_order
+
+# ---------------------------------------------------------------- codes (shared with fast_path)
+INTENT_NEW, INTENT_CANCEL = 0, 1
+LIQ_MAKER, LIQ_TAKER = 0, 1
+# order status
+PENDING_NEW, LIVE, PENDING_CANCEL, DONE = 0, 1, 2, 3
+# order event kinds
+OK_NEW, OK_CANCEL, OK_ACK, OK_REJECT, OK_CANCEL_ACK, OK_DONE = 0, 1, 2, 3, 4, 5
+ORDER_KINDS = ("new", "cancel", "ack", "reject", "cancel_ack", "done")
+# reasons: engine.risk's R_* (REASONS indexes), then exchange reasons
+R_EMPTY, R_NO_MARKET, R_FILLED, R_IOC, R_CANCEL_NOT_FOUND, R_REDUCE_REJECTED = 15, 16, 17, 18, 19, 20
+REASON_TEXT = (
+    *REASONS,
+    "",
+    "no_market",
+    "filled",
+    "ioc_remainder_expired",
+    "cancel_rejected:order_not_found",
+    "reduce_only_rejected",
+)
+# labels by class index (engine.core.LABEL_NAMES)
+L_HOLD, L_BUY, L_SELL, L_EMERGENCY = 0, 1, 2, 3
+# latency span names; refs are "dh-N" (order) or "kev:N" (request)
+SPAN_TICK_TO_ORDER, SPAN_ORDER_ENTRY, SPAN_KEV_QUEUE, SPAN_KEV = 0, 1, 2, 3
+SPAN_NAMES = ("tick_to_order", "order_entry", "kev_queue", "kev")
+REF_ORDER, REF_KEV = 0, 1
+
+# timer kinds
+T_ARRIVE, T_ARRIVE_CANCEL, T_REPORT, T_KEV_TIMEOUT, T_KEV_DONE = 0, 1, 2, 3, 4
+M_ACK, M_REJECT, M_CANCEL_ACK, M_DONE, M_FILL = 0, 1, 2, 3, 4
+PRIO_KEV, PRIO_EXCH_IN, PRIO_EXCH_OUT = 52, 61, 62
+
+# statuses
+ST_DONE, ST_OUT_FULL, ST_GROW_ORDERS, ST_GROW_HEAP, ST_GROW_REQUESTS, ST_NEED_LAGS = 0, 1, 2, 3, 4, 5
+ST_NEED_LATENCIES = 6
+ST_GROW_WORK = 7  # the working-order list must grow (fast_path doubles it) before the next step
+ST_NEED_KEV = 8  # a Kev request started whose advisor answers in Python (C_KEV_ASK): fast_path answers it
+ST_UNSUPPORTED = 9
+# why unsupported
+U_NONE, U_ROUND, U_PX_DECIMALS, U_OVERFLOW, U_TABLE, U_LOOK_AHEAD = 0, 1, 2, 3, 4, 5
+UNSUPPORTED_TEXT = (
+    "",
+    "a value round() cannot reproduce exactly here",
+    "a fill price that is not a short decimal",
+    "money beyond int64",
+    "more working orders or queued Kev requests than the kernel's tables hold",
+    "a label asked for before its book was received",
+)
+
+# ---------------------------------------------------------------- state layout
+# S (int64 scalars)
+(
+    S_NOW,
+    S_OID,
+    S_RID,
+    S_CMD_ID,
+    S_LABELS,
+    S_LAST_KEV_OFFER,
+    S_EMERGENCY_UNTIL,
+    S_LAST_REQUOTE,
+    S_LAST_REBALANCE,
+    S_ENG_ROW,
+    S_XBOOK,
+    S_KILL,
+    S_CMD,
+    S_CMD_ACTION,
+    S_CMD_TS_RECV,
+    S_CMD_VALID_UNTIL,
+    S_HEAP_N,
+    S_HEAP_SEQ,
+    S_NWORK,
+    S_NREST,
+    S_RECENT_HEAD,
+    S_RECENT_TAIL,
+    S_KQ_N,
+    S_INFLIGHT_N,
+    S_POS,
+    S_CASH,
+    S_FEES,
+    S_LAG_USED,
+    S_LAG_N,
+    S_WALK,
+    S_WHY,
+    S_NREQ_CAP,
+    S_ENG_BOOK,
+    S_RID_OLDEST,
+) = range(34)
+S_LAST_LABEL_NAME = 34  # engine.label, as its class index
+S_OLDEST = 35  # the oldest order that may still be in use
+S_OLAT_USED = 36  # 36..38: how many of each row of olat (OLAT_*) the run has used
+S_KEV_ASKED = 39  # Kev requests started and not answered yet (C_KEV_ASK): they wait in RI_OK == -1
+S_SENT = 40  # order rows of the output buffer the replay loop has handed to its simulated venue
+S_SIZE = 41
+# SF (float64 scalars)
+SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
+SF_XPOS = 3  # the position as the simulated venue knows it (SimExchange.position)
+SF_SIZE = 8
+# C (int64 config)
+(
+    C_REQUOTE_MIN,
+    C_REBALANCE_MIN,
+    C_EMERGENCY_HOLD,
+    C_KEV_MIN_INTERVAL,
+    C_KEV_QUEUE_MAX,
+    C_KEV_POLICY,
+    C_KEV_MAX_IN_FLIGHT,
+    C_KEV_TIMEOUT,
+    C_KEV_STALE,
+    C_KEV_TTL,
+    C_FILL_MODEL,
+    C_STRATEGY,  # the strategy's kind code (engine.strategies.registry.KINDS)
+    C_MAX_ORDERS_PER_S,
+    C_STALE_BOOK,
+    C_MAX_ADVICE_AGE,
+    C_PX_DECIMALS,
+    C_MAKER_NUM,
+    C_MAKER_EXP,
+    C_TAKER_NUM,
+    C_TAKER_EXP,
+) = range(20)
+# 1: the caller owns the clock (engine/core.py: live mode, the per-event replay): Kev timeouts are its
+# timers (step_timer), the heap holds nothing. 0: the replay loop, whose heap holds every timer.
+C_EXTERNAL = 27
+C_OLAT_KEYED = 28  # 28..30: 1 where olat row OLAT_* is a recorded table looked up by the draw's time
+C_KEV_ASK = 31  # 1: the advisor is Python's (cassette, LLM); 0: the compiled rule advisor decides
+C_RISK_RULES = 32  # 32..: the risk rules to run, in order (engine.risk.rule_codes: N_RULES codes)
+C_SIZE = C_RISK_RULES + N_RULES
+# CF (float64 config)
+(
+    CF_TICK,
+    CF_SIZE_STEP,
+    CF_MIN_QTY,
+    CF_QUOTE_QTY,
+    CF_MAX_POSITION,
+    CF_MAX_DELTA,
+    CF_MAX_ORDER_QTY,
+    CF_MAX_SLIP,
+    CF_BAND,
+    CF_LOSS_STOP,
+    CF_QUEUE_N,
+    CF_STEP_FRACTION,
+    CF_MIN_PROB,
+) = range(13)
+CF_PARAMS = 16  # 16..: the strategy's parameters (registry.MAX_PARAMS)
+CF_SIZE = CF_PARAMS + registry.MAX_PARAMS
+
+# Per-order table: OI (int64) / OF (float64) columns, a ring: order N lives in row N & (rows - 1). A row
+# is taken again only once its order is done, off the book and named by no pending timer (S_OLDEST).
+OI_SIDE, OI_TYPE, OI_SENT, OI_STATUS, OI_REDUCE, OI_SOURCE = 0, 1, 2, 3, 4, 5
+OI_OID, OI_REFS, OI_RESTING = 6, 7, 8  # the slot's order, its pending timers, resting at the exchange
+OI_COLS = 9
+OF_PX, OF_QTY, OF_FILLED, OF_SLIP, OF_XFILLED, OF_AHEAD, OF_LEVEL, OF_TRADED = 0, 1, 2, 3, 4, 5, 6, 7
+OF_COLS = 8
+# Per-request table (row = request id): RI / RF
+RI_TS, RI_LABEL, RI_LABEL_SEQ, RI_ACTION, RI_WHY, RI_STARTED = 0, 1, 2, 3, 4, 5
+# RI_OK: the reply is a valid command (1), is not (0), is not there yet (-1); RI_DONE_SEQ: its timer's seq
+RI_OK, RI_DONE_SEQ = 6, 7
+RI_COLS = 8
+RF_P, RF_MID, RF_SPREAD, RF_IMB, RF_POS, RF_TARGET, RF_HEDGE, RF_SLIP, RF_MAXPOS = 0, 1, 2, 3, 4, 5, 6, 7, 8
+RF_COLS = 9
+# Timer heap: HI (ts, prio, seq, kind, a, b, c), HF (f1, f2)
+HI_COLS, HF_COLS = 7, 2
+# Order latencies drawn ahead, one row per model (each its own random stream, drawn in the order
+# SimExchange draws it): olat[OLAT_*, S[S_OLAT_USED + OLAT_*]] is the next one.
+OLAT_ENTRY, OLAT_RESPONSE, OLAT_CANCEL = 0, 1, 2
+# A recorded model's row (C_OLAT_KEYED) is its whole table instead (venue.recorded_latency): the number
+# of keys n, the fallback, the misses so far, then from KEY_HEAD the n keys ascending, each key's next
+# and end position in the row, and the durations grouped by key, each key's in recorded order.
+KEY_N, KEY_FALLBACK, KEY_MISSES, KEY_HEAD = 0, 1, 2, 3
+
+# Output streams: index, int columns, float columns
+O_KEV_QUEUE, O_KEV_REQUEST, O_KEV_RESPONSE, O_COMMAND, O_RISK, O_ORDER, O_FILL, O_LATENCY = range(8)
+OUT_STREAMS = ("kev_queue", "kev_request", "kev_response", "command", "risk", "order", "fill", "latency")
+# kev_queue: ts, request_id, kind, depth
+# kev_request: ts_event, ts_recv, request_id, label, label_seq, queue_wait | mid, spread, imbalance, position
+# kev_response: ts, request_id, ok, lag_ns, timeout (1) or reply (0)
+# command: ts_event, ts_recv, command_id, request_id, action, valid_until | target, hedge, slip
+# risk: ts, oid, intent, side, type, source, advice_age, accepted, reason | px, qty
+# order: ts_event, ts_recv, oid, kind, side, type, reason | px, qty
+# fill: ts_event, ts_recv, oid, side, liquidity, notional_units, fee_units | px, qty, position_after
+# latency: start, end, name, ref_kind, ref_n
+OUT_ICOLS = np.array([4, 6, 5, 6, 9, 7, 7, 5], dtype=np.int64)
+OUT_FCOLS = np.array([1, 4, 1, 3, 2, 2, 3, 1], dtype=np.int64)
+OUT_MAXI, OUT_MAXF = 9, 4
+
+# Headroom checked before each walk entry and each timer: no single step emits more than this.
+MARGIN = 256
+# First sizes of the working-order list (work holds it, then two scratch copies of its size), the
+# resting orders (rest: them, then one scratch copy) and the Kev queue and in-flight tables (at least
+# the config's queue and in-flight limits: they never fill). The working list grows through
+# ST_GROW_WORK: one step adds fewer than STEP_ORDERS orders (a requote two, a rebalance one).
+WORK_CAP, REST_CAP, KQ_CAP = 64, 64, 16
+STEP_ORDERS = 16
+EPS = 1e-12
+NAN = math.nan
+
+# ---------------------------------------------------------------- output
+
+
+# ---------------------------------------------------------------- timer heap
+
+
+@njit
+def _heap_push(S, HI, HF, OI, ts, prio, kind, a, b, c6, f1, f2):
+    seq = S[S_HEAP_SEQ]
+    S[S_HEAP_SEQ] = seq + 1
+    _heap_insert(S, HI, HF, OI, ts, prio, seq, kind, a, b, c6, f1, f2)
+
+
+@njit
+def _heap_insert(S, HI, HF, OI, ts, prio, seq, kind, a, b, c6, f1, f2):
+    """A timer under a seq taken earlier (_heap_push takes the next)."""
+    if kind <= T_REPORT:  # the timer names order a: its row stays taken until the timer ran
+        OI[a & (OI.shape[0] - 1), OI_REFS] += 1
+    n = S[S_HEAP_N]
+    i = n
+    S[S_HEAP_N] = n + 1
+    # sift up
+    while i > 0:
+        parent = (i - 1) >> 1
+        pt, pp, ps = HI[parent, 0], HI[parent, 1], HI[parent, 2]
+        if pt < ts or (pt == ts and (pp < prio or (pp == prio and ps < seq))):
+            break
+        for c in range(HI_COLS):
+            HI[i, c] = HI[parent, c]
+        HF[i, 0] = HF[parent, 0]
+        HF[i, 1] = HF[parent, 1]
+        i = parent
+    HI[i, 0] = ts
+    HI[i, 1] = prio
+    HI[i, 2] = seq
+    HI[i, 3] = kind
+    HI[i, 4] = a
+    HI[i, 5] = b
+    HI[i, 6] = c6
+    HF[i, 0] = f1
+    HF[i, 1] = f2
+
+
+@njit(inline="always")
+def _less(HI, i, j):
+    a0, b0 = HI[i, 0], HI[j, 0]
+    if a0 != b0:
+        return a0 < b0
+    a1, b1 = HI[i, 1], HI[j, 1]
+    if a1 != b1:
+        return a1 < b1
+    return HI[i, 2] < HI[j, 2]
+
+
+@njit
+def _heap_pop(S, HI, HF, tmpi, tmpf):
+    """Pop the least timer into tmpi/tmpf."""
+    n = S[S_HEAP_N] - 1
+    S[S_HEAP_N] = n
+    for c in range(HI_COLS):
+        tmpi[c] = HI[0, c]
+    tmpf[0] = HF[0, 0]
+    tmpf[1] = HF[0, 1]
+    if n == 0:
+        return
+    # move last to root and sift down
+    for c in range(HI_COLS):
+        HI[0, c] = HI[n, c]
+    HF[0, 0] = HF[n, 0]
+    HF[0, 1] = HF[n, 1]
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= n:
+            break
+        m = left
+        right = left + 1
+        if right < n and _less(HI, right, left):
+            m = right
+        if not _less(HI, m, i):
+            break
+        for c in range(HI_COLS):
+            t = HI[i, c]
+            HI[i, c] = HI[m, c]
+            HI[m, c] = t
+        for c in range(HF_COLS):
+            t2 = HF[i, c]
+            HF[i, c] = HF[m, c]
+            HF[m, c] = t2
+        i = m
+
+
+@njit
+def _px_units(px, dec):
+    """``Decimal(repr(px))`` as an integer of 10**-dec, or -1 << 62 when it is not one."""
+    p = POW10[dec]
+    v = px * p
+    if not (abs(v) < 1e15):
+        return -(1 << 62)
+    n = np.rint(v)
+    if n / p != px:
+        return -(1 << 62)
+    return np.int64(n)
+
+
+@njit
+def _qty_units(q):
+    """``Decimal(repr(q))`` as an integer of 1e-12, for sizes rounded to 12 digits (or shorter)."""
+    v = q * 1e12
+    if not (abs(v) < 1e15):
+        return -(1 << 62)
+    n = np.rint(v)
+    if n / 1e12 != q:
+        return -(1 << 62)
+    return np.int64(n)
+
+
+@njit
+def headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight):
+    """Room for one more step (ST_DONE), or the stop that makes it (ST_*): the replay loop checks it
+    before each walk entry and timer, an engine driven per event before each event."""
+    return _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
+
+
+@njit
+def _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight):
+    if S[S_KEV_ASKED] > 0:  # the previous step started requests the advisor must answer first
+        return ST_NEED_KEV
+    for s in range(8):
+        if NOUT[s] + MARGIN > out_cap:
+            return ST_OUT_FULL
+    # the ring: the next MARGIN orders must find rows no order in use holds
+    mask = OI.shape[0] - 1
+    oldest = S[S_OLDEST]
+    while oldest <= S[S_OID]:
+        r = oldest & mask
+        if OI[r, OI_OID] == oldest and (
+            OI[r, OI_STATUS] != DONE or OI[r, OI_REFS] != 0 or OI[r, OI_RESTING] != 0
+        ):
+            break  # still in use (an order the risk gateway refused never took a row)
+        oldest += 1
+    S[S_OLDEST] = oldest
+    if S[S_OID] + MARGIN - oldest >= OI.shape[0]:
+        return ST_GROW_ORDERS
+    if S[S_HEAP_N] + MARGIN >= HI.shape[0]:
+        return ST_GROW_HEAP
+    if S[S_RID] + MARGIN - S[S_RID_OLDEST] >= RI.shape[0]:  # requests live in a ring, as orders do
+        return ST_GROW_REQUESTS
+    if S[S_NWORK] + STEP_ORDERS > work.shape[0] // 3:
+        return ST_GROW_WORK
+    if S[S_LAG_USED] + inflight.shape[0] > S[S_LAG_N]:  # a step starts fewer requests than fit in flight
+        return ST_NEED_LAGS
+    for k in range(3):  # a step sends fewer than MARGIN orders, cancels and reports
+        if S[S_OLAT_USED + k] + MARGIN > olat.shape[1]:
+            return ST_NEED_LATENCIES
+    return ST_DONE
+
+
+@njit
+def _order_event(OUTI, OUTF, NOUT, OI, OF, oid, kind, ts_event, ts_recv, reason):
+    k = NOUT[O_ORDER]
+    NOUT[O_ORDER] = k + 1
+    OUTI[O_ORDER, k, 0] = ts_event
+    OUTI[O_ORDER, k, 1] = ts_recv
+    OUTI[O_ORDER, k, 2] = oid
+    OUTI[O_ORDER, k, 3] = kind
+    OUTI[O_ORDER, k, 4] = OI[oid & (OI.shape[0] - 1), OI_SIDE]
+    OUTI[O_ORDER, k, 5] = OI[oid & (OI.shape[0] - 1), OI_TYPE]
+    OUTI[O_ORDER, k, 6] = reason
+    OUTF[O_ORDER, k, 0] = OF[oid & (OF.shape[0] - 1), OF_PX]
+    OUTF[O_ORDER, k, 1] = OF[oid & (OF.shape[0] - 1), OF_QTY]
+
+
+@njit
+def _span(OUTI, NOUT, name, ref_kind, ref_n, start, end):
+    k = NOUT[O_LATENCY]
+    NOUT[O_LATENCY] = k + 1
+    OUTI[O_LATENCY, k, 0] = start
+    OUTI[O_LATENCY, k, 1] = end
+    OUTI[O_LATENCY, k, 2] = name
+    OUTI[O_LATENCY, k, 3] = ref_kind
+    OUTI[O_LATENCY, k, 4] = ref_n
+
+
+@njit
+def _queue_note(OUTI, NOUT, now, rid, kind, depth):
+    k = NOUT[O_KEV_QUEUE]
+    NOUT[O_KEV_QUEUE] = k + 1
+    OUTI[O_KEV_QUEUE, k, 0] = now
+    OUTI[O_KEV_QUEUE, k, 1] = rid
+    OUTI[O_KEV_QUEUE, k, 2] = kind
+    OUTI[O_KEV_QUEUE, k, 3] = depth
+
+
+@njit
+def _risk_row(OUTI, OUTF, NOUT, now, oid, intent, side, otype, source, age, ok, reason, px, qty):
+    k = NOUT[O_RISK]
+    NOUT[O_RISK] = k + 1
+    OUTI[O_RISK, k, 0] = now
+    OUTI[O_RISK, k, 1] = oid
+    OUTI[O_RISK, k, 2] = intent
+    OUTI[O_RISK, k, 3] = side
+    OUTI[O_RISK, k, 4] = otype
+    OUTI[O_RISK, k, 5] = source
+    OUTI[O_RISK, k, 6] = age
+    OUTI[O_RISK, k, 7] = 1 if ok else 0
+    OUTI[O_RISK, k, 8] = reason
+    OUTF[O_RISK, k, 0] = px
+    OUTF[O_RISK, k, 1] = qty
+
+
+@njit
+def _position(S):
+    return S[S_POS] / 1e12
+
+
+@njit
+def _check_new(
+    S,
+    C,
+    CF,
+    OI,
+    OF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    side,
+    otype,
+    px,
+    qty,
+    reduce_only,
+    slip,
+    source,
+    age,
+    now,
+    lpx,
+    lq,
+):
+    """engine.risk.verdict, with the configured rules, on the engine's state for a new order; returns
+    the reason code (R_OK when accepted)."""
+    # open quantities of working orders, summed in insertion order as _build_risk_state does
+    buy = 0.0
+    sell = 0.0
+    for w in range(S[S_NWORK]):
+        o = work[w]
+        if OI[o & (OI.shape[0] - 1), OI_SIDE] == BUY:
+            buy += OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_FILLED]
+        else:
+            sell += OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_FILLED]
+    # accepted new orders in the rate window: the ring drops the older ones (now never goes back)
+    cutoff = now - RATE_WINDOW_NS
+    head = S[S_RECENT_HEAD]
+    tail = S[S_RECENT_TAIL]
+    while head < tail and recent[head % recent.shape[0]] <= cutoff:
+        head += 1
+    S[S_RECENT_HEAD] = head
+    has_book = S[S_ENG_BOOK] != 0
+    # the limits in engine.risk.L_* order; a tuple: no allocation per check
+    lim = (
+        CF[CF_MAX_POSITION],
+        CF[CF_MAX_DELTA],
+        CF[CF_MAX_ORDER_QTY],
+        CF[CF_MAX_SLIP],
+        CF[CF_BAND],
+        float(C[C_MAX_ORDERS_PER_S]),
+        float(C[C_STALE_BOOK]),
+        CF[CF_LOSS_STOP],
+        float(C[C_MAX_ADVICE_AGE]),
+    )
+    # position and cash (integers of 1e-12) as the rules' two words each: hi * 2**32 + lo
+    return verdict(
+        lim,
+        C[C_RISK_RULES : C_RISK_RULES + N_RULES],
+        S[S_POS] >> 32,
+        S[S_POS] & 0xFFFFFFFF,
+        S[S_CASH] >> 32,
+        S[S_CASH] & 0xFFFFFFFF,
+        buy,
+        sell,
+        tail - head,
+        S[S_KILL] != 0,
+        side,
+        otype,
+        px,
+        qty,
+        reduce_only,
+        slip,
+        source,
+        age,
+        has_book,
+        eng_book[0],
+        eng_book[15],
+        eng_book[30],
+        eng_book[45],
+        eng_book,
+        b_loc[S[S_ENG_ROW]] if has_book else 0,
+        now,
+        lpx,
+        lq,
+    )
+
+
+@njit
+def _send_new(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    HI,
+    HF,
+    olat,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    side,
+    otype,
+    px,
+    qty,
+    origin,
+    slip,
+    reduce_only,
+    source,
+    age,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    oid = S[S_OID] + 1
+    S[S_OID] = oid
+    now = S[S_NOW]
+    reason = _check_new(
+        S,
+        C,
+        CF,
+        OI,
+        OF,
+        work,
+        recent,
+        eng_book,
+        b_loc,
+        side,
+        otype,
+        px,
+        qty,
+        reduce_only,
+        slip,
+        source,
+        age,
+        now,
+        lpx,
+        lq,
+    )
+    if S[S_WHY] != U_NONE:
+        return
+    ok = reason == R_OK
+    _risk_row(OUTI, OUTF, NOUT, now, oid, INTENT_NEW, side, otype, source, age, ok, reason, px, qty)
+    if not ok:
+        return
+    tail = S[S_RECENT_TAIL]
+    if tail - S[S_RECENT_HEAD] >= recent.shape[0]:
+        S[S_WHY] = U_TABLE
+        return
+    recent[tail % recent.shape[0]] = now
+    S[S_RECENT_TAIL] = tail + 1
+    OI[oid & (OI.shape[0] - 1), OI_OID] = oid
+    OI[oid & (OI.shape[0] - 1), OI_REFS] = 0
+    OI[oid & (OI.shape[0] - 1), OI_RESTING] = 0
+    OI[oid & (OI.shape[0] - 1), OI_SIDE] = side
+    OI[oid & (OI.shape[0] - 1), OI_TYPE] = otype
+    OI[oid & (OI.shape[0] - 1), OI_SENT] = now
+    OI[oid & (OI.shape[0] - 1), OI_STATUS] = PENDING_NEW
+    OI[oid & (OI.shape[0] - 1), OI_REDUCE] = 1 if reduce_only else 0
+    OI[oid & (OI.shape[0] - 1), OI_SOURCE] = source
+    OF[oid & (OF.shape[0] - 1), OF_PX] = px
+    OF[oid & (OF.shape[0] - 1), OF_QTY] = qty
+    OF[oid & (OF.shape[0] - 1), OF_FILLED] = 0.0
+    OF[oid & (OF.shape[0] - 1), OF_SLIP] = slip
+    nw = S[S_NWORK]
+    if nw >= work.shape[0] // 3:  # unreachable: _headroom grows the list first
+        S[S_WHY] = U_TABLE
+        return
+    work[nw] = oid
+    S[S_NWORK] = nw + 1
+    _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_NEW, now, now, R_EMPTY)
+    _span(OUTI, NOUT, SPAN_TICK_TO_ORDER, REF_ORDER, oid, origin, now)
+
+
+@njit
+def _send_cancel(S, C, OI, OF, HI, HF, olat, oid, OUTI, OUTF, NOUT):
+    now = S[S_NOW]
+    _risk_row(
+        OUTI,
+        OUTF,
+        NOUT,
+        now,
+        oid,
+        INTENT_CANCEL,
+        OI[oid & (OI.shape[0] - 1), OI_SIDE],
+        OI[oid & (OI.shape[0] - 1), OI_TYPE],
+        SRC_CANCEL,
+        -1,
+        True,
+        R_OK,
+        OF[oid & (OF.shape[0] - 1), OF_PX],
+        OF[oid & (OF.shape[0] - 1), OF_QTY] - OF[oid & (OF.shape[0] - 1), OF_FILLED],
+    )
+    OI[oid & (OI.shape[0] - 1), OI_STATUS] = PENDING_CANCEL
+    _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_CANCEL, now, now, R_EMPTY)
+
+
+@njit
+def _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
+    n = S[S_NWORK]
+    cap = work.shape[0] // 3
+    snapshot = work[cap : 2 * cap]  # scratch: the list as it was (cancels do not change it)
+    for w in range(n):
+        snapshot[w] = work[w]
+    for w in range(n):
+        o = snapshot[w]
+        if OI[o & (OI.shape[0] - 1), OI_TYPE] == LIMIT and (
+            OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
+            or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
+        ):
+            _send_cancel(S, C, OI, OF, HI, HF, olat, o, OUTI, OUTF, NOUT)
+
+
+@njit
+def _finish(S, OI, work, oid):
+    OI[oid & (OI.shape[0] - 1), OI_STATUS] = DONE
+    n = S[S_NWORK]
+    for w in range(n):
+        if work[w] == oid:
+            for v in range(w, n - 1):
+                work[v] = work[v + 1]
+            S[S_NWORK] = n - 1
+            return
+
+
+@njit
+def _target(S, SF, CF, now):
+    flatten = S[S_CMD_ACTION] == A_FLATTEN
+    m = CF[CF_MAX_POSITION]
+    return kev_target(S[S_CMD] != 0, now, S[S_CMD_VALID_UNTIL], flatten, SF[SF_CMD_TARGET], m)
+
+
+@njit
+def _requote(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    HI,
+    HF,
+    olat,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    origin,
+    force,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    now = S[S_NOW]
+    if S[S_ENG_BOOK] == 0 or (not force and now - S[S_LAST_REQUOTE] < C[C_REQUOTE_MIN]):
+        return
+    S[S_LAST_REQUOTE] = now
+    if now < S[S_EMERGENCY_UNTIL] or S[S_KILL] != 0:
+        _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)
+        return
+    qq = CF[CF_QUOTE_QTY]
+    tick = CF[CF_TICK]
+    want_buy, bid_px, want_sell, ask_px = registry.quote(
+        C[C_STRATEGY],
+        eng_book,
+        tick,
+        qq,
+        S[S_LAST_LABEL_NAME],
+        _position(S),
+        _target(S, SF, CF, now),
+        CF[CF_MAX_POSITION],
+        CF[CF_PARAMS:],
+    )
+    if S[S_NWORK] == 0:
+        if want_buy:
+            _send_new(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                HI,
+                HF,
+                olat,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                BUY,
+                LIMIT,
+                bid_px,
+                qq,
+                origin,
+                NAN,
+                False,
+                SRC_QUOTE,
+                -1,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
+            if S[S_WHY] != U_NONE:
+                return
+        if want_sell:
+            _send_new(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                HI,
+                HF,
+                olat,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                SELL,
+                LIMIT,
+                ask_px,
+                qq,
+                origin,
+                NAN,
+                False,
+                SRC_QUOTE,
+                -1,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
+        return
+    half_tick = tick / 2
+    for side in range(2):
+        want = want_buy if side == BUY else want_sell
+        qpx = bid_px if side == BUY else ask_px
+        n = S[S_NWORK]
+        sel = work[2 * (work.shape[0] // 3) :]  # scratch: this side's working limit orders
+        m = 0
+        for w in range(n):
+            o = work[w]
+            if OI[o & (OI.shape[0] - 1), OI_SIDE] == side and OI[o & (OI.shape[0] - 1), OI_TYPE] == LIMIT:
+                sel[m] = o
+                m += 1
+        keep = False
+        if want:
+            for j in range(m):
+                if abs(OF[sel[j] & (OF.shape[0] - 1), OF_PX] - qpx) < half_tick:
+                    keep = True
+                    break
+        for j in range(m):
+            o = sel[j]
+            if not keep and (
+                OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
+                or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
+            ):
+                _send_cancel(S, C, OI, OF, HI, HF, olat, o, OUTI, OUTF, NOUT)
+        if want and m == 0:
+            _send_new(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                HI,
+                HF,
+                olat,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                side,
+                LIMIT,
+                qpx,
+                qq,
+                origin,
+                NAN,
+                False,
+                SRC_QUOTE,
+                -1,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
+            if S[S_WHY] != U_NONE:
+                return
+
+
+@njit
+def _rebalance(
+    S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
+):
+    now = S[S_NOW]
+    if S[S_CMD] == 0 or now > S[S_CMD_VALID_UNTIL] or S[S_ENG_BOOK] == 0:
+        return
+    if now - S[S_LAST_REBALANCE] < C[C_REBALANCE_MIN]:
+        return
+    side, qty = rebalance_order(
+        _target(S, SF, CF, now),
+        _position(S),
+        CF[CF_QUOTE_QTY],
+        CF[CF_MAX_ORDER_QTY],
+        CF[CF_SIZE_STEP],
+        CF[CF_MIN_QTY],
+    )
+    if side == NO_ORDER:
+        return
+    for w in range(S[S_NWORK]):
+        if OI[work[w] & (OI.shape[0] - 1), OI_TYPE] == MARKET:
+            return
+    S[S_LAST_REBALANCE] = now
+    flatten = S[S_CMD_ACTION] == A_FLATTEN
+    _send_new(
+        S,
+        SF,
+        C,
+        CF,
+        OI,
+        OF,
+        HI,
+        HF,
+        olat,
+        work,
+        recent,
+        eng_book,
+        b_loc,
+        side,
+        MARKET,
+        NAN,
+        qty,
+        origin,
+        SF[SF_CMD_SLIP],
+        flatten,
+        SRC_FLATTEN if flatten else SRC_KEV,
+        now - S[S_CMD_TS_RECV],
+        OUTI,
+        OUTF,
+        NOUT,
+        lpx,
+        lq,
+    )
+
+
+@njit
+def _on_label(
+    r,
+    label_id,
+    p_label32,
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    olat,
+    work,
+    rest,
+    kq,
+    inflight,
+    recent,
+    eng_book,
+    x_book,
+    b_loc,
+    levels,
+    level_row0,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    now = S[S_NOW]
+    S[S_LAST_LABEL_NAME] = label_id
+    origin = b_loc[r]
+    if label_id == L_EMERGENCY:
+        S[S_EMERGENCY_UNTIL] = now + C[C_EMERGENCY_HOLD]
+        _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)
+    if label_id != L_HOLD and now - S[S_LAST_KEV_OFFER] >= C[C_KEV_MIN_INTERVAL]:
+        _offer_kev(
+            r,
+            label_id,
+            float(p_label32),
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            RI,
+            RF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            levels,
+            level_row0,
+            kq,
+            inflight,
+            lags,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+        if S[S_WHY] != U_NONE:
+            return
+    if now - S[S_LAST_REQUOTE] >= C[C_REQUOTE_MIN]:
+        _requote(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            olat,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            origin,
+            False,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+        if S[S_WHY] != U_NONE:
+            return
+    if S[S_CMD] != 0 and now <= S[S_CMD_VALID_UNTIL] and now - S[S_LAST_REBALANCE] >= C[C_REBALANCE_MIN]:
+        _rebalance(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            olat,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            origin,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+
+
+@njit
+def _offer_kev(
+    r,
+    label_id,
+    p_label,
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    levels,
+    level_row0,
+    kq,
+    inflight,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    now = S[S_NOW]
+    S[S_LAST_KEV_OFFER] = now
+    rid = S[S_RID] + 1
+    S[S_RID] = rid
+    # the labelled book's levels (the tape row r)
+    j = r - level_row0
+    bid0 = levels[j, 0]
+    ask0 = levels[j, 30]
+    mid = (bid0 + ask0) / 2.0
+    spread = round_exact(ask0 - bid0, 10)
+    imb = round_exact(imbalance_levels(levels[j]), 6)
+    p = round_exact(p_label, 6)
+    RI[rid & (RI.shape[0] - 1), RI_TS] = now
+    RI[rid & (RI.shape[0] - 1), RI_LABEL] = label_id
+    RI[rid & (RI.shape[0] - 1), RI_LABEL_SEQ] = S[S_LABELS] - 1
+    RF[rid & (RF.shape[0] - 1), RF_P] = p
+    RF[rid & (RF.shape[0] - 1), RF_MID] = mid
+    RF[rid & (RF.shape[0] - 1), RF_SPREAD] = spread
+    RF[rid & (RF.shape[0] - 1), RF_IMB] = imb
+    RF[rid & (RF.shape[0] - 1), RF_POS] = _position(S)
+    RF[rid & (RF.shape[0] - 1), RF_MAXPOS] = CF[CF_MAX_POSITION]
+    # KevQueue.offer
+    n = S[S_KQ_N]
+    drop, kind, enqueue = offer_plan(C[C_KEV_POLICY], n, C[C_KEV_QUEUE_MAX])
+    for _ in range(drop):
+        old = kq[0]
+        for v in range(n - 1):
+            kq[v] = kq[v + 1]
+        n -= 1
+        _queue_note(OUTI, NOUT, now, old, kind, n)
+    if not enqueue:
+        _queue_note(OUTI, NOUT, now, rid, kind, n)
+        S[S_KQ_N] = n
+        _kev_pump(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            RI,
+            RF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            kq,
+            inflight,
+            lags,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+        return
+    if n >= kq.shape[0]:  # unreachable: the table holds the configured queue
+        S[S_WHY] = U_TABLE
+        return
+    kq[n] = rid
+    n += 1
+    S[S_KQ_N] = n
+    _queue_note(OUTI, NOUT, now, rid, Q_ENQUEUED, n)
+    _kev_pump(
+        S,
+        SF,
+        C,
+        CF,
+        OI,
+        OF,
+        RI,
+        RF,
+        HI,
+        HF,
+        work,
+        recent,
+        eng_book,
+        b_loc,
+        kq,
+        inflight,
+        lags,
+        OUTI,
+        OUTF,
+        NOUT,
+        lpx,
+        lq,
+    )
+
+
+@njit
+def _kev_pump(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    kq,
+    inflight,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    while S[S_INFLIGHT_N] < C[C_KEV_MAX_IN_FLIGHT]:
+        if not _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
+            break
+
+
+@njit
+def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
+    now = S[S_NOW]
+    n = S[S_KQ_N]
+    rid = -1
+    while n > 0:  # KevQueue.take
+        c = kq[0]
+        for v in range(n - 1):
+            kq[v] = kq[v + 1]
+        n -= 1
+        if is_stale(now, RI[c & (RI.shape[0] - 1), RI_TS], C[C_KEV_STALE]):
+            _queue_note(OUTI, NOUT, now, c, Q_STALE, n)
+            continue
+        rid = c
+        break
+    S[S_KQ_N] = n
+    if rid < 0:
+        return False
+    m = S[S_INFLIGHT_N]
+    if m >= inflight.shape[0]:  # unreachable: the table holds the configured requests in flight
+        S[S_WHY] = U_TABLE
+        return False
+    inflight[m] = rid
+    S[S_INFLIGHT_N] = m + 1
+    k = NOUT[O_KEV_REQUEST]
+    NOUT[O_KEV_REQUEST] = k + 1
+    ts = RI[rid & (RI.shape[0] - 1), RI_TS]
+    OUTI[O_KEV_REQUEST, k, 0] = ts
+    OUTI[O_KEV_REQUEST, k, 1] = now
+    OUTI[O_KEV_REQUEST, k, 2] = rid
+    OUTI[O_KEV_REQUEST, k, 3] = RI[rid & (RI.shape[0] - 1), RI_LABEL]
+    OUTI[O_KEV_REQUEST, k, 4] = RI[rid & (RI.shape[0] - 1), RI_LABEL_SEQ]
+    OUTI[O_KEV_REQUEST, k, 5] = now - ts
+    OUTF[O_KEV_REQUEST, k, 0] = RF[rid & (RF.shape[0] - 1), RF_MID]
+    OUTF[O_KEV_REQUEST, k, 1] = RF[rid & (RF.shape[0] - 1), RF_SPREAD]
+    OUTF[O_KEV_REQUEST, k, 2] = RF[rid & (RF.shape[0] - 1), RF_IMB]
+    OUTF[O_KEV_REQUEST, k, 3] = RF[rid & (RF.shape[0] - 1), RF_POS]
+    _span(OUTI, NOUT, SPAN_KEV_QUEUE, REF_KEV, rid, ts, now)
+    if C[C_EXTERNAL] == 0:
+        _heap_push(S, HI, HF, OI, now + C[C_KEV_TIMEOUT], PRIO_KEV, T_KEV_TIMEOUT, rid, now, 0, 0.0, 0.0)
+    RI[rid & (RI.shape[0] - 1), RI_STARTED] = now
+    if C[C_KEV_ASK] != 0:
+        # SimKevBackend.start asks the advisor now and schedules its reply: the run stops after this
+        # step (ST_NEED_KEV), Python answers and kev_replied() schedules the reply under the seq taken
+        # here, so it sorts among equal timers where the engine's would.
+        RI[rid & (RI.shape[0] - 1), RI_OK] = -1
+        RI[rid & (RI.shape[0] - 1), RI_DONE_SEQ] = S[S_HEAP_SEQ]
+        S[S_HEAP_SEQ] += 1
+        S[S_KEV_ASKED] += 1
+        return True
+    # SimKevBackend.start: RuleKev decides now; the reply is due after a lag drawn now
+    _rule_kev(RI, RF, CF, rid)
+    RI[rid & (RI.shape[0] - 1), RI_OK] = 1
+    lag = lags[S[S_LAG_USED]]
+    S[S_LAG_USED] += 1
+    _heap_push(S, HI, HF, OI, now + lag, PRIO_KEV, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
+    return True
+
+
+@njit
+def _rule_kev(RI, RF, CF, rid):
+    """RuleKev's decision on request ``rid``'s context, into its row (fast_path writes the texts)."""
+    i = rid & (RI.shape[0] - 1)
+    action, target, hedge, slip, why = rule_decide(
+        RI[i, RI_LABEL],
+        RF[i, RF_P],
+        RF[i, RF_MID],
+        RF[i, RF_SPREAD],
+        RF[i, RF_IMB],
+        RF[i, RF_POS],
+        RF[i, RF_MAXPOS],
+        CF[CF_STEP_FRACTION],
+        CF[CF_MIN_PROB],
+    )
+    RI[i, RI_ACTION] = action
+    RI[i, RI_WHY] = why
+    RF[i, RF_TARGET] = target
+    RF[i, RF_HEDGE] = hedge
+    RF[i, RF_SLIP] = slip
+
+
+@njit
+def kev_replied(S, HI, HF, OI, RI, rid, lag):
+    """Request ``rid``'s reply (its verdict written in its row by fast_path) is due ``lag`` after it
+    started."""
+    i = rid & (RI.shape[0] - 1)
+    due, seq = RI[i, RI_STARTED] + lag, RI[i, RI_DONE_SEQ]
+    _heap_insert(S, HI, HF, OI, due, PRIO_KEV, seq, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
+    S[S_KEV_ASKED] -= 1
+
+
+@njit
+def _inflight_pop(S, inflight, rid):
+    n = S[S_INFLIGHT_N]
+    for w in range(n):
+        if inflight[w] == rid:
+            for v in range(w, n - 1):
+                inflight[v] = inflight[v + 1]
+            S[S_INFLIGHT_N] = n - 1
+            return True
+    return False
+
+
+@njit
+def _engine_timer(
+    tmpi,
+    tmpf,
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    RI,
+    RF,
+    HI,
+    HF,
+    olat,
+    work,
+    rest,
+    kq,
+    inflight,
+    recent,
+    eng_book,
+    x_book,
+    b_loc,
+    lags,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    """The engine's timers: an exchange report reaching it (T_REPORT), a Kev request's timeout and
+    its reply (T_KEV_TIMEOUT, T_KEV_DONE)."""
+    kind = tmpi[3]
+    a = tmpi[4]
+    b = tmpi[5]
+    now = S[S_NOW]
+    if kind == T_REPORT:
+        _engine_report(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            olat,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            b & 0xFF,
+            a,
+            b >> 8,
+            tmpf,
+            tmpi[6],
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+    elif kind == T_KEV_TIMEOUT:
+        if _inflight_pop(S, inflight, a):
+            _queue_note(OUTI, NOUT, now, a, Q_TIMEOUT, S[S_KQ_N])
+            k = NOUT[O_KEV_RESPONSE]
+            NOUT[O_KEV_RESPONSE] = k + 1
+            OUTI[O_KEV_RESPONSE, k, 0] = now
+            OUTI[O_KEV_RESPONSE, k, 1] = a
+            OUTI[O_KEV_RESPONSE, k, 2] = 0
+            OUTI[O_KEV_RESPONSE, k, 3] = now - b
+            OUTI[O_KEV_RESPONSE, k, 4] = 1
+            _kev_pump(
+                S,
+                SF,
+                C,
+                CF,
+                OI,
+                OF,
+                RI,
+                RF,
+                HI,
+                HF,
+                work,
+                recent,
+                eng_book,
+                b_loc,
+                kq,
+                inflight,
+                lags,
+                OUTI,
+                OUTF,
+                NOUT,
+                lpx,
+                lq,
+            )
+    elif kind == T_KEV_DONE:
+        if not _inflight_pop(S, inflight, a):
+            _queue_note(OUTI, NOUT, now, a, Q_LATE, S[S_KQ_N])
+            return
+        ok = RI[a & (RI.shape[0] - 1), RI_OK]
+        k = NOUT[O_KEV_RESPONSE]
+        NOUT[O_KEV_RESPONSE] = k + 1
+        OUTI[O_KEV_RESPONSE, k, 0] = now
+        OUTI[O_KEV_RESPONSE, k, 1] = a
+        OUTI[O_KEV_RESPONSE, k, 2] = ok
+        OUTI[O_KEV_RESPONSE, k, 3] = b
+        OUTI[O_KEV_RESPONSE, k, 4] = 0
+        _span(OUTI, NOUT, SPAN_KEV, REF_KEV, a, now - b, now)
+        if ok != 1:  # a reply that is no valid command: the engine notes it and moves on
+            _kev_pump(
+                S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, recent, eng_book, b_loc, kq, inflight, lags, OUTI,
+                OUTF, NOUT, lpx, lq,
+            )  # fmt: skip
+            return
+        cid = S[S_CMD_ID] + 1
+        S[S_CMD_ID] = cid
+        k = NOUT[O_COMMAND]
+        NOUT[O_COMMAND] = k + 1
+        ts_ctx = RI[a & (RI.shape[0] - 1), RI_TS]
+        valid_until = now + C[C_KEV_TTL]
+        OUTI[O_COMMAND, k, 0] = ts_ctx
+        OUTI[O_COMMAND, k, 1] = now
+        OUTI[O_COMMAND, k, 2] = cid
+        OUTI[O_COMMAND, k, 3] = a
+        OUTI[O_COMMAND, k, 4] = RI[a & (RI.shape[0] - 1), RI_ACTION]
+        OUTI[O_COMMAND, k, 5] = valid_until
+        OUTF[O_COMMAND, k, 0] = RF[a & (RF.shape[0] - 1), RF_TARGET]
+        OUTF[O_COMMAND, k, 1] = RF[a & (RF.shape[0] - 1), RF_HEDGE]
+        OUTF[O_COMMAND, k, 2] = RF[a & (RF.shape[0] - 1), RF_SLIP]
+        S[S_CMD] = 1
+        S[S_CMD_ACTION] = RI[a & (RI.shape[0] - 1), RI_ACTION]
+        S[S_CMD_TS_RECV] = now
+        S[S_CMD_VALID_UNTIL] = valid_until
+        SF[SF_CMD_TARGET] = RF[a & (RF.shape[0] - 1), RF_TARGET]
+        SF[SF_CMD_SLIP] = RF[a & (RF.shape[0] - 1), RF_SLIP]
+        SF[SF_CMD_HEDGE] = RF[a & (RF.shape[0] - 1), RF_HEDGE]
+        _rebalance(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            olat,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            ts_ctx,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+        if S[S_WHY] != U_NONE:
+            return
+        _kev_pump(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            RI,
+            RF,
+            HI,
+            HF,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            kq,
+            inflight,
+            lags,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+
+
+@njit
+def _engine_report(
+    S,
+    SF,
+    C,
+    CF,
+    OI,
+    OF,
+    HI,
+    HF,
+    olat,
+    work,
+    recent,
+    eng_book,
+    b_loc,
+    m,
+    oid,
+    arg,
+    tmpf,
+    ts_event,
+    OUTI,
+    OUTF,
+    NOUT,
+    lpx,
+    lq,
+):
+    now = S[S_NOW]
+    if m == M_ACK:
+        if OI[oid & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW:
+            OI[oid & (OI.shape[0] - 1), OI_STATUS] = LIVE
+        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_ACK, ts_event, now, R_EMPTY)
+        _span(OUTI, NOUT, SPAN_ORDER_ENTRY, REF_ORDER, oid, OI[oid & (OI.shape[0] - 1), OI_SENT], now)
+    elif m == M_REJECT:
+        _finish(S, OI, work, oid)
+        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_REJECT, ts_event, now, arg)
+    elif m == M_CANCEL_ACK:
+        _finish(S, OI, work, oid)
+        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_CANCEL_ACK, ts_event, now, R_EMPTY)
+        _requote(
+            S,
+            SF,
+            C,
+            CF,
+            OI,
+            OF,
+            HI,
+            HF,
+            olat,
+            work,
+            recent,
+            eng_book,
+            b_loc,
+            now,
+            True,
+            OUTI,
+            OUTF,
+            NOUT,
+            lpx,
+            lq,
+        )
+    elif m == M_DONE:
+        _finish(S, OI, work, oid)
+        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_DONE, ts_event, now, arg)
+    else:  # M_FILL: px, qty in tmpf, liquidity in arg
+        _on_fill(S, C, OI, OF, oid, tmpf[0], tmpf[1], arg, ts_event, now, OUTI, OUTF, NOUT)
+
+
+@njit
+def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
+    side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
+    pu = _px_units(px, C[C_PX_DECIMALS])
+    qu = _qty_units(qty)
+    if pu == -(1 << 62) or qu == -(1 << 62):
+        S[S_WHY] = U_PX_DECIMALS
+        return
+    if pu != 0 and abs(qu) > (1 << 62) // abs(pu):
+        S[S_WHY] = U_OVERFLOW
+        return
+    notional = div_half_even(pu * qu, np.int64(10) ** C[C_PX_DECIMALS])
+    num = C[C_MAKER_NUM] if liq == LIQ_MAKER else C[C_TAKER_NUM]
+    ex = C[C_MAKER_EXP] if liq == LIQ_MAKER else C[C_TAKER_EXP]
+    if num != 0 and abs(notional) > (1 << 62) // abs(num):
+        S[S_WHY] = U_OVERFLOW
+        return
+    fee = div_half_even(notional * num, np.int64(10) ** ex)
+    if side == BUY:
+        S[S_POS] += qu
+        S[S_CASH] -= notional
+    else:
+        S[S_POS] -= qu
+        S[S_CASH] += notional
+    S[S_CASH] -= fee
+    S[S_FEES] += fee
+    if abs(S[S_CASH]) > (1 << 61) or abs(S[S_POS]) > (1 << 52):
+        S[S_WHY] = U_OVERFLOW
+        return
+    OF[oid & (OF.shape[0] - 1), OF_FILLED] += qty
+    k = NOUT[O_FILL]
+    NOUT[O_FILL] = k + 1
+    OUTI[O_FILL, k, 0] = ts_event
+    OUTI[O_FILL, k, 1] = now
+    OUTI[O_FILL, k, 2] = oid
+    OUTI[O_FILL, k, 3] = side
+    OUTI[O_FILL, k, 4] = liq
+    OUTI[O_FILL, k, 5] = notional
+    OUTI[O_FILL, k, 6] = fee
+    OUTF[O_FILL, k, 0] = px
+    OUTF[O_FILL, k, 1] = qty
+    OUTF[O_FILL, k, 2] = _position(S)
+
+
+# ---------------------------------------------------------------- one event at a time
+# The entries for a caller that owns the clock and the venue (engine/core.py): each is one event at
+# S[S_NOW]; the caller checks headroom() first, then reads the rows the step wrote (orders to hand to
+# the venue, Kev requests to ask) and S[S_WHY].
+
+
+@njit
+def step_label(
+    label_id, p_label, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent,
+    eng_book, x_book, b_loc, levels, lags, OUTI, OUTF, NOUT,
+):  # fmt: skip
+    """Laya's label of the book in ``levels[0]`` (received at ``b_loc[0]``) becomes visible."""
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
+    S[S_LABELS] += 1
+    _on_label(
+        0, label_id, p_label, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent,
+        eng_book, x_book, b_loc, levels, 0, lags, OUTI, OUTF, NOUT, lpx, lq,
+    )  # fmt: skip
+
+
+@njit
+def step_report(
+    m, oid, arg, px, qty, ts_event, S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc,
+    OUTI, OUTF, NOUT,
+):  # fmt: skip
+    """The venue's report ``m`` (M_*) on order ``oid``: ``arg`` a reject or done reason (R_*) or a
+    fill's liquidity (LIQ_*), ``px``/``qty`` a fill's."""
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
+    tmpf = np.zeros(HF_COLS, dtype=np.float64)
+    tmpf[0] = px
+    tmpf[1] = qty
+    _engine_report(
+        S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, m, oid, arg, tmpf, ts_event,
+        OUTI, OUTF, NOUT, lpx, lq,
+    )  # fmt: skip
+
+
+@njit
+def step_timer(
+    kind, a, b, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
+    x_book, b_loc, lags, OUTI, OUTF, NOUT,
+):  # fmt: skip
+    """A Kev timer: T_KEV_TIMEOUT of request ``a`` started at ``b``, or T_KEV_DONE, its reply (the
+    verdict in its row) after lag ``b``."""
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
+    tmpi = np.zeros(HI_COLS, dtype=np.int64)
+    tmpf = np.zeros(HF_COLS, dtype=np.float64)
+    tmpi[0] = S[S_NOW]
+    tmpi[1] = PRIO_KEV
+    tmpi[3] = kind
+    tmpi[4] = a
+    tmpi[5] = b
+    _engine_timer(
+        tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
+        x_book, b_loc, lags, OUTI, OUTF, NOUT, lpx, lq,
+    )  # fmt: skip
+
+
+@njit
+def step_kill(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
+    """The kill switch: no new orders from now on (the risk gateway's first rule); working limit
+    orders are cancelled."""
+    S[S_KILL] = 1
+    _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)
+
+
+@njit
+def step_flatten(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, OUTI, OUTF, NOUT):
+    """Reduce-only market orders (source flatten, ``max_order_qty`` at most each) for the part of the
+    position that working market orders on the closing side do not cover yet. They pass the risk
+    gateway like any order; the kill switch lets exactly these through (they can only shrink the
+    position). Returns (orders sent, whether one was refused: the caller may try again later). The
+    caller leaves room for 100 orders in the working list first."""
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
+    mask = OI.shape[0] - 1
+    pos = _position(S)
+    side = SELL if pos > 0 else BUY
+    covered = 0.0  # summed in working-list order, as the risk state sums open quantities
+    for w in range(S[S_NWORK]):
+        o = work[w] & mask
+        if OI[o, OI_TYPE] == MARKET and OI[o, OI_SIDE] == side:
+            covered += OF[o, OF_QTY] - OF[o, OF_FILLED]
+    left = abs(pos) - covered
+    now = S[S_NOW]
+    sent = 0
+    while sent < 100:
+        qty = round_to_step(pmin(left, CF[CF_MAX_ORDER_QTY]), CF[CF_SIZE_STEP])
+        if qty < CF[CF_MIN_QTY]:
+            return sent, False
+        oid = S[S_OID] + 1
+        _send_new(
+            S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, side, MARKET, NAN, qty, now,
+            NAN, True, SRC_FLATTEN, -1, OUTI, OUTF, NOUT, lpx, lq,
+        )  # fmt: skip
+        if OI[oid & mask, OI_OID] != oid or OI[oid & mask, OI_STATUS] != PENDING_NEW:
+            return sent, True
+        sent += 1
+        left -= qty
+    return sent, False
+
+
+@njit
+def step_warm(S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc):
+    """The order decision path (the strategy, the risk rules) on the current book, results discarded,
+    so the next decision finds its code and data in the CPU caches (live mode runs it between frames).
+    It changes nothing a decision reads: the rate window drops only order times that the next risk
+    check drops anyway. Returns how many risk checks it ran."""
+    if S[S_ENG_BOOK] == 0:
+        return 0
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
+    now = S[S_NOW]
+    qq = CF[CF_QUOTE_QTY]
+    want_buy, bid_px, want_sell, ask_px = registry.quote(
+        C[C_STRATEGY], eng_book, CF[CF_TICK], qq, S[S_LAST_LABEL_NAME], _position(S), _target(S, SF, CF, now),
+        CF[CF_MAX_POSITION], CF[CF_PARAMS:],
+    )  # fmt: skip
+    checks = 0
+    for side in range(2):
+        if want_buy if side == BUY else want_sell:
+            px = bid_px if side == BUY else ask_px
+            _check_new(
+                S, C, CF, OI, OF, work, recent, eng_book, b_loc, side, LIMIT, px, qq, False, NAN, SRC_QUOTE,
+                -1, now, lpx, lq,
+            )  # fmt: skip
+            checks += 1
+    return checks

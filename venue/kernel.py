@@ -1,0 +1,267 @@
+"""The simulated exchange of the replay's compiled loop, over the engine's state arrays: orders and
+cancels arriving after their drawn latency, matching on arrival, resting orders filled by books and
+trades through the queue-position models, and the reports sent back after the response latency.
+
+It is ``SimExchange`` (``venue/exchange.py``) for the compiled loop: the matching and fill rules both
+call are compiled functions of ``venue/exchange.py`` and ``venue/fills.py``; what is here is the
+bookkeeping of the resting orders in the arrays and the timers the loop's heap holds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.jit import njit
+from engine.kernel import (
+    C_FILL_MODEL,
+    C_OLAT_KEYED,
+    CF_QUEUE_N,
+    KEY_FALLBACK,
+    KEY_HEAD,
+    KEY_MISSES,
+    KEY_N,
+    LIMIT,
+    LIQ_MAKER,
+    LIQ_TAKER,
+    M_ACK,
+    M_CANCEL_ACK,
+    M_DONE,
+    M_FILL,
+    M_REJECT,
+    MARKET,
+    NAN,
+    O_ORDER,
+    OF_AHEAD,
+    OF_LEVEL,
+    OF_PX,
+    OF_QTY,
+    OF_TRADED,
+    OF_XFILLED,
+    OI_OID,
+    OI_REDUCE,
+    OI_RESTING,
+    OI_SIDE,
+    OI_TYPE,
+    OK_CANCEL,
+    OK_NEW,
+    OLAT_CANCEL,
+    OLAT_ENTRY,
+    OLAT_RESPONSE,
+    PRIO_EXCH_IN,
+    PRIO_EXCH_OUT,
+    R_CANCEL_NOT_FOUND,
+    R_FILLED,
+    R_IOC,
+    R_NO_MARKET,
+    R_REDUCE_REJECTED,
+    REST_CAP,
+    S_NOW,
+    S_NREST,
+    S_OLAT_USED,
+    S_SENT,
+    S_WHY,
+    S_XBOOK,
+    SF_XPOS,
+    T_ARRIVE,
+    T_ARRIVE_CANCEL,
+    T_REPORT,
+    U_TABLE,
+    _heap_push,
+)
+from engine.risk import only_reduces as _reduce_only_ok
+from venue.exchange import AR_FILLED, AR_REST, book_fills, maker_fill, match_arrival, trade_fills
+from venue.fills import on_new
+
+
+@njit
+def _draw(S, C, olat, k):
+    """The next latency of order latency model ``k`` (OLAT_*); a recorded model's is looked up by the
+    time of the draw, which SimExchange passes to ``sample_ns`` (S_NOW at every call here)."""
+    if C[C_OLAT_KEYED + k] != 0:
+        return _recorded(olat[k], S[S_NOW])
+    i = S[S_OLAT_USED + k]
+    S[S_OLAT_USED + k] = i + 1
+    return olat[k, i]
+
+
+@njit
+def _recorded(row, key):
+    """RecordedLatency.sample_ns(key) on a table row (KEY_*): the key's next duration in recorded order;
+    a key never recorded, or with none left, gets the fallback and counts a miss."""
+    n = row[KEY_N]
+    j = np.searchsorted(row[KEY_HEAD : KEY_HEAD + n], key)
+    if j < n and row[KEY_HEAD + j] == key:
+        p = row[KEY_HEAD + n + j]
+        if p < row[KEY_HEAD + 2 * n + j]:
+            row[KEY_HEAD + n + j] = p + 1
+            return row[p]
+    row[KEY_MISSES] += 1
+    return row[KEY_FALLBACK]
+
+
+@njit
+def _report(S, C, OI, HI, HF, olat, method, oid, arg, f1, f2):
+    """SimExchange._report: the engine hears of it after the response latency, with ts_event = now."""
+    now = S[S_NOW]
+    at = now + _draw(S, C, olat, OLAT_RESPONSE)
+    _heap_push(S, HI, HF, OI, at, PRIO_EXCH_OUT, T_REPORT, oid, method | (arg << 8), now, f1, f2)
+
+
+@njit
+def _report_fill(S, C, OI, HI, HF, olat, oid, px, qty, liq):
+    _report(S, C, OI, HI, HF, olat, M_FILL, oid, liq, px, qty)
+
+
+@njit
+def _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, oid, px, qty):
+    """SimExchange._fill (maker)."""
+    r = oid & (OF.shape[0] - 1)
+    q, OF[r, OF_XFILLED], SF[SF_XPOS], done = maker_fill(
+        OI[oid & (OI.shape[0] - 1), OI_SIDE], OF[r, OF_QTY], OF[r, OF_XFILLED], SF[SF_XPOS], qty
+    )
+    _report_fill(S, C, OI, HI, HF, olat, oid, px, q, LIQ_MAKER)
+    if done:
+        n = S[S_NREST]
+        for w in range(n):
+            if rest[w] == oid:
+                for v in range(w, n - 1):
+                    rest[v] = rest[v + 1]
+                S[S_NREST] = n - 1
+                OI[oid & (OI.shape[0] - 1), OI_RESTING] = 0
+                break
+        _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED, 0.0, 0.0)
+
+
+@njit
+def _x_rest_rows(S, OF, rest):
+    """The resting orders' rows in the order table, in arrival order, in rest's scratch half: the book
+    as it was before fills remove orders from the first half."""
+    rows = rest[REST_CAP : 2 * REST_CAP]
+    for w in range(S[S_NREST]):
+        rows[w] = rest[w] & (OF.shape[0] - 1)
+    return rows
+
+
+@njit
+def _x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, OUTI, OUTF, NOUT):
+    """SimExchange.on_book: venue.exchange.book_fills over the order table, then its maker fills."""
+    n = S[S_NREST]
+    if n == 0:
+        return
+    rows = _x_rest_rows(S, OF, rest)
+    k = book_fills(
+        C[C_FILL_MODEL],
+        CF[CF_QUEUE_N],
+        x_book,
+        rows,
+        n,
+        OI[:, OI_SIDE],
+        OF[:, OF_PX],
+        OF[:, OF_AHEAD],
+        OF[:, OF_LEVEL],
+        OF[:, OF_TRADED],
+        rows,
+    )
+    for j in range(k):
+        r = rows[j]
+        left = OF[r, OF_QTY] - OF[r, OF_XFILLED]
+        _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], left)
+
+
+@njit
+def _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside, OUTI, OUTF, NOUT):
+    """SimExchange.on_trade: venue.exchange.trade_fills over the order table, then its maker fills."""
+    n = S[S_NREST]
+    rows = _x_rest_rows(S, OF, rest)
+    fq = np.empty(n)
+    k = trade_fills(
+        C[C_FILL_MODEL],
+        rows,
+        n,
+        OI[:, OI_SIDE],
+        OF[:, OF_PX],
+        OF[:, OF_QTY],
+        OF[:, OF_XFILLED],
+        OF[:, OF_AHEAD],
+        OF[:, OF_TRADED],
+        px,
+        sz,
+        tside,
+        rows,
+        fq,
+    )
+    for j in range(k):
+        r = rows[j]
+        _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], fq[j])
+
+
+@njit
+def _x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, OUTI, OUTF, NOUT, lpx, lq):
+    """SimExchange._arrive."""
+    if S[S_XBOOK] == 0:
+        _report(S, C, OI, HI, HF, olat, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
+        return
+    r = oid & (OF.shape[0] - 1)
+    side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
+    otype = OI[oid & (OI.shape[0] - 1), OI_TYPE]
+    qty = OF[r, OF_QTY]
+    if OI[oid & (OI.shape[0] - 1), OI_REDUCE] != 0 and not _reduce_only_ok(SF[SF_XPOS], side, qty):
+        _report(S, C, OI, HI, HF, olat, M_REJECT, oid, R_REDUCE_REJECTED, 0.0, 0.0)
+        return
+    _report(S, C, OI, HI, HF, olat, M_ACK, oid, 0, 0.0, 0.0)
+    limit = OF[r, OF_PX] if otype == LIMIT else NAN
+    n, filled, SF[SF_XPOS], outcome = match_arrival(
+        x_book, side, qty, limit, otype == MARKET, SF[SF_XPOS], lpx, lq
+    )
+    for j in range(n):
+        _report_fill(S, C, OI, HI, HF, olat, oid, lpx[j], lq[j], LIQ_TAKER)
+    if outcome != AR_REST:
+        _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED if outcome == AR_FILLED else R_IOC, 0.0, 0.0)
+        return
+    OF[r, OF_XFILLED] = filled
+    OF[r, OF_AHEAD], OF[r, OF_LEVEL], OF[r, OF_TRADED] = on_new(C[C_FILL_MODEL], x_book, side, OF[r, OF_PX])
+    nr = S[S_NREST]
+    if nr >= REST_CAP:
+        S[S_WHY] = U_TABLE
+        return
+    rest[nr] = oid
+    S[S_NREST] = nr + 1
+    OI[oid & (OI.shape[0] - 1), OI_RESTING] = 1
+
+
+@njit
+def _x_arrive_cancel(S, C, OI, HI, HF, olat, rest, a):
+    """SimExchange: a cancel reaches the exchange."""
+    found = False
+    n = S[S_NREST]
+    for w in range(n):
+        if rest[w] == a:
+            for v in range(w, n - 1):
+                rest[v] = rest[v + 1]
+            S[S_NREST] = n - 1
+            OI[a & (OI.shape[0] - 1), OI_RESTING] = 0
+            found = True
+            break
+    if found:
+        _report(S, C, OI, HI, HF, olat, M_CANCEL_ACK, a, 0, 0.0, 0.0)
+    else:
+        _report(S, C, OI, HI, HF, olat, M_REJECT, a, R_CANCEL_NOT_FOUND, 0.0, 0.0)
+
+
+@njit
+def forward(S, C, OI, HI, HF, olat, OUTI, NOUT):
+    """Hand the orders and cancels the engine accepted since the last call (its order rows from
+    S[S_SENT] on) to the simulated exchange: each arrives after its drawn latency, as
+    SimExchange.submit and .cancel schedule them."""
+    n = NOUT[O_ORDER]
+    for k in range(S[S_SENT], n):
+        kind = OUTI[O_ORDER, k, 3]
+        oid = OUTI[O_ORDER, k, 2]
+        now = OUTI[O_ORDER, k, 1]
+        if kind == OK_NEW:
+            at = now + _draw(S, C, olat, OLAT_ENTRY)
+            _heap_push(S, HI, HF, OI, at, PRIO_EXCH_IN, T_ARRIVE, oid, 0, 0, 0.0, 0.0)
+        elif kind == OK_CANCEL:
+            at = now + _draw(S, C, olat, OLAT_CANCEL)
+            _heap_push(S, HI, HF, OI, at, PRIO_EXCH_IN, T_ARRIVE_CANCEL, oid, 0, 0, 0.0, 0.0)
+    S[S_SENT] = n
