@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import orjson
 
+from engine import jit
 from engine import kernel as K
 from engine.book import as_levels
 from engine.clock import Clock
@@ -28,7 +29,6 @@ from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import BookSnapshot, Nanos, Trade
 from engine.fastinit import frozen_maker
-from engine.jit import core_stamp
 from engine.kev.advisor import KevContext, KevReply, context_body
 from engine.kev.command import ACTIONS, CommandFields
 from engine.kev.failures import breaker_rows, judge
@@ -222,6 +222,19 @@ class Engine:
     @property
     def kill_switch(self) -> bool:
         return bool(self.core.S[K.S_KILL])
+
+    @property
+    def open_orders(self) -> int:
+        """Orders sent and not finished yet (working at the venue, or on their way)."""
+        return int(self.core.S[K.S_NWORK])
+
+    @property
+    def kev_in_flight(self) -> int:
+        return int(self.core.S[K.S_INFLIGHT_N])
+
+    @property
+    def kev_queued(self) -> int:
+        return int(self.core.S[K.S_KQ_N])
 
     @property
     def label(self) -> str:
@@ -479,7 +492,7 @@ def engine_identity() -> dict[str, str]:
     """What a run's runtime.json names as its engine: the decision core, and the hash of every source
     file compiled into it (``engine.jit.core_stamp``). A replay, on its compiled loop or per event, and
     a live run of the same code name the same one."""
-    return {"engine": "engine/kernel.py", "engine_sha256": core_stamp()}
+    return {"engine": "engine/kernel.py", "engine_sha256": jit.core_stamp()}
 
 
 def reply_verdict(ctx: KevContext, reply: KevReply) -> tuple[CommandFields | None, str, str, str, str]:

@@ -671,10 +671,10 @@ class LiveRunner:
         for sym, st in self.syms.items():
             e, c = st.engine, st.log.counts()
             parts.append(
-                f"{sym} pos {float(e.portfolio.position):g} open {len(e._working)} "
+                f"{sym} pos {float(e.portfolio.position):g} open {e.open_orders} "
                 f"orders {c.get('order', 0)} fills {c.get('fill', 0)} "
-                f"kev {c.get('kev_response', 0)} answers {len(e._kev_in_flight)} in flight "
-                f"{len(e.queue)} queued" + (" KILLED" if e.kill_switch else "")
+                f"kev {c.get('kev_response', 0)} answers {e.kev_in_flight} in flight "
+                f"{e.kev_queued} queued" + (" KILLED" if e.kill_switch else "")
             )
         return " | ".join(parts)
 
