@@ -706,15 +706,23 @@ def _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
 
 
 @njit
+def drop_id(S, count, ids, x):
+    """Remove ``x`` from ``ids[:S[count]]``, a list kept in order (working orders, resting orders,
+    Kev requests in flight); whether it was there."""
+    n = S[count]
+    for w in range(n):
+        if ids[w] == x:
+            for v in range(w, n - 1):
+                ids[v] = ids[v + 1]
+            S[count] = n - 1
+            return True
+    return False
+
+
+@njit
 def _finish(S, OI, work, oid):
     OI[oid & (OI.shape[0] - 1), OI_STATUS] = DONE
-    n = S[S_NWORK]
-    for w in range(n):
-        if work[w] == oid:
-            for v in range(w, n - 1):
-                work[v] = work[v + 1]
-            S[S_NWORK] = n - 1
-            return
+    drop_id(S, S_NWORK, work, oid)
 
 
 @njit
@@ -1309,14 +1317,7 @@ def kev_replied(S, HI, HF, OI, RI, rid, lag):
 
 @njit
 def _inflight_pop(S, inflight, rid):
-    n = S[S_INFLIGHT_N]
-    for w in range(n):
-        if inflight[w] == rid:
-            for v in range(w, n - 1):
-                inflight[v] = inflight[v + 1]
-            S[S_INFLIGHT_N] = n - 1
-            return True
-    return False
+    return drop_id(S, S_INFLIGHT_N, inflight, rid)
 
 
 @njit

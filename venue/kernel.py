@@ -67,6 +67,7 @@ from engine.kernel import (
     T_REPORT,
     U_TABLE,
     _heap_push,
+    drop_id,
 )
 from engine.risk import only_reduces as _reduce_only_ok
 from venue.exchange import AR_FILLED, AR_REST, book_fills, maker_fill, match_arrival, trade_fills
@@ -121,14 +122,8 @@ def _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, oid, px, qty):
     )
     _report_fill(S, C, OI, HI, HF, olat, oid, px, q, LIQ_MAKER)
     if done:
-        n = S[S_NREST]
-        for w in range(n):
-            if rest[w] == oid:
-                for v in range(w, n - 1):
-                    rest[v] = rest[v + 1]
-                S[S_NREST] = n - 1
-                OI[oid & (OI.shape[0] - 1), OI_RESTING] = 0
-                break
+        if drop_id(S, S_NREST, rest, oid):
+            OI[oid & (OI.shape[0] - 1), OI_RESTING] = 0
         _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED, 0.0, 0.0)
 
 
@@ -232,17 +227,8 @@ def _x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, OUTI, OUTF,
 @njit
 def _x_arrive_cancel(S, C, OI, HI, HF, olat, rest, a):
     """SimExchange: a cancel reaches the exchange."""
-    found = False
-    n = S[S_NREST]
-    for w in range(n):
-        if rest[w] == a:
-            for v in range(w, n - 1):
-                rest[v] = rest[v + 1]
-            S[S_NREST] = n - 1
-            OI[a & (OI.shape[0] - 1), OI_RESTING] = 0
-            found = True
-            break
-    if found:
+    if drop_id(S, S_NREST, rest, a):
+        OI[a & (OI.shape[0] - 1), OI_RESTING] = 0
         _report(S, C, OI, HI, HF, olat, M_CANCEL_ACK, a, 0, 0.0, 0.0)
     else:
         _report(S, C, OI, HI, HF, olat, M_REJECT, a, R_CANCEL_NOT_FOUND, 0.0, 0.0)
