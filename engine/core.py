@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import orjson
@@ -37,6 +37,9 @@ from engine.risk import OrderIntent, RiskLimits
 from engine.state import LABEL_NAMES, CoreState
 from engine.strategy import QuoteConfig, Quoter
 from venue.latency import ConstantLatency, LatencyModel
+
+if TYPE_CHECKING:
+    from engine.instruments import Portfolio
 
 # Timer priorities: ties at one timestamp resolve market data (10, 20) first, then these in order.
 PRIO_LABEL = 40
@@ -138,7 +141,10 @@ class Engine:
         execution: ExecutionClient,
         advisor_name: str,
         laya_latency: LatencyModel | None = None,
+        portfolio: Portfolio | None = None,
     ) -> None:
+        """``portfolio``: the instruments this one trades beside (``engine/instruments.py``): it joins
+        them, sharing their id counters, output buffer and risk view."""
         self.cfg = config
         self.clock = clock
         self.log = log
@@ -162,10 +168,17 @@ class Engine:
             fill_model=None,
             ask=True,
             out_cap=1 << 12,  # rows per stream between two hand-overs to the log
+            share=portfolio.engines[0].core if portfolio and portfolio.engines else None,
         )
-        # every reader of the log (a flush, the digest, the counts) sees the core's rows up to now
-        for st in core.streams.values():
-            st.before = self._hand_over
+        self.pf = portfolio
+        self.inst = 0
+        if portfolio is not None:
+            self.inst = portfolio.join(self)
+        if self.inst == 0:
+            # every reader of the log (a flush, the digest, the counts) sees the core's rows up to now
+            for st in core.streams.values():
+                st.before = self._hand_over
+        self._before = np.zeros(8, dtype=np.int64)  # the output rows before the step (portfolio tags)
         self._draining = False
         self.levels = np.full((1, 60), math.nan)  # the book a label is of
         self.b_loc = np.zeros(2, dtype=np.int64)  # [0]: its receive time; [1]: the engine's book's
@@ -200,15 +213,20 @@ class Engine:
             c.OUTI, c.OUTF, c.NOUT,
         )  # fmt: skip
         K.step_warm(c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.work, c.recent, c.eng_book, b_loc)
+        K.step_pull(c.S, c.C, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.OUTI, c.OUTF, c.NOUT)
 
     def _hand_over(self) -> None:
         """The core's buffered rows to the log (forwarded already: a step forwards before it returns)."""
+        if self.pf is not None and self.inst != 0:  # one buffer: the first instrument's engine drains it
+            self.pf.engines[0]._hand_over()
+            return
         if self._draining:  # the log flushing what this hand-over gives it
             return
         self._draining = True
         try:
             self.core.drain()
             self._sent = self._risk_seen = 0
+            self._before[:] = 0
         finally:
             self._draining = False
 
@@ -257,6 +275,8 @@ class Engine:
         self.b_loc[1] = book.ts_recv
         S[K.S_ENG_ROW] = 1
         S[K.S_ENG_BOOK] = 1
+        if self.pf is not None:  # the others' risk rules read this instrument at its new mark
+            K.pf_mark(self.pf.PF, self.inst, S, self.core.eng_book)
         return self.labeler(book)
 
     def on_trade(self, trade: Trade) -> None:
@@ -284,6 +304,15 @@ class Engine:
             c.olat, c.work, c.rest, c.kq, c.inflight, c.recent, c.eng_book, c.x_book, self.b_loc,
             self.levels, c.lags, c.OUTI, c.OUTF, c.NOUT,
         )  # fmt: skip
+        self._after(now)
+        if label_id == K.L_EMERGENCY and self.pf is not None:
+            self.pf.emergency(self)
+
+    def pull(self) -> None:
+        """EMERGENCY on another instrument of the portfolio: pull the quotes here too (``step_pull``)."""
+        now = self.clock.now_ns()
+        c = self._room(now)
+        K.step_pull(c.S, c.C, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.OUTI, c.OUTF, c.NOUT)
         self._after(now)
 
     # ------------------------------------------------------------ operator
@@ -402,6 +431,9 @@ class Engine:
     def _room(self, now: Nanos) -> Any:
         """The core, with room for one step at ``now`` (output rows, order and request rows)."""
         c = self.core
+        pf = self.pf
+        if pf is not None:  # the portfolio's counters first: the room asked for depends on them
+            K.pf_enter(pf.PI, pf.PF, self.inst, c.S, c.SF)
         while True:
             st = int(
                 K.headroom(c.S, c.OI, c.RI, c.HI, c.NOUT, c.OUTI.shape[1], c.lags, c.olat, c.work, c.inflight)
@@ -412,6 +444,11 @@ class Engine:
             if st != K.ST_OUT_FULL:
                 c.grow(st)
         c.S[K.S_NOW] = now
+        NOUT = c.NOUT
+        self._sent = int(NOUT[K.O_ORDER])  # the rows before are other steps' (handed on already)
+        self._risk_seen = int(NOUT[K.O_RISK])
+        if pf is not None:
+            self._before[:] = NOUT
         return c
 
     def _after(self, now: Nanos) -> list[int]:
@@ -422,6 +459,10 @@ class Engine:
         why = int(S[K.S_WHY])
         if why != K.U_NONE:
             raise DualhubError(f"the engine cannot go on: {K.UNSUPPORTED_TEXT[why]}")
+        pf = self.pf
+        if pf is not None:
+            K.tag_rows(c.OUTI, c.NOUT, self._before, self.inst)
+            K.pf_leave(pf.PI, pf.PF, self.inst, S, c.eng_book)
         sent: list[int] = []
         n = int(c.NOUT[K.O_ORDER])
         if n > self._sent:

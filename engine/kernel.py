@@ -61,6 +61,9 @@ from engine.risk import (  # noqa: F401 - the gateway's codes, kernel names (BUY
     R_MAX_QTY,
     R_NO_BOOK,
     R_OK,
+    R_PF_DELTA,
+    R_PF_GROSS,
+    R_PF_LOSS,
     R_RATE,
     R_REDUCE_ONLY,
     R_SLIP,
@@ -87,7 +90,8 @@ PENDING_NEW, LIVE, PENDING_CANCEL, DONE = 0, 1, 2, 3
 OK_NEW, OK_CANCEL, OK_ACK, OK_REJECT, OK_CANCEL_ACK, OK_DONE = 0, 1, 2, 3, 4, 5
 ORDER_KINDS = ("new", "cancel", "ack", "reject", "cancel_ack", "done")
 # reasons: engine.risk's R_* (REASONS indexes), then exchange reasons
-R_EMPTY, R_NO_MARKET, R_FILLED, R_IOC, R_CANCEL_NOT_FOUND, R_REDUCE_REJECTED = 15, 16, 17, 18, 19, 20
+_R0 = len(REASONS)
+R_EMPTY, R_NO_MARKET, R_FILLED, R_IOC, R_CANCEL_NOT_FOUND, R_REDUCE_REJECTED = range(_R0, _R0 + 6)
 REASON_TEXT = (
     *REASONS,
     "",
@@ -116,7 +120,7 @@ ST_GROW_WORK = 7  # the working-order list must grow (fast_path doubles it) befo
 ST_NEED_KEV = 8  # a Kev request started whose advisor answers in Python (C_KEV_ASK): fast_path answers it
 ST_UNSUPPORTED = 9
 # why unsupported
-U_NONE, U_ROUND, U_PX_DECIMALS, U_OVERFLOW, U_TABLE, U_LOOK_AHEAD = 0, 1, 2, 3, 4, 5
+U_NONE, U_ROUND, U_PX_DECIMALS, U_OVERFLOW, U_TABLE, U_LOOK_AHEAD, U_SIZE = 0, 1, 2, 3, 4, 5, 6
 UNSUPPORTED_TEXT = (
     "",
     "a value round() cannot reproduce exactly here",
@@ -124,6 +128,7 @@ UNSUPPORTED_TEXT = (
     "money beyond int64",
     "more working orders or queued Kev requests than the kernel's tables hold",
     "a label asked for before its book was received",
+    "a fill size beyond what sizes in units of 1e-12 hold exactly (1000 base units)",
 )
 
 # ---------------------------------------------------------------- state layout
@@ -173,6 +178,9 @@ S_SIZE = 41
 # SF (float64 scalars)
 SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
 SF_XPOS = 3  # the position as the simulated venue knows it (SimExchange.position)
+# 4..6: the rest of the portfolio (the other instruments one engine trades), written before each step
+# by engine.portfolio: their summed net delta, gross exposure and PnL in USD (0 when there are none)
+SF_OTHERS_DELTA, SF_OTHERS_GROSS, SF_OTHERS_PNL = 4, 5, 6
 SF_SIZE = 8
 # C (int64 config)
 (
@@ -219,7 +227,10 @@ C_SIZE = C_RISK_RULES + N_RULES
     CF_QUEUE_N,
     CF_STEP_FRACTION,
     CF_MIN_PROB,
-) = range(13)
+    CF_PF_MAX_DELTA,  # the portfolio's limits (RiskLimits.portfolio_*)
+    CF_PF_MAX_GROSS,
+    CF_PF_LOSS_STOP,
+) = range(16)
 CF_PARAMS = 16  # 16..: the strategy's parameters (registry.MAX_PARAMS)
 CF_SIZE = CF_PARAMS + registry.MAX_PARAMS
 
@@ -260,7 +271,10 @@ OUT_STREAMS = ("kev_queue", "kev_request", "kev_response", "command", "risk", "o
 # latency: start, end, name, ref_kind, ref_n
 OUT_ICOLS = np.array([4, 6, 5, 6, 9, 7, 7, 5], dtype=np.int64)
 OUT_FCOLS = np.array([1, 4, 1, 3, 2, 2, 3, 1], dtype=np.int64)
-OUT_MAXI, OUT_MAXF = 9, 4
+# Every stream's last int column (OUT_INST) is the instrument the row is of: a portfolio's cores share
+# one output buffer, and engine.portfolio tags each step's rows with the instrument it stepped.
+OUT_INST = 9
+OUT_MAXI, OUT_MAXF = 10, 4
 
 # Headroom checked before each walk entry and each timer: no single step emits more than this.
 MARGIN = 256
@@ -274,6 +288,14 @@ EPS = 1e-12
 NAN = math.nan
 
 # ---------------------------------------------------------------- output
+
+
+@njit
+def tag_rows(OUTI, NOUT, before, inst):
+    """Mark the rows each stream got since ``before`` (its row counts then) as instrument ``inst``'s."""
+    for s in range(NOUT.shape[0]):
+        for k in range(before[s], NOUT[s]):
+            OUTI[s, k, OUT_INST] = inst
 
 
 # ---------------------------------------------------------------- timer heap
@@ -492,6 +514,7 @@ def _position(S):
 @njit
 def _check_new(
     S,
+    SF,
     C,
     CF,
     OI,
@@ -542,7 +565,11 @@ def _check_new(
         float(C[C_STALE_BOOK]),
         CF[CF_LOSS_STOP],
         float(C[C_MAX_ADVICE_AGE]),
+        CF[CF_PF_MAX_DELTA],
+        CF[CF_PF_MAX_GROSS],
+        CF[CF_PF_LOSS_STOP],
     )
+    book_ts = b_loc[S[S_ENG_ROW]] if has_book else 0  # not inline in the call: numba reads no such call
     # position and cash (integers of 1e-12) as the rules' two words each: hi * 2**32 + lo
     return verdict(
         lim,
@@ -569,10 +596,13 @@ def _check_new(
         eng_book[30],
         eng_book[45],
         eng_book,
-        b_loc[S[S_ENG_ROW]] if has_book else 0,
+        book_ts,
         now,
         lpx,
         lq,
+        SF[SF_OTHERS_DELTA],
+        SF[SF_OTHERS_GROSS],
+        SF[SF_OTHERS_PNL],
     )
 
 
@@ -611,6 +641,7 @@ def _send_new(
     now = S[S_NOW]
     reason = _check_new(
         S,
+        SF,
         C,
         CF,
         OI,
@@ -1578,8 +1609,11 @@ def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
     side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     pu = _px_units(px, C[C_PX_DECIMALS])
     qu = _qty_units(qty)
-    if pu == -(1 << 62) or qu == -(1 << 62):
+    if pu == -(1 << 62):
         S[S_WHY] = U_PX_DECIMALS
+        return
+    if qu == -(1 << 62):
+        S[S_WHY] = U_SIZE
         return
     if pu != 0 and abs(qu) > (1 << 62) // abs(pu):
         S[S_WHY] = U_OVERFLOW
@@ -1743,8 +1777,74 @@ def step_warm(S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc):
         if want_buy if side == BUY else want_sell:
             px = bid_px if side == BUY else ask_px
             _check_new(
-                S, C, CF, OI, OF, work, recent, eng_book, b_loc, side, LIMIT, px, qq, False, NAN, SRC_QUOTE,
-                -1, now, lpx, lq,
+                S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc, side, LIMIT, px, qq, False, NAN,
+                SRC_QUOTE, -1, now, lpx, lq,
             )  # fmt: skip
             checks += 1
     return checks
+
+
+# ---------------------------------------------------------------- several instruments, one portfolio
+# A portfolio engine (engine/instruments.py) keeps one core per instrument. What they share lives in
+# two small arrays: PI (int64) the id counters, so order, request and command ids are unique across the
+# portfolio, and PF (float64, a row per instrument) each instrument's money as the others' risk rules
+# read it. Around every step of instrument i: pf_enter, the step, pf_leave.
+PI_OID, PI_RID, PI_CMD_ID = 0, 1, 2
+PI_SIZE = 4
+PF_MARK, PF_DELTA, PF_GROSS, PF_PNL = 0, 1, 2, 3
+PF_COLS = 4
+
+
+@njit
+def pf_enter(PI, PF, i, S, SF):
+    """Before a step of instrument ``i``: the portfolio's id counters, and the rest of the portfolio
+    (every other instrument, summed in instrument order) as its risk rules read it."""
+    S[S_OID] = PI[PI_OID]
+    S[S_RID] = PI[PI_RID]
+    S[S_CMD_ID] = PI[PI_CMD_ID]
+    d = 0.0
+    g = 0.0
+    p = 0.0
+    for j in range(PF.shape[0]):
+        if j != i:
+            d += PF[j, PF_DELTA]
+            g += PF[j, PF_GROSS]
+            p += PF[j, PF_PNL]
+    SF[SF_OTHERS_DELTA] = d
+    SF[SF_OTHERS_GROSS] = g
+    SF[SF_OTHERS_PNL] = p
+
+
+@njit
+def pf_mark(PF, i, S, eng_book):
+    """Instrument ``i``'s row of PF from its core: its mark (the mid of its last usable book) and its
+    net delta, gross exposure and PnL at that mark."""
+    bid = eng_book[0]
+    ask = eng_book[30]
+    if S[S_ENG_BOOK] != 0 and bid > 0 and ask > bid and math.isfinite(ask):
+        PF[i, PF_MARK] = (bid + ask) / 2.0
+    pos = S[S_POS] / 1e12
+    m = PF[i, PF_MARK]
+    delta = 0.0 if pos == 0 else pos * m  # no mark yet (NaN) and a position: the rules fail closed
+    PF[i, PF_DELTA] = delta
+    PF[i, PF_GROSS] = abs(delta)
+    PF[i, PF_PNL] = S[S_CASH] / 1e12 + delta
+
+
+@njit
+def pf_leave(PI, PF, i, S, eng_book):
+    """After a step of instrument ``i``: the counters it moved, and its row of PF."""
+    PI[PI_OID] = S[S_OID]
+    PI[PI_RID] = S[S_RID]
+    PI[PI_CMD_ID] = S[S_CMD_ID]
+    pf_mark(PF, i, S, eng_book)
+
+
+@njit
+def step_pull(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
+    """Another instrument of the portfolio saw EMERGENCY: quotes are pulled here too and stay pulled
+    for the emergency hold, as on an EMERGENCY label of this instrument's own."""
+    until = S[S_NOW] + C[C_EMERGENCY_HOLD]
+    if until > S[S_EMERGENCY_UNTIL]:
+        S[S_EMERGENCY_UNTIL] = until
+    _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)

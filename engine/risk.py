@@ -47,6 +47,9 @@ REASONS: Final = (
     "stale_advice",
     "bad_book",
     "reduce_only",
+    "portfolio_net_delta",
+    "portfolio_gross",
+    "portfolio_loss_stop",
 )
 # reason codes: indexes into REASONS
 (
@@ -65,6 +68,9 @@ REASONS: Final = (
     R_STALE_ADVICE,
     R_BAD_BOOK,
     R_REDUCE_ONLY,
+    R_PF_DELTA,
+    R_PF_GROSS,
+    R_PF_LOSS,
 ) = range(len(REASONS))
 
 # The rules: each is named by the reason it rejects with, and coded by that reason's code.
@@ -85,13 +91,25 @@ DEFAULT_RULES: Final = (
     "max_slippage",
     "order_rate",
     "loss_stop",
+    "portfolio_net_delta",
+    "portfolio_gross",
+    "portfolio_loss_stop",
 )
 # Never left out: without them a malformed order, an order under the kill switch, an order with no
 # usable book to price it, or a "reduce-only" order that grows the position (the kill switch lets
 # reduce-only flattening through, trusting this rule) could pass.
 MANDATORY_RULES: Final = ("bad_order", "kill_switch", "no_book", "bad_book", "reduce_only")
 # Rules that read the book: they run after no_book and bad_book, which guarantee a finite positive mid.
-BOOK_RULES: Final = ("stale_book", "max_net_delta", "price_band", "max_slippage", "loss_stop")
+BOOK_RULES: Final = (
+    "stale_book",
+    "max_net_delta",
+    "price_band",
+    "max_slippage",
+    "loss_stop",
+    "portfolio_net_delta",
+    "portfolio_gross",
+    "portfolio_loss_stop",
+)
 
 # order codes (OrderIntent's strings)
 BUY, SELL = SIDE_BUY, SIDE_SELL
@@ -112,8 +130,11 @@ _SOURCES: Final = {"quote": SRC_QUOTE, "kev": SRC_KEV, "flatten": SRC_FLATTEN, "
     L_STALE_BOOK,
     L_LOSS_STOP,
     L_MAX_ADVICE_AGE,
-) = range(9)
-L_SIZE = 9
+    L_PF_MAX_DELTA,
+    L_PF_MAX_GROSS,
+    L_PF_LOSS_STOP,
+) = range(12)
+L_SIZE = 12
 RATE_WINDOW_NS = 1_000_000_000  # order_rate counts accepted new orders in (now - this, now]
 
 
@@ -130,6 +151,11 @@ class RiskLimits:
     stale_book_ns: Nanos = 2_000_000_000
     daily_loss_stop_usd: float = 100.0
     max_advice_age_ns: Nanos = 3_000_000_000  # orders acting on older Kev advice are refused
+    # The portfolio's limits (every instrument one engine trades): net delta and gross exposure in USD,
+    # the loss stop on the summed PnL. Infinite: a single-instrument run never binds on them.
+    portfolio_max_net_delta_usd: float = math.inf
+    portfolio_max_gross_usd: float = math.inf
+    portfolio_loss_stop_usd: float = math.inf
     # the rules to run, in order (names of RULES; a comma-separated string is read too)
     rules: tuple[str, ...] = DEFAULT_RULES
 
@@ -143,6 +169,9 @@ class RiskLimits:
             "max_slippage_bps",
             "price_band_bps",
             "daily_loss_stop_usd",
+            "portfolio_max_net_delta_usd",
+            "portfolio_max_gross_usd",
+            "portfolio_loss_stop_usd",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"RiskLimits.{name} must be > 0")
@@ -212,6 +241,10 @@ class RiskState:
     cash_units: int = 0  # USDT x 1e12, net of fees, since the start of the day
     recent_order_ns: tuple[Nanos, ...] = ()  # send times of accepted new orders
     kill_switch: bool = False
+    # the rest of the portfolio (the other instruments): net delta, gross exposure and PnL, in USD
+    others_delta_usd: float = 0.0
+    others_gross_usd: float = 0.0
+    others_pnl_usd: float = 0.0
 
     @property
     def position(self) -> float:
@@ -233,6 +266,9 @@ def limits_array(limits: RiskLimits) -> np.ndarray:
     a[L_STALE_BOOK] = limits.stale_book_ns
     a[L_LOSS_STOP] = limits.daily_loss_stop_usd
     a[L_MAX_ADVICE_AGE] = limits.max_advice_age_ns
+    a[L_PF_MAX_DELTA] = limits.portfolio_max_net_delta_usd
+    a[L_PF_MAX_GROSS] = limits.portfolio_max_gross_usd
+    a[L_PF_LOSS_STOP] = limits.portfolio_loss_stop_usd
     return a
 
 
@@ -314,6 +350,32 @@ def slippage_ok(lim, bk, side, qty, slip, mid, lpx, lq) -> bool:
 @njit
 def order_rate_ok(lim, recent_n) -> bool:
     return recent_n < lim[L_MAX_ORDERS_PER_S]
+
+
+@njit
+def portfolio_delta_ok(lim, worst, position, mid, others_delta) -> bool:
+    """The portfolio's net delta in USD, this instrument at its worst case plus the others' (each its
+    position times its mid), within the limit; or the order moves it towards zero (a hedge leg)."""
+    after = worst * mid + others_delta
+    return abs(after) <= lim[L_PF_MAX_DELTA] or abs(after) < abs(position * mid + others_delta)
+
+
+@njit
+def portfolio_gross_ok(lim, worst, mid, others_gross) -> bool:
+    """The portfolio's gross exposure in USD (the sum of every instrument's ``|position| * mid``, this
+    one at its worst case) within the limit."""
+    return abs(worst) * mid + others_gross <= lim[L_PF_MAX_GROSS]
+
+
+@njit
+def portfolio_loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid, others_pnl) -> bool:
+    """The portfolio's PnL (this instrument's ``cash + position * mid`` plus the others', each taken
+    the same way) above the stop. A sum of floats over instruments, taken in instrument order: not
+    exact as :func:`loss_ok` is, but the same on every run."""
+    if not (abs(pos_hi) <= 2**53 and abs(cash_hi) <= 2**53):
+        return False
+    own = (cash_hi * _WORD + cash_lo) * 1e-12 + (pos_hi * _WORD + pos_lo) * 1e-12 * mid
+    return own + others_pnl > -lim[L_PF_LOSS_STOP]
 
 
 _SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's split of a float into two 26-bit halves
@@ -422,6 +484,9 @@ def verdict(
     now,
     lpx,
     lq,
+    others_delta,
+    others_gross,
+    others_pnl,
 ) -> int:
     """The reason code (R_OK: accepted) for a new order: the code of the first rule of ``rules`` that
     fails. ``lim``: :func:`limits_array`; ``rules``: :func:`rule_codes` (R_OK entries are skipped);
@@ -429,7 +494,9 @@ def verdict(
     new orders in the rate window; ``side``/``otype``/``source``: codes; ``slip``: the order's slippage
     cap, NaN for none; the book (read only when ``has_book``): its top, received at ``book_ts``, and for
     the walk of a market order ``bk``, laid out as :func:`engine.book.as_levels` does; ``lpx``/``lq``:
-    scratch for the walk."""
+    scratch for the walk; ``others_*``: the rest of the portfolio, every other instrument the engine
+    trades: the sum of their net deltas (USD, position times mid), of their gross exposures and of their
+    PnL (0 when there are none)."""
     position = (pos_hi * _WORD + pos_lo) / 1e12
     # Worst case: every resting order on the same side fills too. An order "reduces" only when even
     # then the position shrinks; only such an order may pass the position and loss limits.
@@ -468,6 +535,12 @@ def verdict(
             ok = order_rate_ok(lim, recent_n)
         elif r == R_LOSS:
             ok = reducing or loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid)
+        elif r == R_PF_DELTA:
+            ok = portfolio_delta_ok(lim, worst, position, mid, others_delta)
+        elif r == R_PF_GROSS:
+            ok = reducing or portfolio_gross_ok(lim, worst, mid, others_gross)
+        elif r == R_PF_LOSS:
+            ok = reducing or portfolio_loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid, others_pnl)
         else:
             ok = False  # not a rule: nothing vouches for the order
         if not ok:
@@ -552,6 +625,9 @@ def verdict_of(
         now_ns,
         _LPX,
         _LQ,
+        state.others_delta_usd,
+        state.others_gross_usd,
+        state.others_pnl_usd,
     )
 
 

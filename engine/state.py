@@ -141,11 +141,14 @@ class CoreState:
         ask: bool,
         rows: int = 4096,
         out_cap: int = 1 << 15,
+        share: CoreState | None = None,
     ) -> None:
         """``fill_model``: the simulated venue's fill model (kind code, queue exponent) when the state
         holds one (the replay's compiled loop); None: the caller owns the clock and the venue
         (K.C_EXTERNAL). ``rows``: first size of the order ring, request and timer tables (they grow);
-        ``out_cap``: rows per output stream between two hand-overs to the log."""
+        ``out_cap``: rows per output stream between two hand-overs to the log. ``share``: another
+        instrument's core of the same portfolio, whose output buffer, streams and Kev texts this one
+        writes to as well (``engine.portfolio``)."""
         self.e, self.log, self.symbol, self.advisor = e, log, symbol, advisor
         self.kev, self.clock, self.advisor_name = kev, clock, advisor_name
         self.lag_model = getattr(kev, "lag", None)
@@ -192,6 +195,9 @@ class CoreState:
         CF[K.CF_MAX_SLIP] = r.max_slippage_bps
         CF[K.CF_BAND] = r.price_band_bps
         CF[K.CF_LOSS_STOP] = r.daily_loss_stop_usd
+        CF[K.CF_PF_MAX_DELTA] = r.portfolio_max_net_delta_usd
+        CF[K.CF_PF_MAX_GROSS] = r.portfolio_max_gross_usd
+        CF[K.CF_PF_LOSS_STOP] = r.portfolio_loss_stop_usd
         C[K.C_KEV_ASK] = self.ask
         if not self.ask:
             CF[K.CF_STEP_FRACTION] = advisor.step_fraction
@@ -215,13 +221,20 @@ class CoreState:
         self.OUTF = np.zeros((8, out_cap, K.OUT_MAXF), dtype=np.float64)
         self.NOUT = np.zeros(8, dtype=np.int64)
         self.lags = np.zeros(0, dtype=np.int64)
-        self.streams = {s: _KernelStream(log, s) for s in K.OUT_STREAMS}
+        # the symbols of the instruments whose rows the output buffer holds, by OUT_INST code
+        self.symbols: list[str] = [symbol]
+        self.streams = {s: _KernelStream(log, s) for s in K.OUT_STREAMS} if share is None else share.streams
         # reason texts by code: the core's, then those a venue reports that the core does not name
         self.reason_texts = list(K.REASON_TEXT)
         self._texts: dict[int, tuple[str, str, str]] = {}  # request id -> (key, raw, reason)
         # Python's answers, by request id until their response is drained: (error, failure, advisor,
         # key, raw, prompt_ms, predicted_ms, prompt_tokens, completion_tokens, reason)
         self._replies: dict[int, tuple[Any, ...]] = {}
+        if share is not None:  # one buffer, one set of texts: rows stay in step order across instruments
+            self.OUTI, self.OUTF, self.NOUT = share.OUTI, share.OUTF, share.NOUT
+            self.reason_texts, self._texts, self._replies = share.reason_texts, share._texts, share._replies
+            share.symbols.append(symbol)
+            self.symbols = share.symbols
         # nothing drawn here unless a simulated venue is (fast_path.KernelRun): headroom() never asks
         self.olat = np.zeros((3, K.MARGIN + 1), dtype=np.int64)
         self.S[K.S_LAG_N] = 1 << 60
@@ -376,8 +389,8 @@ class CoreState:
             pa.array(cols[8], pa.int64()),
         ]
 
-    def _sym(self, n: int) -> pa.Array:
-        return pa.array([self.symbol], pa.string()).take(pa.array(np.zeros(n, dtype=np.int64)))
+    def _sym(self, ints: np.ndarray) -> pa.Array:
+        return pa.array(self.symbols, pa.string()).take(pa.array(ints[:, K.OUT_INST].copy()))
 
     def _columns(self, s: int, n: int, ints: np.ndarray, floats: np.ndarray) -> list[pa.Array]:
         side = ("buy", "sell")
@@ -396,7 +409,7 @@ class CoreState:
                 pa.array(ints[:, 0].copy()),
                 pa.array(ints[:, 1].copy()),
                 pa.array(ints[:, 2].copy()),
-                self._sym(n),
+                self._sym(ints),
                 _text(LABEL_NAMES, ints[:, 3]),
                 pa.array(ints[:, 4].copy()),
                 *(pa.array(floats[:, k].copy()) for k in range(4)),
@@ -440,7 +453,7 @@ class CoreState:
                 pa.array(ints[:, 1].copy()),
                 pa.array(ints[:, 2].copy()),
                 pa.array(ints[:, 3].copy()),
-                self._sym(n),
+                self._sym(ints),
                 _text(ACTIONS, ints[:, 4]),
                 *(pa.array(floats[:, k].copy()) for k in range(3)),
                 pa.array(reasons, pa.string()),
@@ -452,7 +465,7 @@ class CoreState:
                 ts,
                 ts,
                 _prefixed("dh-", ints[:, 1].copy()),
-                self._sym(n),
+                self._sym(ints),
                 _text(("new", "cancel"), ints[:, 2]),
                 _text(side, ints[:, 3]),
                 _text(otype, ints[:, 4]),
@@ -468,7 +481,7 @@ class CoreState:
                 pa.array(ints[:, 0].copy()),
                 pa.array(ints[:, 1].copy()),
                 _prefixed("dh-", ints[:, 2].copy()),
-                self._sym(n),
+                self._sym(ints),
                 _text(K.ORDER_KINDS, ints[:, 3]),
                 _text(side, ints[:, 4]),
                 _text(otype, ints[:, 5]),
@@ -481,7 +494,7 @@ class CoreState:
                 pa.array(ints[:, 0].copy()),
                 pa.array(ints[:, 1].copy()),
                 _prefixed("dh-", ints[:, 2].copy()),
-                self._sym(n),
+                self._sym(ints),
                 _text(side, ints[:, 3]),
                 pa.array(floats[:, 0].copy()),
                 pa.array(floats[:, 1].copy()),

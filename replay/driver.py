@@ -95,6 +95,8 @@ class ReplayConfig:
 
     seed: int = 1
     symbol: str = "BTCUSDT"
+    # several instruments traded as one portfolio (replay/portfolio.py); empty: ``symbol`` alone
+    symbols: tuple[str, ...] = ()
     model_path: Path = DEFAULT_MODEL
     laya_provider: str = "auto"
     laya_mode: str = "batch"  # "batch": features+inference over the whole session; "tick": per snapshot
@@ -143,6 +145,9 @@ class ReplayConfig:
     kev_lag_source: str = "measured"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "symbols", tuple(self.symbols))
+        if len(set(self.symbols)) != len(self.symbols):
+            raise DualhubError(f"a symbol is given twice in {','.join(self.symbols)}")
         if self.kev_lag_source not in KEV_LAG_SOURCES:
             raise DualhubError(f"kev_lag_source must be 'measured' or 'model', not {self.kev_lag_source!r}")
         if self.kev_timeout_ms <= 0:
@@ -190,6 +195,11 @@ class ReplayConfig:
             d["strategy_sha256"] = plugin.source_sha256(self.strategy)
         if self.risk.rules == DEFAULT_RULES:  # run names stay as they were; runtime.json names the rules
             del d["risk"]["rules"]
+        for name in ("portfolio_max_net_delta_usd", "portfolio_max_gross_usd", "portfolio_loss_stop_usd"):
+            if math.isinf(d["risk"][name]):  # unbound (the default): run names stay as they were
+                del d["risk"][name]
+        if not self.symbols:
+            del d["symbols"]
         return orjson.loads(orjson.dumps(d, default=str))
 
     def asks_live_model(self) -> bool:
@@ -555,6 +565,16 @@ def _load_cassette(spec: str) -> Cassette:
         raise DualhubError(f"cannot read Kev cassette {path}: {e}") from None
 
 
+def contract_of(manifest: dict[str, Any], symbol: str, base: ContractConfig) -> ContractConfig:
+    """``symbol``'s contract: the simulator's (a multi-symbol simulated session names each), else the
+    config's under this symbol's name."""
+    inst = ((manifest.get("simulator") or {}).get("instruments") or {}).get(symbol)
+    if not inst:
+        return dataclasses.replace(base, symbol=symbol)
+    step = float(inst["size_step"])
+    return dataclasses.replace(base, symbol=symbol, tick=float(inst["tick"]), size_step=step, min_qty=step)
+
+
 def _kev_backend(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBackend]:
     """The advisor for the configured Kev mode and the replay backend that delivers its replies."""
     lag = _lag_model(cfg)
@@ -678,7 +698,9 @@ class _Quarantine:
                         f"{root}: {bad} of {table.num_rows} {stream} rows for {symbol} are invalid ({why}); "
                         "refusing a session that is mostly bad data"
                     )
-                self.counts[stream] = found
+                mine = self.counts.setdefault(stream, {})  # a portfolio checks several symbols
+                for k, v in found.items():
+                    mine[k] = mine.get(k, 0) + v
                 first = sum(t.num_rows for t in self.tables)
                 self.tables.append(validate.quarantine_table(stream, table, codes, first))
                 table = table.filter(pa.array(codes == 0))
@@ -729,6 +751,12 @@ def run_replay(
     try:
         open_session(session_dir)  # not a session: one line before the model loads (and says which provider)
         laya = _load_laya(cfg)  # once: the retries below reuse it
+        if cfg.symbols:  # a portfolio: one engine over the instruments, driven per event
+            from replay.portfolio import run_portfolio
+
+            return run_portfolio(
+                session_dir, cfg, laya, out_dir=run_dir, overwrite=overwrite, progress=progress
+            )
         try:
             whole, stream_books = "", True
             while True:
@@ -917,7 +945,9 @@ def _run_replay(
         cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
     )
     engine = Engine(
-        engine_config_from(cfg, symbol=cfg.symbol, contract=cfg.contract),
+        engine_config_from(
+            cfg, symbol=cfg.symbol, contract=contract_of(session.manifest, cfg.symbol, cfg.contract)
+        ),
         clock=clock,
         log=log,
         labeler=labeler,

@@ -26,7 +26,10 @@ NOW = 10_000_000_000
 EPS = 1e-9
 CONTRACT = ContractConfig()
 QUOTES = QuoteConfig()
-LIMITS = RiskLimits()
+# the defaults, with the portfolio rules bound (their defaults never bind: one instrument)
+LIMITS = RiskLimits(
+    portfolio_max_net_delta_usd=6_000.0, portfolio_max_gross_usd=9_000.0, portfolio_loss_stop_usd=200.0
+)
 
 
 def _valid_top(book: BookSnapshot) -> bool:
@@ -67,6 +70,18 @@ def breaches(limits: RiskLimits, st: RiskState, it: OrderIntent, book: BookSnaps
         out.append("max_position")
     if grows and abs(worst) * mid > limits.max_net_delta_usd * (1 + EPS):
         out.append("max_net_delta")
+    here = st.position * mid
+    after = worst * mid + st.others_delta_usd
+    if not (abs(after) <= limits.portfolio_max_net_delta_usd * (1 + EPS)) and not (
+        abs(after) < abs(here + st.others_delta_usd)
+    ):
+        out.append("portfolio_net_delta")
+    if grows and not (abs(worst) * mid + st.others_gross_usd <= limits.portfolio_max_gross_usd * (1 + EPS)):
+        out.append("portfolio_gross")
+    if grows and not (
+        st.cash_units / 1e12 + here + st.others_pnl_usd > -limits.portfolio_loss_stop_usd * (1 + EPS)
+    ):
+        out.append("portfolio_loss_stop")
     if it.reduce_only and not (st.position * signed < 0 and qty <= abs(st.position) + EPS):
         out.append("reduce_only")
     if it.order_type == "limit":
@@ -168,6 +183,10 @@ def gen_state(rng: random.Random) -> RiskState:
             sorted(NOW - rng.randrange(0, 2_000_000_000) for _ in range(rng.randrange(12)))
         ),
         kill_switch=bool(rng.random() < 0.02),
+        # the other instruments of a portfolio (a NaN: one without a mark holds a position)
+        others_delta_usd=float(rng.choice([0.0, 0.0, 2_000.0, -5_500.0, 9_000.0, math.nan])),
+        others_gross_usd=float(rng.choice([0.0, 0.0, 4_000.0, 8_900.0, math.nan])),
+        others_pnl_usd=float(rng.choice([0.0, 0.0, 50.0, -150.0, -250.0, math.nan])),
     )
 
 

@@ -799,7 +799,7 @@ def test_the_kernels_codes_name_the_engines_texts():
 
     risk_codes = [K.R_OK, K.R_BAD_ORDER, K.R_KILL, K.R_NO_BOOK, K.R_STALE_BOOK, K.R_MAX_QTY, K.R_MAX_POS]
     risk_codes += [K.R_MAX_DELTA, K.R_BAND, K.R_SLIP, K.R_RATE, K.R_LOSS, K.R_STALE_ADVICE]
-    risk_codes += [K.R_BAD_BOOK, K.R_REDUCE_ONLY]
+    risk_codes += [K.R_BAD_BOOK, K.R_REDUCE_ONLY, K.R_PF_DELTA, K.R_PF_GROSS, K.R_PF_LOSS]
     assert [K.REASON_TEXT[c] for c in risk_codes] == list(REASONS)
     assert [LABEL_NAMES[c] for c in (K.L_HOLD, K.L_BUY, K.L_SELL, K.L_EMERGENCY)] == [
         "HOLD",

@@ -90,6 +90,9 @@ states = st.builds(
         lambda v: tuple(sorted(v))
     ),
     kill_switch=st.sampled_from([False] * 15 + [True]),
+    others_delta_usd=st.sampled_from([0.0, 0.0, 3_000.0, -5_900.0, 12_000.0, math.nan]),
+    others_gross_usd=st.sampled_from([0.0, 0.0, 5_000.0, 8_990.0, math.nan]),
+    others_pnl_usd=st.sampled_from([0.0, 0.0, -150.0, -205.0, math.inf, math.nan]),
 )
 intents = st.builds(
     OrderIntent,
@@ -205,6 +208,8 @@ def test_a_seeded_fuzz_of_commands_strategy_and_risk_finds_no_breach():
         assert stats.reasons[reason] > 0, reason
     for reason in ("max_slippage", "reduce_only", "max_order_qty", "loss_stop", "stale_book"):
         assert stats.reasons[reason] > 0, reason
+    for reason in ("portfolio_net_delta", "portfolio_gross", "portfolio_loss_stop"):
+        assert stats.reasons[reason] > 0, reason
 
 
 # ---------------------------------------------------------------- the compiled gateway agrees
@@ -226,8 +231,15 @@ def _kernel_check(limits: RiskLimits, state: RiskState, it: OrderIntent, book: B
         (K.CF_BAND, limits.price_band_bps),
         (K.CF_MAX_SLIP, limits.max_slippage_bps),
         (K.CF_LOSS_STOP, limits.daily_loss_stop_usd),
+        (K.CF_PF_MAX_DELTA, limits.portfolio_max_net_delta_usd),
+        (K.CF_PF_MAX_GROSS, limits.portfolio_max_gross_usd),
+        (K.CF_PF_LOSS_STOP, limits.portfolio_loss_stop_usd),
     ):
         CF[i] = v
+    SF = np.zeros(K.SF_SIZE, dtype=np.float64)
+    SF[K.SF_OTHERS_DELTA] = state.others_delta_usd
+    SF[K.SF_OTHERS_GROSS] = state.others_gross_usd
+    SF[K.SF_OTHERS_PNL] = state.others_pnl_usd
     S[K.S_KILL], S[K.S_ENG_BOOK], S[K.S_ENG_ROW] = int(state.kill_switch), 1, 0
     if abs(state.cash_units) > 1 << 61 or abs(state.position_units) > 1 << 52:
         return None  # the kernel's money bounds (_on_fill): beyond them the Python engine runs
@@ -247,7 +259,7 @@ def _kernel_check(limits: RiskLimits, state: RiskState, it: OrderIntent, book: B
     S[K.S_RECENT_TAIL] = len(state.recent_order_ns)
     eng_book = np.array([*book.bid_px, *book.bid_sz, *book.ask_px, *book.ask_sz], dtype=np.float64)
     reason = K._check_new(
-        S, C, CF, OI, OF, work, recent, eng_book, np.array([book.ts_recv], dtype=np.int64),
+        S, SF, C, CF, OI, OF, work, recent, eng_book, np.array([book.ts_recv], dtype=np.int64),
         K.BUY if it.side == "buy" else K.SELL, K.LIMIT if it.order_type == "limit" else K.MARKET,
         it.px, it.qty, it.reduce_only, math.nan if it.max_slippage_bps is None else it.max_slippage_bps,
         {"quote": K.SRC_QUOTE, "kev": K.SRC_KEV, "flatten": K.SRC_FLATTEN}[it.source], it.advice_age_ns,

@@ -1,0 +1,285 @@
+"""Replay of several instruments as one portfolio (``ReplayConfig.symbols``): one engine
+(``engine/instruments.py``: a core per instrument, shared ids, one risk view), one replay clock, one
+event log, a simulated exchange per instrument.
+
+Every symbol's market data walks on the one clock, merged by (time, priority, the symbol's place in
+``symbols``, its own order): ties between instruments always resolve the same way. Each instrument
+has its own random streams; the first one's are those of a single-instrument replay, so a portfolio
+of one instrument replays to that run's events exactly.
+
+Sizes in the config (quote size, position and order limits) are in the first instrument's units; each
+other instrument gets them scaled to the same notional at the first books' mids, rounded down to its
+size step (at least its minimum order). Its contract (tick, size step) comes from the session's
+simulator manifest when it has one, else from the decimals its recorded books show.
+
+This driver steps the engine one event at a time, as ``--python-engine`` does for one instrument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from engine.clock import ReplayClock
+from engine.contract import ContractConfig, round_to_step
+from engine.core import Engine, EngineConfig, engine_config_from
+from engine.errors import DualhubError
+from engine.eventlog import EventLog
+from engine.events import STREAMS, BookSnapshot
+from engine.instruments import Portfolio
+from engine.laya.model import Laya
+from engine.store import open_session
+from replay.driver import (
+    PRIO_EXCH_BOOK,
+    PRIO_EXCH_TRADE,
+    PRIO_LOCAL_BOOK,
+    ReplayConfig,
+    RunResult,
+    _batch_v0,
+    _BatchLabeler,
+    _checked_latency,
+    _finish,
+    _for_symbol,
+    _kev_backend,
+    _progress,
+    _Quarantine,
+    _run_dir,
+    _start_run_dir,
+    _Tape,
+    _tick_labeler,
+    _v1_labeler,
+    contract_of,
+)
+from replay.tape_stream import FeedClock
+from venue.exchange import SimExchange
+from venue.fills import FILL_MODELS
+from venue.latency import LatencyModel, ScaledLatency
+
+WALK_CHUNK = 1 << 16
+_PRIO = (PRIO_EXCH_BOOK, PRIO_EXCH_TRADE, PRIO_LOCAL_BOOK)  # a walk entry's priority by its kind
+
+
+def _rng(seed: int, component: int, inst: int) -> np.random.Generator:
+    """Instrument ``inst``'s stream of a component; instrument 0's is the single-instrument replay's."""
+    return np.random.default_rng([seed, component] if inst == 0 else [seed, component, inst])
+
+
+def scaled_config(e: EngineConfig, contract: ContractConfig, ratio: float) -> EngineConfig:
+    """``e`` for an instrument whose price is ``1 / ratio`` of the first one's: its sizes scaled to the
+    same notional, rounded down to the size step, at least the minimum order."""
+    if ratio == 1.0:
+        return dataclasses.replace(e, contract=contract)
+
+    def size(q: float) -> float:
+        return max(contract.min_qty, round_to_step(q * ratio, contract.size_step))
+
+    risk = dataclasses.replace(
+        e.risk, max_position=size(e.risk.max_position), max_order_qty=size(e.risk.max_order_qty)
+    )
+    quotes = dataclasses.replace(e.quotes, quote_qty=size(e.quotes.quote_qty))
+    return dataclasses.replace(e, contract=contract, risk=risk, quotes=quotes)
+
+
+def _decimals(values: np.ndarray) -> int:
+    """The most decimals any of ``values`` (floats parsed from exchange strings) needs, 0..8."""
+    d = 0
+    for x in values[np.isfinite(values) & (values > 0)][:2000].tolist():
+        exp = Decimal(repr(x)).as_tuple().exponent
+        if isinstance(exp, int):
+            d = max(d, -exp)
+    return min(d, 8)
+
+
+def recorded_contract(
+    manifest: dict[str, Any], books: pa.Table, trades: pa.Table, base: ContractConfig
+) -> ContractConfig:
+    """A symbol's contract: the simulator's, or for a recorded session that names none, the finest
+    price and size steps its books and trades show (the decimals of the exchange's strings)."""
+    symbol = books.column("symbol")[0].as_py()
+    if ((manifest.get("simulator") or {}).get("instruments") or {}).get(symbol):
+        return contract_of(manifest, symbol, base)
+    col = lambda n: books.column(n).to_numpy(zero_copy_only=False)  # noqa: E731
+    tcol = lambda n: trades.column(n).to_numpy(zero_copy_only=False)  # noqa: E731
+    px = np.concatenate([col("bid_px_0"), col("ask_px_0"), tcol("px")])
+    sz = np.concatenate([col("bid_sz_0"), col("ask_sz_0"), tcol("sz")])
+    tick, step = 10.0 ** -_decimals(px), 10.0 ** -_decimals(sz)
+    return dataclasses.replace(base, symbol=symbol, tick=tick, size_step=step, min_qty=step)
+
+
+def _first_mid(books: pa.Table) -> float:
+    bid = books.column("bid_px_0").to_numpy(zero_copy_only=False)
+    ask = books.column("ask_px_0").to_numpy(zero_copy_only=False)
+    ok = np.isfinite(bid) & np.isfinite(ask) & (bid > 0) & (ask > bid)
+    if not ok.any():
+        raise DualhubError(f"no usable book for {books.column('symbol')[0].as_py()}")
+    j = int(np.argmax(ok))
+    return float((bid[j] + ask[j]) / 2)
+
+
+class _Clamped:
+    """The feed floors of every instrument's tape, summed (what ``_finish`` reports)."""
+
+    def __init__(self, tapes: list[_Tape]) -> None:
+        self.clamped = {k: sum(t.clamped[k] for t in tapes) for k in ("books15", "trade")}
+
+
+def run_portfolio(
+    session_dir: Path | str,
+    cfg: ReplayConfig,
+    laya: Laya,
+    *,
+    out_dir: Path | str | None,
+    overwrite: bool,
+    progress: bool,
+) -> RunResult:
+    t0 = time.perf_counter()
+    symbols = list(cfg.symbols)
+    session = open_session(session_dir)
+    session.verify()
+    if "books15" not in session.manifest["streams"]:
+        raise DualhubError(f"{session.root} has no books15 stream to replay")
+    have = set(session.manifest.get("symbols") or [])
+    if missing := [s for s in symbols if s not in have]:
+        raise DualhubError(
+            f"{session.root} has no {', '.join(missing)}; its symbols: {', '.join(sorted(have)) or 'none'}"
+        )
+    features = laya.feature_version
+    feed_clock = FeedClock.of_session(session.manifest)
+    books_all = session.read_table("books15")
+    trades_all = (
+        session.read_table("trade") if "trade" in session.streams else STREAMS["trade"].schema.empty_table()
+    )
+    quarantine = _Quarantine()
+
+    def latency(spec: str, rng: np.random.Generator, scale: float, name: str) -> LatencyModel:
+        model = _checked_latency(spec, rng, name)
+        return model if scale == 1.0 else ScaledLatency(model, scale)
+
+    tapes: list[_Tape] = []
+    tables: list[tuple[pa.Table, pa.Table]] = []
+    for j, sym in enumerate(symbols):
+        books, trades = _for_symbol(books_all, sym), _for_symbol(trades_all, sym)
+        if books.num_rows == 0:
+            raise DualhubError(f"{session.root} has no books15 rows for {sym}")
+        books, trades = quarantine.check(session.root, sym, books, trades)
+        feed = (
+            None
+            if cfg.latency_feed == "recorded"
+            else _checked_latency(cfg.latency_feed, _rng(cfg.seed, 2, j), "latency_feed")
+        )
+        tapes.append(_Tape(books, trades, feed, cfg.scale_feed, cfg.exchange_feed, None, feed_clock))
+        tables.append((books, trades))
+    del books_all, trades_all
+
+    # The merged walk: each tape's own order (exchange books and trades, engine books), then all of
+    # them by (ts, priority, instrument, place in the tape's order).
+    parts = [t.order(None, engine_trades=False) for t in tapes]
+    ts = np.concatenate([p[0] for p in parts])
+    prio = np.concatenate([p[1] for p in parts])
+    kind = np.concatenate([p[2] for p in parts])
+    row = np.concatenate([p[3] for p in parts])
+    inst = np.concatenate([np.full(len(p[0]), j, dtype=np.int64) for j, p in enumerate(parts)])
+    place = np.concatenate([np.arange(len(p[0])) for p in parts])
+    o = np.lexsort((place, inst, prio, ts))
+    ts, kind, row, inst = ts[o], kind[o], row[o], inst[o]
+    del parts, prio, place, o
+
+    clock = ReplayClock(start_ns=int(ts[0]))
+    run_dir = _run_dir(session.root, cfg, out_dir)
+    tmp = _start_run_dir(run_dir, overwrite)
+    log = EventLog(tmp / "events")
+    advisor, kev = _kev_backend(cfg, clock)  # one Kev for the portfolio
+    portfolio = Portfolio(symbols)
+    base = engine_config_from(cfg, symbol=symbols[0], contract=cfg.contract)
+    mids = [_first_mid(b) for b, _ in tables]
+    exchanges: list[SimExchange] = []
+    engines: list[Engine] = []
+    for j, sym in enumerate(symbols):
+        books, trades = tables[j]
+        tape = tapes[j]
+        if features == "v1":
+            labeler: Any = _v1_labeler(laya, cfg.laya_mode, books, trades, tape, clock)
+        elif cfg.laya_mode == "batch":
+            labels, probs = _batch_v0(laya, books)
+            labeler = _BatchLabeler(tape.b_seq, labels, probs, clock)
+        else:
+            labeler = _tick_labeler(laya)
+        rng_order, rng_response, rng_cancel = (_rng(cfg.seed, c, j) for c in (4, 5, 6))
+        exchange = SimExchange(
+            clock,
+            fill_model=FILL_MODELS[cfg.fill_model](),
+            entry_latency=latency(cfg.latency_order_entry, rng_order, cfg.scale_order, "order entry"),
+            response_latency=latency(
+                cfg.latency_order_response, rng_response, cfg.scale_order, "latency_order_response"
+            ),
+            cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
+        )
+        contract = recorded_contract(session.manifest, books, trades, cfg.contract)
+        ecfg = scaled_config(
+            dataclasses.replace(base, symbol=sym), contract, 1.0 if j == 0 else mids[0] / mids[j]
+        )
+        engine = Engine(
+            ecfg,
+            clock=clock,
+            log=log,
+            labeler=labeler,
+            kev=kev,
+            execution=exchange,
+            advisor_name=advisor.name,
+            laya_latency=latency(cfg.latency_laya, _rng(cfg.seed, 3, j), cfg.scale_laya, "latency_laya"),
+            portfolio=portfolio,
+        )
+        exchange.engine = engine
+        exchanges.append(exchange)
+        engines.append(engine)
+    del tables
+
+    n_walk = len(ts)
+    bar = _progress(progress, n_walk)
+    books_in_flight: list[dict[int, BookSnapshot]] = [{} for _ in symbols]
+    run_before, timers = clock.run_before, clock.timers
+    try:
+        for c0 in range(0, n_walk, WALK_CHUNK):
+            c1 = min(n_walk, c0 + WALK_CHUNK)
+            for t, k, i, j in zip(
+                ts[c0:c1].tolist(),
+                kind[c0:c1].tolist(),
+                row[c0:c1].tolist(),
+                inst[c0:c1].tolist(),
+                strict=True,
+            ):
+                p = _PRIO[k]
+                if timers and (timers[0][0] < t or (timers[0][0] == t and timers[0][1] < p)):
+                    run_before(t, p)
+                else:
+                    clock.t_ns = t
+                if k == 0:
+                    book = books_in_flight[j][i] = tapes[j].book(i)
+                    exchanges[j].on_book(book)
+                elif k == 2:
+                    engines[j].on_book(books_in_flight[j].pop(i))
+                elif k == 1 and exchanges[j].resting:  # a trade can only fill resting orders
+                    exchanges[j].on_trade(tapes[j].trade(i))
+            if bar is not None:
+                bar.update(c1)
+        clock.run_all()
+    except BaseException:
+        log.abandon()
+        raise
+    finally:
+        kev.close()
+        if bar is not None:
+            bar.close()
+    n_books = sum(len(t.b_seq) for t in tapes)
+    n_trades = sum(len(t.t_seq) for t in tapes)
+    path = f"python (a portfolio of {len(symbols)}: the engine driven per event)"
+    return _finish(
+        tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path, quarantine,
+        _Clamped(tapes), kev,
+    )  # fmt: skip

@@ -1,0 +1,229 @@
+"""One engine over two instruments (engine/instruments.py): real cores, real simulated exchanges, the
+rule advisor as Kev, driven per event on a replay clock. The portfolio's risk rules bind on the sum
+of the instruments, EMERGENCY and the kill switch act on all of them, ids are unique across them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import duckdb
+import numpy as np
+import pytest
+
+from engine.clock import ReplayClock
+from engine.contract import ContractConfig
+from engine.core import Engine, EngineConfig
+from engine.eventlog import EventLog
+from engine.instruments import Portfolio
+from engine.kev.rules import RuleKev
+from engine.kev.sim import SimKevBackend
+from engine.risk import RiskLimits
+from engine.strategy import QuoteConfig
+from tests.helpers import make_book
+from venue.exchange import SimExchange
+from venue.fills import FILL_MODELS
+from venue.latency import ConstantLatency
+
+S = 1_000_000_000
+HOLD, BUY, SELL, EMERGENCY = 0, 1, 2, 3
+LIMIT_USD = 250.0  # the portfolio's net delta limit: 2.5 BTC at 100, 5 ETH at 50
+
+
+def _probs(label: int) -> np.ndarray:
+    p = np.full(4, 0.02, dtype=np.float32)
+    p[label] = 0.94
+    return p
+
+
+class _Run:
+    """BTCUSDT (100.0/100.1) and ETHUSDT (50.00/50.01) in one portfolio; ``label(symbol, t, label)``
+    delivers a book and its label at time t."""
+
+    def __init__(self, tmp_path, **limits: float) -> None:
+        (tmp_path / "events").mkdir()
+        self.clock = clock = ReplayClock(start_ns=0)
+        self.log = EventLog(tmp_path / "events")
+        self.dir = tmp_path / "events"
+        kev = SimKevBackend(RuleKev(), ConstantLatency(1_000_000), clock)
+        self.pf = Portfolio(["BTCUSDT", "ETHUSDT"])
+        risk = RiskLimits(max_net_delta_usd=1e9, portfolio_max_net_delta_usd=LIMIT_USD, **limits)
+        quotes = QuoteConfig(quote_qty=0.01)
+        self.books = {"BTCUSDT": (100.0, 100.1, 0.1), "ETHUSDT": (50.0, 50.01, 0.01)}
+        self.next_label: dict[str, int] = {}
+        self.engines: dict[str, Engine] = {}
+        self.exchanges: dict[str, SimExchange] = {}
+        self.seq = 0
+        for sym, pos, qty, tick, step in (
+            ("BTCUSDT", 10.0, 1.0, 0.1, 0.001),
+            ("ETHUSDT", 10.0, 2.0, 0.01, 0.01),
+        ):
+            ex = SimExchange(
+                clock,
+                fill_model=FILL_MODELS["queue_power2"](),
+                entry_latency=ConstantLatency(1_000_000),
+                response_latency=ConstantLatency(1_000_000),
+                cancel_latency=ConstantLatency(1_000_000),
+            )
+            cfg = EngineConfig(
+                symbol=sym,
+                contract=ContractConfig(symbol=sym, tick=tick, size_step=step, min_qty=step),
+                risk=replace(risk, max_position=pos, max_order_qty=qty),
+                quotes=quotes,
+            )
+            e = Engine(
+                cfg,
+                clock=clock,
+                log=self.log,
+                labeler=lambda book, s=sym: (self.next_label[s], _probs(self.next_label[s])),
+                kev=kev,
+                execution=ex,
+                advisor_name="rules",
+                portfolio=self.pf,
+            )
+            ex.engine = e
+            self.engines[sym], self.exchanges[sym] = e, ex
+
+    def settle(self, t: int) -> None:
+        """Every timer due before ``t`` runs; the clock moves to ``t``."""
+        self.clock.run_before(t, 0)
+        self.clock.advance_to(t)
+
+    def label(self, symbol: str, t: int, label: int) -> None:
+        self.settle(t)
+        bid, ask, tick = self.books[symbol]
+        self.seq += 1
+        book = make_book(bid, ask, ts=t, seq=self.seq, size=5.0, tick=tick, symbol=symbol)
+        self.exchanges[symbol].on_book(book)
+        self.next_label[symbol] = label
+        self.engines[symbol].on_book(book)
+
+    def finish(self) -> None:
+        self.clock.run_all()
+        self.log.write()
+
+    def sql(self, q: str) -> list[tuple]:
+        return duckdb.sql(q.replace("EV/", f"{self.dir}/")).fetchall()
+
+    def net_after_each_fill(self) -> list[float]:
+        """Net delta (USD at the books' mids) after each fill, in the order they happened."""
+        mids = {s: (b + a) / 2 for s, (b, a, _) in self.books.items()}
+        pos = dict.fromkeys(mids, 0.0)
+        out = []
+        for sym, after in self.sql("select symbol, position_after from 'EV/fill.parquet' order by seq"):
+            pos[sym] = after
+            out.append(sum(pos[s] * mids[s] for s in mids))
+        return out
+
+
+def test_one_leg_alone_stops_at_the_portfolio_net_delta_limit(tmp_path):
+    run = _Run(tmp_path)
+    for r in range(6):
+        run.label("BTCUSDT", S + 2 * r * S, BUY)
+        run.label("ETHUSDT", S + 2 * r * S + S // 2, HOLD)
+    run.finish()
+    pos = dict(run.sql("select symbol, last(position_after order by seq) from 'EV/fill.parquet' group by 1"))
+    assert pos == {"BTCUSDT": 2.0}  # a third BTC would be 300 USD of delta
+    refused = run.sql(
+        "select symbol, source, count(*) from 'EV/risk.parquet' "
+        "where reason = 'portfolio_net_delta' group by all"
+    )
+    assert refused == [("BTCUSDT", "kev", refused[0][2])] and refused[0][2] >= 2
+    assert max(run.net_after_each_fill()) <= LIMIT_USD
+
+
+def test_a_hedged_pair_stays_inside_net_delta_while_each_leg_alone_would_breach(tmp_path):
+    run = _Run(tmp_path)
+    for r in range(6):
+        run.label("BTCUSDT", S + 2 * r * S, BUY)
+        run.label("ETHUSDT", S + 2 * r * S + S // 2, SELL)
+    run.finish()
+    pos = dict(run.sql("select symbol, last(position_after order by seq) from 'EV/fill.parquet' group by 1"))
+    # each leg alone is worth more than the limit; together they net out
+    assert pos["BTCUSDT"] * 100.05 > LIMIT_USD and pos["ETHUSDT"] * 50.005 < -LIMIT_USD
+    assert all(abs(n) <= LIMIT_USD for n in run.net_after_each_fill())
+    assert abs(run.pf.net_delta_usd()) <= LIMIT_USD
+    assert run.pf.net_delta_usd() == pytest.approx(pos["BTCUSDT"] * 100.05 + pos["ETHUSDT"] * 50.005)
+
+
+def test_the_portfolio_loss_stop_halts_both_legs(tmp_path):
+    """Buying at the ask and marking at the mid loses half the spread and the fees on every fill: a
+    stop of 0.2 USD is passed after a few fills, and from then on neither instrument adds risk."""
+    run = _Run(tmp_path, portfolio_loss_stop_usd=0.2)
+    for r in range(6):
+        run.label("BTCUSDT", S + 2 * r * S, BUY)
+        run.label("ETHUSDT", S + 2 * r * S + S // 2, SELL)
+    run.finish()
+    stopped = run.sql(
+        "select symbol, min(ts_recv) from 'EV/risk.parquet' where reason = 'portfolio_loss_stop' group by 1"
+    )
+    assert {s for s, _ in stopped} == {"BTCUSDT", "ETHUSDT"}
+    first = min(t for _, t in stopped)
+    # after the stop first bound, no order that adds risk was accepted on either leg (BTC is long,
+    # ETH short): only orders that shrink a leg pass
+    late = run.sql(
+        "select symbol, side from 'EV/risk.parquet' "
+        f"where accepted and intent = 'new' and ts_recv > {first} order by seq"
+    )
+    assert late and set(late) <= {("BTCUSDT", "sell"), ("ETHUSDT", "buy")}
+    refused = run.sql(
+        "select distinct symbol, source from 'EV/risk.parquet' where reason = 'portfolio_loss_stop'"
+    )
+    assert sorted(refused) == [("BTCUSDT", "kev"), ("ETHUSDT", "kev")]
+    assert run.pf.pnl() < -0.2
+
+
+def test_emergency_on_one_instrument_pulls_the_quotes_of_both(tmp_path):
+    run = _Run(tmp_path)
+    run.label("BTCUSDT", S, HOLD)
+    run.label("ETHUSDT", S + S // 2, HOLD)
+    run.settle(2 * S - 1)
+    assert run.engines["BTCUSDT"].open_orders == 2 and run.engines["ETHUSDT"].open_orders == 2
+    run.label("ETHUSDT", 2 * S, EMERGENCY)
+    run.label("BTCUSDT", 2 * S + S // 2, HOLD)  # within the emergency hold: no new quotes
+    run.finish()
+    cancels = run.sql(
+        "select symbol, count(*) from 'EV/order.parquet' where kind = 'cancel' group by 1 order by 1"
+    )
+    assert cancels == [("BTCUSDT", 2), ("ETHUSDT", 2)]
+    assert run.engines["BTCUSDT"].open_orders == 0 and run.engines["ETHUSDT"].open_orders == 0
+    news = run.sql("select count(*) from 'EV/order.parquet' where kind = 'new' and ts_recv > 2000000000")
+    assert news == [(0,)]
+
+
+def test_the_kill_switch_acts_on_every_instrument_and_ids_are_unique_across_them(tmp_path):
+    run = _Run(tmp_path)
+    run.label("BTCUSDT", S, HOLD)
+    run.label("ETHUSDT", S + S // 2, HOLD)
+    run.settle(2 * S)
+    run.pf.kill()
+    assert run.pf.kill_switch and all(e.kill_switch for e in run.engines.values())
+    run.label("BTCUSDT", 3 * S, BUY)
+    run.finish()
+    oids = run.sql("select client_oid, symbol from 'EV/order.parquet' where kind = 'new' order by seq")
+    assert [s for _, s in oids] == ["BTCUSDT", "BTCUSDT", "ETHUSDT", "ETHUSDT"]
+    assert [o for o, _ in oids] == ["dh-1", "dh-2", "dh-3", "dh-4"]
+    assert run.sql("select count(*) from 'EV/order.parquet' where kind = 'cancel'") == [(4,)]
+    refused = run.sql("select distinct reason from 'EV/risk.parquet' where not accepted")
+    assert refused == [("kill_switch",)]
+    # the rows of every stream are in the order the steps ran
+    ts = [t for (t,) in run.sql("select ts_recv from 'EV/order.parquet' order by seq")]
+    assert ts == sorted(ts)
+
+
+def test_a_portfolio_needs_each_symbol_once_in_order(tmp_path):
+    with pytest.raises(ValueError):
+        Portfolio(["BTCUSDT", "BTCUSDT"])
+    pf = Portfolio(["BTCUSDT", "ETHUSDT"])
+    clock = ReplayClock()
+    (tmp_path / "events").mkdir()
+    with pytest.raises(ValueError, match="joins a portfolio"):
+        Engine(
+            EngineConfig(symbol="ETHUSDT"),
+            clock=clock,
+            log=EventLog(tmp_path / "events"),
+            labeler=lambda book: (0, _probs(0)),
+            kev=None,
+            execution=None,
+            advisor_name="none",
+            portfolio=pf,
+        )
