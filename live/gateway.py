@@ -281,7 +281,8 @@ class GatewayExecution:
 
     ``engines``: symbol -> engine (reports go to ``engine.on_ack`` & co.); ``inject(prio, fn)``
     stamps a report and runs it in order on the live clock; ``record(symbol, kind, ts, dur)`` gets the
-    observed delays; ``on_reconcile(event_fields)`` the reconciliation differences.
+    observed delays; ``on_reconcile(event_fields)`` the reconciliation differences;
+    ``on_task_done(task)`` sees every order task end (the runner supervises them).
     """
 
     def __init__(
@@ -295,6 +296,7 @@ class GatewayExecution:
         record: Callable[[str, str, Nanos, Nanos], None] = lambda *a: None,
         on_reconcile: Callable[[dict[str, Any]], None] = lambda e: None,
         on_kill: Callable[[str], None] = lambda why: None,
+        on_task_done: Callable[[asyncio.Task[Any]], None] = lambda task: None,
     ) -> None:
         self.gw = gateway
         self.contracts = dict(contracts)
@@ -304,6 +306,7 @@ class GatewayExecution:
         self.record = record
         self.on_reconcile = on_reconcile
         self.on_kill = on_kill
+        self.on_task_done = on_task_done
         self.engines: dict[str, Any] = {}
         self.orders: dict[str, _Track] = {}  # engine oid -> track
         self._by_client: dict[str, str] = {}  # exchange client oid -> engine oid
@@ -342,7 +345,7 @@ class GatewayExecution:
             self._at(now_ns, partial(engine.on_reject, intent.client_oid, "shutdown", now_ns))
             t.done = True
             return
-        t.place_task = self._spawn(self._place(t, intent))
+        t.place_task = self._spawn(self._place(t, intent), f"place {t.client_oid}")
 
     def cancel(self, client_oid: str, symbol: str, now_ns: Nanos) -> None:
         t = self.orders.get(client_oid)
@@ -350,12 +353,13 @@ class GatewayExecution:
             return
         t.cancel_requested = True
         t.cancel_sent_ns = now_ns
-        self._spawn(self._cancel(t))
+        self._spawn(self._cancel(t), f"cancel {t.client_oid}")
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self.on_task_done)
         return task
 
     def _at(self, ts: Nanos, fn: Callable[[], None]) -> None:

@@ -51,29 +51,21 @@ _WIRE_LOG.setLevel(logging.INFO)
 
 
 @dataclass(frozen=True, kw_only=True)
-class PrivateConfig:
-    url: str
-    ping_interval_s: float = 25.0
-    pong_timeout_s: float = 10.0
+class PrivateConfig(ConnectionConfig):
+    """The shared connection settings, with the private stream's own defaults: order reports matter
+    more than market data, so it reconnects sooner and gives up on a silent socket later than the feed
+    (Bitget pushes nothing on a quiet account; the keepalive ``pong`` is what keeps it alive)."""
+
     silence_limit_s: float = 40.0
-    login_timeout_s: float = 5.0
     open_timeout_s: float = 5.0
     backoff_initial_s: float = 0.25
     backoff_max_s: float = 10.0
-    min_stable_s: float = 5.0
+    login_timeout_s: float = 5.0
 
-    def wire(self) -> ConnectionConfig:
-        return ConnectionConfig(
-            url=self.url,
-            ping_interval_s=self.ping_interval_s,
-            pong_timeout_s=self.pong_timeout_s,
-            silence_limit_s=self.silence_limit_s,
-            watchdog_tick_s=min(0.5, self.silence_limit_s / 4),
-            open_timeout_s=self.open_timeout_s,
-            backoff_initial_s=self.backoff_initial_s,
-            backoff_max_s=self.backoff_max_s,
-            min_stable_s=self.min_stable_s,
-        )
+    def __post_init__(self) -> None:
+        # A short silence limit (tests) needs a watchdog that looks often enough to honour it.
+        object.__setattr__(self, "watchdog_tick_s", min(self.watchdog_tick_s, self.silence_limit_s / 4))
+        super().__post_init__()
 
 
 class PrivateAuthError(Exception):
@@ -110,7 +102,7 @@ class PrivateStream:
         self.fatal = ""
         self.last_error = ""  # why it is not connected now: the last drop or failed connect
         self.loop = ReconnectLoop(
-            config.wire(),
+            config,
             login=self._login,
             subscribe=self._subscribe,
             handler=self._on_frame,

@@ -55,7 +55,7 @@ import random
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
@@ -423,6 +423,7 @@ class LiveRunner:
         self.venue_health = VenueHealth(int(cfg.venue_lost_s * 1e9))
         self.venue_lost = ""  # set when a link was out for venue_lost_s: the run ended because of it
         self.venue_at_exit: dict[str, str] = {}  # links not up when the run stopped
+        self.tasks_failed: dict[str, str] = {}  # background task name -> the exception that ended it
         self._last_frame_ns = 0  # receive stamp of the last public frame (the feed's age)
         self._feed_note = ""  # the public feed's last disconnect or failed connect
         self.flatten: dict[str, dict[str, Any]] = {}  # --kill-flattens: what was sent per symbol
@@ -546,7 +547,10 @@ class LiveRunner:
             t = self.inject(PRIO_KILL, partial(self._kill_engine, st))
             self.killed_at_ns = self.killed_at_ns or t
         if self.execution is not None:
-            task = asyncio.get_running_loop().create_task(self.execution.cancel_everything())
+            task = asyncio.get_running_loop().create_task(
+                self.execution.cancel_everything(), name="kill-cancel-all"
+            )
+            task.add_done_callback(self._task_ended)
             self._kill_tasks.add(task)
         self.request_stop(f"kill:{source}")
 
@@ -784,6 +788,7 @@ class LiveRunner:
                 record=self._record_exec,
                 on_reconcile=self._on_reconcile,
                 on_kill=self.request_kill,
+                on_task_done=self._task_ended,
             )
         rng_root = int(cfg.seed)
         for i, symbol in enumerate(cfg.symbols):
@@ -920,7 +925,7 @@ class LiveRunner:
                 server_s=lambda: gw.now_ms() // 1000,
                 stamp=time.time_ns,
             )
-            self._tasks.append(asyncio.create_task(self.private.run(), name="private-ws"))
+            self._spawn(self.private.run(), "private-ws")
             try:
                 async with asyncio.timeout(10.0):
                     await self.private.connected.wait()
@@ -945,19 +950,49 @@ class LiveRunner:
         )
         self._last_frame_ns = self.clock.wall_ns()  # the feed's age counts from its start
         self.feeding = True
-        feed_task = asyncio.create_task(self._feed.run(), name="public-feed")
-        feed_task.add_done_callback(self._feed_ended)
-        self._tasks += [
-            feed_task,
-            asyncio.create_task(self._pump(), name="timer-pump"),
-            asyncio.create_task(self._flusher(), name="journal-flush"),
-            asyncio.create_task(self._kill_watch(), name="kill-file"),
-            asyncio.create_task(self._watch_venue(), name="venue-watch"),
-        ]
+        self._spawn(self._feed.run(), "public-feed", self._feed_ended)
+        self._spawn(self._pump(), "timer-pump")
+        self._spawn(self._flusher(), "journal-flush")
+        self._spawn(self._kill_watch(), "kill-file")
+        self._spawn(self._watch_venue(), "venue-watch")
         if self.cfg.busy_poll:
-            self._tasks.append(asyncio.create_task(self.busy_poll(), name="busy-poll"))
+            self._spawn(self.busy_poll(), "busy-poll")
         if cfg.mode == "live" and cfg.reconcile_every_s > 0:
-            self._tasks.append(asyncio.create_task(self._reconcile_periodically(), name="reconcile"))
+            self._spawn(self._reconcile_periodically(), "reconcile")
+
+    def _spawn(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        name: str,
+        on_done: Callable[[asyncio.Task[Any]], None] | None = None,
+    ) -> asyncio.Task[Any]:
+        """A background task of the run, supervised (:meth:`_task_ended`, after ``on_done``)."""
+        task = asyncio.create_task(coro, name=name)
+        if on_done is not None:
+            task.add_done_callback(on_done)
+        task.add_done_callback(self._task_ended)
+        self._tasks.append(task)
+        return task
+
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """A background task that raised is never silent: every one of them watches or feeds the run
+        (the venue watch, the timer pump, the kill file, the journal), so the run cannot go on without
+        it; nor can an order task of the gateway (the venue may hold an order the engine does not know
+        about). One ERROR line, the summary's ``tasks_failed`` and ``errors``, and the run ends as a lost
+        venue ends it: live, the kill switch; paper, a stop; exit 1 either way."""
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        name = task.get_name()
+        why = self._redact(f"{type(exc).__name__}: {exc}")[:300]
+        log.error("background task %s failed: %s", name, why)
+        self.tasks_failed[name] = why
+        self.errors.append(f"task {name} failed: {why}")
+        if self.stopping:
+            return
+        if self.cfg.mode == "live":
+            self.request_kill(f"task_failed:{name}")
+        else:
+            self.request_stop(f"task_failed:{name}")
 
     def _feed_ended(self, task: asyncio.Task[Any]) -> None:
         if not self.feeding:
@@ -1297,6 +1332,7 @@ class LiveRunner:
                 "at_exit": self.venue_at_exit,
                 "links": self.venue_health.states(),
             },
+            "tasks_failed": self.tasks_failed,
             "flatten": self.flatten,
             "shutdown": self.shutdown_info,
             "private_ws": describe(self.private),
@@ -1309,7 +1345,13 @@ class LiveRunner:
 
     def _result(self) -> LiveResult:
         # a run that lost the venue, or ended while a link was out, did not end well, whatever stopped it
-        failed = self.crash is not None or self.feed_failed or self.venue_lost or self.venue_at_exit
+        failed = (
+            self.crash is not None
+            or self.feed_failed
+            or self.venue_lost
+            or self.venue_at_exit
+            or self.tasks_failed
+        )
         code = EXIT_FAILED if failed else EXIT_KILLED if self.killed else EXIT_OK
         return LiveResult(
             session_dir=self.root,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from engine.errors import DualhubError, check_output_path
 from engine.risk import add_risk_args, risk_fields
@@ -53,6 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "manifest with the run digest; the same inputs always give the same digest.",
     )
     p.add_argument("session", type=Path, help="session directory (has manifest.json)")
+    p.add_argument(
+        "--symbol",
+        help="the symbol to replay (its books and trades); required for a session of several symbols, "
+        "each a run of its own",
+    )
     p.add_argument("--out", type=Path, help="run directory (default SESSION/runs/run-<config hash>)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     p.add_argument(
@@ -165,11 +171,34 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _symbol(args: argparse.Namespace) -> dict[str, Any]:
+    """``--symbol``, or the session's one symbol (a session of several needs one picked), and its
+    contract where the session gives one."""
+    from engine.store import open_session
+    from replay.driver import session_contract
+
+    manifest = open_session(args.session).manifest
+    symbols = manifest.get("symbols") or []
+    if args.symbol:
+        symbol = args.symbol  # the driver refuses one the session does not hold
+    elif len(symbols) > 1:
+        raise DualhubError(
+            f"{args.session} holds {len(symbols)} symbols ({', '.join(symbols)}): pick one with --symbol"
+        )
+    elif symbols:
+        symbol = symbols[0]
+    else:
+        return {}
+    contract = session_contract(manifest, symbol)
+    return {"symbol": symbol} | ({"contract": contract} if contract is not None else {})
+
+
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from replay.driver import DEFAULT_MODEL, ReplayConfig
     from replay.sweep import apply_scales, parse_scale_latency
 
     cfg = ReplayConfig(
+        **_symbol(args),
         seed=args.seed,
         model_path=args.model or DEFAULT_MODEL,
         laya_provider=args.provider,

@@ -824,6 +824,7 @@ def _run_replay(
     session.verify()
     if "books15" not in session.manifest["streams"]:
         raise SessionError(f"{session.root} has no books15 stream to replay")
+    check_symbol(session.root, session.manifest, cfg.symbol)
     features = laya.feature_version  # cfg.laya_features, or the model's own for "auto"
     clock = FeedClock.of_session(session.manifest)
     rng_feed, rng_laya, rng_order = _rng(cfg.seed, 2), _rng(cfg.seed, 3), _rng(cfg.seed, 4)
@@ -1195,18 +1196,37 @@ def _finish(
     )
 
 
+def check_symbol(root: Path, manifest: dict[str, Any], symbol: str) -> None:
+    """A replay runs one symbol: one the session holds (a session's manifest lists its symbols)."""
+    symbols = manifest.get("symbols") or []
+    if symbols and symbol not in symbols:
+        raise DualhubError(f"{root} has no books15 rows for {symbol}; its symbols: {', '.join(symbols)}")
+
+
+def session_contract(manifest: dict[str, Any], symbol: str) -> ContractConfig | None:
+    """The contract a multi-symbol simulator session gave ``symbol`` (its manifest's ``instruments``:
+    each symbol quotes on its own tick and size step); None when the session does not say."""
+    inst = ((manifest.get("simulator") or {}).get("instruments") or {}).get(symbol)
+    if not inst:
+        return None
+    step = float(inst["size_step"])
+    return ContractConfig(symbol=symbol, tick=float(inst["tick"]), size_step=step, min_qty=step)
+
+
 def _in_sample(laya: Laya, session: Any) -> dict[str, Any]:
     """Whether the model was trained on this session: by session digest (``dualhub train``), or by
-    simulator seed, symbol and length (``replay.make_default_model``)."""
+    simulator seed, length and symbol (``replay.make_default_model``); a multi-symbol simulator
+    session (``symbols``, not ``symbol``) counts when the training symbol is one of its symbols."""
     trained = training_sessions(laya.metadata)
     digest, sim = session.digest(), session.manifest.get("simulator") or {}
+    sim_symbols = sim.get("symbols") or [sim.get("symbol")]
 
     def same(e: dict[str, Any]) -> bool:
         if "simulator_seed" in e:
-            return bool(sim) and (e["simulator_seed"], e["symbol"], e["minutes"]) == (
-                sim.get("seed"),
-                sim.get("symbol"),
-                sim.get("minutes"),
+            return (
+                bool(sim)
+                and (e["simulator_seed"], e["minutes"]) == (sim.get("seed"), sim.get("minutes"))
+                and e["symbol"] in sim_symbols
             )
         return e.get("session_digest") == digest
 

@@ -429,6 +429,43 @@ def test_crash_cancels_everything_at_the_venue(frames, tmp_path, monkeypatch):
     assert "RuntimeError" in m["crash"] and m["shutdown"]["cancel_all"]["left_open"] == []
 
 
+@pytest.mark.parametrize("mode", ["live", "paper"])
+def test_a_dead_venue_watch_ends_the_run_instead_of_trading_unwatched(
+    mode, frames, tmp_path, monkeypatch, caplog
+):
+    """Fault injection: the venue watch task raises on its third look. The run must not trade on without
+    it: live, the kill switch trips and the venue is cancel-all'ed; paper, the run stops; exit 1, one
+    ERROR line, and the summary says which task failed and why."""
+    looks = []
+    real = LiveRunner._check_venue
+
+    def flaky(self):
+        looks.append(1)
+        if len(looks) == 3:
+            raise RuntimeError("planted watch bug")
+        return real(self)
+
+    monkeypatch.setattr(LiveRunner, "_check_venue", flaky)
+    creds = Credentials("local-key", "local-secret", "local-passphrase") if mode == "live" else None
+    with LocalExchangeThread(LocalExchange(frames, speed=SPEED)) as ex:
+        t0 = time.monotonic()
+        r = asyncio.run(
+            LiveRunner(_cfg(ex, tmp_path / "w", mode=mode, duration_s=60), credentials=creds).run()
+        )
+        assert time.monotonic() - t0 < 30  # ended by the failure, long before duration_s
+        if mode == "live":
+            assert ex.open_orders() == [] and ex.cancel_all_calls >= 1
+    assert r.exit_code == 1
+    assert r.stopped_by == ("kill:task_failed:venue-watch" if mode == "live" else "task_failed:venue-watch")
+    assert r.killed == ("task_failed:venue-watch" if mode == "live" else "")
+    assert r.summary["tasks_failed"] == {"venue-watch": "RuntimeError: planted watch bug"}
+    assert "task venue-watch failed: RuntimeError: planted watch bug" in r.summary["errors"]
+    lines = [x.getMessage() for x in caplog.records if x.levelname == "ERROR" and x.name == "live.runner"]
+    assert lines == ["background task venue-watch failed: RuntimeError: planted watch bug"]
+    live_json = orjson.loads((tmp_path / "w" / "live.json").read_bytes())
+    assert live_json["summary"]["tasks_failed"] == r.summary["tasks_failed"]
+
+
 # ---------------------------------------------------------------------------------------------------
 # reconciliation after a private WebSocket reconnect
 

@@ -181,3 +181,75 @@ def test_loss_stop_rejects_opening_orders(session, tmp_path):
 
 def test_default_model_exists_and_is_used():
     assert DEFAULT_MODEL.exists()
+
+
+# -- multi-symbol sessions: one symbol per run ------------------------------------------------------
+
+REAL_BITGET_V1 = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "real" / "bitget-v1"
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from dualhub.cli import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _run_dir(out: str) -> Path:
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("run: ")]
+    return Path(line.removeprefix("run: "))
+
+
+@pytest.fixture(scope="module")
+def two_symbols(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("multi") / "s"
+    simulate_session(out, symbols=["BTCUSDT", "ETHUSDT"], minutes=1.0, seed=5)
+    return out
+
+
+def test_a_multi_symbol_session_replays_the_symbol_asked_each_a_run_of_its_own(two_symbols, capsys):
+    rc, out, err = _cli(capsys, "replay", str(two_symbols), "--provider", "cpu")
+    assert rc == 2 and err.strip().splitlines() == [
+        f"dualhub replay: error: {two_symbols} holds 2 symbols (BTCUSDT, ETHUSDT): pick one with --symbol"
+    ]
+    rc, out, err = _cli(capsys, "replay", str(two_symbols), "--provider", "cpu", "--symbol", "SOLUSDT")
+    assert rc == 2 and err.strip().splitlines() == [
+        f"dualhub replay: error: {two_symbols} has no books15 rows for SOLUSDT; its symbols: BTCUSDT, ETHUSDT"
+    ]
+    books = pq.read_table(two_symbols / "books15").column("symbol").to_pylist()
+    runs = {}
+    for symbol in ("BTCUSDT", "ETHUSDT"):
+        rc, out, err = _cli(capsys, "replay", str(two_symbols), "--provider", "cpu", "--symbol", symbol)
+        assert rc == 0, err
+        runs[symbol] = run = _run_dir(out)
+        m = orjson.loads((run / "manifest.json").read_bytes())
+        assert m["config"]["symbol"] == symbol == m["config"]["contract"]["symbol"]
+        labels = pq.read_table(run / "events" / "label.parquet").column("symbol").to_pylist()
+        assert set(labels) == {symbol} and len(labels) == books.count(symbol)  # its books, every one
+        assert set(pq.read_table(run / "events" / "order.parquet").column("symbol").to_pylist()) == {symbol}
+        assert m["counts"]["fill"] > 0  # it trades: on the symbol's own contract (tick, size step)
+    truth = open_session(two_symbols).manifest["simulator"]["instruments"]["ETHUSDT"]
+    eth = orjson.loads((runs["ETHUSDT"] / "manifest.json").read_bytes())["config"]["contract"]
+    assert (eth["tick"], eth["size_step"]) == (float(truth["tick"]), float(truth["size_step"]))
+    assert runs["BTCUSDT"] != runs["ETHUSDT"]  # the symbol is part of the config: two runs
+
+
+def test_the_real_eight_symbol_bitget_capture_replays_one_symbol(tmp_path, capsys):
+    from recorder.importers.bitget_v1 import import_bitget_v1
+
+    session = tmp_path / "bitget"
+    symbols = import_bitget_v1(REAL_BITGET_V1 / "BITGET.ws.1.0", session)["symbols"]
+    assert len(symbols) == 8
+    rc, out, err = _cli(capsys, "replay", str(session), "--provider", "cpu")
+    assert rc == 2 and err.strip().splitlines() == [
+        f"dualhub replay: error: {session} holds 8 symbols ({', '.join(symbols)}): pick one with --symbol"
+    ]
+    books = pq.read_table(session / "books15").column("symbol").to_pylist()
+    symbol = max(symbols, key=books.count)
+    rc, out, err = _cli(capsys, "replay", str(session), "--provider", "cpu", "--symbol", symbol)
+    assert rc == 0, err
+    run = _run_dir(out)
+    labels = pq.read_table(run / "events" / "label.parquet").column("symbol").to_pylist()
+    assert set(labels) == {symbol} and len(labels) == books.count(symbol)
+    assert orjson.loads((run / "manifest.json").read_bytes())["config"]["symbol"] == symbol

@@ -167,6 +167,37 @@ def test_the_default_model_knows_its_simulator_sessions() -> None:
     assert not _in_sample(laya, _Session({**used, "minutes": 2.0}))["in_sample"]
 
 
+def test_a_multi_symbol_simulator_session_of_a_training_seed_is_in_sample(tmp_path: Path) -> None:
+    """A multi-symbol simulator manifest names ``symbols``, not ``symbol``: the training run counts when
+    its seed and length match and its symbol is one of the session's."""
+    laya = Laya(LayaConfig(model_path=DEFAULT_MODEL, provider="cpu", warmup_runs=1))
+    trained = _in_sample(laya, _Stub({}))["training_sessions"][0]
+    seed, minutes, symbol = trained["simulator_seed"], trained["minutes"], trained["symbol"]
+    session = open_session(
+        simulate_session(tmp_path / "s", symbols=[symbol, "ETHUSDT"], minutes=0.2, seed=seed)
+    )
+    sim = session.manifest["simulator"]
+    assert "symbol" not in sim and sim["symbols"] == [symbol, "ETHUSDT"] and sim["minutes"] == 0.2
+    assert not _in_sample(laya, session)["in_sample"]  # a shorter run of that seed: other data
+    as_trained = {**sim, "minutes": minutes}  # the same session at the training length
+    assert _in_sample(laya, _Stub(as_trained))["in_sample"]
+    assert not _in_sample(laya, _Stub({**as_trained, "seed": 7}))["in_sample"]  # the demo seed
+    assert not _in_sample(laya, _Stub({**as_trained, "symbols": ["ETHUSDT", "SOLUSDT"]}))["in_sample"]
+    # one-symbol simulator sessions as before
+    assert _in_sample(laya, _Stub({"seed": seed, "symbol": symbol, "minutes": minutes}))["in_sample"]
+    assert not _in_sample(laya, _Stub({"seed": seed, "symbol": "ETHUSDT", "minutes": minutes}))["in_sample"]
+
+
+class _Stub:
+    """A session as ``_in_sample`` reads it: the manifest's ``simulator`` and a digest."""
+
+    def __init__(self, sim: dict) -> None:
+        self.manifest = {"simulator": sim} if sim else {}
+
+    def digest(self) -> str:
+        return "0" * 64
+
+
 # -- clocks and feed latency ----------------------------------------------------------------------
 
 

@@ -312,3 +312,52 @@ def test_a_bug_in_the_public_handler_propagates_and_is_reported(tmp_path: Path) 
     conn, conns = run(go())
     assert conns == 1 and conn.stats.connects == 1 and conn.stats.disconnects == 1
     assert conn.stats.fatal == "ValueError: planted handler bug" and not conn.stats.up
+
+
+def test_a_dead_watchdog_ends_the_session_with_its_error() -> None:
+    """The silence watchdog (here: its per-tick hook) raises: the socket would be unwatched, so the loop
+    drops it and raises that error instead of reading on."""
+    ticks: list[int] = []
+
+    def bad_tick() -> None:
+        ticks.append(1)
+        if len(ticks) == 3:
+            raise RuntimeError("planted watchdog bug")
+
+    async def go() -> tuple[list[str], int, int]:
+        async with BitgetServer(toy_frames(("BTCUSDT",), n=5000, interval_ms=10), speed=1) as srv:
+            cfg = ConnectionConfig(url=srv.url, watchdog_tick_s=0.02, backoff_initial_s=0.01)
+            reasons: list[str] = []
+            frames: list[int] = []
+            loop = ReconnectLoop(
+                cfg,
+                subscribe=lambda ws: ws.send(subscribe_request([arg("trade", "BTCUSDT")])),
+                handler=lambda raw: frames.append(1),
+                on_disconnected=reasons.append,
+                on_tick=bad_tick,
+                rng=random.Random(0),
+            )
+            with pytest.raises(RuntimeError, match="planted watchdog bug"):
+                await asyncio.wait_for(loop.run(), 5)
+            return reasons, loop.connects, srv.connections
+
+    reasons, connects, conns = run(go())
+    assert reasons == ["watchdog failed"] and connects == 1 and conns == 1 and len(ticks) == 3
+
+
+def test_private_config_is_the_connection_config_with_the_private_defaults() -> None:
+    base = ConnectionConfig(url="ws://x/")
+    cfg = PrivateConfig(url="ws://x/", ping_interval_s=5.0)
+    assert isinstance(cfg, ConnectionConfig) and cfg.login_timeout_s == 5.0
+    private = {
+        "silence_limit_s": 40.0,
+        "open_timeout_s": 5.0,
+        "backoff_initial_s": 0.25,
+        "backoff_max_s": 10.0,
+    }
+    for name, value in private.items():
+        assert getattr(cfg, name) == value != getattr(base, name)
+    assert (cfg.ping_interval_s, cfg.max_connect_attempts) == (5.0, base.max_connect_attempts)
+    assert cfg.watchdog_tick_s == 0.5 and PrivateConfig(url="", silence_limit_s=1.0).watchdog_tick_s == 0.25
+    with pytest.raises(ValueError, match="silence_limit_s"):
+        PrivateConfig(url="", silence_limit_s=0.0)

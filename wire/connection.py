@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final
 
 import orjson
@@ -330,7 +331,7 @@ class ReconnectLoop:
         self._reason = ""
         self._last_rx = 0.0
         self._ping_sent: float | None = None
-        self._hook_error: BaseException | None = None
+        self._helper_error: BaseException | None = None
 
     def _delays(self) -> Iterator[float]:
         c = self.cfg
@@ -405,7 +406,7 @@ class ReconnectLoop:
         if self.stopping:
             ws.transport.abort()
             return
-        self._ws, self._reason, self._hook_error = ws, "", None
+        self._ws, self._reason, self._helper_error = ws, "", None
         self._last_rx, self._ping_sent = time.monotonic(), None
         helpers: list[asyncio.Future[Any]] = []
         hook: asyncio.Future[None] | None = None
@@ -424,17 +425,21 @@ class ReconnectLoop:
                 self._reason = "handshake_timeout"
                 return
             self.connects += 1
-            helpers = [asyncio.create_task(self._keepalive(ws)), asyncio.create_task(self._watchdog())]
+            helpers = [
+                asyncio.create_task(self._keepalive(ws), name=f"{self.name} keepalive"),
+                asyncio.create_task(self._watchdog(), name=f"{self.name} watchdog"),
+            ]
             started = self.on_connected(self.connects)
             if started is not None:
                 hook = asyncio.ensure_future(started)
-                hook.add_done_callback(self._hook_done)
                 helpers.append(hook)
+            for t, what in zip(helpers, ("keepalive", "watchdog", "on_connected"), strict=False):
+                t.add_done_callback(partial(self._helper_done, what))
             await self._read(ws)
             if hook is not None and not hook.done() and not self.stopping:
                 await asyncio.wait([hook], timeout=self.hook_grace_s)
-            if self._hook_error is not None:
-                raise self._hook_error
+            if self._helper_error is not None:
+                raise self._helper_error
         except asyncio.CancelledError:
             self._reason = self._reason or "cancelled"
             raise
@@ -449,10 +454,12 @@ class ReconnectLoop:
             self._ws = None
             self.on_disconnected(self._reason or closed_reason(ws))
 
-    def _hook_done(self, t: asyncio.Future[Any]) -> None:
-        if not t.cancelled() and t.exception() is not None:
-            self._hook_error = t.exception()
-            self.drop("on_connected failed")
+    def _helper_done(self, what: str, t: asyncio.Future[Any]) -> None:
+        """The keepalive, the watchdog or the ``on_connected`` hook raised: without it the socket is
+        unwatched (or the caller's reconnect work undone), so the session ends and raises the error."""
+        if not t.cancelled() and (exc := t.exception()) is not None and self._helper_error is None:
+            self._helper_error = exc
+            self.drop(f"{what} failed")
 
     async def _read(self, ws: ClientConnection) -> None:
         handler = self.handler
