@@ -59,6 +59,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="the symbol to replay (its books and trades); required for a session of several symbols, "
         "each a run of its own",
     )
+    p.add_argument(
+        "--symbols",
+        metavar="A,B,...|ALL",
+        help="several symbols traded as one portfolio: one engine, one clock, one risk gateway whose "
+        "portfolio rules (net delta, gross exposure, loss stop) see them all; ALL: every symbol of the "
+        "session",
+    )
     p.add_argument("--out", type=Path, help="run directory (default SESSION/runs/run-<config hash>)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     p.add_argument(
@@ -179,6 +186,12 @@ def _symbol(args: argparse.Namespace) -> dict[str, Any]:
 
     manifest = open_session(args.session).manifest
     symbols = manifest.get("symbols") or []
+    several = getattr(args, "symbols", None)
+    if several:
+        if args.symbol:
+            raise DualhubError("give --symbol or --symbols, not both")
+        picked = symbols if several == "ALL" else [s.strip() for s in several.split(",") if s.strip()]
+        return {"symbols": tuple(picked)}
     if args.symbol:
         symbol = args.symbol  # the driver refuses one the session does not hold
     elif len(symbols) > 1:

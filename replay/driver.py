@@ -565,16 +565,6 @@ def _load_cassette(spec: str) -> Cassette:
         raise DualhubError(f"cannot read Kev cassette {path}: {e}") from None
 
 
-def contract_of(manifest: dict[str, Any], symbol: str, base: ContractConfig) -> ContractConfig:
-    """``symbol``'s contract: the simulator's (a multi-symbol simulated session names each), else the
-    config's under this symbol's name."""
-    inst = ((manifest.get("simulator") or {}).get("instruments") or {}).get(symbol)
-    if not inst:
-        return dataclasses.replace(base, symbol=symbol)
-    step = float(inst["size_step"])
-    return dataclasses.replace(base, symbol=symbol, tick=float(inst["tick"]), size_step=step, min_qty=step)
-
-
 def _kev_backend(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBackend]:
     """The advisor for the configured Kev mode and the replay backend that delivers its replies."""
     lag = _lag_model(cfg)
@@ -946,9 +936,7 @@ def _run_replay(
         cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
     )
     engine = Engine(
-        engine_config_from(
-            cfg, symbol=cfg.symbol, contract=contract_of(session.manifest, cfg.symbol, cfg.contract)
-        ),
+        engine_config_from(cfg, symbol=cfg.symbol, contract=cfg.contract),
         clock=clock,
         log=log,
         labeler=labeler,

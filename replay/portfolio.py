@@ -54,7 +54,7 @@ from replay.driver import (
     _Tape,
     _tick_labeler,
     _v1_labeler,
-    contract_of,
+    session_contract,
 )
 from replay.tape_stream import FeedClock
 from venue.exchange import SimExchange
@@ -102,8 +102,11 @@ def recorded_contract(
     """A symbol's contract: the simulator's, or for a recorded session that names none, the finest
     price and size steps its books and trades show (the decimals of the exchange's strings)."""
     symbol = books.column("symbol")[0].as_py()
-    if ((manifest.get("simulator") or {}).get("instruments") or {}).get(symbol):
-        return contract_of(manifest, symbol, base)
+    given = session_contract(manifest, symbol)
+    if given is not None:
+        return dataclasses.replace(
+            given, maker_fee_rate=base.maker_fee_rate, taker_fee_rate=base.taker_fee_rate
+        )
     col = lambda n: books.column(n).to_numpy(zero_copy_only=False)  # noqa: E731
     tcol = lambda n: trades.column(n).to_numpy(zero_copy_only=False)  # noqa: E731
     px = np.concatenate([col("bid_px_0"), col("ask_px_0"), tcol("px")])

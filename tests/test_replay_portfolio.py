@@ -13,7 +13,7 @@ from engine.errors import DualhubError
 from engine.risk import RiskLimits
 from engine.strategy import QuoteConfig
 from recorder.importers.bitget_v1 import import_bitget_v1
-from replay.driver import ReplayConfig, run_replay
+from replay.driver import ReplayConfig, run_replay, session_contract
 from venue.simulator import simulate_session
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
@@ -31,7 +31,10 @@ def _q(run: Path, sql: str) -> list[tuple]:
 
 
 def test_a_portfolio_of_one_instrument_replays_to_the_single_instrument_run(pair, tmp_path):
-    single = run_replay(pair, ReplayConfig(symbol="ETHUSDT"), out_dir=tmp_path / "a", kernel=False)
+    eth = session_contract(json.loads((pair / "manifest.json").read_text()), "ETHUSDT")
+    single = run_replay(
+        pair, ReplayConfig(symbol="ETHUSDT", contract=eth), out_dir=tmp_path / "a", kernel=False
+    )
     one = run_replay(pair, ReplayConfig(symbols=("ETHUSDT",)), out_dir=tmp_path / "b")
     assert one.path.startswith("python (a portfolio of 1")
     assert one.counts["fill"] > 0 and one.counts["command"] > 0
@@ -77,6 +80,17 @@ def test_the_portfolio_limits_bind_on_the_replayed_pair(pair, tmp_path):
     assert (
         json.loads((run / "manifest.json").read_text())["config"]["risk"]["portfolio_max_gross_usd"] == 200.0
     )
+
+
+def test_dualhub_replay_symbols_runs_the_portfolio_and_refuses_an_unknown_symbol(pair, tmp_path, capsys):
+    from dualhub.cli import main
+
+    assert main(["replay", str(pair), "--symbols", "ALL", "--out", str(tmp_path / "r")]) == 0
+    assert "portfolio of 2" in capsys.readouterr().out
+    assert main(["replay", str(pair), "--symbols", "BTCUSDT,XRPUSDT", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"dualhub replay: error: {pair} has no XRPUSDT; its symbols: BTCUSDT, ETHUSDT"
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_symbol_the_session_lacks_is_one_error_line(pair, tmp_path):
