@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
+
 from engine.events import Nanos
 
 
@@ -80,3 +82,96 @@ class KevAdvisor(Protocol):
     name: str
 
     async def advise(self, ctx: KevContext) -> KevReply: ...
+
+
+# ---------------------------------------------------------------------------------------------------
+# Context v2: the portfolio Kev commands (engine.kev.command schema v2)
+
+CONTEXT_SCHEMA_VERSION_V2 = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstrumentState:
+    """One instrument as Kev sees it: position and limit (contract units), mark (mid), spread, and
+    its latest labels, oldest first."""
+
+    symbol: str
+    position: float
+    mark: float
+    spread: float
+    labels: tuple[str, ...]
+    max_position: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PairState:
+    """A configured pair (:mod:`engine.kev.pairs`): the spread ``log f - alpha - beta log l``, its
+    z-score (NaN until the fit is warm) and the fitted hedge ratio (beta; NaN before one)."""
+
+    leader: str
+    follower: str
+    spread: float
+    z: float
+    hedge_ratio: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KevContextV2:
+    """The portfolio snapshot a label pushes onto the Kev queue: the label that asked (``symbol``,
+    ``label``, ``label_seq``, ``p_label``), every instrument in the engine's order and every
+    configured pair in its order."""
+
+    request_id: int
+    ts_ns: Nanos
+    symbol: str
+    label: str
+    label_seq: int
+    p_label: float
+    instruments: tuple[InstrumentState, ...]
+    pairs: tuple[PairState, ...]
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return tuple(i.symbol for i in self.instruments)
+
+    @property
+    def pair_keys(self) -> tuple[tuple[str, str], ...]:
+        return tuple((p.leader, p.follower) for p in self.pairs)
+
+
+def context_body_v2(ctx: KevContextV2) -> dict[str, Any]:
+    """What a v2 prompt shows and a v2 request key hashes (no ids, no times). Lists keep the
+    instruments' and pairs' orders: the order is part of the question (a command's rows follow it)."""
+    return {
+        "schema_version": CONTEXT_SCHEMA_VERSION_V2,
+        "symbol": ctx.symbol,
+        "label": ctx.label,
+        "p_label": ctx.p_label,
+        "instruments": [
+            {
+                "symbol": i.symbol,
+                "position": i.position,
+                "mark": i.mark,
+                "spread": i.spread,
+                "labels": list(i.labels),
+                "max_position": i.max_position,
+            }
+            for i in ctx.instruments
+        ],
+        "pairs": [
+            {
+                "leader": p.leader,
+                "follower": p.follower,
+                "spread": p.spread,
+                "z": p.z,
+                "hedge_ratio": p.hedge_ratio,
+            }
+            for p in ctx.pairs
+        ],
+    }
+
+
+def context_json_v2(ctx: KevContextV2) -> bytes:
+    """:func:`context_body_v2` as canonical JSON: keys sorted at every level, shortest float repr, a
+    non-finite number (a z-score not warm yet) as null."""
+    return orjson.dumps(context_body_v2(ctx), option=orjson.OPT_SORT_KEYS)

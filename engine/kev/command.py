@@ -8,6 +8,7 @@ Invalid, truncated or out-of-range output is a rejection with a reason, never an
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -16,6 +17,8 @@ MAX_REASON_CHARS: Final = 120
 # Bounds are the command's own sanity limits; the risk gateway applies the trading limits.
 TARGET_POSITION_ABS_MAX: Final = 10.0
 HEDGE_RATIO_RANGE: Final = (0.0, 1.0)
+# A pair's hedge ratio (v2): the leader's USD notional per USD of the follower, a fitted beta.
+PAIR_HEDGE_RATIO_RANGE: Final = (0.0, 10.0)
 MAX_SLIPPAGE_BPS_RANGE: Final = (0.0, 100.0)
 
 COMMAND_SCHEMA: Final[dict[str, Any]] = {
@@ -93,3 +96,227 @@ def validate_command(obj: Any) -> CommandFields | str:
     return CommandFields(
         action=action, target_position=tp, hedge_ratio=hr, max_slippage_bps=ms, reason=reason
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Schema v2: Kev's command over a portfolio of instruments.
+#
+# {"schema_version": 2, "action": ..., "targets": {SYMBOL: target_position, ...},
+#  "pairs": [{"leader": SYMBOL, "follower": SYMBOL, "hedge_ratio": beta}, ...],
+#  "max_slippage_bps": ..., "reason": ...}
+# A command without schema_version is a v1 command (validate_command, unchanged).
+
+SCHEMA_VERSION_V2: Final = 2
+V2_FIELDS: Final = ("schema_version", "action", "targets", "pairs", "max_slippage_bps", "reason")
+PAIR_FIELDS: Final = ("leader", "follower", "hedge_ratio")
+
+
+def command_schema_v2(symbols: Sequence[str], pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The JSON schema of a v2 command over ``symbols`` (every one needs a target) and ``pairs``
+    (``(leader, follower)``, each needs a hedge ratio, in this order)."""
+    bound = {"type": "number", "minimum": -TARGET_POSITION_ABS_MAX, "maximum": TARGET_POSITION_ABS_MAX}
+    pair_items = [
+        {
+            "type": "object",
+            "properties": {
+                "leader": {"type": "string", "enum": [leader]},
+                "follower": {"type": "string", "enum": [follower]},
+                "hedge_ratio": {
+                    "type": "number",
+                    "minimum": PAIR_HEDGE_RATIO_RANGE[0],
+                    "maximum": PAIR_HEDGE_RATIO_RANGE[1],
+                },
+            },
+            "required": list(PAIR_FIELDS),
+            "additionalProperties": False,
+        }
+        for leader, follower in pairs
+    ]
+    count = {"items": False, "minItems": len(pair_items), "maxItems": len(pair_items)}
+    return {
+        "type": "object",
+        "properties": {
+            "schema_version": {"type": "integer", "enum": [SCHEMA_VERSION_V2]},
+            "action": COMMAND_SCHEMA["properties"]["action"],
+            "targets": {
+                "type": "object",
+                "properties": {s: bound for s in symbols},
+                "required": list(symbols),
+                "additionalProperties": False,
+            },
+            # prefixItems must not be empty: no pairs is an array of none
+            "pairs": {"type": "array", **({"prefixItems": pair_items} if pair_items else {}), **count},
+            "max_slippage_bps": COMMAND_SCHEMA["properties"]["max_slippage_bps"],
+            "reason": COMMAND_SCHEMA["properties"]["reason"],
+        },
+        "required": list(V2_FIELDS),
+        "additionalProperties": False,
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PairHedge:
+    leader: str
+    follower: str
+    hedge_ratio: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommandV2:
+    """A portfolio command: a target per instrument (in the instruments' order) and a hedge ratio per
+    pair (in the pairs' order).
+
+    ``schema_version`` is the version it arrived in: 1 for a v1 command seen through :func:`as_v2`.
+    ``base_hedge_ratio`` is the hedge ratio of an instrument that is no pair's follower: 1.0 for a v2
+    command (a leader hedges nothing), a v1 command's own ``hedge_ratio`` through :func:`as_v2`, so
+    that :func:`command_rows` of it is the v1 command's row."""
+
+    schema_version: int
+    action: str
+    targets: tuple[tuple[str, float], ...]
+    pairs: tuple[PairHedge, ...]
+    max_slippage_bps: float
+    reason: str
+    base_hedge_ratio: float = 1.0
+
+    def target(self, symbol: str) -> float:
+        for s, t in self.targets:
+            if s == symbol:
+                return t
+        raise KeyError(symbol)
+
+
+def as_v2(cmd: CommandFields, symbol: str) -> CommandV2:
+    """A v1 command as the v2 command over the one instrument ``symbol`` it was given for."""
+    return CommandV2(
+        schema_version=1,
+        action=cmd.action,
+        targets=((symbol, cmd.target_position),),
+        pairs=(),
+        max_slippage_bps=cmd.max_slippage_bps,
+        reason=cmd.reason,
+        base_hedge_ratio=cmd.hedge_ratio,
+    )
+
+
+def command_rows(cmd: CommandV2) -> list[tuple[str, float, float]]:
+    """``(symbol, target_position, hedge_ratio)`` per instrument, in the command's instruments order:
+    the event log's ``command`` rows of one command (one ``command_id``). A pair's follower carries
+    that pair's hedge ratio, every other instrument ``base_hedge_ratio`` (1.0 in v2)."""
+    hedge = {p.follower: p.hedge_ratio for p in cmd.pairs}
+    return [(s, t, hedge.get(s, cmd.base_hedge_ratio)) for s, t in cmd.targets]
+
+
+def validate_command_v2(
+    obj: Any, symbols: Sequence[str], pairs: Sequence[tuple[str, str]] = ()
+) -> CommandV2 | str:
+    """A v2 command over the instruments ``symbols`` and the configured ``pairs`` (leader, follower),
+    or one human-readable rejection reason. Every instrument needs a target and every configured pair
+    a hedge ratio (any order in the JSON; the command keeps the configured orders); an unknown symbol
+    or an unconfigured pair is refused."""
+    if not isinstance(obj, dict):
+        return f"command is {type(obj).__name__}, expected object"
+    if "schema_version" not in obj:
+        return "missing fields: schema_version"
+    version = obj["schema_version"]
+    if isinstance(version, bool) or version != SCHEMA_VERSION_V2:
+        return f"schema_version {repr(version)[:20]} not supported (expected {SCHEMA_VERSION_V2})"
+    missing = [k for k in V2_FIELDS if k not in obj]
+    if missing:
+        return f"missing fields: {', '.join(missing)}"
+    extra = sorted(str(k)[:40] for k in set(obj) - set(V2_FIELDS))
+    if extra:
+        return f"unexpected fields: {', '.join(extra)}"
+    action = obj["action"]
+    if action not in ACTIONS:
+        return f"action {repr(action)[:40]} not one of {', '.join(ACTIONS)}"
+    ms = _bounded(obj, "max_slippage_bps", *MAX_SLIPPAGE_BPS_RANGE)
+    if isinstance(ms, str):
+        return ms
+    reason = obj["reason"]
+    if not isinstance(reason, str):
+        return f"reason is {type(reason).__name__}, expected string"
+    if len(reason) > MAX_REASON_CHARS:
+        return f"reason has {len(reason)} chars, limit {MAX_REASON_CHARS}"
+    targets = obj["targets"]
+    if not isinstance(targets, dict):
+        return f"targets is {type(targets).__name__}, expected object"
+    unknown = sorted(str(k)[:40] for k in set(targets) - set(symbols))
+    if unknown:
+        return f"targets: unknown symbol {', '.join(unknown)} (instruments: {', '.join(symbols)})"
+    missing = [s for s in symbols if s not in targets]
+    if missing:
+        return f"targets: missing {', '.join(missing)}"
+    typed_targets = []
+    for s in symbols:
+        v = _bounded(targets, s, -TARGET_POSITION_ABS_MAX, TARGET_POSITION_ABS_MAX)
+        if isinstance(v, str):
+            return f"targets.{v}"
+        typed_targets.append((s, v))
+    got = obj["pairs"]
+    if not isinstance(got, list):
+        return f"pairs is {type(got).__name__}, expected array"
+    ratios: dict[tuple[str, str], float] = {}
+    for i, p in enumerate(got):
+        where = f"pairs[{i}]"
+        if not isinstance(p, dict):
+            return f"{where} is {type(p).__name__}, expected object"
+        missing = [k for k in PAIR_FIELDS if k not in p]
+        if missing:
+            return f"{where}: missing fields: {', '.join(missing)}"
+        extra = sorted(str(k)[:40] for k in set(p) - set(PAIR_FIELDS))
+        if extra:
+            return f"{where}: unexpected fields: {', '.join(extra)}"
+        leader, follower = p["leader"], p["follower"]
+        for name, sym in (("leader", leader), ("follower", follower)):
+            if sym not in symbols:
+                return f"{where}.{name}: unknown symbol {repr(sym)[:40]} (instruments: {', '.join(symbols)})"
+        if (leader, follower) not in pairs:
+            return f"{where}: {follower}/{leader} is not a configured pair"
+        if (leader, follower) in ratios:
+            return f"{where}: {follower}/{leader} given twice"
+        hr = _bounded(p, "hedge_ratio", *PAIR_HEDGE_RATIO_RANGE)
+        if isinstance(hr, str):
+            return f"{where}.{hr}"
+        ratios[(leader, follower)] = hr
+    absent = [f"{f}/{lead}" for lead, f in pairs if (lead, f) not in ratios]
+    if absent:
+        return f"pairs: missing {', '.join(absent)}"
+    return CommandV2(
+        schema_version=SCHEMA_VERSION_V2,
+        action=action,
+        targets=tuple(typed_targets),
+        pairs=tuple(PairHedge(leader=lead, follower=f, hedge_ratio=ratios[(lead, f)]) for lead, f in pairs),
+        max_slippage_bps=ms,
+        reason=reason,
+    )
+
+
+def check_pairs(symbols: Sequence[str], pairs: Sequence[tuple[str, str]]) -> str:
+    """ "" for a usable pair configuration, else why not: every leg a known instrument, a pair's legs
+    distinct, no follower in two pairs (its command row carries one hedge ratio) and no follower that
+    leads another pair (its target would be two pairs' at once)."""
+    followers: set[str] = set()
+    leaders = {lead for lead, _ in pairs}
+    for lead, f in pairs:
+        for sym in (lead, f):
+            if sym not in symbols:
+                return f"pair {f}/{lead}: unknown symbol {sym} (instruments: {', '.join(symbols)})"
+        if lead == f:
+            return f"pair {f}/{lead}: a symbol cannot hedge itself"
+        if f in followers:
+            return f"pair {f}/{lead}: {f} follows two leaders"
+        if f in leaders:
+            return f"pair {f}/{lead}: {f} both follows and leads"
+        followers.add(f)
+    return ""
+
+
+def validate_any(
+    obj: Any, symbols: Sequence[str], pairs: Sequence[tuple[str, str]] = ()
+) -> CommandFields | CommandV2 | str:
+    """The one gate for both versions: no ``schema_version`` is a v1 command (:func:`validate_command`,
+    exactly as ever), ``schema_version`` 2 a v2 command over ``symbols`` and ``pairs``."""
+    if isinstance(obj, dict) and "schema_version" in obj:
+        return validate_command_v2(obj, symbols, pairs)
+    return validate_command(obj)

@@ -34,14 +34,24 @@ from typing import Any, Final, Literal
 import httpx
 import orjson
 
-from engine.kev.advisor import CONTEXT_FIELDS, BreakerChange, KevContext, KevReply
+from engine.kev.advisor import (
+    CONTEXT_FIELDS,
+    BreakerChange,
+    KevContext,
+    KevContextV2,
+    KevReply,
+    context_body_v2,
+)
 from engine.kev.command import (
     ACTIONS,
     COMMAND_SCHEMA,
     HEDGE_RATIO_RANGE,
     MAX_REASON_CHARS,
     MAX_SLIPPAGE_BPS_RANGE,
+    PAIR_HEDGE_RATIO_RANGE,
+    SCHEMA_VERSION_V2,
     TARGET_POSITION_ABS_MAX,
+    command_schema_v2,
 )
 from engine.kev.server import PRODUCTION_ALIAS
 
@@ -155,6 +165,141 @@ def request_key(ctx: KevContext, model_id: str, params: Mapping[str, Any]) -> st
 
 
 # ---------------------------------------------------------------------------------------------------
+# Prompt v2: the portfolio (a KevContextV2), answered with a v2 command (engine.kev.command)
+
+PROMPT_VERSION_V2: Final = "kev-prompt-v2"
+SYSTEM_PROMPT_V2: Final = (
+    "You are Kev, the portfolio advisor of a crypto futures trading engine that trades several "
+    "instruments at once. A fast classifier flagged the market state of one of them; the user sends "
+    "every instrument and every hedged pair. Answer with one JSON object and nothing else, with "
+    "exactly these fields:\n"
+    f"schema_version: {SCHEMA_VERSION_V2}\n"
+    f"action: one of {', '.join(ACTIONS)}\n"
+    "targets: an object with one entry per instrument, symbol: the position to move towards, a "
+    f"number from -{TARGET_POSITION_ABS_MAX:g} to {TARGET_POSITION_ABS_MAX:g} in that instrument's "
+    "units\n"
+    "pairs: an array with one object per pair, in the order given: leader, follower, and hedge_ratio, "
+    f"a number from {PAIR_HEDGE_RATIO_RANGE[0]:g} to {PAIR_HEDGE_RATIO_RANGE[1]:g}: the leader's USD "
+    "notional per USD of the follower\n"
+    f"max_slippage_bps: number from {MAX_SLIPPAGE_BPS_RANGE[0]:g} to {MAX_SLIPPAGE_BPS_RANGE[1]:g}\n"
+    f"reason: a few words, at most {MAX_REASON_CHARS} characters\n"
+    'Example: {"schema_version": 2, "action": "LEAN_SELL", "targets": {"BTCUSDT": 0.04, '
+    '"ETHUSDT": -1.0}, "pairs": [{"leader": "BTCUSDT", "follower": "ETHUSDT", "hedge_ratio": 1.2}], '
+    '"max_slippage_bps": 5, "reason": "ETH rich against BTC"}'
+)
+USER_TEMPLATE_V2: Final = (
+    "signal: {label} on {symbol} (probability {p_label})\n"
+    "instruments:\n{instruments}\n"
+    "pairs (spread = log follower - alpha - hedge_ratio * log leader):\n{pairs}"
+)
+INSTRUMENT_LINE_V2: Final = (
+    "- {symbol}: position {position} (limit {max_position}), mark {mark}, spread {spread}, "
+    "recent labels {labels}"
+)
+PAIR_LINE_V2: Final = (
+    "- {follower} on {leader}: spread {spread}, z-score {z}, fitted hedge_ratio {hedge_ratio}"
+)
+PROMPT_TEMPLATE_V2_SHA256: Final = sha256_hex(
+    _canonical(
+        {
+            "version": PROMPT_VERSION_V2,
+            "system": SYSTEM_PROMPT_V2,
+            "user": USER_TEMPLATE_V2,
+            "instrument": INSTRUMENT_LINE_V2,
+            "pair": PAIR_LINE_V2,
+        }
+    )
+)
+
+
+def _num_v2(x: float) -> str:
+    return _num(x) if math.isfinite(x) else "n/a"
+
+
+def render_messages_v2(ctx: KevContextV2) -> list[dict[str, str]]:
+    """The chat messages for a portfolio context under template :data:`PROMPT_VERSION_V2`."""
+    instruments = "\n".join(
+        INSTRUMENT_LINE_V2.format(
+            symbol=i.symbol,
+            position=_num_v2(i.position),
+            max_position=_num_v2(i.max_position),
+            mark=_num_v2(i.mark),
+            spread=_num_v2(i.spread),
+            labels=", ".join(i.labels) or "none",
+        )
+        for i in ctx.instruments
+    )
+    pairs = (
+        "\n".join(
+            PAIR_LINE_V2.format(
+                leader=p.leader,
+                follower=p.follower,
+                spread=_num_v2(p.spread),
+                z=_num_v2(p.z),
+                hedge_ratio=_num_v2(p.hedge_ratio),
+            )
+            for p in ctx.pairs
+        )
+        or "- none"
+    )
+    user = USER_TEMPLATE_V2.format(
+        label=ctx.label, symbol=ctx.symbol, p_label=_num(ctx.p_label), instruments=instruments, pairs=pairs
+    )
+    return [{"role": "system", "content": SYSTEM_PROMPT_V2}, {"role": "user", "content": user}]
+
+
+def command_schema_v2_for(ctx: KevContextV2) -> dict[str, Any]:
+    return command_schema_v2(ctx.symbols, ctx.pair_keys)
+
+
+def _gbnf_literal(text: str) -> str:
+    """``text`` as a JSON string inside a GBNF string literal."""
+    js = orjson.dumps(text).decode()
+    return '"' + js.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _v1_rules(*names: str) -> list[str]:
+    """The named rules of :data:`COMMAND_GRAMMAR`: a v2 command's numbers, action and reason are v1's."""
+    rules = {line.split(" ::= ")[0]: line for line in COMMAND_GRAMMAR.splitlines()}
+    return [rules[n] for n in names]
+
+
+def command_grammar_v2(symbols: tuple[str, ...], pairs: tuple[tuple[str, str], ...]) -> str:
+    """GBNF of a v2 command over ``symbols`` and ``pairs``: the fields in the schema's order, every
+    instrument's target and every pair's hedge ratio in the context's order."""
+    targets = ' "," ws '.join(f"t-{k}" for k in range(len(symbols)))
+    pair_refs = ' "," ws '.join(f"p-{k}" for k in range(len(pairs)))
+    lines = [
+        'root ::= "{" ws f-version "," ws f-action "," ws f-targets "," ws f-pairs "," ws f-bps "," ws '
+        'f-reason "}"',
+        f'f-version ::= "\\"schema_version\\"" ws ":" ws "{SCHEMA_VERSION_V2}" ws',
+        'f-targets ::= "\\"targets\\"" ws ":" ws "{" ws ' + targets + ' "}" ws',
+        'f-pairs ::= "\\"pairs\\"" ws ":" ws "[" ws ' + (pair_refs + " " if pairs else "") + '"]" ws',
+    ]
+    lines += [f't-{k} ::= {_gbnf_literal(s)} ws ":" ws position ws' for k, s in enumerate(symbols)]
+    lines += [
+        f'p-{k} ::= "{{" ws "\\"leader\\"" ws ":" ws {_gbnf_literal(lead)} ws "," ws "\\"follower\\"" ws '
+        f'":" ws {_gbnf_literal(f)} ws "," ws "\\"hedge_ratio\\"" ws ":" ws hedge ws "}}" ws'
+        for k, (lead, f) in enumerate(pairs)
+    ]
+    lines += _v1_rules("f-action", "f-bps", "f-reason", "action", "position", "bps", "reason", "char", "ws")
+    lines.append('hedge ::= "10" ("." "0"{1,3})? | [0-9] ("." [0-9]{1,3})?')
+    return "\n".join(lines)
+
+
+def request_key_v2(ctx: KevContextV2, model_id: str, params: Mapping[str, Any]) -> str:
+    """Cassette key of a portfolio context: as :func:`request_key`, over the v2 template and body."""
+    payload = {
+        "template": PROMPT_TEMPLATE_V2_SHA256,
+        "input": context_body_v2(ctx),
+        "model": model_id,
+        "params": dict(params),
+        "schema_sha256": sha256_hex(_canonical(command_schema_v2_for(ctx))),
+    }
+    return sha256_hex(_canonical(payload))
+
+
+# ---------------------------------------------------------------------------------------------------
 # Configuration
 
 Constraint = Literal["json_schema", "grammar"]
@@ -204,7 +349,9 @@ class LlamaConfig:
             "schema_sha256": COMMAND_SCHEMA_SHA256,
         }
 
-    def key(self, ctx: KevContext) -> str:
+    def key(self, ctx: KevContext | KevContextV2) -> str:
+        if isinstance(ctx, KevContextV2):
+            return request_key_v2(ctx, self.model, self.key_params())
         return request_key(ctx, self.model, self.key_params())
 
     @classmethod
@@ -410,15 +557,20 @@ class LlamaAdvisor:
 
     # -- keys and requests -------------------------------------------------------------------------
 
-    def key(self, ctx: KevContext) -> str:
+    def key(self, ctx: KevContext | KevContextV2) -> str:
         """The cassette key of ``ctx`` under this client's model and parameters."""
         return self.config.key(ctx)
 
-    def request_body(self, ctx: KevContext, constraint: Constraint | None = None) -> dict[str, Any]:
+    def request_body(
+        self, ctx: KevContext | KevContextV2, constraint: Constraint | None = None
+    ) -> dict[str, Any]:
+        """The chat request for ``ctx``: v1 for a :class:`KevContext`, the portfolio prompt, schema
+        and grammar for a :class:`KevContextV2`."""
         cfg = self.config
+        v2 = isinstance(ctx, KevContextV2)
         body: dict[str, Any] = {
             "model": cfg.model,
-            "messages": render_messages(ctx),
+            "messages": render_messages_v2(ctx) if v2 else render_messages(ctx),
             "temperature": cfg.temperature,
             "seed": cfg.seed,
             "max_tokens": cfg.max_tokens,
@@ -426,17 +578,18 @@ class LlamaAdvisor:
             "stream": False,
         }
         if (constraint or self.constraint) == "json_schema":
+            schema = command_schema_v2_for(ctx) if v2 else COMMAND_SCHEMA
             body["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": "portfolio_command", "strict": True, "schema": COMMAND_SCHEMA},
+                "json_schema": {"name": "portfolio_command", "strict": True, "schema": schema},
             }
         else:
-            body["grammar"] = COMMAND_GRAMMAR
+            body["grammar"] = command_grammar_v2(ctx.symbols, ctx.pair_keys) if v2 else COMMAND_GRAMMAR
         return body
 
     # -- the advisor protocol ----------------------------------------------------------------------
 
-    async def advise(self, ctx: KevContext) -> KevReply:
+    async def advise(self, ctx: KevContext | KevContextV2) -> KevReply:
         self.stats["calls"] += 1
         key = self.key(ctx)
         if not self.breaker.allow():
@@ -495,7 +648,7 @@ class LlamaAdvisor:
         async with asyncio.timeout(self.config.timeout_s):
             return await self._client.post("/v1/chat/completions", content=orjson.dumps(body))
 
-    async def _attempt(self, ctx: KevContext) -> _Outcome:
+    async def _attempt(self, ctx: KevContext | KevContextV2) -> _Outcome:
         cfg = self.config
         try:
             resp = await self._post(self.request_body(ctx))

@@ -27,6 +27,13 @@ _LABEL_CODE = {x.name: int(x) for x in Label}
 _LEAN_BUY, _EMERGENCY = int(Label.LEAN_BUY), int(Label.EMERGENCY)
 
 
+@njit(inline="always")
+def slippage_bps(mid: float, spread: float) -> float:
+    """The slippage a rule allows: twice the spread in bps, 1 to 10 bps, to 2 decimals."""
+    spread_bps = spread / mid * 1e4 if mid > 0 else 0.0
+    return round_exact(pmin(10.0, pmax(1.0, 2.0 * spread_bps)), 2)
+
+
 @njit
 def rule_decide(
     label: int,
@@ -45,8 +52,7 @@ def rule_decide(
     ``step_fraction`` of ``max_position`` towards the label's side (half that when the book's imbalance
     disagrees with it), within +-``max_position``. Any label but LEAN_BUY leans to sell. The slippage
     allowed is twice the spread, 1 to 10 bps."""
-    spread_bps = spread / mid * 1e4 if mid > 0 else 0.0
-    slip = round_exact(pmin(10.0, pmax(1.0, 2.0 * spread_bps)), 2)
+    slip = slippage_bps(mid, spread)
     if label == _EMERGENCY:
         return A_FLATTEN, 0.0, 1.0, slip, WHY_EMERGENCY
     if p_label < min_prob:
