@@ -38,6 +38,7 @@ EXPECTED = (
     "09_multiseed_whatif",
     "10_real_data",
     "11_tear_sheet",
+    "12_portfolio",
 )
 
 

@@ -290,14 +290,17 @@ def write_html(run_dir: Path | str, out_path: Path | str) -> Path:
     (images inline as data: URIs, the style inline, no external reference)."""
     import matplotlib.pyplot as plt
 
-    from engine.report import tearsheet
+    from engine.report import portfolio, tearsheet
     from engine.store import atomic_write_bytes
 
     run = Path(run_dir)
     ts = tearsheet.compute(run)
     manifest = ts.manifest
+    pf = portfolio.compute(run)
     figs = figures(run)
     figs.update(tearsheet.figures(ts))
+    pf_figs = portfolio.figures(pf) if pf is not None else {}
+    figs.update(pf_figs)
     try:
         images = {name: _png_b64(fig) for name, fig in figs.items()}
     finally:
@@ -306,6 +309,8 @@ def write_html(run_dir: Path | str, out_path: Path | str) -> Path:
     sections = run_report(run)
     e = html.escape
     head = tearsheet.header_lines(ts)
+    if pf is not None:
+        head[:0] = portfolio.header_lines(pf, manifest.get("config", {}).get("symbol"))
     warn = [ln for ln in head if ln.startswith(("IN-SAMPLE", "LOSS STOP"))]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -330,15 +335,25 @@ def write_html(run_dir: Path | str, out_path: Path | str) -> Path:
         "latency": "Latency breakdown (medians)",
         "labels": "Labels",
     }
-    order = [n for n in titles if n in images] + [n for n in images if n not in titles]
+    pf_titles = {
+        "portfolio_pnl": "PnL per instrument and for the portfolio",
+        "portfolio_exposure": "Net delta and gross exposure",
+        "hedge_ratio": "Kev's hedge ratio against the realised beta",
+        "risk_rules": "Which risk rule bound when",
+    }
+    order = [n for n in titles if n in images] + [n for n in images if n not in titles and n not in pf_figs]
     ts_sections = tearsheet.sections(ts)
+
+    def img(name: str, title: str) -> str:
+        return f"<h2>{e(title)}</h2><img alt='{e(name)}' src='data:image/png;base64,{images[name]}'>"
+
     parts.append("<h2>Tear sheet</h2>")
     parts.extend(_table_html(s) for s in ts_sections)
-    for name in order:
-        parts.append(
-            f"<h2>{e(titles.get(name, name))}</h2>"
-            f"<img alt='{e(name)}' src='data:image/png;base64,{images[name]}'>"
-        )
+    parts.extend(img(name, titles.get(name, name)) for name in order)
+    if pf is not None:
+        parts.append("<h2>Portfolio</h2>")
+        parts.extend(_table_html(s) for s in portfolio.sections(pf))
+        parts.extend(img(name, pf_titles.get(name, name)) for name in pf_figs)
     parts.append("<h2>Report</h2>")
     parts.extend(_table_html(s) for s in sections)
     parts.append("</body></html>")

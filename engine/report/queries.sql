@@ -55,21 +55,15 @@ SELECT liquidity, side, count(*) AS n, round(sum(qty), 6) AS qty,
 FROM fill GROUP BY liquidity, side ORDER BY liquidity, side;
 
 -- name: pnl | PnL (exact decimals, position marked at the last mid)
-WITH f AS (
-    SELECT
-        coalesce(sum(CASE WHEN side = 'buy' THEN qty ELSE -qty END), 0) AS position,
-        coalesce(sum(CASE WHEN side = 'sell' THEN notional ELSE -notional END), 0) AS trading_cash,
-        coalesce(sum(fee), 0) AS fees
-    FROM fill
-),
-m AS (SELECT (bid_px_0 + ask_px_0) / 2 AS mark FROM books15 ORDER BY ts_recv DESC, seq DESC LIMIT 1)
+-- the run's symbol (views.sql symbol_pnl; a portfolio's instruments: the Portfolio section)
 SELECT
-    round(f.position, 6) AS position,
-    m.mark AS mark_px,
-    CAST(f.trading_cash AS DECIMAL(18, 4)) AS trading_cash_usdt,
-    CAST(f.fees AS DECIMAL(18, 4)) AS fees_usdt,
-    CAST(f.trading_cash - f.fees + CAST(f.position * m.mark AS DECIMAL(38, 12)) AS DECIMAL(18, 4)) AS pnl_usdt
-FROM f, m;
+    round(CAST(position AS DOUBLE), 6) AS position,
+    mark_px,
+    CAST(trading_cash AS DECIMAL(18, 4)) AS trading_cash_usdt,
+    CAST(fees AS DECIMAL(18, 4)) AS fees_usdt,
+    CAST(pnl AS DECIMAL(18, 4)) AS pnl_usdt
+FROM symbol_pnl
+WHERE symbol = coalesce(getvariable('run_symbol'), (SELECT min(symbol) FROM run_symbols)) AND mark_px IS NOT NULL;
 
 -- name: latency | Per-decision latency (ms)
 WITH spans AS (

@@ -23,9 +23,10 @@ class Section:
     rows: list[tuple[Any, ...]]
 
 
-def load_queries() -> list[tuple[str, str, str]]:
-    """``(name, title, sql)`` for every block of ``queries.sql``, in file order."""
-    text = resources.files("engine.report").joinpath("queries.sql").read_text()
+def load_queries(file: str = "queries.sql") -> list[tuple[str, str, str]]:
+    """``(name, title, sql)`` for every block of ``file`` (``queries.sql``, ``portfolio.sql``), in file
+    order."""
+    text = resources.files("engine.report").joinpath(file).read_text()
     out = []
     for block in text.split("-- name: ")[1:]:
         header, _, sql = block.partition("\n")
@@ -136,17 +137,22 @@ def print_table(console: Any, s: Section) -> None:
 
 def print_report(run_dir: Path | str, console: Any = None) -> list[Section]:
     """The tear sheet (engine/report/tearsheet.py: header, performance, PnL split, round trips,
-    markouts, calibration, latency) and the report's tables (queries.sql), on the console."""
+    markouts, calibration, latency), for a run with several instruments the Portfolio section
+    (engine/report/portfolio.py), and the report's tables (queries.sql), on the console."""
     from rich.console import Console
 
-    from engine.report import tearsheet
+    from engine.report import portfolio, tearsheet
 
     console = console or Console()
     sections = run_report(run_dir)
     ts = tearsheet.compute(run_dir)
+    pf = portfolio.compute(run_dir)
     manifest = ts.manifest
-    for line in (f"run    {run_dir}", f"digest {manifest['digest']}", *tearsheet.header_lines(ts)):
+    head = tearsheet.header_lines(ts)
+    if pf is not None:
+        head[:0] = portfolio.header_lines(pf, manifest.get("config", {}).get("symbol"))
+    for line in (f"run    {run_dir}", f"digest {manifest['digest']}", *head):
         console.print(line, soft_wrap=True, markup=False, highlight=False)
-    for s in (*tearsheet.sections(ts), *sections):
+    for s in (*tearsheet.sections(ts), *(portfolio.sections(pf) if pf is not None else ()), *sections):
         print_table(console, s)
     return sections

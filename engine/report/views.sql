@@ -245,3 +245,262 @@ SELECT coalesce(liquidity, 'all') AS liquidity, h_ms, count(*) AS n,
        avg(fee_bps) AS fee_bps
 FROM markouts GROUP BY GROUPING SETS ((liquidity, h_ms), (h_ms))
 ORDER BY liquidity IS NULL, liquidity, h_ms;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Portfolio views (engine/report/portfolio.py reads them; docs/ANALYSIS.md "Portfolio" defines each).
+-- A run trading several instruments writes each one's rows, named by `symbol`, into the same streams.
+-- Knobs (SET VARIABLE them any time; unset means the default):
+--   bucket_ns       risk refusals counted per bucket of this many ns (default 60000000000: 60 s)
+--   beta_sample_ns  the pairs' mids sampled every this many ns for the realised beta (default 1 s)
+--   beta_window     samples in the rolling beta's window (default 300)
+
+-- The run's instruments: its config's symbol and symbols, and every symbol its event streams name.
+-- More than one row: a portfolio run (the report then adds its Portfolio section).
+CREATE VIEW run_symbols AS
+WITH m AS (SELECT content FROM read_text(getvariable('run') || '/manifest.json'))
+SELECT DISTINCT symbol FROM (
+    SELECT json_extract_string(content, '$.config.symbol') AS symbol FROM m
+    UNION ALL SELECT unnest(json_extract_string(content, '$.config.symbols[*]')) FROM m
+    UNION ALL SELECT DISTINCT symbol FROM label
+    UNION ALL SELECT DISTINCT symbol FROM kev_request
+    UNION ALL SELECT DISTINCT symbol FROM command
+    UNION ALL SELECT DISTINCT symbol FROM risk
+    UNION ALL SELECT DISTINCT symbol FROM "order"
+    UNION ALL SELECT DISTINCT symbol FROM fill
+) WHERE symbol IS NOT NULL AND symbol <> '';
+
+-- The portfolio's span: the first and last book of any of its instruments.
+CREATE VIEW portfolio_span AS
+SELECT min(ts_recv) AS start_ns, max(ts_recv) AS end_ns, max(ts_recv) - min(ts_recv) AS span_ns
+FROM books15 WHERE symbol IN (SELECT symbol FROM run_symbols);
+
+-- Per instrument, at every one of its books with a finite mid (the last of several books at one
+-- instant): position and cash (exact: sells - buys - fees) after its fills at or before the book, its
+-- PnL marked to that mid (float), and its delta in USDT (position x mid).
+CREATE VIEW symbol_equity AS
+WITH f AS (
+    SELECT symbol, ts_recv, position, cash FROM (
+        SELECT symbol, ts_recv, position, cash,
+               row_number() OVER (PARTITION BY symbol, ts_recv ORDER BY seq DESC) AS k
+        FROM fills_pnl)
+    WHERE k = 1
+),
+b AS (
+    SELECT symbol, ts_recv, seq, (bid_px_0 + ask_px_0) / 2 AS mid FROM books15
+    WHERE symbol IN (SELECT symbol FROM run_symbols) AND isfinite(bid_px_0 + ask_px_0)
+    QUALIFY row_number() OVER (PARTITION BY symbol, ts_recv ORDER BY seq DESC) = 1
+)
+SELECT b.symbol, b.ts_recv, b.seq, b.mid, coalesce(f.position, 0) AS position,
+       coalesce(f.cash, 0) AS cash,
+       CAST(coalesce(f.cash, 0) AS DOUBLE) + coalesce(f.position, 0) * b.mid AS pnl,
+       coalesce(f.position, 0) * b.mid AS delta_usd
+FROM b ASOF LEFT JOIN f ON b.symbol = f.symbol AND b.ts_recv >= f.ts_recv;
+
+-- The portfolio at every instant one of its instruments has a book: each instrument as of its last
+-- book at or before (one with no book yet counts 0), summed: PnL, net delta (sum of position x mid)
+-- and gross exposure (sum of |position x mid|), USDT; `marked` instruments with a book so far.
+CREATE VIEW portfolio_equity AS
+WITH t AS (SELECT DISTINCT ts_recv FROM symbol_equity),
+g AS (SELECT t.ts_recv, s.symbol FROM t, run_symbols s),
+j AS (
+    SELECT g.ts_recv, g.symbol, e.pnl, e.delta_usd
+    FROM g ASOF LEFT JOIN symbol_equity e ON g.symbol = e.symbol AND g.ts_recv >= e.ts_recv
+)
+SELECT ts_recv, coalesce(sum(pnl), 0) AS pnl, coalesce(sum(delta_usd), 0) AS net_delta_usd,
+       coalesce(sum(abs(delta_usd)), 0) AS gross_usd, count(pnl) AS marked
+FROM j GROUP BY ts_recv;
+
+-- Per instrument at the run's end: fills, position, mark (its last book's finite mid, float), trading
+-- cash (sells - buys) and fees, PnL = cash - fees + position x mark and its delta in USDT. Exact
+-- decimals: sizes and the mark are read as the decimals their floats print as (a size parsed from an
+-- exchange string is that string again; engine/portfolio.py books fills the same way). PnL is NULL
+-- without a book. The report's `pnl` table is this for the run's symbol; `portfolio_pnl` adds the total.
+CREATE VIEW symbol_pnl AS
+WITH f AS (
+    SELECT symbol, count(*) AS fills,
+           sum(CASE WHEN side = 'buy' THEN 1 ELSE -1 END * CAST(CAST(qty AS VARCHAR) AS DECIMAL(38, 12)))
+               AS position,
+           sum(CASE WHEN side = 'sell' THEN notional ELSE -notional END) AS trading_cash,
+           sum(fee) AS fees
+    FROM fill GROUP BY symbol
+),
+m AS (
+    SELECT symbol, (bid_px_0 + ask_px_0) / 2 AS mark FROM books15 WHERE isfinite(bid_px_0 + ask_px_0)
+    QUALIFY row_number() OVER (PARTITION BY symbol ORDER BY ts_recv DESC, seq DESC) = 1
+)
+SELECT s.symbol, coalesce(f.fills, 0) AS fills, coalesce(f.position, 0) AS position, m.mark AS mark_px,
+       coalesce(f.trading_cash, 0) AS trading_cash, coalesce(f.fees, 0) AS fees,
+       coalesce(f.trading_cash, 0) - coalesce(f.fees, 0)
+           + CAST(coalesce(f.position, 0) * CAST(CAST(m.mark AS VARCHAR) AS DECIMAL(38, 12)) AS DECIMAL(38, 12))
+           AS pnl,
+       CAST(coalesce(f.position, 0) AS DOUBLE) * m.mark AS delta_usd
+FROM run_symbols s LEFT JOIN f ON f.symbol = s.symbol LEFT JOIN m ON m.symbol = s.symbol;
+
+-- symbol_pnl and one row `symbol = 'TOTAL'` summing it (position and mark NULL there: sizes of
+-- different instruments do not add), plus gross exposure (|delta|).
+CREATE VIEW portfolio_pnl AS
+SELECT symbol, fills, position, mark_px, trading_cash, fees, pnl, delta_usd, abs(delta_usd) AS gross_usd
+FROM symbol_pnl
+UNION ALL
+SELECT 'TOTAL', CAST(sum(fills) AS BIGINT), NULL, NULL, sum(trading_cash), sum(fees), sum(pnl), sum(delta_usd),
+       sum(abs(delta_usd))
+FROM symbol_pnl;
+
+-- Every risk refusal, with the rule that refused it (`reason`), its level (`portfolio` for the
+-- portfolio-wide rules `portfolio_*`, else `instrument`) and its time bucket (`bucket_s`: seconds
+-- from the portfolio's first book to the bucket's start; buckets of bucket_ns).
+CREATE VIEW risk_refusals AS
+WITH k AS (SELECT CAST(coalesce(getvariable('bucket_ns'), 60000000000) AS BIGINT) AS bucket_ns)
+SELECT r.ts_recv, r.seq, r.client_oid, r.symbol, r.reason,
+       CASE WHEN starts_with(r.reason, 'portfolio_') THEN 'portfolio' ELSE 'instrument' END AS level,
+       r.intent, r.source, r.side, r.px, r.qty,
+       (r.ts_recv - s.start_ns) // k.bucket_ns * k.bucket_ns / 1e9 AS bucket_s
+FROM risk r, portfolio_span s, k WHERE NOT r.accepted;
+
+-- Refusals per (time bucket, rule, instrument): which rule bound when.
+CREATE VIEW risk_refusals_bucketed AS
+SELECT bucket_s, reason, symbol, level, count(*) AS n
+FROM risk_refusals GROUP BY ALL ORDER BY bucket_s, reason, symbol;
+
+-- Per (rule, instrument): refusals, their share of all refusals, the first and last (seconds from
+-- the portfolio's first book), and how many time buckets saw the rule bind.
+CREATE VIEW risk_rule_stats AS
+SELECT reason, symbol, level, count(*) AS refusals,
+       count(*) / sum(count(*)) OVER () AS share,
+       (min(ts_recv) - (SELECT start_ns FROM portfolio_span)) / 1e9 AS first_s,
+       (max(ts_recv) - (SELECT start_ns FROM portfolio_span)) / 1e9 AS last_s,
+       count(DISTINCT bucket_s) AS buckets
+FROM risk_refusals GROUP BY reason, symbol, level ORDER BY refusals DESC, reason, symbol;
+
+-- The pairs whose hedge ratio is compared with the market: the simulated session's pairs (its
+-- manifest's simulator.pairs, leader and follower) when it has them, else the run's first symbol
+-- (config.symbols[0], else config.symbol) leading each other instrument. Both legs in the run.
+SET VARIABLE session_manifest = (
+    -- a glob: a session without a manifest (a hand-built one) reads as no rows, not an error
+    SELECT json_extract_string(content, '$.session.path') || '/manifest.jso[n]'
+    FROM read_text(getvariable('run') || '/manifest.json')
+);
+CREATE VIEW session_pairs AS
+SELECT p.leader, p.follower, p.regimes
+FROM (
+    SELECT unnest(from_json(json_extract(content, '$.simulator.pairs'),
+                            '[{"leader": "VARCHAR", "follower": "VARCHAR",
+                               "regimes": [{"start_ms": "BIGINT", "beta": "DOUBLE"}]}]')) AS p
+    FROM read_text(getvariable('session_manifest'))
+);
+CREATE VIEW pairs AS
+WITH sim AS (
+    SELECT leader, follower FROM session_pairs
+    WHERE leader IN (SELECT symbol FROM run_symbols) AND follower IN (SELECT symbol FROM run_symbols)
+),
+lead AS (
+    SELECT coalesce(json_extract_string(content, '$.config.symbols[0]'),
+                    json_extract_string(content, '$.config.symbol')) AS leader
+    FROM read_text(getvariable('run') || '/manifest.json')
+)
+SELECT leader, follower FROM sim
+UNION ALL
+SELECT lead.leader, s.symbol FROM lead, run_symbols s
+WHERE s.symbol <> lead.leader AND NOT EXISTS (SELECT 1 FROM sim)
+ORDER BY leader, follower;
+
+-- The true beta of each simulated pair per regime, from the session's manifest: the regime's start and
+-- end (the next regime's start; NULL for the last) in ns.
+CREATE VIEW pair_regimes AS
+SELECT leader, follower, r.beta AS true_beta, r.start_ms * 1000000 AS start_ns,
+       lead(r.start_ms * 1000000) OVER (PARTITION BY leader, follower ORDER BY r.start_ms) AS end_ns
+FROM (SELECT leader, follower, unnest(regimes) AS r FROM session_pairs);
+
+-- Each pair's mids sampled every beta_sample_ns from the later of the two legs' first books (the last
+-- book at or before each instant, finite mids only): log mids and their log returns over the sample.
+CREATE VIEW pair_samples AS
+WITH k AS (SELECT CAST(coalesce(getvariable('beta_sample_ns'), 1000000000) AS BIGINT) AS step),
+b AS (
+    SELECT symbol, ts_recv, ln((bid_px_0 + ask_px_0) / 2) AS lmid FROM books15
+    WHERE symbol IN (SELECT symbol FROM run_symbols) AND bid_px_0 + ask_px_0 > 0
+      AND isfinite(bid_px_0 + ask_px_0)
+    QUALIFY row_number() OVER (PARTITION BY symbol, ts_recv ORDER BY seq DESC) = 1
+),
+span AS (
+    SELECT p.leader, p.follower,
+           greatest((SELECT min(ts_recv) FROM b WHERE symbol = p.leader),
+                    (SELECT min(ts_recv) FROM b WHERE symbol = p.follower)) AS t0,
+           least((SELECT max(ts_recv) FROM b WHERE symbol = p.leader),
+                 (SELECT max(ts_recv) FROM b WHERE symbol = p.follower)) AS t1
+    FROM pairs p
+),
+g AS (
+    SELECT leader, follower, unnest(generate_series(t0, t1, (SELECT step FROM k))) AS t_ns
+    FROM span WHERE t0 <= t1
+),
+x AS (
+    SELECT g.leader, g.follower, g.t_ns, bl.lmid AS lx
+    FROM g ASOF JOIN b bl ON bl.symbol = g.leader AND g.t_ns >= bl.ts_recv
+),
+y AS (
+    SELECT x.*, bf.lmid AS ly
+    FROM x ASOF JOIN b bf ON bf.symbol = x.follower AND x.t_ns >= bf.ts_recv
+)
+SELECT leader, follower, t_ns, lx, ly,
+       lx - lag(lx) OVER w AS rx, ly - lag(ly) OVER w AS ry
+FROM y WINDOW w AS (PARTITION BY leader, follower ORDER BY t_ns);
+
+-- The realised beta of each pair: OLS slope of the follower's log return on the leader's
+-- (`beta_returns`) and of the follower's log mid on the leader's (`beta_levels`) over the last
+-- beta_window samples, at every sample (NULL until the window holds two samples).
+CREATE VIEW pair_beta AS
+SELECT leader, follower, t_ns,
+       regr_slope(ry, rx) OVER w AS beta_returns,
+       regr_slope(ly, lx) OVER w AS beta_levels,
+       count(rx) OVER w AS n
+FROM pair_samples
+WINDOW w AS (PARTITION BY leader, follower ORDER BY t_ns
+             ROWS BETWEEN CAST(coalesce(getvariable('beta_window'), 300) AS BIGINT) - 1 PRECEDING
+             AND CURRENT ROW);
+
+-- Kev's hedge ratio for each follower, one row per command naming it (the follower's row of a v2
+-- command), beside the realised beta at that instant (the last sample at or before) and the
+-- simulated pair's true beta then (NULL for a recorded session).
+CREATE VIEW hedge_ratio AS
+WITH c AS (
+    SELECT p.leader, p.follower, c.ts_recv, c.seq, c.command_id, c.hedge_ratio, c.target_position
+    FROM command c JOIN pairs p ON c.symbol = p.follower
+)
+SELECT c.leader, c.follower, c.ts_recv, c.seq, c.command_id, c.hedge_ratio, c.target_position,
+       b.beta_returns, b.beta_levels, r.true_beta
+FROM c
+ASOF LEFT JOIN pair_beta b ON b.leader = c.leader AND b.follower = c.follower AND c.ts_recv >= b.t_ns
+LEFT JOIN pair_regimes r ON r.leader = c.leader AND r.follower = c.follower
+     AND c.ts_recv >= r.start_ns AND (r.end_ns IS NULL OR c.ts_recv < r.end_ns)
+ORDER BY c.leader, c.follower, c.ts_recv, c.seq;
+
+-- Per pair and regime (a recorded session: the whole run, one row): the true beta, the realised OLS
+-- beta over the regime's samples (returns and levels), and Kev's hedge ratios in it (commands, mean,
+-- last). `start_s`/`end_s`: seconds from the portfolio's first book, clipped to the samples.
+CREATE VIEW hedge_ratio_regimes AS
+WITH r AS (
+    SELECT p.leader, p.follower, r.true_beta, r.start_ns, r.end_ns
+    FROM pairs p LEFT JOIN pair_regimes r ON r.leader = p.leader AND r.follower = p.follower
+),
+s AS (
+    SELECT r.leader, r.follower, r.true_beta, r.start_ns, min(x.t_ns) AS t_first, max(x.t_ns) AS t_last,
+           count(x.rx) AS samples, regr_slope(x.ry, x.rx) AS beta_returns, regr_slope(x.ly, x.lx) AS beta_levels
+    FROM r JOIN pair_samples x ON x.leader = r.leader AND x.follower = r.follower
+        AND (r.start_ns IS NULL OR x.t_ns >= r.start_ns) AND (r.end_ns IS NULL OR x.t_ns < r.end_ns)
+    GROUP BY ALL
+),
+h AS (
+    SELECT r.leader, r.follower, r.start_ns, count(h.seq) AS commands, avg(h.hedge_ratio) AS hedge_mean,
+           arg_max(h.hedge_ratio, (h.ts_recv, h.seq)) AS hedge_last
+    FROM r JOIN hedge_ratio h ON h.leader = r.leader AND h.follower = r.follower
+        AND (r.start_ns IS NULL OR h.ts_recv >= r.start_ns) AND (r.end_ns IS NULL OR h.ts_recv < r.end_ns)
+    GROUP BY ALL
+)
+SELECT s.leader, s.follower,
+       (s.t_first - (SELECT start_ns FROM portfolio_span)) / 1e9 AS start_s,
+       (s.t_last - (SELECT start_ns FROM portfolio_span)) / 1e9 AS end_s,
+       s.true_beta, s.samples, s.beta_returns, s.beta_levels,
+       coalesce(h.commands, 0) AS commands, h.hedge_mean, h.hedge_last
+FROM s LEFT JOIN h ON h.leader = s.leader AND h.follower = s.follower
+    AND h.start_ns IS NOT DISTINCT FROM s.start_ns
+ORDER BY s.leader, s.follower, s.t_first;
