@@ -29,8 +29,8 @@ from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import BookSnapshot, Nanos, Trade
 from engine.fastinit import frozen_maker
-from engine.kev.advisor import KevContext, KevReply, context_body
-from engine.kev.command import ACTIONS, CommandFields
+from engine.kev.advisor import KevContext, KevContextV2, KevReply, context_body, context_body_v2
+from engine.kev.command import ACTIONS, CommandFields, CommandV2, as_v2
 from engine.kev.failures import breaker_rows, judge
 from engine.portfolio import dec
 from engine.risk import OrderIntent, RiskLimits
@@ -214,6 +214,10 @@ class Engine:
         )  # fmt: skip
         K.step_warm(c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.work, c.recent, c.eng_book, b_loc)
         K.step_pull(c.S, c.C, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.OUTI, c.OUTF, c.NOUT)
+        K.step_command(
+            1, 0, 0, 0, 0.0, 0.0, 1.0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent,
+            c.eng_book, b_loc, c.OUTI, c.OUTF, c.NOUT,
+        )  # fmt: skip
 
     def _hand_over(self) -> None:
         """The core's buffered rows to the log (forwarded already: a step forwards before it returns)."""
@@ -277,6 +281,8 @@ class Engine:
         S[K.S_ENG_BOOK] = 1
         if self.pf is not None:  # the others' risk rules read this instrument at its new mark
             K.pf_mark(self.pf.PF, self.inst, S, self.core.eng_book)
+            if self.pf.pairs:
+                self.pf.observe(self.inst, book.ts_recv)
         return self.labeler(book)
 
     def on_trade(self, trade: Trade) -> None:
@@ -298,6 +304,8 @@ class Engine:
             )
         self.levels[0] = as_levels(book)
         self.b_loc[0] = book.ts_recv
+        if self.pf is not None:
+            self.pf.note_label(self.inst, LABEL_NAMES[label_id])
         c = self._room(now)
         K.step_label(
             label_id, float(probs[label_id]), c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.HI, c.HF,
@@ -307,6 +315,19 @@ class Engine:
         self._after(now)
         if label_id == K.L_EMERGENCY and self.pf is not None:
             self.pf.emergency(self)
+
+    def command(
+        self, cid: int, rid: int, ts_ctx: Nanos, action: int, target: float, hedge: float, slip: float
+    ) -> None:
+        """Kev's portfolio command ``cid``, the reply to another instrument's request ``rid``: this
+        instrument's part of it (``step_command``)."""
+        now = self.clock.now_ns()
+        c = self._room(now)
+        K.step_command(
+            cid, rid, ts_ctx, action, target, hedge, slip, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF,
+            c.olat, c.work, c.recent, c.eng_book, self.b_loc, c.OUTI, c.OUTF, c.NOUT,
+        )  # fmt: skip
+        self._after(now)
 
     def pull(self) -> None:
         """EMERGENCY on another instrument of the portfolio: pull the quotes here too (``step_pull``)."""
@@ -401,12 +422,20 @@ class Engine:
         for row in breaker_rows(reply, now, ctx.request_id):  # late or not, the breaker did change
             self.log.append("kev_breaker", row)
         rid = ctx.request_id
+        hub: CommandV2 | None = None  # a portfolio command: the other instruments' parts follow
         if self._kev_ctx.pop(rid, None) is not None:  # in flight: its verdict goes into its row
             c = self.core
             verdict, error, failure, key, raw = reply_verdict(ctx, reply)
             i = rid & (c.RI.shape[0] - 1)
             reason = ""
-            if verdict is not None:
+            if isinstance(verdict, CommandV2):
+                assert self.pf is not None
+                hub = verdict
+                c.RI[i, K.RI_ACTION], c.RF[i, K.RF_TARGET], c.RF[i, K.RF_HEDGE], c.RF[i, K.RF_SLIP] = (
+                    self.pf.mine(self, verdict)
+                )
+                reason = verdict.reason
+            elif verdict is not None:
                 c.RI[i, K.RI_ACTION] = ACTIONS.index(verdict.action)
                 c.RF[i, K.RF_TARGET] = verdict.target_position
                 c.RF[i, K.RF_HEDGE] = verdict.hedge_ratio
@@ -416,6 +445,8 @@ class Engine:
             advisor = reply.advisor or self.advisor_name
             c._replies[rid] = (error, failure, advisor, key, raw, *timing_fields(reply.timings), reason)
         self._timer(K.T_KEV_DONE, rid, lag_ns)  # a late one: the core notes it, nothing more
+        if hub is not None and self.pf is not None:
+            self.pf.fan_out(self, hub, int(self.core.S[K.S_CMD_ID]), rid, ctx.ts_ns)
 
     def _timer(self, kind: int, a: int, b: int) -> None:
         now = self.clock.now_ns()
@@ -517,7 +548,7 @@ class Engine:
             if RI[rid & mask, K.RI_OK] != -1:
                 continue
             RI[rid & mask, K.RI_OK] = 0  # asked; its verdict is written when the reply comes
-            ctx = c._context(rid)
+            ctx = self.pf.context(self, rid) if self.pf is not None and self.pf.hub else c._context(rid)
             self._kev_ctx[rid] = ctx
             self.clock.schedule(
                 now + self.cfg.kev_timeout_ns, PRIO_KEV, partial(self._on_kev_timeout, rid, now)
@@ -536,10 +567,18 @@ def engine_identity() -> dict[str, str]:
     return {"engine": "engine/kernel.py", "engine_sha256": jit.core_stamp()}
 
 
-def reply_verdict(ctx: KevContext, reply: KevReply) -> tuple[CommandFields | None, str, str, str, str]:
+def reply_verdict(
+    ctx: KevContext | KevContextV2, reply: KevReply
+) -> tuple[CommandFields | CommandV2 | None, str, str, str, str]:
     """``(command, error, failure, key, raw)`` of Kev's reply to ``ctx``: :func:`judge`'s verdict, the
-    request key and the raw JSON text its ``kev_response`` event carries."""
-    verdict, error, failure = judge(reply)
+    request key and the raw JSON text its ``kev_response`` event carries. A portfolio's context takes
+    a v2 command over its instruments, or a v1 one for the instrument that asked."""
+    if isinstance(ctx, KevContextV2):
+        verdict, error, failure = judge(reply, ctx.symbols, ctx.pair_keys)
+        if isinstance(verdict, CommandFields):
+            verdict = as_v2(verdict, ctx.symbol)
+    else:
+        verdict, error, failure = judge(reply)
     raw = orjson.dumps(reply.raw, option=orjson.OPT_SORT_KEYS).decode() if reply.raw is not None else ""
     return verdict, error, failure, reply.key or _context_key(ctx), raw
 
@@ -554,6 +593,7 @@ def timing_fields(timings: dict) -> tuple[float, float, int, int]:
     )
 
 
-def _context_key(ctx: KevContext) -> str:
+def _context_key(ctx: KevContext | KevContextV2) -> str:
     """Key of a request for advisors that have none of their own: the context minus ids and times."""
-    return hashlib.sha256(orjson.dumps(context_body(ctx), option=orjson.OPT_SORT_KEYS)).hexdigest()
+    body = context_body_v2(ctx) if isinstance(ctx, KevContextV2) else context_body(ctx)
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()

@@ -1468,26 +1468,12 @@ def _engine_timer(
             return
         cid = S[S_CMD_ID] + 1
         S[S_CMD_ID] = cid
-        k = NOUT[O_COMMAND]
-        NOUT[O_COMMAND] = k + 1
-        ts_ctx = RI[a & (RI.shape[0] - 1), RI_TS]
-        valid_until = now + C[C_KEV_TTL]
-        OUTI[O_COMMAND, k, 0] = ts_ctx
-        OUTI[O_COMMAND, k, 1] = now
-        OUTI[O_COMMAND, k, 2] = cid
-        OUTI[O_COMMAND, k, 3] = a
-        OUTI[O_COMMAND, k, 4] = RI[a & (RI.shape[0] - 1), RI_ACTION]
-        OUTI[O_COMMAND, k, 5] = valid_until
-        OUTF[O_COMMAND, k, 0] = RF[a & (RF.shape[0] - 1), RF_TARGET]
-        OUTF[O_COMMAND, k, 1] = RF[a & (RF.shape[0] - 1), RF_HEDGE]
-        OUTF[O_COMMAND, k, 2] = RF[a & (RF.shape[0] - 1), RF_SLIP]
-        S[S_CMD] = 1
-        S[S_CMD_ACTION] = RI[a & (RI.shape[0] - 1), RI_ACTION]
-        S[S_CMD_TS_RECV] = now
-        S[S_CMD_VALID_UNTIL] = valid_until
-        SF[SF_CMD_TARGET] = RF[a & (RF.shape[0] - 1), RF_TARGET]
-        SF[SF_CMD_SLIP] = RF[a & (RF.shape[0] - 1), RF_SLIP]
-        SF[SF_CMD_HEDGE] = RF[a & (RF.shape[0] - 1), RF_HEDGE]
+        r = a & (RI.shape[0] - 1)
+        ts_ctx = RI[r, RI_TS]
+        _apply_command(
+            S, SF, C, OUTI, OUTF, NOUT, cid, a, ts_ctx, RI[r, RI_ACTION], RF[r, RF_TARGET], RF[r, RF_HEDGE],
+            RF[r, RF_SLIP],
+        )  # fmt: skip
         _rebalance(
             S,
             SF,
@@ -1535,6 +1521,32 @@ def _engine_timer(
             lpx,
             lq,
         )
+
+
+@njit
+def _apply_command(S, SF, C, OUTI, OUTF, NOUT, cid, rid, ts_ctx, action, target, hedge, slip):
+    """Kev's command ``cid`` (the reply to request ``rid``, asked at ``ts_ctx``) becomes the engine's
+    advice now, valid for the advice TTL, and a row of the command stream."""
+    now = S[S_NOW]
+    k = NOUT[O_COMMAND]
+    NOUT[O_COMMAND] = k + 1
+    valid_until = now + C[C_KEV_TTL]
+    OUTI[O_COMMAND, k, 0] = ts_ctx
+    OUTI[O_COMMAND, k, 1] = now
+    OUTI[O_COMMAND, k, 2] = cid
+    OUTI[O_COMMAND, k, 3] = rid
+    OUTI[O_COMMAND, k, 4] = action
+    OUTI[O_COMMAND, k, 5] = valid_until
+    OUTF[O_COMMAND, k, 0] = target
+    OUTF[O_COMMAND, k, 1] = hedge
+    OUTF[O_COMMAND, k, 2] = slip
+    S[S_CMD] = 1
+    S[S_CMD_ACTION] = action
+    S[S_CMD_TS_RECV] = now
+    S[S_CMD_VALID_UNTIL] = valid_until
+    SF[SF_CMD_TARGET] = target
+    SF[SF_CMD_SLIP] = slip
+    SF[SF_CMD_HEDGE] = hedge
 
 
 @njit
@@ -1710,6 +1722,22 @@ def step_timer(
         tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
         x_book, b_loc, lags, OUTI, OUTF, NOUT, lpx, lq,
     )  # fmt: skip
+
+
+@njit
+def step_command(
+    cid, rid, ts_ctx, action, target, hedge, slip, S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book,
+    b_loc, OUTI, OUTF, NOUT,
+):  # fmt: skip
+    """Kev's portfolio command ``cid``, answering request ``rid`` of another instrument, sets this one's
+    target (``action`` A_*, ``target``, ``hedge``: its pair's hedge ratio, ``slip``): the advice is this
+    instrument's from now on, as if its own request had brought it, and it rebalances towards it."""
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
+    _apply_command(S, SF, C, OUTI, OUTF, NOUT, cid, rid, ts_ctx, action, target, hedge, slip)
+    _rebalance(
+        S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, ts_ctx, OUTI, OUTF, NOUT, lpx, lq
+    )
 
 
 @njit

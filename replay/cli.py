@@ -66,6 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "portfolio rules (net delta, gross exposure, loss stop) see them all; ALL: every symbol of the "
         "session",
     )
+    p.add_argument(
+        "--kev-hub",
+        choices=("pairs",),
+        help="with --symbols: Kev answers for the whole portfolio, one command setting every instrument's "
+        "target from the pairs rule on the fitted hedge ratios (engine/kev/pairs.py)",
+    )
     p.add_argument("--out", type=Path, help="run directory (default SESSION/runs/run-<config hash>)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     p.add_argument(
@@ -212,6 +218,7 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     cfg = ReplayConfig(
         **_symbol(args),
+        **({"kev_hub": args.kev_hub} if getattr(args, "kev_hub", None) else {}),
         seed=args.seed,
         model_path=args.model or DEFAULT_MODEL,
         laya_provider=args.provider,

@@ -97,6 +97,13 @@ class ReplayConfig:
     symbol: str = "BTCUSDT"
     # several instruments traded as one portfolio (replay/portfolio.py); empty: ``symbol`` alone
     symbols: tuple[str, ...] = ()
+    # Kev as the portfolio's hub: "" (each instrument asks Kev on its own, v1) or "pairs" (one v2
+    # command over every instrument from the pairs rule, engine/kev/pairs.py, on the pairs' fitted
+    # hedge ratios; the pairs are the session's simulated ones, else the first symbol leads the others)
+    kev_hub: str = ""
+    pair_entry_z: float = 2.0
+    pair_exit_z: float = 0.5
+    pair_half_life_ms: int = 60_000
     model_path: Path = DEFAULT_MODEL
     laya_provider: str = "auto"
     laya_mode: str = "batch"  # "batch": features+inference over the whole session; "tick": per snapshot
@@ -148,6 +155,12 @@ class ReplayConfig:
         object.__setattr__(self, "symbols", tuple(self.symbols))
         if len(set(self.symbols)) != len(self.symbols):
             raise DualhubError(f"a symbol is given twice in {','.join(self.symbols)}")
+        if self.kev_hub not in ("", "pairs"):
+            raise DualhubError(f"kev_hub must be '' or 'pairs', not {self.kev_hub!r}")
+        if self.kev_hub and len(self.symbols) < 2:
+            raise DualhubError("Kev as the portfolio hub needs a portfolio: give two symbols or more")
+        if not (0 <= self.pair_exit_z < self.pair_entry_z and self.pair_half_life_ms > 0):
+            raise DualhubError("pairs: need 0 <= pair_exit_z < pair_entry_z and pair_half_life_ms > 0")
         if self.kev_lag_source not in KEV_LAG_SOURCES:
             raise DualhubError(f"kev_lag_source must be 'measured' or 'model', not {self.kev_lag_source!r}")
         if self.kev_timeout_ms <= 0:
@@ -200,6 +213,9 @@ class ReplayConfig:
                 del d["risk"][name]
         if not self.symbols:
             del d["symbols"]
+        if not self.kev_hub:  # the pairs' settings mean nothing without the hub: run names stay
+            for name in ("kev_hub", "pair_entry_z", "pair_exit_z", "pair_half_life_ms"):
+                del d[name]
         return orjson.loads(orjson.dumps(d, default=str))
 
     def asks_live_model(self) -> bool:

@@ -33,6 +33,8 @@ from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, BookSnapshot
 from engine.instruments import Portfolio
+from engine.kev.pairs import RulePairsKev
+from engine.kev.sim import SimKevBackend
 from engine.laya.model import Laya
 from engine.store import open_session
 from replay.driver import (
@@ -47,6 +49,7 @@ from replay.driver import (
     _finish,
     _for_symbol,
     _kev_backend,
+    _lag_model,
     _progress,
     _Quarantine,
     _run_dir,
@@ -84,6 +87,16 @@ def scaled_config(e: EngineConfig, contract: ContractConfig, ratio: float) -> En
     )
     quotes = dataclasses.replace(e.quotes, quote_qty=size(e.quotes.quote_qty))
     return dataclasses.replace(e, contract=contract, risk=risk, quotes=quotes)
+
+
+def session_pairs(manifest: dict[str, Any], symbols: list[str]) -> tuple[tuple[str, str], ...]:
+    """The pairs a portfolio fits: the simulated session's (leader, follower) pairs among ``symbols``,
+    else the first symbol leading each of the others."""
+    sim = (manifest.get("simulator") or {}).get("pairs") or []
+    pairs = tuple(
+        (p["leader"], p["follower"]) for p in sim if p["leader"] in symbols and p["follower"] in symbols
+    )
+    return pairs or tuple((symbols[0], s) for s in symbols[1:])
 
 
 def _decimals(values: np.ndarray) -> int:
@@ -197,8 +210,17 @@ def run_portfolio(
     run_dir = _run_dir(session.root, cfg, out_dir)
     tmp = _start_run_dir(run_dir, overwrite)
     log = EventLog(tmp / "events")
-    advisor, kev = _kev_backend(cfg, clock)  # one Kev for the portfolio
-    portfolio = Portfolio(symbols)
+    if cfg.kev_hub == "pairs":  # one v2 command over every instrument from the pairs rule
+        advisor: Any = RulePairsKev(entry_z=cfg.pair_entry_z, exit_z=cfg.pair_exit_z)
+        kev = SimKevBackend(advisor, _lag_model(cfg), clock)
+    else:
+        advisor, kev = _kev_backend(cfg, clock)  # one Kev, each instrument asking on its own
+    portfolio = Portfolio(
+        symbols,
+        pairs=session_pairs(session.manifest, symbols) if cfg.kev_hub else (),
+        hub=bool(cfg.kev_hub),
+        pair_half_life_ns=cfg.pair_half_life_ms * 1_000_000,
+    )
     base = engine_config_from(cfg, symbol=symbols[0], contract=cfg.contract)
     mids = [_first_mid(b) for b, _ in tables]
     exchanges: list[SimExchange] = []

@@ -122,3 +122,36 @@ def test_the_eight_symbol_bitget_capture_replays_as_one_portfolio(tmp_path):
     # each symbol quotes on the tick its recorded prices show (CULTUSDT trades at 1e-5 USDT)
     cult = _q(run, "select min(px) from 'EV/order.parquet' where symbol = 'CULTUSDT' and kind = 'new'")
     assert cult[0][0] is None or 0 < cult[0][0] < 0.001
+
+
+def test_kev_as_the_hub_sets_both_legs_with_the_fitted_hedge_ratio(pair, tmp_path):
+    cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), kev_hub="pairs")
+    r = run_replay(pair, cfg, out_dir=tmp_path / "r")
+    run = r.run_dir
+    assert r.kev["name"] == "rules-pairs"
+    # one command, one id, a row per instrument: the asking one's first
+    per_cmd = _q(
+        run, "select command_id, count(*), count(distinct symbol) from 'EV/command.parquet' group by 1"
+    )
+    assert per_cmd and all(n == 2 and d == 2 for _, n, d in per_cmd)
+    assert _q(run, "select count(*) from 'EV/kev_response.parquet' where ok") == [(len(per_cmd),)]
+    # the leader's rows hedge nothing; the follower's carry the pair's fitted hedge ratio, near the truth
+    assert _q(run, "select distinct hedge_ratio from 'EV/command.parquet' where symbol = 'BTCUSDT'") == [
+        (1.0,)
+    ]
+    fitted = [h for (h,) in _q(run, "select hedge_ratio from 'EV/command.parquet' where symbol = 'ETHUSDT'")]
+    truth = json.loads((pair / "manifest.json").read_text())["simulator"]["pairs"][0]["regimes"]
+    betas = [g["beta"] for g in truth]
+    warm = [h for h in fitted if h != 1.0]  # 1.0: no fit yet
+    assert warm and 0.5 * min(betas) < sum(warm) / len(warm) < 1.5 * max(betas)
+    # an entry puts the legs on opposite sides; the engine trades both
+    opposite = _q(
+        run,
+        "select count(*) from 'EV/command.parquet' b join 'EV/command.parquet' e using (command_id) "
+        "where b.symbol = 'BTCUSDT' and e.symbol = 'ETHUSDT' and b.target_position * e.target_position < 0",
+    )
+    assert opposite[0][0] > 0
+    kev_orders = _q(run, "select distinct symbol from 'EV/risk.parquet' where source = 'kev' order by 1")
+    assert kev_orders == [("BTCUSDT",), ("ETHUSDT",)]
+    with pytest.raises(DualhubError, match="needs a portfolio"):
+        ReplayConfig(symbols=("BTCUSDT",), kev_hub="pairs")

@@ -9,11 +9,12 @@ its text by :func:`classify`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 from engine.events import Nanos
 from engine.kev.advisor import KevReply
-from engine.kev.command import CommandFields, validate_command
+from engine.kev.command import CommandFields, CommandV2, validate_any, validate_command
 
 FAILURE_KINDS: Final[dict[str, str]] = {
     "timeout": "no answer in time (the engine's Kev timeout, or the HTTP client's)",
@@ -51,14 +52,17 @@ def classify(error: str) -> str:
     return next((kind for prefix, kind in _PREFIXES if error.startswith(prefix)), "error")
 
 
-def judge(reply: KevReply) -> tuple[CommandFields | None, str, str]:
+def judge(
+    reply: KevReply, symbols: Sequence[str] | None = None, pairs: Sequence[tuple[str, str]] = ()
+) -> tuple[CommandFields | CommandV2 | None, str, str]:
     """``(command, error, failure)`` for one reply: the validated command and two empty strings, or
-    None with the error text and its kind."""
+    None with the error text and its kind. ``symbols``: the reply answers a portfolio's context, so
+    a v2 command over them (and ``pairs``) is valid too (``validate_any``)."""
     if reply.raw is None:
         error = reply.error or "no reply"
         return None, error, reply.failure or classify(error)
-    verdict = validate_command(reply.raw)
-    if isinstance(verdict, CommandFields):
+    verdict = validate_command(reply.raw) if symbols is None else validate_any(reply.raw, symbols, pairs)
+    if isinstance(verdict, CommandFields | CommandV2):
         return verdict, "", ""
     return None, verdict or "invalid", "schema"
 
