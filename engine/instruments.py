@@ -19,20 +19,57 @@ theirs (``step_command``), under one command id.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine import kernel as K
+from engine.errors import DualhubError
 from engine.kev.advisor import InstrumentState, KevContextV2, PairState
 from engine.kev.command import ACTIONS, CommandV2, check_pairs, command_rows
 from engine.kev.pairs import P_BETA, P_SPREAD, pair_state, pair_update, pair_z
 
 if TYPE_CHECKING:
-    from engine.core import Engine, PortfolioView
+    from engine.core import Engine, EngineConfig, PortfolioView
+
+# What a portfolio may set per instrument, over the engine config every instrument starts from: its
+# contract's steps and its sizes (instruments of different prices trade different quantities).
+INSTRUMENT_FIELDS = ("tick", "size_step", "min_qty", "quote_qty", "max_position", "max_order_qty")
+
+
+def checked_instruments(d: Any) -> dict[str, dict[str, float]]:
+    """Per-instrument settings ``{symbol: {field: value}}`` (INSTRUMENT_FIELDS, each > 0), or one
+    DualhubError line naming what is wrong."""
+    if not isinstance(d, dict):
+        raise DualhubError(f"instruments must map symbols to settings, not {type(d).__name__}")
+    out: dict[str, dict[str, float]] = {}
+    for sym, fields in d.items():
+        if not isinstance(fields, dict):
+            raise DualhubError(f"instruments.{sym} must map fields to numbers")
+        for k, v in fields.items():
+            if k not in INSTRUMENT_FIELDS:
+                raise DualhubError(f"instruments.{sym}.{k}: unknown; known: {', '.join(INSTRUMENT_FIELDS)}")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (v > 0 and math.isfinite(v)):
+                raise DualhubError(f"instruments.{sym}.{k} must be a finite number > 0, got {v!r}")
+        out[str(sym)] = {k: float(v) for k, v in fields.items()}
+    return out
+
+
+def instrument_config(e: EngineConfig, overrides: dict[str, float]) -> EngineConfig:
+    """``e`` with one instrument's settings (INSTRUMENT_FIELDS) put over it."""
+    if not overrides:
+        return e
+    o = overrides
+    contract = dataclasses.replace(
+        e.contract, **{k: o[k] for k in ("tick", "size_step", "min_qty") if k in o}
+    )
+    risk = dataclasses.replace(e.risk, **{k: o[k] for k in ("max_position", "max_order_qty") if k in o})
+    quotes = dataclasses.replace(e.quotes, **({"quote_qty": o["quote_qty"]} if "quote_qty" in o else {}))
+    return dataclasses.replace(e, contract=contract, risk=risk, quotes=quotes)
 
 
 class Portfolio:

@@ -71,6 +71,7 @@ from engine.core import PRIO_KEV, Engine, EngineConfig, KevDone, engine_config_f
 from engine.errors import DualhubError
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
 from engine.events import BookSnapshot, InputQuarantined, ReconcileEvent, Trade, VenueStatus, events_to_table
+from engine.instruments import Portfolio, checked_instruments, instrument_config
 from engine.kev.advisor import KevAdvisor, KevContext, KevReply
 from engine.kev.cassette import CASSETTE_FILE, Cassette, CassetteEntry, RecordingAdvisor
 from engine.kev.health import answer_times_ns, run_health
@@ -107,6 +108,7 @@ KILL_FILE = "KILL"
 # Inputs at one timestamp, as replay merges them: the exchange sees market data before the engine.
 PRIO_KILL, PRIO_EXCH_BOOK, PRIO_EXCH_TRADE, PRIO_BOOK, PRIO_TRADE = 0, 5, 6, 10, 20
 MODES = ("paper", "live")
+PORTFOLIO_RUN = "live-portfolio"  # the run of several symbols traded as one engine
 EXIT_OK, EXIT_KILLED, EXIT_FAILED = 0, 3, 1
 FLATTEN_TRIES, FLATTEN_RETRY_S = 5, 0.5  # --kill-flattens: what is left is sent again, 0.5 s apart
 
@@ -169,6 +171,9 @@ class LiveConfig:
     venue_lost_s: float = 20.0
     status_every_s: float = 10.0  # a status line this often (0: none)
     kill_flattens: bool = False  # the kill switch also closes positions: reduce-only market orders
+    # per-instrument settings over the config (engine.instruments.INSTRUMENT_FIELDS), e.g. the sizes
+    # of an instrument of another price; several symbols trade as one portfolio (engine/instruments.py)
+    instruments: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -191,6 +196,14 @@ class LiveConfig:
                 raise DualhubError(f"{name}: {e}") from None
         object.__setattr__(self, "strategy", plugin.canonical(self.strategy))
         resolve_strategy(self.strategy, self.strategy_params, self.quotes)
+        object.__setattr__(self, "instruments", checked_instruments(self.instruments))
+        if len(set(self.symbols)) != len(self.symbols):
+            raise DualhubError(f"a symbol is given twice in {','.join(self.symbols)}")
+
+    @property
+    def portfolio(self) -> bool:
+        """Several symbols: one engine over them all (one risk gateway, one event log)."""
+        return len(self.symbols) > 1
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -382,6 +395,7 @@ class LiveRunner:
         self.clock = LiveClock()
         self.counters = StreamCounters()
         self.syms: dict[str, _Symbol] = {}
+        self.portfolio: Portfolio | None = None  # several symbols: the one engine over them (_build)
         self.kev_tasks: set[asyncio.Task[Any]] = set()
         self.stop_reason = ""
         self.killed = ""
@@ -791,16 +805,26 @@ class LiveRunner:
                 on_task_done=self._task_ended,
             )
         rng_root = int(cfg.seed)
+        # several symbols: one engine over them (engine/instruments.py), one run, one log, one Kev
+        portfolio = Portfolio(cfg.symbols) if cfg.portfolio else None
+        shared: tuple[Any, ...] | None = None
         for i, symbol in enumerate(cfg.symbols):
             spec = specs.get(symbol)
             contract = spec.config() if spec is not None else ContractConfig(symbol=symbol)
-            run_dir = self.root / "runs" / f"live-{symbol}"
-            tmp = run_dir.with_name(run_dir.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            (tmp / "events").mkdir(parents=True)
-            sink = LatencySink()
-            evlog = EventLog(tmp / "events")
-            advisor = RecordingAdvisor(inner)
+            if shared is None:
+                run_dir = self.root / "runs" / (PORTFOLIO_RUN if portfolio else f"live-{symbol}")
+                tmp = run_dir.with_name(run_dir.name + ".tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
+                (tmp / "events").mkdir(parents=True)
+                sink = LatencySink()
+                evlog = EventLog(tmp / "events")
+                advisor = RecordingAdvisor(inner)
+                kev = LiveKevBackend(advisor, self, sink)
+                lists: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+                if portfolio is not None:
+                    shared = (run_dir, tmp, sink, evlog, advisor, kev, lists)
+            else:
+                run_dir, tmp, sink, evlog, advisor, kev, lists = shared
             paper = None
             execution: Any = self.execution
             if cfg.mode == "paper":
@@ -822,7 +846,6 @@ class LiveRunner:
                     ),
                 )
                 execution = paper
-            kev = LiveKevBackend(advisor, self, sink)
             engine = Engine(
                 engine_config(cfg, symbol, contract),
                 clock=self.clock,
@@ -832,14 +855,16 @@ class LiveRunner:
                 execution=execution,
                 advisor_name=advisor.name,
                 laya_latency=RecordingLatency(tick, "laya", sink),
+                portfolio=portfolio,
             )
             if paper is not None:
                 paper.engine = engine
             if self.execution is not None:
                 self.execution.engines[symbol] = engine
             self.syms[symbol] = _Symbol(
-                symbol, contract, run_dir, tmp, evlog, sink, advisor, kev, engine, paper
+                symbol, contract, run_dir, tmp, evlog, sink, advisor, kev, engine, paper, *lists
             )
+        self.portfolio = portfolio
         # Everything built so far (models, sessions, modules) lives for the whole run: move it out of
         # the cyclic collector's reach, so a full collection during trading scans only what the run
         # allocates instead of stalling the loop for tens of ms (measured p99 of order latency).
@@ -1229,10 +1254,17 @@ class LiveRunner:
                     "records": j.records,
                     "frames": j.frames,
                 },
-                "live": {"mode": self.cfg.mode, "runs": sorted(f"runs/live-{s}" for s in self.syms)},
+                "live": {
+                    "mode": self.cfg.mode,
+                    "runs": sorted({f"runs/{st.run_dir.name}" for st in self.syms.values()}),
+                },
             }
             session_manifest = finish(self._writer, self._norm, extra)
+        finished: set[Path] = set()
         for st in self.syms.values():
+            if st.run_dir in finished:  # a portfolio's instruments share one run
+                continue
+            finished.add(st.run_dir)
             try:
                 self._finish_run(st, session_manifest is not None)
             except Exception as e:
@@ -1287,10 +1319,16 @@ class LiveRunner:
                 "feature_version": info["feature_version"],
             },
             "seeds": {"live": self.cfg.seed},
-            "symbol": st.symbol,
+            "symbol": st.symbol if self.portfolio is None else "",
+            "symbols": list(self.cfg.symbols),
             "config": cfg_json,
             "config_sha256": self.cfg.sha256(),
             "engine_config": _engine_config_json(engine_config(self.cfg, st.symbol, st.contract)),
+            # every instrument's (a portfolio's first is engine_config)
+            "engine_configs": {
+                x.symbol: _engine_config_json(engine_config(self.cfg, x.symbol, x.contract))
+                for x in self.syms.values()
+            },
             "contract_source": self.contract_source,
             "advisor": {"mode": "live", "name": st.advisor.name, "recorded": len(cassette), "health": health},
             "counts": st.log.counts(),
@@ -1365,8 +1403,11 @@ class LiveRunner:
 
 
 def engine_config(cfg: LiveConfig, symbol: str, contract: ContractConfig) -> EngineConfig:
-    """The engine's config, built from the live config exactly as the replay driver builds it."""
-    return engine_config_from(cfg, symbol=symbol, contract=contract)
+    """The engine's config, built from the live config exactly as the replay driver builds it, with the
+    instrument's own settings over it."""
+    return instrument_config(
+        engine_config_from(cfg, symbol=symbol, contract=contract), cfg.instruments.get(symbol, {})
+    )
 
 
 def _engine_config_json(ec: EngineConfig) -> dict[str, Any]:

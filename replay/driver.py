@@ -31,6 +31,7 @@ from engine.errors import DualhubError, check_output_path
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
 from engine.events import STREAMS, BookSnapshot, Trade
 from engine.fastinit import frozen_maker
+from engine.instruments import checked_instruments
 from engine.kev.cassette import Cassette, CassetteAdvisor, answered_by
 from engine.kev.health import run_health
 from engine.kev.lag import EmpiricalLag
@@ -101,6 +102,10 @@ class ReplayConfig:
     # command over every instrument from the pairs rule, engine/kev/pairs.py, on the pairs' fitted
     # hedge ratios; the pairs are the session's simulated ones, else the first symbol leads the others)
     kev_hub: str = ""
+    # per-instrument settings over the config (engine.instruments.INSTRUMENT_FIELDS: contract steps and
+    # sizes), {symbol: {field: value}}; an instrument not named gets its session's contract and the
+    # config's sizes at the first instrument's notional
+    instruments: dict[str, dict[str, float]] = field(default_factory=dict)
     pair_entry_z: float = 2.0
     pair_exit_z: float = 0.5
     pair_half_life_ms: int = 60_000
@@ -155,6 +160,7 @@ class ReplayConfig:
         object.__setattr__(self, "symbols", tuple(self.symbols))
         if len(set(self.symbols)) != len(self.symbols):
             raise DualhubError(f"a symbol is given twice in {','.join(self.symbols)}")
+        object.__setattr__(self, "instruments", checked_instruments(self.instruments))
         if self.kev_hub not in ("", "pairs"):
             raise DualhubError(f"kev_hub must be '' or 'pairs', not {self.kev_hub!r}")
         if self.kev_hub and len(self.symbols) < 2:
@@ -213,6 +219,8 @@ class ReplayConfig:
                 del d["risk"][name]
         if not self.symbols:
             del d["symbols"]
+        if not self.instruments:
+            del d["instruments"]
         if not self.kev_hub:  # the pairs' settings mean nothing without the hub: run names stay
             for name in ("kev_hub", "pair_entry_z", "pair_exit_z", "pair_half_life_ms"):
                 del d[name]

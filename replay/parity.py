@@ -18,6 +18,7 @@ compute times only, so they are compared over the whole run too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -78,7 +79,8 @@ def replay_config_for(run_dir: Path | str, **overrides: Any) -> ReplayConfig:
         "kev_cassette": str(run / "kev_cassette.parquet"),
         "kev_miss_policy": "fail",
         "fill_model": cfg["fill_model"],
-        "risk": RiskLimits(**ec["risk"]),
+        # an unbound limit (infinite) is written null in JSON
+        "risk": RiskLimits(**{k: math.inf if v is None else v for k, v in ec["risk"].items()}),
         "quotes": QuoteConfig(**ec["quotes"]),
         "strategy": ec.get("strategy", "baseline"),
         "strategy_params": ec.get("strategy_params", {}),
@@ -98,6 +100,17 @@ def replay_config_for(run_dir: Path | str, **overrides: Any) -> ReplayConfig:
     }
     if cfg.get("kev_url"):
         fields["kev_url"] = cfg["kev_url"]
+    if len(m.get("symbols") or []) > 1:  # a portfolio: every instrument on the contract and sizes it had
+        fields["symbols"] = tuple(m["symbols"])
+        fields["symbol"] = m["symbols"][0]
+        fields["instruments"] = {
+            sym: {
+                **{k: e["contract"][k] for k in ("tick", "size_step", "min_qty")},
+                "quote_qty": e["quotes"]["quote_qty"],
+                **{k: e["risk"][k] for k in ("max_position", "max_order_qty")},
+            }
+            for sym, e in m["engine_configs"].items()
+        }
     fields.update(overrides)
     return ReplayConfig(**fields)
 
@@ -184,7 +197,8 @@ def check_parity(
     if missing:
         raise DualhubError(f"{run} lacks {', '.join(missing)}: cannot replay it as it happened")
     out = Path(out_dir) if out_dir is not None else session / "runs"
-    rr = run_replay(session, replay_config_for(run), out_dir=out / f"parity-{m['symbol']}", overwrite=True)
+    name = m.get("symbol") or "portfolio"
+    rr = run_replay(session, replay_config_for(run), out_dir=out / f"parity-{name}", overwrite=True)
     d = diff_runs(run, rr.run_dir, streams=streams, context=context)
     mode = str(m.get("config", {}).get("mode", "paper"))
     window, labels = None, None

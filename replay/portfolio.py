@@ -32,7 +32,7 @@ from engine.core import Engine, EngineConfig, engine_config_from
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, BookSnapshot
-from engine.instruments import Portfolio
+from engine.instruments import Portfolio, instrument_config
 from engine.kev.pairs import RulePairsKev
 from engine.kev.sim import SimKevBackend
 from engine.laya.model import Laya
@@ -173,8 +173,17 @@ def run_portfolio(
     )
     quarantine = _Quarantine()
 
+    recorded: dict[tuple[str, str], LatencyModel] = {}
+
     def latency(spec: str, rng: np.random.Generator, scale: float, name: str) -> LatencyModel:
-        model = _checked_latency(spec, rng, name)
+        # A recorded model (a live portfolio's delays, one table for every instrument) is one model:
+        # each delay is looked up once, in the order the instruments asked for them.
+        if spec.startswith("recorded:"):
+            model = recorded.get((spec, name))
+            if model is None:
+                model = recorded[(spec, name)] = _checked_latency(spec, rng, name)
+        else:
+            model = _checked_latency(spec, rng, name)
         return model if scale == 1.0 else ScaledLatency(model, scale)
 
     tapes: list[_Tape] = []
@@ -246,9 +255,9 @@ def run_portfolio(
             cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
         )
         contract = recorded_contract(session.manifest, books, trades, cfg.contract)
-        ecfg = scaled_config(
-            dataclasses.replace(base, symbol=sym), contract, 1.0 if j == 0 else mids[0] / mids[j]
-        )
+        given = cfg.instruments.get(sym, {})
+        ratio = 1.0 if j == 0 or given else mids[0] / mids[j]  # named settings: as given
+        ecfg = instrument_config(scaled_config(dataclasses.replace(base, symbol=sym), contract, ratio), given)
         engine = Engine(
             ecfg,
             clock=clock,
