@@ -59,6 +59,26 @@ def checked_instruments(d: Any) -> dict[str, dict[str, float]]:
     return out
 
 
+def instrument_args(values: list[str] | None) -> dict[str, dict[str, float]]:
+    """``--instrument SYMBOL:FIELD=V,FIELD=V`` flags (repeatable) as per-instrument settings, or one
+    DualhubError line."""
+    out: dict[str, dict[str, float]] = {}
+    for text in values or ():
+        sym, sep, rest = text.partition(":")
+        if not sep or not sym or not rest:
+            raise DualhubError(f"--instrument {text!r}: expected SYMBOL:FIELD=VALUE[,FIELD=VALUE...]")
+        fields = out.setdefault(sym.strip(), {})
+        for item in rest.split(","):
+            k, eq, v = item.partition("=")
+            try:
+                fields[k.strip()] = float(v)
+            except ValueError:
+                raise DualhubError(f"--instrument {text!r}: {item!r} is not FIELD=NUMBER") from None
+            if not eq:
+                raise DualhubError(f"--instrument {text!r}: {item!r} is not FIELD=NUMBER")
+    return checked_instruments(out)
+
+
 def instrument_config(e: EngineConfig, overrides: dict[str, float]) -> EngineConfig:
     """``e`` with one instrument's settings (INSTRUMENT_FIELDS) put over it."""
     if not overrides:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from engine.errors import DualhubError
+from engine.instruments import instrument_args
 from engine.risk import add_risk_args, risk_fields
 from engine.strategies.registry import add_strategy_args, strategy_fields
 from engine.urls import WS, check_url
@@ -37,7 +38,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "from BITGET_API_KEY, BITGET_API_SECRET, BITGET_API_PASSPHRASE). Kill switch: SIGUSR1, "
         "`dualhub kill OUT` or the file OUT/KILL. The venue is cancel-all'ed on exit.",
     )
-    p.add_argument("--symbols", default="BTCUSDT", help="comma-separated symbols (default BTCUSDT)")
+    p.add_argument(
+        "--symbols",
+        default="BTCUSDT",
+        help="comma-separated symbols (default BTCUSDT); several trade as one portfolio: one engine, one "
+        "risk gateway, one run (runs/live-portfolio)",
+    )
+    p.add_argument(
+        "--instrument",
+        action="append",
+        metavar="SYMBOL:FIELD=V,...",
+        help="an instrument's own settings over the config (tick, size_step, min_qty, quote_qty, "
+        "max_position, max_order_qty), e.g. ETHUSDT:quote_qty=0.06,max_position=1.5; repeatable",
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--paper", action="store_true", help="simulated fills on the live book (default)")
     mode.add_argument("--live", action="store_true", help="real orders: needs keys and the confirmation flag")
@@ -145,6 +158,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     cfg = LiveConfig(
         out=str(out),
         symbols=_symbols(args.symbols),
+        instruments=instrument_args(args.instrument),
         mode="live" if args.live else "paper",
         exchange_url=args.exchange_url,
         ws_url=args.ws_url,

@@ -67,6 +67,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "session",
     )
     p.add_argument(
+        "--instrument",
+        action="append",
+        metavar="SYMBOL:FIELD=V,...",
+        help="with --symbols: an instrument's own settings (tick, size_step, min_qty, quote_qty, "
+        "max_position, max_order_qty; default: the session's contract and the config's sizes at the first "
+        "symbol's notional), e.g. ETHUSDT:quote_qty=0.06; repeatable",
+    )
+    p.add_argument(
         "--kev-hub",
         choices=("pairs",),
         help="with --symbols: Kev answers for the whole portfolio, one command setting every instrument's "
@@ -213,12 +221,14 @@ def _symbol(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from engine.instruments import instrument_args
     from replay.driver import DEFAULT_MODEL, ReplayConfig
     from replay.sweep import apply_scales, parse_scale_latency
 
     cfg = ReplayConfig(
         **_symbol(args),
         **({"kev_hub": args.kev_hub} if getattr(args, "kev_hub", None) else {}),
+        **({"instruments": instrument_args(args.instrument)} if getattr(args, "instrument", None) else {}),
         seed=args.seed,
         model_path=args.model or DEFAULT_MODEL,
         laya_provider=args.provider,

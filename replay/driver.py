@@ -103,8 +103,8 @@ class ReplayConfig:
     # hedge ratios; the pairs are the session's simulated ones, else the first symbol leads the others)
     kev_hub: str = ""
     # per-instrument settings over the config (engine.instruments.INSTRUMENT_FIELDS: contract steps and
-    # sizes), {symbol: {field: value}}; an instrument not named gets its session's contract and the
-    # config's sizes at the first instrument's notional
+    # sizes), {symbol: {field: value}}, over the session's contract and the config's sizes at the first
+    # instrument's notional
     instruments: dict[str, dict[str, float]] = field(default_factory=dict)
     pair_entry_z: float = 2.0
     pair_exit_z: float = 0.5

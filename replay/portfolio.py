@@ -9,7 +9,7 @@ of one instrument replays to that run's events exactly.
 
 Sizes in the config (quote size, position and order limits) are in the first instrument's units; each
 other instrument gets them scaled to the same notional at the first books' mids, rounded down to its
-size step (at least its minimum order). Its contract (tick, size step) comes from the session's
+size step (at least its minimum order); ``ReplayConfig.instruments`` sets any of them explicitly. Its contract (tick, size step) comes from the session's
 simulator manifest when it has one, else from the decimals its recorded books show.
 
 This driver steps the engine one event at a time, as ``--python-engine`` does for one instrument.
@@ -256,7 +256,7 @@ def run_portfolio(
         )
         contract = recorded_contract(session.manifest, books, trades, cfg.contract)
         given = cfg.instruments.get(sym, {})
-        ratio = 1.0 if j == 0 or given else mids[0] / mids[j]  # named settings: as given
+        ratio = 1.0 if j == 0 else mids[0] / mids[j]  # then the named settings over the scaled ones
         ecfg = instrument_config(scaled_config(dataclasses.replace(base, symbol=sym), contract, ratio), given)
         engine = Engine(
             ecfg,

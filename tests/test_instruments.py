@@ -227,3 +227,22 @@ def test_a_portfolio_needs_each_symbol_once_in_order(tmp_path):
             advisor_name="none",
             portfolio=pf,
         )
+
+
+def test_instrument_flags_are_checked_settings():
+    from engine.errors import DualhubError
+    from engine.instruments import instrument_args, instrument_config
+
+    got = instrument_args(["ETHUSDT:quote_qty=0.06,max_position=1.5", "SOLUSDT:tick=0.001"])
+    assert got == {"ETHUSDT": {"quote_qty": 0.06, "max_position": 1.5}, "SOLUSDT": {"tick": 0.001}}
+    e = instrument_config(EngineConfig(symbol="ETHUSDT"), got["ETHUSDT"])
+    assert (e.quotes.quote_qty, e.risk.max_position, e.risk.max_order_qty) == (0.06, 1.5, 0.02)
+    for bad, why in (
+        ("ETHUSDT", "expected SYMBOL:FIELD=VALUE"),
+        ("ETHUSDT:size=1", "unknown"),
+        ("ETHUSDT:quote_qty=x", "not FIELD=NUMBER"),
+        ("ETHUSDT:quote_qty=-1", "finite number > 0"),
+        ("ETHUSDT:quote_qty=nan", "finite number > 0"),
+    ):
+        with pytest.raises(DualhubError, match=why):
+            instrument_args([bad])

@@ -155,3 +155,42 @@ def test_kev_as_the_hub_sets_both_legs_with_the_fitted_hedge_ratio(pair, tmp_pat
     assert kev_orders == [("BTCUSDT",), ("ETHUSDT",)]
     with pytest.raises(DualhubError, match="needs a portfolio"):
         ReplayConfig(symbols=("BTCUSDT",), kev_hub="pairs")
+
+
+def test_an_instrument_flag_sets_its_sizes_in_the_run(pair, tmp_path):
+    from dualhub.cli import main
+
+    out = tmp_path / "r"
+    argv = [
+        "replay",
+        str(pair),
+        "--symbols",
+        "ALL",
+        "--instrument",
+        "ETHUSDT:quote_qty=0.05",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    qty = _q(
+        out, "select distinct qty from 'EV/order.parquet' where symbol = 'ETHUSDT' and order_type = 'limit'"
+    )
+    assert qty == [(0.05,)]
+    assert json.loads((out / "manifest.json").read_text())["config"]["instruments"] == {
+        "ETHUSDT": {"quote_qty": 0.05}
+    }
+    assert (
+        main(
+            [
+                "replay",
+                str(pair),
+                "--symbols",
+                "ALL",
+                "--instrument",
+                "ETHUSDT:qty=1",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
