@@ -195,10 +195,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def _symbol(args: argparse.Namespace) -> dict[str, Any]:
     """``--symbol``, or the session's one symbol (a session of several needs one picked), and its
     contract where the session gives one."""
-    from engine.store import open_session
+    from engine.store import SessionError, open_session
     from replay.driver import session_contract
 
-    manifest = open_session(args.session).manifest
+    try:
+        manifest = open_session(args.session).manifest
+    except SessionError:  # not a session: the replay says so, after the config's own checks
+        return {}
     symbols = manifest.get("symbols") or []
     several = getattr(args, "symbols", None)
     if several:
