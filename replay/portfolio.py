@@ -9,8 +9,9 @@ of one instrument replays to that run's events exactly.
 
 Sizes in the config (quote size, position and order limits) are in the first instrument's units; each
 other instrument gets them scaled to the same notional at the first books' mids, rounded down to its
-size step (at least its minimum order); ``ReplayConfig.instruments`` sets any of them explicitly. Its contract (tick, size step) comes from the session's
-simulator manifest when it has one, else from the decimals its recorded books show.
+size step (at least its minimum order); ``ReplayConfig.instruments`` sets any of them explicitly.
+Its contract (tick, size step) comes from the session's simulator manifest when it has one, else from
+the decimals its recorded books show.
 
 This driver steps the engine one event at a time, as ``--python-engine`` does for one instrument.
 """
@@ -223,7 +224,8 @@ def run_portfolio(
         advisor: Any = RulePairsKev(entry_z=cfg.pair_entry_z, exit_z=cfg.pair_exit_z)
         kev = SimKevBackend(advisor, _lag_model(cfg), clock)
     else:
-        advisor, kev = _kev_backend(cfg, clock)  # one Kev, each instrument asking on its own
+        # one Kev: each instrument asking on its own, or (kev_hub llm) llama-server for the portfolio
+        advisor, kev = _kev_backend(cfg, clock)
     portfolio = Portfolio(
         symbols,
         pairs=session_pairs(session.manifest, symbols) if cfg.kev_hub else (),
