@@ -36,6 +36,7 @@ from engine.kev.cassette import Cassette, CassetteAdvisor, answered_by
 from engine.kev.health import run_health
 from engine.kev.lag import EmpiricalLag
 from engine.kev.llama import LlamaAdvisor, LlamaConfig
+from engine.kev.pairs import RulePairsKev
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
@@ -623,6 +624,8 @@ def _kev_backend(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBack
         key_fn = rules.key
     elif recorded_by <= {"llm"}:
         key_fn = (llama_cfg or LlamaConfig(base_url="http://127.0.0.1:1")).key
+    elif recorded_by <= {RulePairsKev.name}:  # a portfolio hub's answers (v2 contexts)
+        key_fn = RulePairsKev(entry_z=cfg.pair_entry_z, exit_z=cfg.pair_exit_z).key
     else:
         raise DualhubError(f"cassette mixes advisors {sorted(recorded_by)}; cannot tell how to key requests")
     fallback: Any = None

@@ -92,7 +92,8 @@ def scaled_config(e: EngineConfig, contract: ContractConfig, ratio: float) -> En
 
 def session_pairs(manifest: dict[str, Any], symbols: list[str]) -> tuple[tuple[str, str], ...]:
     """The pairs a portfolio fits: the simulated session's (leader, follower) pairs among ``symbols``,
-    else the first symbol leading each of the others."""
+    else the first symbol leading each of the others (as a live portfolio pairs them: a live
+    recording's manifest names no simulator)."""
     sim = (manifest.get("simulator") or {}).get("pairs") or []
     pairs = tuple(
         (p["leader"], p["follower"]) for p in sim if p["leader"] in symbols and p["follower"] in symbols
@@ -220,7 +221,7 @@ def run_portfolio(
     run_dir = _run_dir(session.root, cfg, out_dir)
     tmp = _start_run_dir(run_dir, overwrite)
     log = EventLog(tmp / "events")
-    if cfg.kev_hub == "pairs":  # one v2 command over every instrument from the pairs rule
+    if cfg.kev_hub == "pairs" and cfg.kev_mode == "sim":  # the pairs rule answers for the portfolio
         advisor: Any = RulePairsKev(entry_z=cfg.pair_entry_z, exit_z=cfg.pair_exit_z)
         kev = SimKevBackend(advisor, _lag_model(cfg), clock)
     else:
