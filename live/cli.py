@@ -51,6 +51,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="an instrument's own settings over the config (tick, size_step, min_qty, quote_qty, "
         "max_position, max_order_qty), e.g. ETHUSDT:quote_qty=0.06,max_position=1.5; repeatable",
     )
+    p.add_argument(
+        "--kev-hub",
+        choices=("pairs",),
+        help="several symbols: Kev answers for the whole portfolio (the pairs rule on the hedge ratios "
+        "fitted from the marks, the first symbol leading the others); one command sets every instrument",
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--paper", action="store_true", help="simulated fills on the live book (default)")
     mode.add_argument("--live", action="store_true", help="real orders: needs keys and the confirmation flag")
@@ -159,6 +165,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         out=str(out),
         symbols=_symbols(args.symbols),
         instruments=instrument_args(args.instrument),
+        kev_hub=args.kev_hub or "",
         mode="live" if args.live else "paper",
         exchange_url=args.exchange_url,
         ws_url=args.ws_url,

@@ -75,6 +75,7 @@ from engine.instruments import Portfolio, checked_instruments, instrument_config
 from engine.kev.advisor import KevAdvisor, KevContext, KevReply
 from engine.kev.cassette import CASSETTE_FILE, Cassette, CassetteEntry, RecordingAdvisor
 from engine.kev.health import answer_times_ns, run_health
+from engine.kev.pairs import RulePairsKev
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig  # DEFAULT_MODEL: re-exported for the CLI
@@ -174,6 +175,12 @@ class LiveConfig:
     # per-instrument settings over the config (engine.instruments.INSTRUMENT_FIELDS), e.g. the sizes
     # of an instrument of another price; several symbols trade as one portfolio (engine/instruments.py)
     instruments: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Kev as the portfolio's hub (several symbols): "" (each asks on its own) or "pairs" (the pairs
+    # rule answers for the portfolio, the first symbol leading the others; engine/instruments.py)
+    kev_hub: str = ""
+    pair_entry_z: float = 2.0
+    pair_exit_z: float = 0.5
+    pair_half_life_ms: int = 60_000
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -199,6 +206,12 @@ class LiveConfig:
         object.__setattr__(self, "instruments", checked_instruments(self.instruments))
         if len(set(self.symbols)) != len(self.symbols):
             raise DualhubError(f"a symbol is given twice in {','.join(self.symbols)}")
+        if self.kev_hub not in ("", "pairs"):
+            raise DualhubError(f"kev_hub must be '' or 'pairs' in live mode, not {self.kev_hub!r}")
+        if self.kev_hub and len(self.symbols) < 2:
+            raise DualhubError("Kev as the portfolio hub needs a portfolio: give two symbols or more")
+        if not (0 <= self.pair_exit_z < self.pair_entry_z and self.pair_half_life_ms > 0):
+            raise DualhubError("pairs: need 0 <= pair_exit_z < pair_entry_z and pair_half_life_ms > 0")
 
     @property
     def portfolio(self) -> bool:
@@ -787,6 +800,8 @@ class LiveRunner:
 
                 kev_cfg = LlamaConfig.for_engine(cfg.kev_url, cfg.kev_timeout_ms)
                 inner = ProcessAdvisor.llama(kev_cfg) if cfg.kev_process else LlamaAdvisor(kev_cfg)
+            elif cfg.kev_hub == "pairs":
+                inner = RulePairsKev(entry_z=cfg.pair_entry_z, exit_z=cfg.pair_exit_z)
             else:
                 inner = RuleKev()
         self._advisor_inner = inner
@@ -806,7 +821,16 @@ class LiveRunner:
             )
         rng_root = int(cfg.seed)
         # several symbols: one engine over them (engine/instruments.py), one run, one log, one Kev
-        portfolio = Portfolio(cfg.symbols) if cfg.portfolio else None
+        portfolio = (
+            Portfolio(
+                cfg.symbols,
+                pairs=tuple((cfg.symbols[0], x) for x in cfg.symbols[1:]) if cfg.kev_hub else (),
+                hub=bool(cfg.kev_hub),
+                pair_half_life_ns=cfg.pair_half_life_ms * 1_000_000,
+            )
+            if cfg.portfolio
+            else None
+        )
         shared: tuple[Any, ...] | None = None
         for i, symbol in enumerate(cfg.symbols):
             spec = specs.get(symbol)

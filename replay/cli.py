@@ -76,9 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--kev-hub",
-        choices=("pairs",),
+        choices=("pairs", "llm"),
         help="with --symbols: Kev answers for the whole portfolio, one command setting every instrument's "
-        "target from the pairs rule on the fitted hedge ratios (engine/kev/pairs.py)",
+        "target: from the pairs rule on the fitted hedge ratios (engine/kev/pairs.py), or from llama-server "
+        "asked the same v2 question (llm: with --kev-mode llm)",
     )
     p.add_argument("--out", type=Path, help="run directory (default SESSION/runs/run-<config hash>)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")

@@ -36,6 +36,7 @@ from engine.kev.cassette import Cassette, CassetteAdvisor, answered_by
 from engine.kev.health import run_health
 from engine.kev.lag import EmpiricalLag
 from engine.kev.llama import LlamaAdvisor, LlamaConfig
+from engine.kev.pairs import RulePairsKev
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
@@ -74,6 +75,7 @@ from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
 from venue.latency import LatencyModel, LognormalLatency, ScaledLatency, parse_latency
 
+KEV_HUBS = ("", "pairs", "llm")
 CLOCK_WARN_NS = 100_000_000  # a session whose clocks disagree by more than this is warned about
 KEV_MODES = ("sim", "cassette", "llm")
 KEV_LAG_SOURCES = ("measured", "model")
@@ -98,9 +100,10 @@ class ReplayConfig:
     symbol: str = "BTCUSDT"
     # several instruments traded as one portfolio (replay/portfolio.py); empty: ``symbol`` alone
     symbols: tuple[str, ...] = ()
-    # Kev as the portfolio's hub: "" (each instrument asks Kev on its own, v1) or "pairs" (one v2
+    # Kev as the portfolio's hub: "" (each instrument asks Kev on its own, v1), "pairs" (one v2
     # command over every instrument from the pairs rule, engine/kev/pairs.py, on the pairs' fitted
     # hedge ratios; the pairs are the session's simulated ones, else the first symbol leads the others)
+    # or "llm" (the same v2 question to llama-server: kev_mode llm)
     kev_hub: str = ""
     # per-instrument settings over the config (engine.instruments.INSTRUMENT_FIELDS: contract steps and
     # sizes), {symbol: {field: value}}, over the session's contract and the config's sizes at the first
@@ -161,8 +164,12 @@ class ReplayConfig:
         if len(set(self.symbols)) != len(self.symbols):
             raise DualhubError(f"a symbol is given twice in {','.join(self.symbols)}")
         object.__setattr__(self, "instruments", checked_instruments(self.instruments))
-        if self.kev_hub not in ("", "pairs"):
-            raise DualhubError(f"kev_hub must be '' or 'pairs', not {self.kev_hub!r}")
+        if self.kev_hub not in KEV_HUBS:
+            raise DualhubError(f"kev_hub must be one of {KEV_HUBS}, not {self.kev_hub!r}")
+        if self.kev_hub == "llm" and self.kev_mode != "llm":
+            raise DualhubError(
+                "kev_hub 'llm' asks the portfolio's questions of llama-server: needs kev_mode llm"
+            )
         if self.kev_hub and len(self.symbols) < 2:
             raise DualhubError("Kev as the portfolio hub needs a portfolio: give two symbols or more")
         if not (0 <= self.pair_exit_z < self.pair_entry_z and self.pair_half_life_ms > 0):
@@ -617,6 +624,8 @@ def _kev_backend(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBack
         key_fn = rules.key
     elif recorded_by <= {"llm"}:
         key_fn = (llama_cfg or LlamaConfig(base_url="http://127.0.0.1:1")).key
+    elif recorded_by <= {RulePairsKev.name}:  # a portfolio hub's answers (v2 contexts)
+        key_fn = RulePairsKev(entry_z=cfg.pair_entry_z, exit_z=cfg.pair_exit_z).key
     else:
         raise DualhubError(f"cassette mixes advisors {sorted(recorded_by)}; cannot tell how to key requests")
     fallback: Any = None

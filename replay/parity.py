@@ -100,6 +100,9 @@ def replay_config_for(run_dir: Path | str, **overrides: Any) -> ReplayConfig:
     }
     if cfg.get("kev_url"):
         fields["kev_url"] = cfg["kev_url"]
+    for k in ("kev_hub", "pair_entry_z", "pair_exit_z", "pair_half_life_ms"):  # Kev as the hub
+        if cfg.get("kev_hub") and k in cfg:
+            fields[k] = cfg[k]
     if len(m.get("symbols") or []) > 1:  # a portfolio: every instrument on the contract and sizes it had
         fields["symbols"] = tuple(m["symbols"])
         fields["symbol"] = m["symbols"][0]

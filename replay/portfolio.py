@@ -9,8 +9,9 @@ of one instrument replays to that run's events exactly.
 
 Sizes in the config (quote size, position and order limits) are in the first instrument's units; each
 other instrument gets them scaled to the same notional at the first books' mids, rounded down to its
-size step (at least its minimum order); ``ReplayConfig.instruments`` sets any of them explicitly. Its contract (tick, size step) comes from the session's
-simulator manifest when it has one, else from the decimals its recorded books show.
+size step (at least its minimum order); ``ReplayConfig.instruments`` sets any of them explicitly.
+Its contract (tick, size step) comes from the session's simulator manifest when it has one, else from
+the decimals its recorded books show.
 
 This driver steps the engine one event at a time, as ``--python-engine`` does for one instrument.
 """
@@ -91,7 +92,8 @@ def scaled_config(e: EngineConfig, contract: ContractConfig, ratio: float) -> En
 
 def session_pairs(manifest: dict[str, Any], symbols: list[str]) -> tuple[tuple[str, str], ...]:
     """The pairs a portfolio fits: the simulated session's (leader, follower) pairs among ``symbols``,
-    else the first symbol leading each of the others."""
+    else the first symbol leading each of the others (as a live portfolio pairs them: a live
+    recording's manifest names no simulator)."""
     sim = (manifest.get("simulator") or {}).get("pairs") or []
     pairs = tuple(
         (p["leader"], p["follower"]) for p in sim if p["leader"] in symbols and p["follower"] in symbols
@@ -219,11 +221,12 @@ def run_portfolio(
     run_dir = _run_dir(session.root, cfg, out_dir)
     tmp = _start_run_dir(run_dir, overwrite)
     log = EventLog(tmp / "events")
-    if cfg.kev_hub == "pairs":  # one v2 command over every instrument from the pairs rule
+    if cfg.kev_hub == "pairs" and cfg.kev_mode == "sim":  # the pairs rule answers for the portfolio
         advisor: Any = RulePairsKev(entry_z=cfg.pair_entry_z, exit_z=cfg.pair_exit_z)
         kev = SimKevBackend(advisor, _lag_model(cfg), clock)
     else:
-        advisor, kev = _kev_backend(cfg, clock)  # one Kev, each instrument asking on its own
+        # one Kev: each instrument asking on its own, or (kev_hub llm) llama-server for the portfolio
+        advisor, kev = _kev_backend(cfg, clock)
     portfolio = Portfolio(
         symbols,
         pairs=session_pairs(session.manifest, symbols) if cfg.kev_hub else (),

@@ -81,3 +81,39 @@ def test_the_portfolio_run_replays_to_the_same_decisions(paper, tmp_path):
         assert _rows(a) == _rows(b), stream
     p = check_parity(run, tmp_path / "parity")
     assert not p.diverged and p.replay_run.name == "parity-portfolio"
+
+
+def test_kev_as_the_hub_live_and_its_replay(tmp_path):
+    """The pairs rule answering for the portfolio in paper live mode: one v2 command per answer sets
+    both legs; the run's cassette of v2 answers replays to the same decisions."""
+    frames = list(simulator_frames(list(SYMBOLS), minutes=2, seed=3))
+    with LocalExchangeThread(LocalExchange(frames, speed=SPEED, symbols=SYMBOLS)) as ex:
+        res = run_live(
+            LiveConfig(
+                out=str(tmp_path / "hub"),
+                exchange_url=ex.rest_url,
+                ws_url=ex.ws_url,
+                laya_provider="cpu",
+                duration_s=6.0,
+                symbols=SYMBOLS,
+                instruments={"ETHUSDT": ETH},
+                kev_hub="pairs",
+                pair_half_life_ms=5_000,  # 6 s of data: a fit that warms up inside the run
+                seed=7,
+            )
+        )
+    run = res.run_dirs["BTCUSDT"]
+    cmds = pq.read_table(run / "events" / "command.parquet").to_pylist()
+    assert cmds and {c["symbol"] for c in cmds} == set(SYMBOLS)
+    per = {}
+    for c in cmds:
+        per.setdefault(c["command_id"], []).append(c["symbol"])
+    assert all(sorted(v) == sorted(SYMBOLS) for v in per.values())
+    raw = pq.read_table(run / "events" / "kev_response.parquet").column("raw").to_pylist()
+    assert all(orjson.loads(r)["schema_version"] == 2 for r in raw if r)
+    cfg = replay_config_for(run)
+    assert cfg.kev_hub == "pairs" and cfg.kev_mode == "cassette"
+    rr = run_replay(res.session_dir, cfg, out_dir=tmp_path / "replay")
+    d = diff_runs(run, rr.run_dir, streams=COMPARABLE_STREAMS)
+    assert not d.diverged, d.to_json()["divergence"]
+    assert rr.counts["command"] == len(cmds)

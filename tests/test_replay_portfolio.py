@@ -194,3 +194,25 @@ def test_an_instrument_flag_sets_its_sizes_in_the_run(pair, tmp_path):
         )
         == 2
     )
+
+
+def test_llama_server_as_the_hub_answers_one_v2_command_for_both_instruments(
+    pair, llama_server, tmp_path, caplog
+):
+    cfg = ReplayConfig(
+        symbols=("BTCUSDT", "ETHUSDT"),
+        kev_hub="llm",
+        kev_mode="llm",
+        kev_url=llama_server.url,
+        kev_min_interval_ms=20_000,  # a few questions: SmolLM2 takes seconds for each
+        kev_timeout_ms=60_000,
+    )
+    run = run_replay(pair, cfg, out_dir=tmp_path / "r").run_dir
+    answers = _q(run, "select ok, raw from 'EV/kev_response.parquet'")
+    assert answers and all(ok for ok, _ in answers)
+    assert all(json.loads(raw)["schema_version"] == 2 for _, raw in answers)
+    per_cmd = _q(run, "select count(*), count(distinct symbol) from 'EV/command.parquet' group by command_id")
+    assert len(per_cmd) == len(answers) and set(per_cmd) == {(2, 2)}
+    assert "rejected the JSON schema" not in caplog.text  # the v2 schema is one llama-server takes
+    with pytest.raises(DualhubError, match="needs kev_mode llm"):
+        ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), kev_hub="llm")

@@ -132,7 +132,9 @@ def command_schema_v2(symbols: Sequence[str], pairs: Sequence[tuple[str, str]]) 
         }
         for leader, follower in pairs
     ]
-    count = {"items": False, "minItems": len(pair_items), "maxItems": len(pair_items)}
+    # exactly these pairs, in order: the item count bounds the array (llama-server's schema converter
+    # refuses the boolean schema "items": false)
+    count = {"minItems": len(pair_items), "maxItems": len(pair_items)}
     return {
         "type": "object",
         "properties": {
