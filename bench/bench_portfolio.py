@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Two-instrument portfolio replay throughput and peak RSS (issue 18's speed figure).
+
+Data: ``../shared/bench/gen_books.py -n N --out DIR``. The session holds gen_books' first ``n / 2``
+snapshots (and their trades) twice: as BTCUSDT, and as ETHUSDT with every price shifted by
+``--shift`` (same tick) and every time by 1 ms, so the two books interleave: ``n`` snapshots in all.
+Each run is a fresh process (peak RSS is its own), alternating the portfolio replay with its peers on
+the same total snapshots: the single-instrument replay of the ``n`` BTCUSDT snapshots on the engine
+driven per event (the portfolio's driver) and on the compiled loop. Medians of the warm runs; run 0
+of each is cold and printed as such.
+
+    python bench/bench_portfolio.py --data /tmp/gb1m -n 1000000 --repeat 3 --one-core
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from engine.store import SessionWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_replay_1m import session_from_gen_books  # noqa: E402
+
+
+def pair_session(data: Path, out: Path, n: int, shift: float) -> Path:
+    """BTCUSDT and a copy of it as ETHUSDT (prices + ``shift``, times + 1 ms), n / 2 snapshots each."""
+    with tempfile.TemporaryDirectory() as tmp:
+        one = session_from_gen_books(data, Path(tmp) / "one", n // 2)
+        books = pq.read_table(sorted((one / "books15").glob("*.parquet")))
+        trades = pq.read_table(sorted((one / "trade").glob("*.parquet")))
+    ms = 1_000_000
+    px_cols = [c for c in books.column_names if "_px_" in c]
+
+    def copy(t: pa.Table, prices: list[str], dseq: int) -> pa.Table:
+        schema = t.schema
+        for c in prices:
+            t = t.set_column(t.schema.get_field_index(c), c, pc.add(t.column(c), shift))
+        for c in ("ts_event", "ts_recv"):
+            t = t.set_column(t.schema.get_field_index(c), c, pc.add(t.column(c), ms))
+        t = t.set_column(t.schema.get_field_index("seq"), "seq", pc.add(t.column("seq"), dseq))
+        sym = t.schema.get_field_index("symbol")
+        return t.set_column(sym, "symbol", pa.array(["ETHUSDT"] * t.num_rows)).cast(schema)
+
+    w = SessionWriter(out, source=f"gen_books:{data} as a pair", symbols=["BTCUSDT", "ETHUSDT"])
+    for name, t in (
+        ("books15", pa.concat_tables([books, copy(books, px_cols, books.num_rows)])),
+        ("trade", pa.concat_tables([trades, copy(trades, ["px"], trades.num_rows)])),
+    ):
+        t = t.sort_by([("ts_recv", "ascending"), ("seq", "ascending")])  # one stream, in arrival order
+        t = t.set_column(t.schema.get_field_index("seq"), "seq", pa.array(range(t.num_rows), pa.int64()))
+        w.add_table(name, t)
+    w.close()
+    return out
+
+
+def run(session: Path, out: Path, cfg: str, kernel: bool, one_core: bool) -> tuple[float, float, str]:
+    code = (
+        "import re\n"
+        "from replay.driver import ReplayConfig, run_replay\n"
+        f"r = run_replay({str(session)!r}, ReplayConfig({cfg}), out_dir={str(out)!r}, overwrite=True, "
+        f"kernel={kernel!r})\n"
+        "rss = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"
+        "print(r.path)\n"
+        "print(r.snapshots_per_s, rss)\n"
+    )
+    cmd = [sys.executable, "-c", code]
+    if one_core:
+        cmd = ["taskset", "-c", "0", *cmd]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    lines = p.stdout.strip().splitlines()
+    rate, rss = lines[-1].split()
+    return float(rate), float(rss), lines[-2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("-n", type=int, default=1_000_000, help="snapshots in all (half per symbol)")
+    ap.add_argument("--shift", type=float, default=1000.0, help="ETHUSDT's price offset (a tick multiple)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--one-core", action="store_true")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        pair = pair_session(a.data, Path(tmp) / "pair", a.n, a.shift)
+        single = session_from_gen_books(a.data, Path(tmp) / "single", a.n)
+        runs = {
+            "portfolio, 2 instruments (per event)": (pair, "symbols=('BTCUSDT', 'ETHUSDT')", True),
+            "one instrument, per event": (single, "", False),
+            "one instrument, compiled loop": (single, "", True),
+        }
+        got: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
+        for i in range(a.repeat):
+            for name, (session, cfg, kernel) in runs.items():
+                rate, rss, path = run(session, Path(tmp) / "run", cfg, kernel, a.one_core)
+                got[name].append((rate, rss))
+                print(f"run {i}{' (cold)' if i == 0 else ''} {name}: {rate:,.0f} snapshots/s, "
+                      f"peak RSS {rss / 1024:.2f} GB [{path}]", flush=True)  # fmt: skip
+        print(f"\n{a.n:,} snapshots in all; medians of the warm runs (runs 1..{a.repeat - 1})")
+        for name, vals in got.items():
+            warm = vals[1:] or vals
+            rate = statistics.median(r for r, _ in warm)
+            rss = max(m for _, m in vals)
+            print(f"  {name:40s} {rate:>10,.0f} snapshots/s   peak RSS {rss / 1024:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()
