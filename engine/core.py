@@ -183,7 +183,6 @@ class Engine:
         self.levels = np.full((1, 60), math.nan)  # the book a label is of
         self.b_loc = np.zeros(2, dtype=np.int64)  # [0]: its receive time; [1]: the engine's book's
         self._sent = 0  # order rows of the core's buffer already handed to the venue
-        self._risk_seen = 0  # risk rows read for the advice age of those orders
         self._reason_code = {t: i for i, t in enumerate(K.REASON_TEXT) if t}
         self._kev_ctx: dict[int, KevContext] = {}  # requests asked and not answered
         self._compile(core)
@@ -229,7 +228,7 @@ class Engine:
         self._draining = True
         try:
             self.core.drain()
-            self._sent = self._risk_seen = 0
+            self._sent = 0
             self._before[:] = 0
         finally:
             self._draining = False
@@ -477,7 +476,6 @@ class Engine:
         c.S[K.S_NOW] = now
         NOUT = c.NOUT
         self._sent = int(NOUT[K.O_ORDER])  # the rows before are other steps' (handed on already)
-        self._risk_seen = int(NOUT[K.O_RISK])
         if pf is not None:
             self._before[:] = NOUT
         return c
@@ -512,15 +510,8 @@ class Engine:
         return sent
 
     def _intent(self, oid: int) -> OrderIntent:
-        """The accepted order ``oid`` as the venue gets it; its advice age from its risk row."""
+        """The accepted order ``oid`` as the venue gets it."""
         c = self.core
-        OUTI = c.OUTI
-        age = -1
-        for j in range(self._risk_seen, int(c.NOUT[K.O_RISK])):
-            if OUTI[K.O_RISK, j, 1] == oid and OUTI[K.O_RISK, j, 2] == K.INTENT_NEW:
-                age = int(OUTI[K.O_RISK, j, 6])
-                self._risk_seen = j + 1
-                break
         r = oid & (c.OI.shape[0] - 1)
         oi, of = c.OI[r], c.OF[r]
         slip = float(of[K.OF_SLIP])
@@ -535,7 +526,7 @@ class Engine:
             bool(oi[K.OI_REDUCE]),
             None if math.isnan(slip) else slip,
             SOURCES[int(oi[K.OI_SOURCE])],
-            age,
+            int(oi[K.OI_AGE]),
         )
 
     def _ask_kev(self, now: Nanos) -> None:

@@ -120,10 +120,9 @@ ST_GROW_WORK = 7  # the working-order list must grow (fast_path doubles it) befo
 ST_NEED_KEV = 8  # a Kev request started whose advisor answers in Python (C_KEV_ASK): fast_path answers it
 ST_UNSUPPORTED = 9
 # why unsupported
-U_NONE, U_ROUND, U_PX_DECIMALS, U_OVERFLOW, U_TABLE, U_LOOK_AHEAD, U_SIZE = 0, 1, 2, 3, 4, 5, 6
+U_NONE, U_PX_DECIMALS, U_OVERFLOW, U_TABLE, U_LOOK_AHEAD, U_SIZE = 0, 1, 2, 3, 4, 5
 UNSUPPORTED_TEXT = (
     "",
-    "a value round() cannot reproduce exactly here",
     "a fill price that is not a short decimal",
     "money beyond int64",
     "more working orders or queued Kev requests than the kernel's tables hold",
@@ -238,7 +237,8 @@ CF_SIZE = CF_PARAMS + registry.MAX_PARAMS
 # is taken again only once its order is done, off the book and named by no pending timer (S_OLDEST).
 OI_SIDE, OI_TYPE, OI_SENT, OI_STATUS, OI_REDUCE, OI_SOURCE = 0, 1, 2, 3, 4, 5
 OI_OID, OI_REFS, OI_RESTING = 6, 7, 8  # the slot's order, its pending timers, resting at the exchange
-OI_COLS = 9
+OI_AGE = 9  # the age of the Kev advice the order acts on (its risk row's advice_age; -1: none)
+OI_COLS = 10
 OF_PX, OF_QTY, OF_FILLED, OF_SLIP, OF_XFILLED, OF_AHEAD, OF_LEVEL, OF_TRADED = 0, 1, 2, 3, 4, 5, 6, 7
 OF_COLS = 8
 # Per-request table (row = request id): RI / RF
@@ -683,6 +683,7 @@ def _send_new(
     OI[oid & (OI.shape[0] - 1), OI_STATUS] = PENDING_NEW
     OI[oid & (OI.shape[0] - 1), OI_REDUCE] = 1 if reduce_only else 0
     OI[oid & (OI.shape[0] - 1), OI_SOURCE] = source
+    OI[oid & (OI.shape[0] - 1), OI_AGE] = age
     OF[oid & (OF.shape[0] - 1), OF_PX] = px
     OF[oid & (OF.shape[0] - 1), OF_QTY] = qty
     OF[oid & (OF.shape[0] - 1), OF_FILLED] = 0.0
