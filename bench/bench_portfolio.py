@@ -4,10 +4,10 @@
 Data: ``../shared/bench/gen_books.py -n N --out DIR``. The session holds gen_books' first ``n / 2``
 snapshots (and their trades) twice: as BTCUSDT, and as ETHUSDT with every price shifted by
 ``--shift`` (same tick) and every time by 1 ms, so the two books interleave: ``n`` snapshots in all.
-Each run is a fresh process (peak RSS is its own), alternating the portfolio replay with its peers on
-the same total snapshots: the single-instrument replay of the ``n`` BTCUSDT snapshots on the engine
-driven per event (the portfolio's driver) and on the compiled loop. Medians of the warm runs; run 0
-of each is cold and printed as such.
+Each run is a fresh process (peak RSS is its own), alternating the portfolio on the compiled loop with
+its peers: the same portfolio with the engine driven per event, and the single-instrument replay of
+the ``n`` BTCUSDT snapshots on the compiled loop. Medians of the warm runs; run 0 of each is cold
+and printed as such.
 
     python bench/bench_portfolio.py --data /tmp/gb1m -n 1000000 --repeat 3 --one-core
 """
@@ -93,8 +93,8 @@ def main() -> None:
         pair = pair_session(a.data, Path(tmp) / "pair", a.n, a.shift)
         single = session_from_gen_books(a.data, Path(tmp) / "single", a.n)
         runs = {
-            "portfolio, 2 instruments (per event)": (pair, "symbols=('BTCUSDT', 'ETHUSDT')", True),
-            "one instrument, per event": (single, "", False),
+            "portfolio, 2 instruments, compiled loop": (pair, "symbols=('BTCUSDT', 'ETHUSDT')", True),
+            "portfolio, 2 instruments, per event": (pair, "symbols=('BTCUSDT', 'ETHUSDT')", False),
             "one instrument, compiled loop": (single, "", True),
         }
         got: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}

@@ -33,6 +33,7 @@ from engine.book import imbalance_levels
 from engine.contract import round_exact, round_to_step
 from engine.exact import POW10, div_half_even, pmin, pyround  # noqa: F401 - tests call K.pyround
 from engine.jit import njit
+from engine.kev.command import TARGET_POSITION_ABS_MAX
 from engine.kev.queue import (  # noqa: F401 - the queue's codes, kernel names too
     POLICY_CONFLATE,
     POLICY_DROP_OLDEST,
@@ -1307,8 +1308,7 @@ def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, 
         S[S_KEV_ASKED] += 1
         return True
     # SimKevBackend.start: RuleKev decides now; the reply is due after a lag drawn now
-    _rule_kev(RI, RF, CF, rid)
-    RI[rid & (RI.shape[0] - 1), RI_OK] = 1
+    RI[rid & (RI.shape[0] - 1), RI_OK] = _rule_kev(RI, RF, CF, rid)
     lag = lags[S[S_LAG_USED]]
     S[S_LAG_USED] += 1
     _heap_push(S, HI, HF, OI, now + lag, PRIO_KEV, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
@@ -1317,7 +1317,9 @@ def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, 
 
 @njit
 def _rule_kev(RI, RF, CF, rid):
-    """RuleKev's decision on request ``rid``'s context, into its row (fast_path writes the texts)."""
+    """RuleKev's decision on request ``rid``'s context, into its row (fast_path writes the texts); 1 if
+    it is a valid command, 0 if the schema refuses it (a target beyond the command's own bound: an
+    instrument whose limits are scaled to its notional holds more than 10 units)."""
     i = rid & (RI.shape[0] - 1)
     action, target, hedge, slip, why = rule_decide(
         RI[i, RI_LABEL],
@@ -1335,6 +1337,8 @@ def _rule_kev(RI, RF, CF, rid):
     RF[i, RF_TARGET] = target
     RF[i, RF_HEDGE] = hedge
     RF[i, RF_SLIP] = slip
+    # the one bound the rule's numbers can break (hedge is 0 or 1, slippage 1 to 10 bps)
+    return 1 if -TARGET_POSITION_ABS_MAX <= target <= TARGET_POSITION_ABS_MAX else 0
 
 
 @njit
@@ -1817,9 +1821,12 @@ def step_warm(S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc):
 # A portfolio engine (engine/instruments.py) keeps one core per instrument. What they share lives in
 # two small arrays: PI (int64) the id counters, so order, request and command ids are unique across the
 # portfolio, and PF (float64, a row per instrument) each instrument's money as the others' risk rules
-# read it. Around every step of instrument i: pf_enter, the step, pf_leave.
-PI_OID, PI_RID, PI_CMD_ID = 0, 1, 2
-PI_SIZE = 4
+# read it. Around every step of instrument i: pf_enter, the step, pf_leave. The timer seq and the Kev
+# lags used are shared too: one clock orders every instrument's timers, one Kev draws their lags in the
+# order they ask. PI_WALK and PI_CUR are the replay loop's (its place in the walk, the instrument of a
+# stop).
+PI_OID, PI_RID, PI_CMD_ID, PI_SEQ, PI_LAG_USED, PI_WALK, PI_CUR = 0, 1, 2, 3, 4, 5, 6
+PI_SIZE = 8
 PF_MARK, PF_DELTA, PF_GROSS, PF_PNL = 0, 1, 2, 3
 PF_COLS = 4
 
@@ -1831,6 +1838,8 @@ def pf_enter(PI, PF, i, S, SF):
     S[S_OID] = PI[PI_OID]
     S[S_RID] = PI[PI_RID]
     S[S_CMD_ID] = PI[PI_CMD_ID]
+    S[S_HEAP_SEQ] = PI[PI_SEQ]
+    S[S_LAG_USED] = PI[PI_LAG_USED]
     d = 0.0
     g = 0.0
     p = 0.0
@@ -1866,6 +1875,8 @@ def pf_leave(PI, PF, i, S, eng_book):
     PI[PI_OID] = S[S_OID]
     PI[PI_RID] = S[S_RID]
     PI[PI_CMD_ID] = S[S_CMD_ID]
+    PI[PI_SEQ] = S[S_HEAP_SEQ]
+    PI[PI_LAG_USED] = S[S_LAG_USED]
     pf_mark(PF, i, S, eng_book)
 
 

@@ -22,7 +22,7 @@ from engine.eventlog import EventLog
 from engine.events import STREAMS, Label
 from engine.fastinit import frozen_maker
 from engine.kev.advisor import KevContext
-from engine.kev.command import ACTIONS
+from engine.kev.command import ACTIONS, validate_command
 from engine.kev.queue import POLICIES
 from engine.risk import N_RULES, rule_codes
 
@@ -235,6 +235,9 @@ class CoreState:
             self.reason_texts, self._texts, self._replies = share.reason_texts, share._texts, share._replies
             share.symbols.append(symbol)
             self.symbols = share.symbols
+        # the cores writing to the buffer, by OUT_INST code: a drain reads each row's request from its own
+        self.cores: list[CoreState] = share.cores if share is not None else []
+        self.cores.append(self)
         # nothing drawn here unless a simulated venue is (fast_path.KernelRun): headroom() never asks
         self.olat = np.zeros((3, K.MARGIN + 1), dtype=np.int64)
         self.S[K.S_LAG_N] = 1 << 60
@@ -317,12 +320,14 @@ class CoreState:
             float(RF[K.RF_MAXPOS]),
         )
 
-    def _kev_texts(self, rid: int) -> tuple[str, str, str]:
-        """The rule advisor's key, raw JSON and reason for request ``rid``, from Python (the reference),
-        after checking the kernel decided the same numbers."""
+    def _kev_texts(self, rid: int, inst: int = 0) -> tuple[str, str, str]:
+        """The rule advisor's key, raw JSON and reason for request ``rid`` of instrument ``inst``, from
+        Python (the reference), after checking the kernel decided the same numbers."""
         t = self._texts.get(rid)
         if t is not None:
             return t
+        if self.cores[inst] is not self:
+            return self.cores[inst]._kev_texts(rid, inst)
         RI, RF = self.RI[rid & (self.RI.shape[0] - 1)], self.RF[rid & (self.RF.shape[0] - 1)]
         ctx = self._context(rid)
         raw = self.advisor.decide(ctx)
@@ -419,14 +424,22 @@ class CoreState:
             return self._response_columns(n, ints)
         if s == K.O_KEV_RESPONSE:
             ok = ints[:, 2].astype(bool)
-            keys, raws = [], []
-            for rid, good in zip(ints[:, 1].tolist(), ok.tolist(), strict=True):
-                if good:
-                    key, raw, _ = self._kev_texts(rid)
-                else:
-                    key = raw = ""
+            keys, raws, errors, failures = [], [], [], []
+            insts = ints[:, K.OUT_INST].tolist()
+            for rid, good, timed_out, inst in zip(
+                ints[:, 1].tolist(), ok.tolist(), ints[:, 4].tolist(), insts, strict=True
+            ):
+                key = raw = error = failure = ""
+                if timed_out:
+                    error, failure = self.timeout_text, "timeout"
+                else:  # the rule answered: a valid command, or one the schema refuses (the kernel's verdict)
+                    key, raw, _ = self._kev_texts(rid, inst)
+                    if not good:
+                        error, failure = str(validate_command(orjson.loads(raw))), "schema"
                 keys.append(key)
                 raws.append(raw)
+                errors.append(error)
+                failures.append(failure)
             ts = pa.array(ints[:, 0].copy())
             zero_f = pa.array(np.zeros(n))
             zero_i = pa.array(np.zeros(n, dtype=np.int64))
@@ -435,8 +448,8 @@ class CoreState:
                 ts,
                 pa.array(ints[:, 1].copy()),
                 pa.array(ok),
-                pa.array(["" if g else self.timeout_text for g in ok.tolist()], pa.string()),
-                pa.array(["" if g else "timeout" for g in ok.tolist()], pa.string()),  # failure
+                pa.array(errors, pa.string()),
+                pa.array(failures, pa.string()),
                 pa.array(ints[:, 3].copy()),
                 pa.array([self.advisor.name], pa.string()).take(zero_i),
                 pa.array(keys, pa.string()),
@@ -447,7 +460,10 @@ class CoreState:
                 zero_i,
             ]
         if s == K.O_COMMAND:
-            reasons = [self._kev_texts(rid)[2] for rid in ints[:, 3].tolist()]
+            reasons = [
+                self._kev_texts(rid, inst)[2]
+                for rid, inst in zip(ints[:, 3].tolist(), ints[:, K.OUT_INST].tolist(), strict=True)
+            ]
             return [
                 pa.array(ints[:, 0].copy()),
                 pa.array(ints[:, 1].copy()),

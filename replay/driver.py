@@ -774,12 +774,24 @@ def run_replay(
     try:
         open_session(session_dir)  # not a session: one line before the model loads (and says which provider)
         laya = _load_laya(cfg)  # once: the retries below reuse it
-        if cfg.symbols:  # a portfolio: one engine over the instruments, driven per event
+        if cfg.symbols:  # a portfolio: one engine over the instruments
             from replay.portfolio import run_portfolio
 
-            return run_portfolio(
-                session_dir, cfg, laya, out_dir=run_dir, overwrite=overwrite, progress=progress
-            )
+            try:
+                return run_portfolio(
+                    session_dir,
+                    cfg,
+                    laya,
+                    out_dir=run_dir,
+                    overwrite=overwrite,
+                    progress=progress,
+                    kernel=kernel,
+                )
+            except KernelUnsupported as e:  # as below: the per-event driver runs it
+                result = run_portfolio(
+                    session_dir, cfg, laya, out_dir=run_dir, overwrite=True, progress=progress, kernel=False
+                )
+                return dataclasses.replace(result, path=f"python ({e})")
         try:
             whole, stream_books = "", True
             while True:

@@ -128,9 +128,17 @@ class KernelRun(CoreState):
 
     @classmethod
     def for_replay(
-        cls, cfg: Any, engine: Engine, exchange: Any, advisor: Any, log: EventLog, symbol: str
+        cls,
+        cfg: Any,
+        engine: Engine,
+        exchange: Any,
+        advisor: Any,
+        log: EventLog,
+        symbol: str,
+        share: KernelRun | None = None,
     ) -> KernelRun:
-        """The state of a replay's compiled loop, its simulated venue included."""
+        """The state of a replay's compiled loop, its simulated venue included; ``share``: the first
+        instrument's of a portfolio (one output buffer)."""
         assert isinstance(engine.kev, SimKevBackend)
         return cls(
             engine.cfg,
@@ -146,6 +154,7 @@ class KernelRun(CoreState):
             olat_models=(exchange.entry_latency, exchange.response_latency, exchange.cancel_latency),
             # Python answers each request at a Kev stop unless the kernel has the advisor compiled.
             ask=not (RULES_COMPILED and type(advisor) is RuleKev),
+            share=share,
         )
 
     def __init__(
@@ -318,3 +327,129 @@ def run_kernel(
             break
     for row in run.breaker_rows():
         run.log.append("kev_breaker", row)
+
+
+class PortfolioRun:
+    """The compiled loop's state for a portfolio: a :class:`KernelRun` per instrument, sharing one
+    output buffer (built with ``share=`` the first), the portfolio's counters and risk view (PI, PF),
+    and Kev's lags (one Kev draws every instrument's in the order they ask)."""
+
+    def __init__(self, runs: list[KernelRun]) -> None:
+        self.runs = runs
+        n = len(runs)
+        self.PI = np.zeros(K.PI_SIZE, dtype=np.int64)
+        self.PF = np.zeros((n, K.PF_COLS), dtype=np.float64)
+        self.PF[:, K.PF_MARK] = np.nan  # no book yet
+        self.lags = np.zeros(0, dtype=np.int64)
+        for r in runs:
+            r.lags = self.lags
+        self.lists: tuple[Any, ...] = ()
+        self._stale = True
+
+    def core_lists(self) -> tuple[Any, ...]:
+        """Every core's arrays as the loop's four typed lists (kernel.CORE_*), remade after growth."""
+        if self._stale:
+            from numba.typed import List
+
+            I1, F1, I2, F2 = List(), List(), List(), List()
+            for r in self.runs:
+                for a in (r.S, r.C, r.work, r.rest, r.kq, r.inflight, r.recent):
+                    I1.append(a)
+                for a in (r.SF, r.CF, r.eng_book, r.x_book):
+                    F1.append(a)
+                for a in (r.OI, r.RI, r.HI, r.olat):
+                    I2.append(a)
+                for a in (r.OF, r.RF, r.HF):
+                    F2.append(a)
+            self.lists = (I1, F1, I2, F2)
+            self._stale = False
+        return self.lists
+
+    def _more_lags(self) -> None:
+        """Kev's lags: the unused ones, then LAG_BATCH new, for every instrument (one shared count)."""
+        PI = self.PI
+        drawn = sample_many(self.runs[0].lag_model, np.zeros(LAG_BATCH, dtype=np.int64))
+        assert drawn is not None
+        self.lags = np.concatenate([self.lags[int(PI[K.PI_LAG_USED]) :], drawn])
+        PI[K.PI_LAG_USED] = 0
+        for r in self.runs:
+            r.lags = self.lags
+            r.S[K.S_LAG_USED] = 0
+            r.S[K.S_LAG_N] = len(self.lags)
+
+    def handle(self, status: int) -> bool:
+        """Deal with a stop of the loop (its instrument in PI[PI_CUR]); True to call it again."""
+        run = self.runs[int(self.PI[K.PI_CUR])]
+        if status == K.ST_NEED_LAGS:
+            run.drain()
+            self._more_lags()
+            return True
+        again = run.handle(status)
+        if status == K.ST_NEED_KEV:  # Python drew its lags: the shared count moves on
+            self.PI[K.PI_LAG_USED] = run.S[K.S_LAG_USED]
+        elif status not in (K.ST_DONE, K.ST_OUT_FULL):
+            self._stale = True  # a table grew, or new latencies were drawn: new arrays
+        return again
+
+
+def run_portfolio_kernel(
+    pf: PortfolioRun,
+    walk: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    book_levels: list[Callable[[int, int], np.ndarray]],
+    b_loc: list[np.ndarray],
+    labels: list[np.ndarray],
+    probs: list[np.ndarray],
+    trades: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    add_labels: Callable[[np.ndarray, np.ndarray, np.ndarray], None],
+    bar: Any = None,
+) -> None:
+    """:func:`run_kernel` for a portfolio: the merged walk (ts, priority, kind, row, instrument) a chunk
+    at a time, each instrument's book levels for the chunk from ``book_levels[j]``."""
+    from numba.typed import List
+
+    ts_all, prio_all, kind_all, row_all, inst_all = walk
+    n_inst = len(pf.runs)
+    PI, PF = pf.PI, pf.PF
+    run0 = pf.runs[0]
+
+    def typed(arrays: list[np.ndarray]) -> Any:
+        out = List()
+        for a in arrays:
+            out.append(a)
+        return out
+
+    BL, LB, PR = typed(b_loc), typed(labels), typed(probs)
+    TPX, TSZ, TSD = (typed([t[k] for t in trades]) for k in range(3))
+    for c0 in range(0, len(ts_all), WALK_CHUNK):
+        c1 = min(len(ts_all), c0 + WALK_CHUNK)
+        ts, prio, kind, row, inst = (a[c0:c1] for a in walk)
+        if bar is not None:
+            bar.update(c0)
+        LV, L0 = List(), np.zeros(n_inst, dtype=np.int64)
+        for j in range(n_inst):
+            books = row[(kind != 1) & (inst == j)]
+            r0, r1 = (int(books.min()), int(books.max()) + 1) if len(books) else (0, 0)
+            LV.append(book_levels[j](r0, r1) if r1 > r0 else np.zeros((0, 60)))
+            L0[j] = r0
+        PI[K.PI_WALK] = 0
+        while True:
+            before = int(PI[K.PI_WALK])
+            status = K.run_pf(
+                ts, prio, kind, row, inst, len(ts), LV, L0, BL, LB, PR, TPX, TSZ, TSD, pf.lags,
+                *pf.core_lists(), PI, PF, run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP,
+            )  # fmt: skip
+            after = int(PI[K.PI_WALK])
+            if after > before:
+                m = kind[before:after] == 4
+                if m.any():
+                    add_labels(row[before:after][m], ts[before:after][m], inst[before:after][m])
+            if not pf.handle(int(status)):
+                break
+    while True:
+        status = K.run_all_pf(*pf.core_lists(), PI, PF, BL, pf.lags, run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP)
+        if not pf.handle(int(status)):
+            break
+    rows = sorted((b for r in pf.runs for b in r.breaker), key=lambda b: b[:2])
+    for _, _, brows in rows:
+        for row_ in brows:
+            run0.log.append("kev_breaker", row_)

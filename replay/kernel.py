@@ -19,17 +19,24 @@ from engine.kernel import *  # noqa: F403 - the core's layout and codes, under t
 from engine.kernel import (  # noqa: F401 - tests reach some of these through the loop's name
     HF_COLS,
     HI_COLS,
+    L_EMERGENCY,
+    O_ORDER,
     OI_REFS,
+    PI_CUR,
+    PI_WALK,
     S_ENG_BOOK,
     S_ENG_ROW,
     S_HEAP_N,
+    S_KEV_ASKED,
     S_LABELS,
     S_NOW,
     S_NREST,
+    S_SENT,
     S_WALK,
     S_WHY,
     S_XBOOK,
     ST_DONE,
+    ST_NEED_KEV,
     ST_UNSUPPORTED,
     T_ARRIVE,
     T_ARRIVE_CANCEL,
@@ -41,7 +48,11 @@ from engine.kernel import (  # noqa: F401 - tests reach some of these through th
     _headroom,
     _heap_pop,
     _on_label,
+    pf_enter,
+    pf_leave,
     pyround,
+    step_pull,
+    tag_rows,
 )
 from venue.fills import FM_QUEUE_LOG, FM_QUEUE_POWER, FM_RISK_AVERSE, FM_THROUGH, FM_TOUCH  # noqa: F401
 from venue.kernel import (  # noqa: F401 - tests reach some of these through the loop's name
@@ -327,3 +338,273 @@ def _timer(
             eng_book, x_book, b_loc, lags, OUTI, OUTF, NOUT, lpx, lq,
         )  # fmt: skip
     forward(S, C, OI, HI, HF, olat, OUTI, NOUT)
+
+
+# ---------------------------------------------------------------- several instruments
+# A portfolio's loop (replay/portfolio_kernel.py drives it): one walk merging every instrument's
+# entries (walk_inst names each one's instrument), a core per instrument, one output buffer, and the
+# portfolio's shared counters and risk view (PI, PF: engine/kernel.py). Each core's arrays come in four
+# typed lists, CORE_* places apart: per instrument j, I1[j * 7 + 0] is its S, and so on (_core). Around
+# every step of instrument j: pf_enter, the step, its rows tagged j, pf_leave, as the per-event engine
+# does (engine/core.py). The timers of every core run in one order: the least (time, priority, seq)
+# first, the seq shared (PI_SEQ), as on one clock.
+CORE_I1, CORE_F1, CORE_I2, CORE_F2 = 7, 4, 4, 3
+
+
+@njit(inline="always")
+def _core(I1, F1, I2, F2, j):
+    """Instrument j's state: S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent,
+    eng_book, x_book, olat."""
+    a = j * CORE_I1
+    b = j * CORE_F1
+    c = j * CORE_I2
+    d = j * CORE_F2
+    return (
+        I1[a], F1[b], I1[a + 1], F1[b + 1], I2[c], F2[d], I2[c + 1], F2[d + 1], I2[c + 2], F2[d + 2],
+        I1[a + 2], I1[a + 3], I1[a + 4], I1[a + 5], I1[a + 6], F1[b + 2], F1[b + 3], I2[c + 3],
+    )  # fmt: skip
+
+
+@njit
+def _due(I1, I2, n, t, p, bounded):
+    """The instrument whose next timer runs first (the least (time, priority, seq) over every core's
+    heap), or -1 when none has one (``bounded``: none that sorts before the walk entry at (t, p))."""
+    best = -1
+    bt = 0
+    bp = 0
+    bs = 0
+    for j in range(n):
+        if I1[j * CORE_I1][S_HEAP_N] == 0:
+            continue
+        HI = I2[j * CORE_I2 + 2]
+        ht, hp, hs = HI[0, 0], HI[0, 1], HI[0, 2]
+        if best < 0 or ht < bt or (ht == bt and (hp < bp or (hp == bp and hs < bs))):
+            best, bt, bp, bs = j, ht, hp, hs
+    if best >= 0 and bounded and not (bt < t or (bt == t and bp < p)):
+        return -1
+    return best
+
+
+@njit
+def _enter(j, n, S, SF, NOUT, PI, PF, before):
+    """Before a step of instrument j: the portfolio's counters and risk view, and the rows before it
+    (another instrument's, handed on already)."""
+    if n > 1:
+        pf_enter(PI, PF, j, S, SF)
+        S[S_SENT] = NOUT[O_ORDER]
+        for s in range(NOUT.shape[0]):
+            before[s] = NOUT[s]
+
+
+@njit
+def _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before):
+    if n > 1:
+        tag_rows(OUTI, NOUT, before, j)
+        pf_leave(PI, PF, j, S, eng_book)
+
+
+@njit
+def _stop(j, S, PI):
+    """ST_DONE after a step of instrument j, or the stop it needs now: its rows ask Kev (answered before
+    any other step: Kev's lags are drawn in the order the instruments ask), or it cannot go on."""
+    PI[PI_CUR] = j
+    if S[S_WHY] != U_NONE:
+        return ST_UNSUPPORTED
+    if S[S_KEV_ASKED] > 0:
+        return ST_NEED_KEV
+    return ST_DONE
+
+
+@njit
+def _timer_pf(j, n, I1, F1, I2, F2, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before):
+    """The next timer of instrument j's heap."""
+    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = _core(
+        I1, F1, I2, F2, j
+    )
+    if n > 1:
+        pf_enter(PI, PF, j, S, SF)
+    st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
+    if st != ST_DONE:
+        PI[PI_CUR] = j
+        return st
+    _enter(j, n, S, SF, NOUT, PI, PF, before)
+    _heap_pop(S, HI, HF, tmpi, tmpf)
+    S[S_NOW] = tmpi[0]
+    _timer(
+        tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
+        x_book, BL[j], lags, OUTI, OUTF, NOUT, lpx, lq,
+    )  # fmt: skip
+    _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
+    return _stop(j, S, PI)
+
+
+@njit
+def run_pf(
+    walk_ts, walk_prio, walk_kind, walk_row, walk_inst, walk_end, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags,
+    I1, F1, I2, F2, PI, PF, OUTI, OUTF, NOUT, out_cap,
+):  # fmt: skip
+    """Run the walk from PI[PI_WALK] to walk_end. Returns a status (ST_*); a stop names its instrument
+    in PI[PI_CUR]. LV[j] holds instrument j's book levels from row L0[j] on; BL, LB, PR its books'
+    receive times, labels and probabilities; TPX, TSZ, TSD its trades."""
+    n = PF.shape[0]
+    tmpi = np.zeros(HI_COLS, dtype=np.int64)
+    tmpf = np.zeros(HF_COLS, dtype=np.float64)
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
+    before = np.zeros(NOUT.shape[0], dtype=np.int64)
+    i = PI[PI_WALK]
+    while i < walk_end:
+        t = walk_ts[i]
+        p = walk_prio[i]
+        while True:  # timers that sort before this entry
+            j = _due(I1, I2, n, t, p, True)
+            if j < 0:
+                break
+            st = _timer_pf(
+                j, n, I1, F1, I2, F2, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before
+            )
+            if st != ST_DONE:
+                return st
+        j = walk_inst[i]
+        k = walk_kind[i]
+        r = walk_row[i]
+        S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = (
+            _core(I1, F1, I2, F2, j)
+        )
+        # An EMERGENCY label pulls every instrument's quotes: each needs room for its cancels first.
+        pull = k == 4 and n > 1 and LB[j][r] == L_EMERGENCY
+        for o in range(n):
+            if o == j or pull:
+                (
+                    So,
+                    SFo,
+                    Co,
+                    CFo,
+                    OIo,
+                    OFo,
+                    RIo,
+                    RFo,
+                    HIo,
+                    HFo,
+                    worko,
+                    resto,
+                    kqo,
+                    inflo,
+                    reco,
+                    ebo,
+                    xbo,
+                    olo,
+                ) = _core(I1, F1, I2, F2, o)
+                if n > 1:
+                    pf_enter(PI, PF, o, So, SFo)
+                st = _headroom(So, OIo, RIo, HIo, NOUT, out_cap, lags, olo, worko, inflo)
+                if st != ST_DONE:
+                    PI[PI_CUR] = o
+                    return st
+        _enter(j, n, S, SF, NOUT, PI, PF, before)
+        S[S_NOW] = t
+        if k == 0:  # book at the exchange
+            levels = LV[j]
+            row = r - L0[j]
+            for c in range(60):
+                x_book[c] = levels[row, c]
+            S[S_XBOOK] = 1
+            _x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, OUTI, OUTF, NOUT)
+        elif k == 2:  # book at the engine
+            levels = LV[j]
+            row = r - L0[j]
+            for c in range(60):
+                eng_book[c] = levels[row, c]
+            S[S_ENG_ROW] = r
+            S[S_ENG_BOOK] = 1
+        elif k == 4:  # Laya's label of book r becomes visible
+            b_loc = BL[j]
+            if b_loc[r] > t:  # never read a label whose book has not arrived (no look-ahead)
+                S[S_WHY] = U_LOOK_AHEAD
+                PI[PI_CUR] = j
+                return ST_UNSUPPORTED
+            S[S_LABELS] += 1
+            lab = LB[j][r]
+            _on_label(
+                r, lab, PR[j][r, lab], S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight,
+                recent, eng_book, x_book, b_loc, LV[j], L0[j], lags, OUTI, OUTF, NOUT, lpx, lq,
+            )  # fmt: skip
+            forward(S, C, OI, HI, HF, olat, OUTI, NOUT)
+        elif k == 1:  # trade at the exchange
+            if S[S_NREST] > 0:
+                _x_on_trade(
+                    S,
+                    SF,
+                    C,
+                    CF,
+                    OI,
+                    OF,
+                    HI,
+                    HF,
+                    olat,
+                    rest,
+                    TPX[j][r],
+                    TSZ[j][r],
+                    TSD[j][r],
+                    OUTI,
+                    OUTF,
+                    NOUT,
+                )
+        _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
+        st = _stop(j, S, PI)
+        if st == ST_UNSUPPORTED:
+            return st
+        if pull:  # the others pull their quotes, in instrument order, at the same time
+            for o in range(n):
+                if o == j:
+                    continue
+                (
+                    So,
+                    SFo,
+                    Co,
+                    CFo,
+                    OIo,
+                    OFo,
+                    RIo,
+                    RFo,
+                    HIo,
+                    HFo,
+                    worko,
+                    resto,
+                    kqo,
+                    inflo,
+                    reco,
+                    ebo,
+                    xbo,
+                    olo,
+                ) = _core(I1, F1, I2, F2, o)
+                _enter(o, n, So, SFo, NOUT, PI, PF, before)
+                So[S_NOW] = t
+                step_pull(So, Co, OIo, OFo, HIo, HFo, olo, worko, OUTI, OUTF, NOUT)
+                forward(So, Co, OIo, HIo, HFo, olo, OUTI, NOUT)
+                _leave(o, n, So, ebo, OUTI, NOUT, PI, PF, before)
+        i += 1
+        PI[PI_WALK] = i
+        if st != ST_DONE:  # Kev asked: answered before the next step
+            return st
+    return ST_DONE
+
+
+@njit
+def run_all_pf(I1, F1, I2, F2, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap):
+    """The end of the tape: every instrument's pending timers, in the one order."""
+    n = PF.shape[0]
+    tmpi = np.zeros(HI_COLS, dtype=np.int64)
+    tmpf = np.zeros(HF_COLS, dtype=np.float64)
+    lpx = np.zeros(16, dtype=np.float64)
+    lq = np.zeros(16, dtype=np.float64)
+    before = np.zeros(NOUT.shape[0], dtype=np.int64)
+    while True:
+        j = _due(I1, I2, n, 0, 0, False)
+        if j < 0:
+            return ST_DONE
+        st = _timer_pf(
+            j, n, I1, F1, I2, F2, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before
+        )
+        if st != ST_DONE:
+            return st

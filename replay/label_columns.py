@@ -45,7 +45,31 @@ class LabelColumns:
         self._label: list[int] = []
         self._probs: list[list[float]] = []
         self._flush_rows, self._flush = log.flush_rows, log.flush
+        self._symbols: pa.Array | None = None  # several instruments: each row's symbol by code
+        self._sym_code = np.zeros(0, dtype=np.int64)
+        self._offset = np.zeros(1, dtype=np.int64)
         log.attach_columns("label", self._table, self._row.__len__)
+
+    @classmethod
+    def of_instruments(
+        cls,
+        log: EventLog,
+        symbols: list[str],
+        ts_event: list[np.ndarray],
+        seq: list[np.ndarray],
+        ts_recv: list[np.ndarray],
+        labels: list[np.ndarray],
+        probs: list[np.ndarray],
+    ) -> LabelColumns:
+        """One label stream for a portfolio's tapes (batch labels), rows named by (row, instrument) in
+        :meth:`add_many`: the instruments' columns end to end."""
+        cat = np.concatenate
+        out = cls(log, symbols[0], cat(ts_event), cat(seq), cat(ts_recv), cat(labels), cat(probs))
+        sizes = np.array([len(a) for a in ts_event], dtype=np.int64)
+        out._offset = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        out._sym_code = np.repeat(np.arange(len(symbols), dtype=np.int64), sizes)
+        out._symbols = pa.array(symbols, pa.string())
+        return out
 
     def add(self, row: int, ts_recv: int, label_id: int, probs: np.ndarray) -> None:
         """The label of book ``row`` became visible at ``ts_recv`` (call before the engine acts on it,
@@ -65,10 +89,13 @@ class LabelColumns:
         """The lowest book row a label not yet handed to the log refers to (None when none is)."""
         return min(self._row) if self._row else None
 
-    def add_many(self, rows: np.ndarray, ts_recv: np.ndarray) -> None:
-        """:meth:`add` for many labels at once (batch labels only), flushing at the same points."""
+    def add_many(self, rows: np.ndarray, ts_recv: np.ndarray, inst: np.ndarray | None = None) -> None:
+        """:meth:`add` for many labels at once (batch labels only), flushing at the same points;
+        ``inst``: each row's instrument (:meth:`of_instruments`)."""
         if self._by_row is None:
             raise ValueError("add_many needs the labels and probabilities by row")
+        if inst is not None:
+            rows = rows + self._offset[inst]
         rows_l, ts_l = rows.tolist(), ts_recv.tolist()
         i, n = 0, len(rows_l)
         while i < n:
@@ -97,7 +124,11 @@ class LabelColumns:
             pa.array(self._evt[rows]),
             pa.array(np.asarray(self._at, dtype=np.int64)),
             pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64)),
-            pa.array([self._symbol], pa.string()).take(pa.array(np.zeros(n, dtype=np.int64))),
+            (
+                pa.array([self._symbol], pa.string()).take(pa.array(np.zeros(n, dtype=np.int64)))
+                if self._symbols is None
+                else self._symbols.take(pa.array(self._sym_code[rows]))
+            ),
             pa.array(self._seq[rows]),
             pa.array(self._recv[rows]),
             _NAMES.take(pa.array(np.asarray(label, dtype=np.int64))),

@@ -13,7 +13,10 @@ size step (at least its minimum order); ``ReplayConfig.instruments`` sets any of
 Its contract (tick, size step) comes from the session's simulator manifest when it has one, else from
 the decimals its recorded books show.
 
-This driver steps the engine one event at a time, as ``--python-engine`` does for one instrument.
+The compiled loop (``replay/kernel.py`` ``run_pf``) runs it where each instrument's configuration is
+one it reproduces (batch labels, the simulated Kev, drawn latencies, no Kev hub); otherwise the engine
+is driven one event at a time, as ``--python-engine`` does for one instrument. Both give the same
+events (``tests/test_replay_portfolio.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import pyarrow as pa
 
 from engine.clock import ReplayClock
 from engine.contract import ContractConfig, round_to_step
-from engine.core import Engine, EngineConfig, engine_config_from
+from engine.core import PRIO_LABEL, Engine, EngineConfig, engine_config_from
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, BookSnapshot
@@ -38,6 +41,7 @@ from engine.kev.pairs import RulePairsKev
 from engine.kev.sim import SimKevBackend
 from engine.laya.model import Laya
 from engine.store import open_session
+from replay import fast_path
 from replay.driver import (
     PRIO_EXCH_BOOK,
     PRIO_EXCH_TRADE,
@@ -50,6 +54,7 @@ from replay.driver import (
     _finish,
     _for_symbol,
     _kev_backend,
+    _label_due,
     _lag_model,
     _progress,
     _Quarantine,
@@ -60,6 +65,8 @@ from replay.driver import (
     _v1_labeler,
     session_contract,
 )
+from replay.fast_path import KernelRun, KernelUnsupported, PortfolioRun, config_unsupported, unsupported
+from replay.label_columns import LabelColumns
 from replay.tape_stream import FeedClock
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
@@ -140,6 +147,58 @@ def _first_mid(books: pa.Table) -> float:
     return float((bid[j] + ask[j]) / 2)
 
 
+def portfolio_walk(
+    tapes: list[_Tape], dues: list[np.ndarray] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The merged walk of every instrument's tape: (ts, priority, kind, row, instrument), by (ts,
+    priority, instrument, the entry's place in its tape's order). With ``dues`` (per instrument, when
+    each book's label becomes visible) the labels too (kind 4): labels due at the same time keep the
+    order their books reached the engine in, as the label timers the per-event engine schedules then."""
+    parts = [t.order(None, engine_trades=False) for t in tapes]
+    ts = np.concatenate([p[0] for p in parts])
+    prio = np.concatenate([p[1] for p in parts])
+    kind = np.concatenate([p[2] for p in parts])
+    row = np.concatenate([p[3] for p in parts])
+    inst = np.concatenate([np.full(len(p[0]), j, dtype=np.int64) for j, p in enumerate(parts)])
+    place = np.concatenate([np.arange(len(p[0])) for p in parts])
+    o = np.lexsort((place, inst, prio, ts))
+    ts, prio, kind, row, inst = ts[o], prio[o], kind[o], row[o], inst[o]
+    del parts, place, o
+    if dues is None:
+        return ts, prio, kind, row, inst
+    pos = np.flatnonzero(kind == 2)  # books at the engine, in the order they arrive
+    offset = np.concatenate([[0], np.cumsum([len(d) for d in dues])[:-1]]).astype(np.int64)
+    due = np.concatenate(dues)[offset[inst[pos]] + row[pos]]
+    key = np.concatenate([np.arange(len(ts)), pos])
+    all_ts = np.concatenate([ts, due])
+    all_prio = np.concatenate([prio, np.full(len(pos), PRIO_LABEL, dtype=prio.dtype)])
+    o = np.lexsort((key, all_prio, all_ts))
+    return (
+        all_ts[o],
+        all_prio[o],
+        np.concatenate([kind, np.full(len(pos), 4, dtype=kind.dtype)])[o],
+        np.concatenate([row, row[pos]])[o],
+        np.concatenate([inst, inst[pos]])[o],
+    )
+
+
+def portfolio_unsupported(cfg: ReplayConfig, features: str) -> str:
+    """Why a portfolio replay runs on the per-event driver, where the config alone says ("" when the
+    compiled loop may run it)."""
+    if why := config_unsupported(cfg):
+        return why
+    if cfg.kev_hub:
+        return "Kev as the portfolio hub"
+    if features != "v0" or cfg.laya_mode != "batch":
+        return "labels other than batch v0"
+    if Engine.uses_trades:
+        return "an engine that reads public trades"
+    for spec in (cfg.latency_order_entry, cfg.latency_order_response, cfg.latency_cancel, cfg.latency_laya):
+        if spec.startswith("recorded:"):  # one table for every instrument, looked up in the order asked
+            return "recorded latencies"
+    return ""
+
+
 class _Clamped:
     """The feed floors of every instrument's tape, summed (what ``_finish`` reports)."""
 
@@ -155,7 +214,10 @@ def run_portfolio(
     out_dir: Path | str | None,
     overwrite: bool,
     progress: bool,
+    kernel: bool = True,
 ) -> RunResult:
+    """``kernel``: the compiled loop where it reproduces the configuration (it raises
+    KernelUnsupported for what only shows mid-setup: the caller reruns it per event)."""
     t0 = time.perf_counter()
     symbols = list(cfg.symbols)
     session = open_session(session_dir)
@@ -204,6 +266,20 @@ def run_portfolio(
         tables.append((books, trades))
     del books_all, trades_all
 
+    why = portfolio_unsupported(cfg, features) if kernel else "kernel=False"
+    if not why:
+        dues = [
+            _label_due(t, latency(cfg.latency_laya, _rng(cfg.seed, 3, j), cfg.scale_laya, "latency_laya"))
+            for j, t in enumerate(tapes)
+        ]
+        if any(d is None for d in dues):
+            why = "a Laya latency drawn below zero"
+        else:
+            return _run_compiled(
+                session, cfg, laya, tapes, tables, [d for d in dues if d is not None], quarantine,
+                latency, out_dir=out_dir, overwrite=overwrite, progress=progress, t0=t0,
+            )  # fmt: skip
+
     # The merged walk: each tape's own order (exchange books and trades, engine books), then all of
     # them by (ts, priority, instrument, place in the tape's order).
     parts = [t.order(None, engine_trades=False) for t in tapes]
@@ -233,11 +309,10 @@ def run_portfolio(
         hub=bool(cfg.kev_hub),
         pair_half_life_ns=cfg.pair_half_life_ms * 1_000_000,
     )
-    base = engine_config_from(cfg, symbol=symbols[0], contract=cfg.contract)
-    mids = [_first_mid(b) for b, _ in tables]
+    configs = _instrument_configs(session, cfg, symbols, tables)
     exchanges: list[SimExchange] = []
     engines: list[Engine] = []
-    for j, sym in enumerate(symbols):
+    for j in range(len(symbols)):
         books, trades = tables[j]
         tape = tapes[j]
         if features == "v1":
@@ -247,22 +322,9 @@ def run_portfolio(
             labeler = _BatchLabeler(tape.b_seq, labels, probs, clock)
         else:
             labeler = _tick_labeler(laya)
-        rng_order, rng_response, rng_cancel = (_rng(cfg.seed, c, j) for c in (4, 5, 6))
-        exchange = SimExchange(
-            clock,
-            fill_model=FILL_MODELS[cfg.fill_model](),
-            entry_latency=latency(cfg.latency_order_entry, rng_order, cfg.scale_order, "order entry"),
-            response_latency=latency(
-                cfg.latency_order_response, rng_response, cfg.scale_order, "latency_order_response"
-            ),
-            cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
-        )
-        contract = recorded_contract(session.manifest, books, trades, cfg.contract)
-        given = cfg.instruments.get(sym, {})
-        ratio = 1.0 if j == 0 else mids[0] / mids[j]  # then the named settings over the scaled ones
-        ecfg = instrument_config(scaled_config(dataclasses.replace(base, symbol=sym), contract, ratio), given)
+        exchange = _exchange(cfg, clock, latency, j)
         engine = Engine(
-            ecfg,
+            configs[j],
             clock=clock,
             log=log,
             labeler=labeler,
@@ -315,8 +377,133 @@ def run_portfolio(
             bar.close()
     n_books = sum(len(t.b_seq) for t in tapes)
     n_trades = sum(len(t.t_seq) for t in tapes)
-    path = f"python (a portfolio of {len(symbols)}: the engine driven per event)"
+    path = f"python (a portfolio of {len(symbols)}, the engine driven per event: {why})"
     return _finish(
         tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path, quarantine,
         _Clamped(tapes), kev,
     )  # fmt: skip
+
+
+def _exchange(cfg: ReplayConfig, clock: ReplayClock, latency: Any, j: int) -> SimExchange:
+    """Instrument ``j``'s simulated exchange, its order latencies drawn from its own streams."""
+    rng_order, rng_response, rng_cancel = (_rng(cfg.seed, c, j) for c in (4, 5, 6))
+    return SimExchange(
+        clock,
+        fill_model=FILL_MODELS[cfg.fill_model](),
+        entry_latency=latency(cfg.latency_order_entry, rng_order, cfg.scale_order, "order entry"),
+        response_latency=latency(
+            cfg.latency_order_response, rng_response, cfg.scale_order, "latency_order_response"
+        ),
+        cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
+    )
+
+
+def _instrument_configs(
+    session: Any, cfg: ReplayConfig, symbols: list[str], tables: list[tuple[pa.Table, pa.Table]]
+) -> list[EngineConfig]:
+    """Each instrument's engine config: the replay's, with its contract, sizes scaled to the first
+    instrument's notional, then the settings named for it."""
+    base = engine_config_from(cfg, symbol=symbols[0], contract=cfg.contract)
+    mids = [_first_mid(b) for b, _ in tables]
+    out = []
+    for j, sym in enumerate(symbols):
+        books, trades = tables[j]
+        contract = recorded_contract(session.manifest, books, trades, cfg.contract)
+        ratio = 1.0 if j == 0 else mids[0] / mids[j]  # then the named settings over the scaled ones
+        scaled = scaled_config(dataclasses.replace(base, symbol=sym), contract, ratio)
+        out.append(instrument_config(scaled, cfg.instruments.get(sym, {})))
+    return out
+
+
+def _run_compiled(
+    session: Any,
+    cfg: ReplayConfig,
+    laya: Laya,
+    tapes: list[_Tape],
+    tables: list[tuple[pa.Table, pa.Table]],
+    dues: list[np.ndarray],
+    quarantine: _Quarantine,
+    latency: Any,
+    *,
+    out_dir: Path | str | None,
+    overwrite: bool,
+    progress: bool,
+    t0: float,
+) -> RunResult:
+    """The portfolio on the compiled loop: a core and a simulated exchange per instrument."""
+    symbols = list(cfg.symbols)
+    walk = portfolio_walk(tapes, dues)
+    del dues
+    clock = ReplayClock(start_ns=int(walk[0][0]))
+    run_dir = _run_dir(session.root, cfg, out_dir)
+    tmp = _start_run_dir(run_dir, overwrite)
+    log = EventLog(tmp / "events")
+    advisor, kev = _kev_backend(cfg, clock)
+    configs = _instrument_configs(session, cfg, symbols, tables)
+    labels, probs = [], []
+    runs: list[KernelRun] = []
+    try:
+        built = []
+        for j in range(len(symbols)):
+            lab, pr = _batch_v0(laya, tables[j][0])
+            labels.append(lab)
+            probs.append(pr)
+            exchange = _exchange(cfg, clock, latency, j)
+            engine = Engine(
+                configs[j],
+                clock=clock,
+                log=log,
+                labeler=_no_labeler,
+                kev=kev,
+                execution=exchange,
+                advisor_name=advisor.name,
+            )
+            if why := unsupported(cfg, engine, exchange, advisor, True):
+                raise KernelUnsupported(why)
+            built.append((engine, exchange))
+        # after every Engine: the first run's output streams are the ones the log reads
+        for sym, (engine, exchange) in zip(symbols, built, strict=True):
+            share = runs[0] if runs else None
+            runs.append(KernelRun.for_replay(cfg, engine, exchange, advisor, log, sym, share=share))
+        del tables[:]
+        label_cols = LabelColumns.of_instruments(
+            log,
+            symbols,
+            [t.b_evt for t in tapes],
+            [t.b_seq for t in tapes],
+            [t.b_loc for t in tapes],
+            labels,
+            probs,
+        )
+        bar = _progress(progress, len(walk[0]))
+        try:
+            fast_path.run_portfolio_kernel(
+                PortfolioRun(runs),
+                walk,
+                [t.levels for t in tapes],
+                [t.b_loc for t in tapes],
+                labels,
+                probs,
+                [(t.t_px, t.t_sz, t.t_side_codes()) for t in tapes],
+                label_cols.add_many,
+                bar,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+    except BaseException:
+        log.abandon()
+        raise
+    finally:
+        kev.close()
+    n_books = sum(len(t.b_seq) for t in tapes)
+    n_trades = sum(len(t.t_seq) for t in tapes)
+    path = f"kernel (a portfolio of {len(symbols)})"
+    return _finish(
+        tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path, quarantine,
+        _Clamped(tapes), kev,
+    )  # fmt: skip
+
+
+def _no_labeler(book: BookSnapshot) -> tuple[int, np.ndarray]:
+    raise AssertionError("the compiled loop labels the books itself")

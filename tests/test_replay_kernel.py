@@ -303,6 +303,18 @@ def test_loss_stop_and_fees_are_identical(session, tmp_path):
     assert "loss_stop" in set(_column(py.run_dir, "risk", "reason"))
 
 
+def test_a_rule_command_the_schema_refuses_is_refused_on_the_kernel_too(session, tmp_path):
+    # A position limit beyond the command's own bound (10 units): the rule leans past it, the schema
+    # refuses the command, and the engine goes on without it, on either path.
+    risk = RiskLimits(max_position=40.0, max_order_qty=40.0, daily_loss_stop_usd=1e9)
+    cfg = ReplayConfig(seed=4, risk=risk)
+    py, _ = _same(session, cfg, tmp_path, "schema")
+    failures = _column(py.run_dir, "kev_response", "failure")
+    assert "schema" in failures and "" in failures
+    errors = {e for e in _column(py.run_dir, "kev_response", "error") if e}
+    assert any(e.startswith("target_position ") and e.endswith("outside [-10.0, 10.0]") for e in errors)
+
+
 def _column(run_dir: Path, stream: str, name: str) -> list:
     import pyarrow.parquet as pq
 

@@ -36,9 +36,73 @@ def test_a_portfolio_of_one_instrument_replays_to_the_single_instrument_run(pair
         pair, ReplayConfig(symbol="ETHUSDT", contract=eth), out_dir=tmp_path / "a", kernel=False
     )
     one = run_replay(pair, ReplayConfig(symbols=("ETHUSDT",)), out_dir=tmp_path / "b")
-    assert one.path.startswith("python (a portfolio of 1")
+    assert one.path == "kernel (a portfolio of 1)"
     assert one.counts["fill"] > 0 and one.counts["command"] > 0
     assert one.digest == single.digest
+    per_event = run_replay(pair, ReplayConfig(symbols=("ETHUSDT",)), out_dir=tmp_path / "c", kernel=False)
+    assert per_event.path.startswith("python (a portfolio of 1")
+    assert per_event.digest == single.digest
+
+
+# Configurations the compiled portfolio loop runs: each must give the per-event engine's events.
+COMPILED = {
+    "default": {},
+    "drawn latencies": dict(
+        latency_order_entry="lognormal:p5=2ms,p95=8ms",
+        latency_order_response="lognormal:p5=1ms,p95=9ms",
+        latency_cancel="lognormal:p5=1ms,p95=3ms",
+        latency_laya="lognormal:p5=100us,p95=400us",
+    ),
+    "portfolio limits, Kev in flight": dict(
+        risk=RiskLimits(portfolio_max_net_delta_usd=500.0, portfolio_loss_stop_usd=20.0),
+        kev_max_in_flight=3,
+        kev_queue_policy="fifo",
+    ),
+    "touch fills, Kev timeouts": dict(
+        seed=5, fill_model="touch", kev_lag_p5_ms=1.0, kev_lag_p95_ms=3000.0, kev_timeout_ms=300
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPILED))
+def test_the_compiled_loop_replays_a_portfolio_as_the_engine_driven_per_event(pair, tmp_path, name):
+    cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), **COMPILED[name])
+    k = run_replay(pair, cfg, out_dir=tmp_path / "k")
+    p = run_replay(pair, cfg, out_dir=tmp_path / "p", kernel=False)
+    assert k.path == "kernel (a portfolio of 2)"
+    assert p.path.startswith("python (a portfolio of 2")
+    assert k.counts == p.counts
+    assert k.digest == p.digest
+    run = k.run_dir
+    # both instruments traded, and an EMERGENCY label of one pulled the other's quotes too
+    assert _q(run, "select count(distinct symbol) from 'EV/fill.parquet'") == [(2,)]
+    assert _q(run, "select count(*) from 'EV/label.parquet' where label = 'EMERGENCY'")[0][0] > 0
+    if name == "portfolio limits, Kev in flight":
+        bound = _q(run, "select distinct reason from 'EV/risk.parquet' where not accepted")
+        assert any("portfolio" in r for (r,) in bound), bound
+
+
+def test_a_kev_cassette_replays_a_portfolio_on_the_compiled_loop(pair, tmp_path):
+    """Kev answered from Python at the loop's stops (a cassette, not the compiled rule)."""
+    cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"))
+    rec = run_replay(pair, cfg, out_dir=tmp_path / "rec")
+    cas = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), kev_mode="cassette", kev_cassette=str(rec.run_dir))
+    k = run_replay(pair, cas, out_dir=tmp_path / "k")
+    p = run_replay(pair, cas, out_dir=tmp_path / "p", kernel=False)
+    assert k.path == "kernel (a portfolio of 2)"
+    assert k.digest == p.digest
+    assert k.counts["command"] == rec.counts["command"] > 0
+
+
+def test_what_the_compiled_loop_does_not_run_is_driven_per_event_and_says_why(pair, tmp_path):
+    hub = run_replay(
+        pair, ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), kev_hub="pairs"), out_dir=tmp_path / "h"
+    )
+    assert hub.path == "python (a portfolio of 2, the engine driven per event: Kev as the portfolio hub)"
+    tick = run_replay(
+        pair, ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), laya_mode="tick"), out_dir=tmp_path / "t"
+    )
+    assert "labels other than batch v0" in tick.path
 
 
 def test_two_instruments_trade_as_one_portfolio(pair, tmp_path):
@@ -114,6 +178,8 @@ def test_the_eight_symbol_bitget_capture_replays_as_one_portfolio(tmp_path):
         risk=RiskLimits(max_order_qty=0.0002, max_position=0.0004),
     )
     r = run_replay(tmp_path / "s", cfg, out_dir=tmp_path / "r")
+    assert r.path == "kernel (a portfolio of 8)"
+    assert run_replay(tmp_path / "s", cfg, out_dir=tmp_path / "p", kernel=False).digest == r.digest
     run = r.run_dir
     traded = _q(run, "select count(distinct symbol) from 'EV/order.parquet' where kind = 'new'")[0][0]
     advised = _q(run, "select count(distinct symbol) from 'EV/command.parquet'")[0][0]
