@@ -365,8 +365,30 @@ def _core(I1, F1, I2, F2, j):
     )  # fmt: skip
 
 
+@njit(inline="always")
+def _top(TOP, j, S, HI):
+    """Note instrument j's next timer (time, priority, seq) in TOP[j], after a step that may have moved
+    it: the loop picks the next timer from TOP without reaching into every core."""
+    if S[S_HEAP_N] == 0:
+        TOP[j, 0] = 0
+    else:
+        TOP[j, 0] = 1
+        TOP[j, 1] = HI[0, 0]
+        TOP[j, 2] = HI[0, 1]
+        TOP[j, 3] = HI[0, 2]
+
+
 @njit
-def _due(I1, I2, n, t, p, bounded):
+def _tops(I1, I2, n):
+    """Every instrument's next timer (Python may have scheduled some between two calls)."""
+    TOP = np.zeros((n, 4), dtype=np.int64)
+    for j in range(n):
+        _top(TOP, j, I1[j * CORE_I1], I2[j * CORE_I2 + 2])
+    return TOP
+
+
+@njit(inline="always")
+def _due(TOP, n, t, p, bounded):
     """The instrument whose next timer runs first (the least (time, priority, seq) over every core's
     heap), or -1 when none has one (``bounded``: none that sorts before the walk entry at (t, p))."""
     best = -1
@@ -374,10 +396,9 @@ def _due(I1, I2, n, t, p, bounded):
     bp = 0
     bs = 0
     for j in range(n):
-        if I1[j * CORE_I1][S_HEAP_N] == 0:
+        if TOP[j, 0] == 0:
             continue
-        HI = I2[j * CORE_I2 + 2]
-        ht, hp, hs = HI[0, 0], HI[0, 1], HI[0, 2]
+        ht, hp, hs = TOP[j, 1], TOP[j, 2], TOP[j, 3]
         if best < 0 or ht < bt or (ht == bt and (hp < bp or (hp == bp and hs < bs))):
             best, bt, bp, bs = j, ht, hp, hs
     if best >= 0 and bounded and not (bt < t or (bt == t and bp < p)):
@@ -385,7 +406,7 @@ def _due(I1, I2, n, t, p, bounded):
     return best
 
 
-@njit
+@njit(inline="always")
 def _enter(j, n, S, SF, NOUT, PI, PF, before):
     """Before a step of instrument j: the portfolio's counters and risk view, and the rows before it
     (another instrument's, handed on already)."""
@@ -396,14 +417,14 @@ def _enter(j, n, S, SF, NOUT, PI, PF, before):
             before[s] = NOUT[s]
 
 
-@njit
+@njit(inline="always")
 def _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before):
     if n > 1:
         tag_rows(OUTI, NOUT, before, j)
         pf_leave(PI, PF, j, S, eng_book)
 
 
-@njit
+@njit(inline="always")
 def _stop(j, S, PI):
     """ST_DONE after a step of instrument j, or the stop it needs now: its rows ask Kev (answered before
     any other step: Kev's lags are drawn in the order the instruments ask), or it cannot go on."""
@@ -415,12 +436,10 @@ def _stop(j, S, PI):
     return ST_DONE
 
 
-@njit
-def _timer_pf(j, n, I1, F1, I2, F2, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before):
-    """The next timer of instrument j's heap."""
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = _core(
-        I1, F1, I2, F2, j
-    )
+@njit(inline="always")
+def _timer_pf(j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP):
+    """The next timer of instrument j's heap (``core``: its arrays)."""
+    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
     if n > 1:
         pf_enter(PI, PF, j, S, SF)
     st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
@@ -435,7 +454,20 @@ def _timer_pf(j, n, I1, F1, I2, F2, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap,
         x_book, BL[j], lags, OUTI, OUTF, NOUT, lpx, lq,
     )  # fmt: skip
     _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
+    _top(TOP, j, S, HI)
     return _stop(j, S, PI)
+
+
+@njit(inline="always")
+def _room(o, n, core, PI, PF, NOUT, out_cap, lags):
+    """Room for a step of instrument o (``core``: its arrays), or the stop that makes it."""
+    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
+    if n > 1:
+        pf_enter(PI, PF, o, S, SF)
+    st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
+    if st != ST_DONE:
+        PI[PI_CUR] = o
+    return st
 
 
 @njit
@@ -452,55 +484,45 @@ def run_pf(
     lpx = np.zeros(16, dtype=np.float64)
     lq = np.zeros(16, dtype=np.float64)
     before = np.zeros(NOUT.shape[0], dtype=np.int64)
+    TOP = _tops(I1, I2, n)
+    # The core last stepped: a typed list hands out an array per call (tens of ns each, 18 per core),
+    # and a session's entries come in runs of one instrument.
+    cur = 0
+    core = _core(I1, F1, I2, F2, 0)
     i = PI[PI_WALK]
     while i < walk_end:
         t = walk_ts[i]
         p = walk_prio[i]
         while True:  # timers that sort before this entry
-            j = _due(I1, I2, n, t, p, True)
+            j = _due(TOP, n, t, p, True)
             if j < 0:
                 break
+            if j != cur:
+                cur = j
+                core = _core(I1, F1, I2, F2, j)
             st = _timer_pf(
-                j, n, I1, F1, I2, F2, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before
+                j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
             )
             if st != ST_DONE:
                 return st
         j = walk_inst[i]
         k = walk_kind[i]
         r = walk_row[i]
-        S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = (
-            _core(I1, F1, I2, F2, j)
-        )
+        if j != cur:
+            cur = j
+            core = _core(I1, F1, I2, F2, j)
         # An EMERGENCY label pulls every instrument's quotes: each needs room for its cancels first.
         pull = k == 4 and n > 1 and LB[j][r] == L_EMERGENCY
         for o in range(n):
-            if o == j or pull:
-                (
-                    So,
-                    SFo,
-                    Co,
-                    CFo,
-                    OIo,
-                    OFo,
-                    RIo,
-                    RFo,
-                    HIo,
-                    HFo,
-                    worko,
-                    resto,
-                    kqo,
-                    inflo,
-                    reco,
-                    ebo,
-                    xbo,
-                    olo,
-                ) = _core(I1, F1, I2, F2, o)
-                if n > 1:
-                    pf_enter(PI, PF, o, So, SFo)
-                st = _headroom(So, OIo, RIo, HIo, NOUT, out_cap, lags, olo, worko, inflo)
-                if st != ST_DONE:
-                    PI[PI_CUR] = o
-                    return st
+            if o == j:
+                st = _room(o, n, core, PI, PF, NOUT, out_cap, lags)
+            elif pull:
+                st = _room(o, n, _core(I1, F1, I2, F2, o), PI, PF, NOUT, out_cap, lags)
+            else:
+                continue
+            if st != ST_DONE:
+                return st
+        S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
         _enter(j, n, S, SF, NOUT, PI, PF, before)
         S[S_NOW] = t
         if k == 0:  # book at the exchange
@@ -533,24 +555,11 @@ def run_pf(
         elif k == 1:  # trade at the exchange
             if S[S_NREST] > 0:
                 _x_on_trade(
-                    S,
-                    SF,
-                    C,
-                    CF,
-                    OI,
-                    OF,
-                    HI,
-                    HF,
-                    olat,
-                    rest,
-                    TPX[j][r],
-                    TSZ[j][r],
-                    TSD[j][r],
-                    OUTI,
-                    OUTF,
+                    S, SF, C, CF, OI, OF, HI, HF, olat, rest, TPX[j][r], TSZ[j][r], TSD[j][r], OUTI, OUTF,
                     NOUT,
-                )
+                )  # fmt: skip
         _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
+        _top(TOP, j, S, HI)
         st = _stop(j, S, PI)
         if st == ST_UNSUPPORTED:
             return st
@@ -558,31 +567,15 @@ def run_pf(
             for o in range(n):
                 if o == j:
                     continue
-                (
-                    So,
-                    SFo,
-                    Co,
-                    CFo,
-                    OIo,
-                    OFo,
-                    RIo,
-                    RFo,
-                    HIo,
-                    HFo,
-                    worko,
-                    resto,
-                    kqo,
-                    inflo,
-                    reco,
-                    ebo,
-                    xbo,
-                    olo,
-                ) = _core(I1, F1, I2, F2, o)
+                So, SFo, Co, _, OIo, OFo, _, _, HIo, HFo, worko, _, _, _, _, ebo, _, olo = _core(
+                    I1, F1, I2, F2, o
+                )
                 _enter(o, n, So, SFo, NOUT, PI, PF, before)
                 So[S_NOW] = t
                 step_pull(So, Co, OIo, OFo, HIo, HFo, olo, worko, OUTI, OUTF, NOUT)
                 forward(So, Co, OIo, HIo, HFo, olo, OUTI, NOUT)
                 _leave(o, n, So, ebo, OUTI, NOUT, PI, PF, before)
+                _top(TOP, o, So, HIo)
         i += 1
         PI[PI_WALK] = i
         if st != ST_DONE:  # Kev asked: answered before the next step
@@ -599,12 +592,14 @@ def run_all_pf(I1, F1, I2, F2, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap):
     lpx = np.zeros(16, dtype=np.float64)
     lq = np.zeros(16, dtype=np.float64)
     before = np.zeros(NOUT.shape[0], dtype=np.int64)
+    TOP = _tops(I1, I2, n)
     while True:
-        j = _due(I1, I2, n, 0, 0, False)
+        j = _due(TOP, n, 0, 0, False)
         if j < 0:
             return ST_DONE
+        core = _core(I1, F1, I2, F2, j)
         st = _timer_pf(
-            j, n, I1, F1, I2, F2, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before
+            j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
         )
         if st != ST_DONE:
             return st
