@@ -214,6 +214,29 @@ class Session:
                 raise SessionError(f"{f}: cannot read it ({first_line(e)})") from None
         return pa.concat_tables(tables)
 
+    def read_symbols(self, stream: str, symbols: list[str]) -> list[pa.Table]:
+        """Each symbol's rows of ``stream``, in the files' order: read a row group at a time and split,
+        so the session's whole table never sits in memory beside the symbols' (a portfolio of all of
+        a session's symbols would hold its data twice)."""
+        files = self.files(stream)
+        schema = STREAMS[stream].schema
+        parts: list[list[pa.Table]] = [[] for _ in symbols]
+        for f in files:
+            pf = open_parquet(f, schema)
+            try:
+                for g in range(pf.metadata.num_row_groups):
+                    t = pf.read_row_group(g, columns=schema.names).cast(schema)
+                    col = t.column("symbol")
+                    for j, sym in enumerate(symbols):
+                        mask = pc.equal(col, sym)
+                        if pc.all(mask).as_py():
+                            parts[j].append(t)
+                        elif pc.any(mask).as_py():
+                            parts[j].append(t.filter(mask))
+            except (pa.ArrowException, OSError) as e:
+                raise SessionError(f"{f}: cannot read it ({first_line(e)})") from None
+        return [pa.concat_tables(p) if p else schema.empty_table() for p in parts]
+
     def read_events(self, stream: str) -> list[Any]:
         return table_to_events(self.read_table(stream), stream)
 

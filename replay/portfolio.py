@@ -52,7 +52,6 @@ from replay.driver import (
     _BatchLabeler,
     _checked_latency,
     _finish,
-    _for_symbol,
     _kev_backend,
     _label_due,
     _lag_model,
@@ -231,9 +230,11 @@ def run_portfolio(
         )
     features = laya.feature_version
     feed_clock = FeedClock.of_session(session.manifest)
-    books_all = session.read_table("books15")
-    trades_all = (
-        session.read_table("trade") if "trade" in session.streams else STREAMS["trade"].schema.empty_table()
+    books_of = session.read_symbols("books15", symbols)
+    trades_of = (
+        session.read_symbols("trade", symbols)
+        if "trade" in session.streams
+        else [STREAMS["trade"].schema.empty_table()] * len(symbols)
     )
     quarantine = _Quarantine()
 
@@ -253,7 +254,7 @@ def run_portfolio(
     tapes: list[_Tape] = []
     tables: list[tuple[pa.Table, pa.Table]] = []
     for j, sym in enumerate(symbols):
-        books, trades = _for_symbol(books_all, sym), _for_symbol(trades_all, sym)
+        books, trades = books_of[j], trades_of[j]
         if books.num_rows == 0:
             raise DualhubError(f"{session.root} has no books15 rows for {sym}")
         books, trades = quarantine.check(session.root, sym, books, trades)
@@ -264,7 +265,6 @@ def run_portfolio(
         )
         tapes.append(_Tape(books, trades, feed, cfg.scale_feed, cfg.exchange_feed, None, feed_clock))
         tables.append((books, trades))
-    del books_all, trades_all
 
     why = portfolio_unsupported(cfg, features) if kernel else "kernel=False"
     if not why:

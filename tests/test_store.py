@@ -32,6 +32,21 @@ def test_session_roundtrip_with_rotation_and_manifest(tmp_path):
     assert s.read_events("trade") == [_trade(0), _trade(1)]
 
 
+def test_each_symbols_rows_are_read_apart_in_the_files_order(tmp_path):
+    import dataclasses
+
+    w = SessionWriter(tmp_path / "s", source="test", symbols=["BTCUSDT", "ETHUSDT"], rows_per_part=3)
+    syms = ["BTCUSDT", "ETHUSDT", "ETHUSDT", "BTCUSDT", "ETHUSDT", "ETHUSDT", "ETHUSDT"]
+    w.add_all(dataclasses.replace(_trade(i), symbol=s) for i, s in enumerate(syms))
+    w.close()
+    s = open_session(tmp_path / "s")
+    btc, eth, sol = s.read_symbols("trade", ["BTCUSDT", "ETHUSDT", "SOLUSDT"])
+    assert btc.column("seq").to_pylist() == [0, 3]
+    assert eth.column("seq").to_pylist() == [1, 2, 4, 5, 6]  # a part wholly ETHUSDT's is taken whole
+    assert sol.num_rows == 0 and sol.schema == STREAMS["trade"].schema
+    assert table_to_events(btc, "trade") == [_trade(0), _trade(3)]
+
+
 def test_books_are_wide_typed_columns_readable_by_duckdb_and_polars(tmp_path):
     w = SessionWriter(tmp_path / "s", source="test", symbols=["BTCUSDT"])
     w.add_all(make_book(100.0, 100.1, ts=i, seq=i, levels=3) for i in range(4))
