@@ -341,13 +341,13 @@ def _timer(
 
 
 # ---------------------------------------------------------------- several instruments
-# A portfolio's loop (replay/portfolio_kernel.py drives it): one walk merging every instrument's
-# entries (walk_inst names each one's instrument), a core per instrument, one output buffer, and the
-# portfolio's shared counters and risk view (PI, PF: engine/kernel.py). Each core's arrays come in four
-# typed lists, CORE_* places apart: per instrument j, I1[j * 7 + 0] is its S, and so on (_core). Around
-# every step of instrument j: pf_enter, the step, its rows tagged j, pf_leave, as the per-event engine
-# does (engine/core.py). The timers of every core run in one order: the least (time, priority, seq)
-# first, the seq shared (PI_SEQ), as on one clock.
+# A portfolio's loop (replay/fast_path.py run_portfolio_kernel drives it): one walk merging every
+# instrument's entries (walk_inst names each one's instrument), a core per instrument, one output
+# buffer, and the portfolio's shared counters and risk view (PI, PF: engine/kernel.py). Each core's
+# arrays come in four typed lists, CORE_* places apart: per instrument j, I1[j * 7 + 0] is its S, and
+# so on (_core). Around every step of instrument j: pf_enter, the step, its rows tagged j, pf_leave,
+# as the per-event engine does (engine/core.py). The timers of every core run in one order: the least
+# (time, priority, seq) first, the seq shared (PI_SEQ), as on one clock.
 CORE_I1, CORE_F1, CORE_I2, CORE_F2 = 7, 4, 4, 3
 
 
