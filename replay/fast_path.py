@@ -344,25 +344,32 @@ class PortfolioRun:
         for r in runs:
             r.lags = self.lags
         self.lists: tuple[Any, ...] = ()
-        self._stale = True
+        self._made_of: tuple[int, ...] = ()
+
+    @staticmethod
+    def _arrays(r: KernelRun) -> tuple[tuple[np.ndarray, ...], ...]:
+        return (
+            (r.S, r.C, r.work, r.rest, r.kq, r.inflight, r.recent),
+            (r.SF, r.CF, r.eng_book, r.x_book),
+            (r.OI, r.RI, r.HI, r.olat),
+            (r.OF, r.RF, r.HF),
+        )
 
     def core_lists(self) -> tuple[Any, ...]:
-        """Every core's arrays as the loop's four typed lists (kernel.CORE_*), remade after growth."""
-        if self._stale:
+        """Every core's arrays as the loop's four typed lists (kernel.CORE_*), remade when any of them is
+        another array than the lists hold (a table grew, latencies were drawn: whatever the stop). The
+        lists keep the arrays they hold alive, so an id cannot be reused while it is compared."""
+        made_of = tuple(id(a) for r in self.runs for group in self._arrays(r) for a in group)
+        if made_of != self._made_of:
             from numba.typed import List
 
-            I1, F1, I2, F2 = List(), List(), List(), List()
+            lists: tuple[Any, ...] = (List(), List(), List(), List())
             for r in self.runs:
-                for a in (r.S, r.C, r.work, r.rest, r.kq, r.inflight, r.recent):
-                    I1.append(a)
-                for a in (r.SF, r.CF, r.eng_book, r.x_book):
-                    F1.append(a)
-                for a in (r.OI, r.RI, r.HI, r.olat):
-                    I2.append(a)
-                for a in (r.OF, r.RF, r.HF):
-                    F2.append(a)
-            self.lists = (I1, F1, I2, F2)
-            self._stale = False
+                for out, group in zip(lists, self._arrays(r), strict=True):
+                    for a in group:
+                        out.append(a)
+            self.lists = lists
+            self._made_of = made_of
         return self.lists
 
     def _more_lags(self) -> None:
@@ -387,8 +394,6 @@ class PortfolioRun:
         again = run.handle(status)
         if status == K.ST_NEED_KEV:  # Python drew its lags: the shared count moves on
             self.PI[K.PI_LAG_USED] = run.S[K.S_LAG_USED]
-        elif status not in (K.ST_DONE, K.ST_OUT_FULL):
-            self._stale = True  # a table grew, or new latencies were drawn: new arrays
         return again
 
 

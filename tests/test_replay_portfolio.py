@@ -82,6 +82,34 @@ def test_the_compiled_loop_replays_a_portfolio_as_the_engine_driven_per_event(pa
         assert any("portfolio" in r for (r,) in bound), bound
 
 
+def test_stopping_and_resuming_the_portfolio_loop_changes_nothing(pair, tmp_path, monkeypatch):
+    """Tiny buffers, tables and walk chunks: the loop stops for room, growth and Kev lags all the time,
+    and tables of either instrument grow mid-run (the loop must pick up the new arrays)."""
+    from engine import kernel as K
+    from replay import fast_path
+
+    cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), seed=3, kev_max_in_flight=2)
+    whole = run_replay(pair, cfg, out_dir=tmp_path / "whole")
+    monkeypatch.setattr(fast_path, "OUT_CAP", K.MARGIN + 40)
+    monkeypatch.setattr(fast_path, "WALK_CHUNK", 700)
+    monkeypatch.setattr(fast_path, "INITIAL_ROWS", K.MARGIN + 8)
+    monkeypatch.setattr(fast_path, "LAG_BATCH", 3)
+    handle, grown = fast_path.KernelRun.handle, []
+
+    def handle_and_grow(self, status):  # at any stop, not only a stop for growth
+        if len(grown) < 4 and int(self.S[K.S_OID]) > 150 * (len(grown) + 1):
+            self._grow_orders()
+            self._grow_work()
+            grown.append(self.symbol)
+        return handle(self, status)
+
+    monkeypatch.setattr(fast_path.KernelRun, "handle", handle_and_grow)
+    small = run_replay(pair, cfg, out_dir=tmp_path / "small")
+    assert len(grown) == 4
+    assert small.path == "kernel (a portfolio of 2)"
+    assert small.digest == whole.digest
+
+
 def test_a_kev_cassette_replays_a_portfolio_on_the_compiled_loop(pair, tmp_path):
     """Kev answered from Python at the loop's stops (a cassette, not the compiled rule)."""
     cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"))
