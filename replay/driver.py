@@ -687,6 +687,27 @@ def _walk(*cols: np.ndarray, bar: Any = None, chunk: int = 65_536) -> Iterator[I
         yield zip(*(c[start : start + chunk].tolist() for c in cols), strict=True)
 
 
+def _sim_exchange(
+    cfg: ReplayConfig,
+    clock: ReplayClock,
+    latency: Callable[[str, np.random.Generator, float, str], LatencyModel],
+    rng_order: np.random.Generator,
+    rng_response: np.random.Generator,
+    rng_cancel: np.random.Generator,
+) -> SimExchange:
+    """The simulated exchange of a replay (of one instrument of a portfolio), its order latencies drawn
+    from the streams given."""
+    return SimExchange(
+        clock,
+        fill_model=FILL_MODELS[cfg.fill_model](),
+        entry_latency=latency(cfg.latency_order_entry, rng_order, cfg.scale_order, "order entry"),
+        response_latency=latency(
+            cfg.latency_order_response, rng_response, cfg.scale_order, "latency_order_response"
+        ),
+        cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
+    )
+
+
 def _for_symbol(table: pa.Table, symbol: str) -> pa.Table:
     mask = pc.equal(table.column("symbol"), symbol)
     if pc.all(mask).as_py() is not False:  # one-symbol session: no copy (a 1M-book filter is ~500 MB)
@@ -971,15 +992,7 @@ def _run_replay(
     tmp = _start_run_dir(run_dir, overwrite)
     log = EventLog(tmp / "events")
     advisor, kev = _kev_backend(cfg, clock)
-    exchange = SimExchange(
-        clock,
-        fill_model=FILL_MODELS[cfg.fill_model](),
-        entry_latency=latency(cfg.latency_order_entry, rng_order, cfg.scale_order, "order entry"),
-        response_latency=latency(
-            cfg.latency_order_response, rng_response, cfg.scale_order, "latency_order_response"
-        ),
-        cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
-    )
+    exchange = _sim_exchange(cfg, clock, latency, rng_order, rng_response, rng_cancel)
     engine = Engine(
         engine_config_from(cfg, symbol=cfg.symbol, contract=cfg.contract),
         clock=clock,

@@ -437,25 +437,17 @@ def _stop(j, S, PI):
 
 
 @njit(inline="always")
-def _timer_pf(j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP):
-    """The next timer of instrument j's heap (``core``: its arrays)."""
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
-    if n > 1:
-        pf_enter(PI, PF, j, S, SF)
-    st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
-    if st != ST_DONE:
-        PI[PI_CUR] = j
-        return st
-    _enter(j, n, S, SF, NOUT, PI, PF, before)
-    _heap_pop(S, HI, HF, tmpi, tmpf)
-    S[S_NOW] = tmpi[0]
-    _timer(
-        tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
-        x_book, BL[j], lags, OUTI, OUTF, NOUT, lpx, lq,
-    )  # fmt: skip
-    _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
-    _top(TOP, j, S, HI)
-    return _stop(j, S, PI)
+def _scratch(I1, I2, n, NOUT):
+    """A portfolio loop's working arrays: a popped timer, the book walk's levels, the row counts before
+    a step, and every instrument's next timer."""
+    return (
+        np.zeros(HI_COLS, dtype=np.int64),
+        np.zeros(HF_COLS, dtype=np.float64),
+        np.zeros(16, dtype=np.float64),
+        np.zeros(16, dtype=np.float64),
+        np.zeros(NOUT.shape[0], dtype=np.int64),
+        _tops(I1, I2, n),
+    )
 
 
 @njit(inline="always")
@@ -470,6 +462,25 @@ def _room(o, n, core, PI, PF, NOUT, out_cap, lags):
     return st
 
 
+@njit(inline="always")
+def _timer_pf(j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP):
+    """The next timer of instrument j's heap (``core``: its arrays)."""
+    st = _room(j, n, core, PI, PF, NOUT, out_cap, lags)
+    if st != ST_DONE:
+        return st
+    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
+    _enter(j, n, S, SF, NOUT, PI, PF, before)
+    _heap_pop(S, HI, HF, tmpi, tmpf)
+    S[S_NOW] = tmpi[0]
+    _timer(
+        tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
+        x_book, BL[j], lags, OUTI, OUTF, NOUT, lpx, lq,
+    )  # fmt: skip
+    _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
+    _top(TOP, j, S, HI)
+    return _stop(j, S, PI)
+
+
 @njit
 def run_pf(
     walk_ts, walk_prio, walk_kind, walk_row, walk_inst, walk_end, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags,
@@ -479,12 +490,7 @@ def run_pf(
     in PI[PI_CUR]. LV[j] holds instrument j's book levels from row L0[j] on; BL, LB, PR its books'
     receive times, labels and probabilities; TPX, TSZ, TSD its trades."""
     n = PF.shape[0]
-    tmpi = np.zeros(HI_COLS, dtype=np.int64)
-    tmpf = np.zeros(HF_COLS, dtype=np.float64)
-    lpx = np.zeros(16, dtype=np.float64)
-    lq = np.zeros(16, dtype=np.float64)
-    before = np.zeros(NOUT.shape[0], dtype=np.int64)
-    TOP = _tops(I1, I2, n)
+    tmpi, tmpf, lpx, lq, before, TOP = _scratch(I1, I2, n, NOUT)
     # The core last stepped: a typed list hands out an array per call (tens of ns each, 18 per core),
     # and a session's entries come in runs of one instrument.
     cur = 0
@@ -587,12 +593,7 @@ def run_pf(
 def run_all_pf(I1, F1, I2, F2, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap):
     """The end of the tape: every instrument's pending timers, in the one order."""
     n = PF.shape[0]
-    tmpi = np.zeros(HI_COLS, dtype=np.int64)
-    tmpf = np.zeros(HF_COLS, dtype=np.float64)
-    lpx = np.zeros(16, dtype=np.float64)
-    lq = np.zeros(16, dtype=np.float64)
-    before = np.zeros(NOUT.shape[0], dtype=np.int64)
-    TOP = _tops(I1, I2, n)
+    tmpi, tmpf, lpx, lq, before, TOP = _scratch(I1, I2, n, NOUT)
     while True:
         j = _due(TOP, n, 0, 0, False)
         if j < 0:

@@ -58,6 +58,7 @@ from replay.driver import (
     _progress,
     _Quarantine,
     _run_dir,
+    _sim_exchange,
     _start_run_dir,
     _Tape,
     _tick_labeler,
@@ -68,7 +69,6 @@ from replay.fast_path import KernelRun, KernelUnsupported, PortfolioRun, config_
 from replay.label_columns import LabelColumns
 from replay.tape_stream import FeedClock
 from venue.exchange import SimExchange
-from venue.fills import FILL_MODELS
 from venue.latency import LatencyModel, ScaledLatency
 
 WALK_CHUNK = 1 << 16
@@ -386,16 +386,7 @@ def run_portfolio(
 
 def _exchange(cfg: ReplayConfig, clock: ReplayClock, latency: Any, j: int) -> SimExchange:
     """Instrument ``j``'s simulated exchange, its order latencies drawn from its own streams."""
-    rng_order, rng_response, rng_cancel = (_rng(cfg.seed, c, j) for c in (4, 5, 6))
-    return SimExchange(
-        clock,
-        fill_model=FILL_MODELS[cfg.fill_model](),
-        entry_latency=latency(cfg.latency_order_entry, rng_order, cfg.scale_order, "order entry"),
-        response_latency=latency(
-            cfg.latency_order_response, rng_response, cfg.scale_order, "latency_order_response"
-        ),
-        cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
-    )
+    return _sim_exchange(cfg, clock, latency, *(_rng(cfg.seed, c, j) for c in (4, 5, 6)))
 
 
 def _instrument_configs(
