@@ -33,7 +33,7 @@ from engine.book import imbalance_levels
 from engine.contract import round_exact, round_to_step
 from engine.exact import POW10, div_half_even, pmin, pyround  # noqa: F401 - tests call K.pyround
 from engine.jit import njit
-from engine.kev.command import TARGET_POSITION_ABS_MAX
+from engine.kev.command import TARGET_POSITION_ABS_MAX, within
 from engine.kev.queue import (  # noqa: F401 - the queue's codes, kernel names too
     POLICY_CONFLATE,
     POLICY_DROP_OLDEST,
@@ -1338,7 +1338,7 @@ def _rule_kev(RI, RF, CF, rid):
     RF[i, RF_HEDGE] = hedge
     RF[i, RF_SLIP] = slip
     # the one bound the rule's numbers can break (hedge is 0 or 1, slippage 1 to 10 bps)
-    return 1 if -TARGET_POSITION_ABS_MAX <= target <= TARGET_POSITION_ABS_MAX else 0
+    return 1 if within(target, -TARGET_POSITION_ABS_MAX, TARGET_POSITION_ABS_MAX) else 0
 
 
 @njit

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from engine.jit import njit
+
 ACTIONS: Final = ("HOLD", "LEAN_BUY", "LEAN_SELL", "EMERGENCY_FLATTEN")
 MAX_REASON_CHARS: Final = 120
 # Bounds are the command's own sanity limits; the risk gateway applies the trading limits.
@@ -52,6 +54,13 @@ class CommandFields:
     reason: str
 
 
+@njit(inline="always")
+def within(f: float, lo: float, hi: float) -> bool:
+    """A command number's range test: the gate below, and the compiled rule's verdict on its own
+    command (engine/kernel.py), which never goes through the gate."""
+    return lo <= f <= hi
+
+
 def _bounded(obj: dict[str, Any], key: str, lo: float, hi: float) -> float | str:
     v = obj[key]
     if isinstance(v, bool) or not isinstance(v, int | float):
@@ -62,7 +71,7 @@ def _bounded(obj: dict[str, Any], key: str, lo: float, hi: float) -> float | str
         return f"{key} is too large"
     if not math.isfinite(f):
         return f"{key} is not finite"
-    if not lo <= f <= hi:
+    if not within(f, lo, hi):
         return f"{key} {f} outside [{lo}, {hi}]"
     return f
 
