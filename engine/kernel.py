@@ -252,7 +252,7 @@ RF_COLS = 9
 # Timer heap: HI (ts, prio, seq, kind, a, b, c), HF (f1, f2)
 HI_COLS, HF_COLS = 7, 2
 # Order latencies drawn ahead, one row per model (each its own random stream, drawn in the order
-# SimExchange draws it): olat[OLAT_*, S[S_OLAT_USED + OLAT_*]] is the next one.
+# SimExchange draws them): olat[OLAT_*, S[S_OLAT_USED + OLAT_*]] is the next one.
 OLAT_ENTRY, OLAT_RESPONSE, OLAT_CANCEL = 0, 1, 2
 # A recorded model's row (C_OLAT_KEYED) is its whole table instead (venue.recorded_latency): the number
 # of keys n, the fallback, the misses so far, then from KEY_HEAD the n keys ascending, each key's next

@@ -1245,10 +1245,7 @@ class LiveRunner:
                     return await self.execution.cancel_everything()
             except TimeoutError:
                 return {"error": "cancel-all timed out", "left_open": "unknown: cancel-all failed: timed out"}
-        resting = {s: len(st.paper._resting) for s, st in self.syms.items() if st.paper is not None}
-        for st in self.syms.values():
-            if st.paper is not None:
-                st.paper._resting.clear()
+        resting = {s: st.paper.drop_resting() for s, st in self.syms.items() if st.paper is not None}
         return {"paper_resting_dropped": resting, "left_open": []}  # paper orders never reach a venue
 
     def _finish_files(self) -> None:

@@ -57,11 +57,11 @@ from engine.kernel import (  # noqa: F401 - tests reach some of these through th
 from venue.fills import FM_QUEUE_LOG, FM_QUEUE_POWER, FM_RISK_AVERSE, FM_THROUGH, FM_TOUCH  # noqa: F401
 from venue.kernel import (  # noqa: F401 - tests reach some of these through the loop's name
     _recorded,
-    _x_arrive,
-    _x_arrive_cancel,
-    _x_on_book,
-    _x_on_trade,
     forward,
+    x_arrive,
+    x_arrive_cancel,
+    x_on_book,
+    x_on_trade,
 )
 
 
@@ -162,7 +162,7 @@ def run(
             for c in range(60):
                 x_book[c] = levels[j, c]
             S[S_XBOOK] = 1
-            _x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, OUTI, OUTF, NOUT)
+            x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book)
         elif k == 2:  # book at the engine
             j = r - level_row0
             for c in range(60):
@@ -209,9 +209,7 @@ def run(
             forward(S, C, OI, HI, HF, olat, OUTI, NOUT)
         elif k == 1:  # trade at the exchange
             if S[S_NREST] > 0:
-                _x_on_trade(
-                    S, SF, C, CF, OI, OF, HI, HF, olat, rest, t_px[r], t_sz[r], t_side[r], OUTI, OUTF, NOUT
-                )
+                x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, t_px[r], t_sz[r], t_side[r])
         # kind 3 (trade at the engine): Engine.on_trade does nothing
         if S[S_WHY] != U_NONE:
             return ST_UNSUPPORTED
@@ -329,9 +327,9 @@ def _timer(
     if kind <= T_REPORT:
         OI[a & (OI.shape[0] - 1), OI_REFS] -= 1
     if kind == T_ARRIVE:
-        _x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, a, OUTI, OUTF, NOUT, lpx, lq)
+        x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, a, lpx, lq)
     elif kind == T_ARRIVE_CANCEL:
-        _x_arrive_cancel(S, C, OI, HI, HF, olat, rest, a)
+        x_arrive_cancel(S, C, OI, HI, HF, olat, rest, a)
     else:
         _engine_timer(
             tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent,
@@ -537,7 +535,7 @@ def run_pf(
             for c in range(60):
                 x_book[c] = levels[row, c]
             S[S_XBOOK] = 1
-            _x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, OUTI, OUTF, NOUT)
+            x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book)
         elif k == 2:  # book at the engine
             levels = LV[j]
             row = r - L0[j]
@@ -560,10 +558,7 @@ def run_pf(
             forward(S, C, OI, HI, HF, olat, OUTI, NOUT)
         elif k == 1:  # trade at the exchange
             if S[S_NREST] > 0:
-                _x_on_trade(
-                    S, SF, C, CF, OI, OF, HI, HF, olat, rest, TPX[j][r], TSZ[j][r], TSD[j][r], OUTI, OUTF,
-                    NOUT,
-                )  # fmt: skip
+                x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, TPX[j][r], TSZ[j][r], TSD[j][r])
         _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
         _top(TOP, j, S, HI)
         st = _stop(j, S, PI)

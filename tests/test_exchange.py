@@ -1,14 +1,10 @@
-"""The venue's loops over its resting orders (``venue.exchange.book_fills``, ``trade_fills``) on both of
-their callers: :class:`SimExchange` (live paper mode, the per-event replay) and the replay kernel's
-``_x_on_book``/``_x_on_trade`` over its order table. Same orders, books and trades in; the same reports
-(fills, done) and the same queue state, bit for bit, out."""
+"""The simulated venue (``venue/kernel.py`` over :class:`SimExchange`'s arrays): what it reports for
+orders, books and trades, and the bookkeeping it keeps (fills never exceed an order, the position is
+the fills' sum, the resting list is what was acknowledged and not finished, in arrival order)."""
 
 import json
 import random
 
-import numpy as np
-
-from engine.book import SIDE_BUY, SIDE_SELL, as_levels
 from engine.clock import ReplayClock
 from engine.events import Trade
 from engine.risk import OrderIntent
@@ -18,7 +14,6 @@ from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
 from venue.latency import ConstantLatency
 
-SIDES = {"buy": SIDE_BUY, "sell": SIDE_SELL}
 REASONS = {K.R_FILLED: "filled", K.R_IOC: "ioc_remainder_expired"}
 
 
@@ -80,75 +75,10 @@ class _Sim:
     def state(self):
         """Per resting order, in arrival order: (oid, filled, ahead, level, traded)."""
         out = []
-        for st in self.ex._resting.values():
-            values = (st.filled, st.ahead, st.level_qty, st.traded_at_px)
-            out.append((int(st.client_oid[1:]), *(repr(float(x)) for x in values)))
+        for st in self.ex.resting_orders():
+            values = (st["filled"], st["ahead"], st["level_qty"], st["traded_at_px"])
+            out.append((int(st["client_oid"][1:]), *(repr(float(x)) for x in values)))
         return out
-
-
-class _Kernel:
-    """The kernel's venue functions over its own tables (rows = order ids), reports read off its timer
-    heap in the order they were made."""
-
-    def __init__(self, model):
-        fm = FILL_MODELS[model]()
-        self.S = np.zeros(K.S_SIZE, dtype=np.int64)
-        self.SF = np.zeros(K.SF_SIZE)
-        self.C = np.zeros(K.C_SIZE, dtype=np.int64)
-        self.C[K.C_FILL_MODEL] = fm.kind
-        self.CF = np.zeros(K.CF_SIZE)
-        self.CF[K.CF_QUEUE_N] = fm.n
-        self.OI = np.zeros((64, K.OI_COLS), dtype=np.int64)
-        self.OF = np.zeros((64, K.OF_COLS))
-        self.HI = np.zeros((8192, K.HI_COLS), dtype=np.int64)
-        self.HF = np.zeros((8192, K.HF_COLS))
-        self.olat = np.zeros((3, 8192), dtype=np.int64)  # no latency, as _Sim
-        self.rest = np.zeros(2 * K.REST_CAP, dtype=np.int64)
-        self.x_book = np.full(60, np.nan)
-        self.OUTI = np.zeros((8, 1, K.OUT_MAXI), dtype=np.int64)  # the venue writes no output rows
-        self.OUTF = np.zeros((8, 1, K.OUT_MAXF))
-        self.NOUT = np.zeros(8, dtype=np.int64)
-
-    def _tables(self):
-        return self.S, self.SF, self.C, self.CF, self.OI, self.OF, self.HI, self.HF, self.olat, self.rest
-
-    def book(self, b):
-        self.x_book[:] = as_levels(b)
-        self.S[K.S_XBOOK] = 1
-        K._x_on_book(*self._tables(), self.x_book, self.OUTI, self.OUTF, self.NOUT)
-
-    def trade(self, t):
-        K._x_on_trade(*self._tables(), t.px, t.sz, SIDES[t.side], self.OUTI, self.OUTF, self.NOUT)
-
-    def order(self, oid, side, px, qty):
-        self.OI[oid, K.OI_SIDE] = SIDES[side]
-        self.OI[oid, K.OI_TYPE] = K.LIMIT
-        self.OI[oid, K.OI_OID] = oid
-        self.OF[oid, K.OF_PX] = px
-        self.OF[oid, K.OF_QTY] = qty
-        lpx, lq = np.zeros(16), np.zeros(16)
-        K._x_arrive(*self._tables(), self.x_book, oid, self.OUTI, self.OUTF, self.NOUT, lpx, lq)
-
-    def reports(self):
-        n = self.S[K.S_HEAP_N]
-        out = []
-        for i in np.argsort(self.HI[:n, 2], kind="stable"):  # by seq: the order they were made in
-            oid, m, arg = int(self.HI[i, 4]), int(self.HI[i, 5]) & 0xFF, int(self.HI[i, 5]) >> 8
-            if m == K.M_FILL:
-                liq = "maker" if arg == K.LIQ_MAKER else "taker"
-                out.append(("fill", oid, repr(float(self.HF[i, 0])), repr(float(self.HF[i, 1])), liq))
-            elif m == K.M_DONE:
-                out.append(("done", oid, REASONS[arg]))
-            else:
-                out.append((("ack", "reject", "cancel_ack")[m], oid))
-        return out
-
-    def state(self):
-        OF = self.OF
-        cols = (K.OF_XFILLED, K.OF_AHEAD, K.OF_LEVEL, K.OF_TRADED)
-        return [
-            (int(o), *(repr(float(OF[o, c])) for c in cols)) for o in self.rest[: self.S[K.S_NREST]].tolist()
-        ]
 
 
 def _book(rng, mid):
@@ -157,19 +87,17 @@ def _book(rng, mid):
     return b.__class__(**{**{f: getattr(b, f) for f in b.__slots__}, "bid_sz": sizes, "ask_sz": sizes[::-1]})
 
 
-def _both(model, steps):
-    """``steps`` (("book", b) / ("trade", t) / ("order", oid, side, px, qty)) through SimExchange and the
-    kernel: for each, per step, (the reports it made, its resting orders' state after it)."""
-    out = []
-    for venue in (_Sim(model), _Kernel(model)):
-        per_step, made = [], 0
-        for kind, *args in steps:
-            getattr(venue, kind)(*args)
-            reports = venue.reports()
-            per_step.append((reports[made:], venue.state()))
-            made = len(reports)
-        out.append(per_step)
-    return out
+def _steps(model, steps):
+    """``steps`` (("book", b) / ("trade", t) / ("order", oid, side, px, qty)) through SimExchange: per
+    step, (the reports it made, its resting orders' state after it), and the venue's position at the end."""
+    venue = _Sim(model)
+    per_step, made = [], 0
+    for kind, *args in steps:
+        getattr(venue, kind)(*args)
+        reports = venue.reports()
+        per_step.append((reports[made:], venue.state()))
+        made = len(reports)
+    return per_step, venue.ex.position
 
 
 def _random_steps(seed):
@@ -199,9 +127,12 @@ def _random_steps(seed):
 
 
 def _scenario():
-    """Every fill model on seeded random steps, both venues: what they reported and held (as JSON
-    reads it back)."""
-    return json.loads(json.dumps({model: _both(model, _random_steps(7)) for model in sorted(FILL_MODELS)}))
+    """Every fill model on seeded random steps: what the venue reported and held (as JSON reads it
+    back), and the orders sent."""
+    steps = _random_steps(7)
+    orders = {s[1]: (s[2], s[4]) for s in steps if s[0] == "order"}
+    runs = {model: _steps(model, steps) for model in sorted(FILL_MODELS)}
+    return json.loads(json.dumps({"orders": orders, "runs": runs}))
 
 
 def test_one_trade_is_shared_in_arrival_order_and_partly_fills_the_last_order_it_reaches():
@@ -219,8 +150,7 @@ def test_one_trade_is_shared_in_arrival_order_and_partly_fills_the_last_order_it
         ("trade", _trade(100.2, 1.1, "buy")),  # eats the 0.8 still ahead, then 0.3 of ours
         ("book", make_book(99.8, 99.85, size=1.0)),  # the ask fell through the bid: order 2's 0.3 fills
     ]
-    sim, kernel = _both("queue_power2", steps)
-    assert kernel == sim
+    sim, _ = _steps("queue_power2", steps)
     made = [[(r[0], r[1], float(r[3])) if r[0] == "fill" else r[:2] for r in reps] for reps, _ in sim[5:]]
     assert made == [
         [("fill", 0, 0.3), ("done", 0), ("fill", 1, 0.2), ("done", 1), ("fill", 2, 0.1)],
@@ -231,18 +161,40 @@ def test_one_trade_is_shared_in_arrival_order_and_partly_fills_the_last_order_it
     assert [s[:2] for s in sim[-1][1]] == [(3, "0.3")]  # the sell rests on, 0.2 to go
 
 
-def test_the_kernel_and_sim_exchange_share_trades_and_books_alike_for_every_model():
-    both = _scenario()
-    for model, (sim, kernel) in both.items():
-        assert kernel == sim, model
+def test_every_model_keeps_its_books_straight_on_random_steps():
+    """Per model: no order fills beyond its size; an order is done exactly when it filled in full; the
+    venue's position is the signed sum of the fills; after each step the resting orders are those
+    acknowledged and not done, in arrival order, each with what it has filled so far."""
+    sc = _scenario()
+    orders = {int(k): v for k, v in sc["orders"].items()}
+    for model, (per_step, position) in sc["runs"].items():
+        filled = dict.fromkeys(orders, 0.0)
+        acked, done = [], set()
+        signed = 0.0
+        for reps, resting in per_step:
+            for r in reps:
+                if r[0] == "ack":
+                    acked.append(r[1])
+                elif r[0] == "fill":
+                    q = float(r[3])
+                    filled[r[1]] += q
+                    signed += q if orders[r[1]][0] == "buy" else -q
+                    assert filled[r[1]] <= orders[r[1]][1] + 1e-9, (model, r)
+                elif r[0] == "done":
+                    assert r[2] == "filled" and abs(filled[r[1]] - orders[r[1]][1]) < 1e-9, (model, r)
+                    done.add(r[1])
+            assert [st[0] for st in resting] == [o for o in acked if o not in done], model
+            assert all(abs(float(st[1]) - filled[st[0]]) < 1e-9 for st in resting), model
+        assert abs(position - signed) < 1e-9, model
+        assert done and len(acked) > len(done), model  # some orders filled in full, some rest on
     # the steps do what the test is for: one trade filling several resting orders, the last in part
     shared = 0
-    for reps, _ in both["queue_power2"][0]:
+    for reps, _ in sc["runs"]["queue_power2"][0]:
         fills = [r for r in reps if r[0] == "fill" and r[4] == "maker"]
-        done = {r[1] for r in reps if r[0] == "done"}
-        shared += len(fills) >= 2 and fills[-1][1] not in done
+        finished = {r[1] for r in reps if r[0] == "done"}
+        shared += len(fills) >= 2 and fills[-1][1] not in finished
     assert shared >= 2
 
 
 def test_the_loops_read_as_plain_python_give_the_compiled_reports():
-    assert as_plain_python("venue.exchange.trade_fills", "tests.test_exchange._scenario") == _scenario()
+    assert as_plain_python("venue.matching.trade_fills", "tests.test_exchange._scenario") == _scenario()

@@ -11,9 +11,10 @@ from engine.clock import ReplayClock
 from engine.events import Trade
 from engine.risk import OrderIntent
 from tests.helpers import as_plain_python, make_book
-from venue.exchange import AR_FILLED, AR_IOC_EXPIRED, AR_REST, SimExchange, maker_fill, match_arrival
+from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS, FM_QUEUE_LOG, FM_QUEUE_POWER, QueueState, level_qty, prob
 from venue.latency import ConstantLatency
+from venue.matching import AR_FILLED, AR_IOC_EXPIRED, AR_REST, maker_fill, match_arrival
 
 
 def trade(px, sz, side="sell", ts=1):
@@ -276,8 +277,9 @@ def test_a_marketable_limit_rests_its_rest_first_in_line_and_a_market_order_expi
     )
     ex.submit(buy, 0)
     _run(clock)
-    st = ex._resting["l"]
-    assert (st.filled, st.ahead) == (0.02, 0.0)  # above the best bid: nobody ahead
+    (st,) = ex.resting_orders()
+    # above the best bid: nobody ahead
+    assert (st["client_oid"], st["filled"], st["ahead"]) == ("l", 0.02, 0.0)
     ex.on_trade(trade(100.2, 1.0))
     _run(clock)
     calls = [(c[0], *c[2:-1]) for c in ex.engine.calls]

@@ -236,7 +236,7 @@ def test_code_version_covers_the_replay_path_only_and_workers_check_it(sessions,
     root = Path(__file__).resolve().parent.parent
     rel = {p.relative_to(root).as_posix() for p in code_sources()}
     assert {"replay/driver.py", "replay/sweep.py", "engine/store.py", "engine/report/queries.sql"} <= rel
-    assert {"venue/exchange.py", "venue/fills.py", "venue/latency.py"} <= rel  # the simulated venue
+    assert {"venue/exchange.py", "venue/kernel.py", "venue/matching.py", "venue/fills.py"} <= rel  # the venue
     # not imported by a replay: the recorder, the CLI, this distribution layer
     assert not any(
         r.startswith(("recorder/", "dualhub/", "replay/ray_sweep", "replay/tools_cli")) for r in rel

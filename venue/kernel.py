@@ -1,10 +1,12 @@
-"""The simulated exchange of the replay's compiled loop, over the engine's state arrays: orders and
-cancels arriving after their drawn latency, matching on arrival, resting orders filled by books and
-trades through the queue-position models, and the reports sent back after the response latency.
+"""The simulated exchange, written once, over state arrays: orders and cancels arriving after their
+drawn latency, matching on arrival, resting orders filled by books and trades through the
+queue-position models, and the reports sent back after the response latency.
 
-It is ``SimExchange`` (``venue/exchange.py``) for the compiled loop: the matching and fill rules both
-call are compiled functions of ``venue/exchange.py`` and ``venue/fills.py``; what is here is the
-bookkeeping of the resting orders in the arrays and the timers the loop's heap holds.
+Two shells run it. The replay's compiled loop keeps the venue in the engine's own state (its order
+table, its timer heap) and calls these functions inline. :class:`venue.exchange.SimExchange` (the
+per-event replay, live paper mode, the local Bitget exchange) gives it arrays of its own and moves
+what it reports onto a Python clock. The matching and fill rules are ``venue/matching.py`` and
+``venue/fills.py``; what is here is the bookkeeping of the resting orders and the reports.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ from engine.kernel import (
     R_IOC,
     R_NO_MARKET,
     R_REDUCE_REJECTED,
-    REST_CAP,
     S_NOW,
     S_NREST,
     S_OLAT_USED,
@@ -70,14 +71,14 @@ from engine.kernel import (
     drop_id,
 )
 from engine.risk import only_reduces as _reduce_only_ok
-from venue.exchange import AR_FILLED, AR_REST, book_fills, maker_fill, match_arrival, trade_fills
 from venue.fills import on_new
+from venue.matching import AR_FILLED, AR_REST, book_fills, maker_fill, match_arrival, trade_fills
 
 
 @njit
 def _draw(S, C, olat, k):
     """The next latency of order latency model ``k`` (OLAT_*); a recorded model's is looked up by the
-    time of the draw, which SimExchange passes to ``sample_ns`` (S_NOW at every call here)."""
+    time of the draw (S_NOW at every call here), as ``sample_ns`` is."""
     if C[C_OLAT_KEYED + k] != 0:
         return _recorded(olat[k], S[S_NOW])
     i = S[S_OLAT_USED + k]
@@ -102,7 +103,8 @@ def _recorded(row, key):
 
 @njit
 def _report(S, C, OI, HI, HF, olat, method, oid, arg, f1, f2):
-    """SimExchange._report: the engine hears of it after the response latency, with ts_event = now."""
+    """A report (M_*) to the engine, which hears of it after the response latency, with ts_event = now:
+    a timer in the heap, in the order the venue made them."""
     now = S[S_NOW]
     at = now + _draw(S, C, olat, OLAT_RESPONSE)
     _heap_push(S, HI, HF, OI, at, PRIO_EXCH_OUT, T_REPORT, oid, method | (arg << 8), now, f1, f2)
@@ -115,7 +117,7 @@ def _report_fill(S, C, OI, HI, HF, olat, oid, px, qty, liq):
 
 @njit
 def _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, oid, px, qty):
-    """SimExchange._fill (maker)."""
+    """A maker fill of ``qty`` on resting order ``oid``; done when nothing is left of it."""
     r = oid & (OF.shape[0] - 1)
     q, OF[r, OF_XFILLED], SF[SF_XPOS], done = maker_fill(
         OI[oid & (OI.shape[0] - 1), OI_SIDE], OF[r, OF_QTY], OF[r, OF_XFILLED], SF[SF_XPOS], qty
@@ -131,15 +133,16 @@ def _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, oid, px, qty):
 def _x_rest_rows(S, OF, rest):
     """The resting orders' rows in the order table, in arrival order, in rest's scratch half: the book
     as it was before fills remove orders from the first half."""
-    rows = rest[REST_CAP : 2 * REST_CAP]
+    cap = rest.shape[0] >> 1
+    rows = rest[cap : 2 * cap]
     for w in range(S[S_NREST]):
         rows[w] = rest[w] & (OF.shape[0] - 1)
     return rows
 
 
 @njit
-def _x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, OUTI, OUTF, NOUT):
-    """SimExchange.on_book: venue.exchange.book_fills over the order table, then its maker fills."""
+def x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book):
+    """A new book at the venue: venue.matching.book_fills over the order table, then its maker fills."""
     n = S[S_NREST]
     if n == 0:
         return
@@ -164,8 +167,8 @@ def _x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, OUTI, OUTF, NOU
 
 
 @njit
-def _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside, OUTI, OUTF, NOUT):
-    """SimExchange.on_trade: venue.exchange.trade_fills over the order table, then its maker fills."""
+def x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside):
+    """A public trade at the venue: venue.matching.trade_fills over the order table, then its maker fills."""
     n = S[S_NREST]
     rows = _x_rest_rows(S, OF, rest)
     fq = np.empty(n)
@@ -191,8 +194,11 @@ def _x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside, OUTI, O
 
 
 @njit
-def _x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, OUTI, OUTF, NOUT, lpx, lq):
-    """SimExchange._arrive."""
+def x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, lpx, lq):
+    """Order ``oid`` (its row of OI/OF filled in) reaches the venue: rejected without a book or as a
+    reduce-only order that would not reduce; else acknowledged, its marketable part filled as taker,
+    the rest expired (market) or resting in the queue (limit). A full resting list stops the call with
+    S[S_WHY] = U_TABLE (the order does not rest)."""
     if S[S_XBOOK] == 0:
         _report(S, C, OI, HI, HF, olat, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
         return
@@ -216,7 +222,7 @@ def _x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, OUTI, OUTF,
     OF[r, OF_XFILLED] = filled
     OF[r, OF_AHEAD], OF[r, OF_LEVEL], OF[r, OF_TRADED] = on_new(C[C_FILL_MODEL], x_book, side, OF[r, OF_PX])
     nr = S[S_NREST]
-    if nr >= REST_CAP:
+    if nr >= rest.shape[0] >> 1:
         S[S_WHY] = U_TABLE
         return
     rest[nr] = oid
@@ -225,8 +231,9 @@ def _x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, OUTI, OUTF,
 
 
 @njit
-def _x_arrive_cancel(S, C, OI, HI, HF, olat, rest, a):
-    """SimExchange: a cancel reaches the exchange."""
+def x_arrive_cancel(S, C, OI, HI, HF, olat, rest, a):
+    """A cancel of order ``a`` reaches the venue: acknowledged if it rests, else refused (Bitget answers
+    "order does not exist": already filled, unknown, or not arrived yet)."""
     if drop_id(S, S_NREST, rest, a):
         OI[a & (OI.shape[0] - 1), OI_RESTING] = 0
         _report(S, C, OI, HI, HF, olat, M_CANCEL_ACK, a, 0, 0.0, 0.0)
@@ -237,8 +244,7 @@ def _x_arrive_cancel(S, C, OI, HI, HF, olat, rest, a):
 @njit
 def forward(S, C, OI, HI, HF, olat, OUTI, NOUT):
     """Hand the orders and cancels the engine accepted since the last call (its order rows from
-    S[S_SENT] on) to the simulated exchange: each arrives after its drawn latency, as
-    SimExchange.submit and .cancel schedule them."""
+    S[S_SENT] on) to the simulated exchange: each arrives after its drawn latency."""
     n = NOUT[O_ORDER]
     for k in range(S[S_SENT], n):
         kind = OUTI[O_ORDER, k, 3]
