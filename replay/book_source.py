@@ -42,21 +42,67 @@ def read_group(path: Path, pf: pq.ParquetFile, group: int, columns: list[str]) -
         raise SessionError(f"{path}: cannot read row group {group} ({first_line(e)})") from None
 
 
-class StreamedBooks:
-    """Level rows and labels of one symbol's books15 parts, block by block."""
+class GroupCache:
+    """The last few row groups' levels read, shared by the :class:`StreamedBooks` of the symbols of one
+    session: a portfolio's instruments walk the same files side by side, so each group is read once,
+    not once per symbol. They share one features buffer too."""
 
-    def __init__(self, files: list[Path], laya: Laya, schema: pa.Schema) -> None:
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self._tables: dict[tuple[Path, int], pa.Table] = {}
+        self._x = np.zeros((0, N_FEATURES), dtype=np.float32)  # the symbols' features buffer
+
+    def read(self, path: Path, pf: pq.ParquetFile, group: int) -> pa.Table:
+        key = (path, group)
+        t = self._tables.pop(key, None)
+        if t is None:
+            t = read_group(path, pf, group, LEVEL_COLUMNS)
+        self._tables[key] = t  # the latest last
+        while len(self._tables) > self.keep:
+            del self._tables[next(iter(self._tables))]
+        return t
+
+
+class StreamedBooks:
+    """Level rows and labels of one symbol's books15 parts, block by block. With ``symbol``, the parts
+    may hold other symbols too: the symbol's rows are picked out of each row group (their places found
+    from the symbol column, once), and ``cache`` shares the groups read with the other symbols'."""
+
+    def __init__(
+        self,
+        files: list[Path],
+        laya: Laya,
+        schema: pa.Schema,
+        symbol: str | None = None,
+        cache: GroupCache | None = None,
+        block: int | None = None,
+    ) -> None:
         self._laya = laya
+        # rows a block (a label batch, two levels buffers kept): a portfolio's symbols share the walk's
+        # chunk, so each needs fewer rows at once
+        self.block = block or BLOCK
         self._schema = schema
         self._files = list(files)
-        # (file, group, first row, rows, path)
+        self._symbol = symbol
+        self._cache = cache
+        # (file, group, first row, rows, path): rows of the symbol, numbered across the groups
         self.groups: list[tuple[pq.ParquetFile, int, int, int, Path]] = []
+        self._pick: list[np.ndarray | None] = []  # per group: the symbol's rows in it (None: all)
         row = 0
         for f in files:
             pf = open_parquet(f, schema)
             for g in range(pf.metadata.num_row_groups):
                 n = pf.metadata.row_group(g).num_rows
-                self.groups.append((pf, g, row, n, f))
+                pick = None
+                if symbol is not None:
+                    col = read_group(f, pf, g, ["symbol"]).column(0)
+                    hit = pc.equal(col, symbol).to_numpy(zero_copy_only=False)
+                    if not hit.all():
+                        pick = np.flatnonzero(hit)
+                        n = len(pick)
+                if n or symbol is None:
+                    self.groups.append((pf, g, row, n, f))
+                    self._pick.append(pick)
                 row += n
         self.num_rows = row
         self.labels: np.ndarray = np.zeros(row, dtype=np.int8)
@@ -66,30 +112,39 @@ class StreamedBooks:
         # costs its page faults again (~15 ms a block, measured), and three are enough for a walk.
         self._spare: list[np.ndarray] = []
         self._x = np.zeros((0, N_FEATURES), dtype=np.float32)  # features, reused block to block
-        self._labelled = np.zeros((row + BLOCK - 1) // BLOCK, dtype=bool)
+        self._labelled = np.zeros((row + self.block - 1) // self.block, dtype=bool)
         self.blocks_read = 0
 
-    def small_columns(self) -> pa.Table:
-        """Every row's times, seqs and symbol (no levels)."""
+    def small_columns(self, extra: tuple[str, ...] = ()) -> pa.Table:
+        """Every row's times, seqs and symbol (no levels), and the columns ``extra`` names."""
+        columns = [*SMALL_COLUMNS, *extra]
         if not self._files:
-            return self._schema.empty_table().select(SMALL_COLUMNS)
+            return self._schema.empty_table().select(columns)
         # symbol as a dictionary: one string, not a million
-        return pa.concat_tables(
-            [pq.read_table(f, columns=SMALL_COLUMNS, read_dictionary=["symbol"]) for f in self._files]
-        )
+        tables = [pq.read_table(f, columns=columns, read_dictionary=["symbol"]) for f in self._files]
+        if self._symbol is not None:
+            tables = [t.filter(pc.equal(t.column("symbol"), self._symbol)) for t in tables]
+        return pa.concat_tables(tables)
 
     def _read_block(self, b: int) -> np.ndarray:
-        lo, hi = b * BLOCK, min(self.num_rows, (b + 1) * BLOCK)
+        block = self.block
+        lo, hi = b * block, min(self.num_rows, (b + 1) * block)
         pieces = []
-        for pf, g, first, n, path in self.groups:
+        for (pf, g, first, n, path), pick in zip(self.groups, self._pick, strict=True):
             if first + n <= lo or first >= hi:
                 continue
-            t = read_group(path, pf, g, LEVEL_COLUMNS)
+            t = (
+                read_group(path, pf, g, LEVEL_COLUMNS)
+                if self._cache is None
+                else self._cache.read(path, pf, g)
+            )
+            if pick is not None:
+                t = t.take(pick)
             a, z = max(lo, first) - first, min(hi, first + n) - first
             pieces.append(t.slice(a, z - a))
         table = pa.concat_tables(pieces)
         self.blocks_read += 1
-        buf = self._spare.pop() if self._spare else np.empty((BLOCK, len(LEVEL_COLUMNS)), dtype=np.float64)
+        buf = self._spare.pop() if self._spare else np.empty((block, len(LEVEL_COLUMNS)), dtype=np.float64)
         levels = buf[: hi - lo]
         np.stack(
             [
@@ -105,9 +160,7 @@ class StreamedBooks:
                 i = int(np.flatnonzero(codes)[0])
                 raise InvalidRows(f"books15 row {lo + i} is invalid ({REASONS[codes[i]]})")
             # the per-tick feature kernel on each row, as features_v0_table runs it: the same bits
-            if len(self._x) < hi - lo:
-                self._x = np.empty((BLOCK, N_FEATURES), dtype=np.float32)  # every row is overwritten
-            x = self._x[: hi - lo]
+            x = self._features(hi - lo)
             features_v0_rows(levels, x)
             lab, pr = self._laya.predict_batch(x)
             self.labels[lo:hi] = lab.astype(np.int8)
@@ -115,10 +168,19 @@ class StreamedBooks:
             self._labelled[b] = True
         return levels
 
+    def _features(self, n: int) -> np.ndarray:
+        """Room for ``n`` rows of features: this symbol's buffer, or the one its cache shares among the
+        symbols (a block is labelled before the next is read, so one buffer serves them all)."""
+        holder = self if self._cache is None else self._cache
+        if len(holder._x) < n:
+            holder._x = np.empty((max(n, self.block), N_FEATURES), dtype=np.float32)  # all overwritten
+        return holder._x[:n]
+
     def levels(self, r0: int, r1: int) -> np.ndarray:
         """Rows r0..r1-1 as one (rows x 60) float64 array: bid_px, bid_sz, ask_px, ask_sz. It is valid
         until the next call, which may refill its buffer."""
-        first, last = r0 // BLOCK, (r1 - 1) // BLOCK
+        block = self.block
+        first, last = r0 // block, (r1 - 1) // block
         for b in sorted(k for k in self._blocks if k < first - 1):  # the walk moves forward: keep two
             self._spare.append(self._blocks.pop(b).base)
         for b in range(first, last + 1):
@@ -126,8 +188,8 @@ class StreamedBooks:
                 self._blocks[b] = self._read_block(b)
         parts = []
         for b in range(first, last + 1):
-            lo = max(r0, b * BLOCK) - b * BLOCK
-            hi = min(r1, (b + 1) * BLOCK) - b * BLOCK
+            lo = max(r0, b * block) - b * block
+            hi = min(r1, (b + 1) * block) - b * block
             parts.append(self._blocks[b][lo:hi])
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 

@@ -399,7 +399,7 @@ class _Tape:
         clock: FeedClock = ONE_CLOCK,
     ) -> None:
         self.symbol = books.column("symbol")[0].as_py()
-        self._streamed = streamed
+        self.streamed = streamed
         self.b_seq = _col(books, "seq", "int64")
         self.b_evt = _col(books, "ts_event", "int64")
         self.b_exch_seq = _col(books, "exch_seq", "int64")
@@ -528,8 +528,8 @@ class _Tape:
 
     def levels(self, r0: int, r1: int) -> np.ndarray:
         """Book rows r0..r1-1 as one (rows x 60) float64 array: bid_px, bid_sz, ask_px, ask_sz."""
-        if self._streamed is not None:
-            return self._streamed.levels(r0, r1)
+        if self.streamed is not None:
+            return self.streamed.levels(r0, r1)
         assert self._books is not None
         part = self._books.slice(r0, r1 - r0)
         return np.column_stack([_col(part, name) for name in part.column_names])
@@ -799,15 +799,27 @@ def run_replay(
             from replay.portfolio import run_portfolio
 
             try:
-                return run_portfolio(
-                    session_dir,
-                    cfg,
-                    laya,
-                    out_dir=run_dir,
-                    overwrite=overwrite,
-                    progress=progress,
-                    kernel=kernel,
-                )
+                try:
+                    return run_portfolio(
+                        session_dir,
+                        cfg,
+                        laya,
+                        out_dir=run_dir,
+                        overwrite=overwrite,
+                        progress=progress,
+                        kernel=kernel,
+                    )
+                except InvalidRows:  # as below: whole tables, where such rows are dropped and reported
+                    return run_portfolio(
+                        session_dir,
+                        cfg,
+                        laya,
+                        out_dir=run_dir,
+                        overwrite=True,
+                        progress=progress,
+                        kernel=kernel,
+                        stream_books=False,
+                    )
             except KernelUnsupported as e:  # as below: the per-event driver runs it
                 result = run_portfolio(
                     session_dir, cfg, laya, out_dir=run_dir, overwrite=True, progress=progress, kernel=False

@@ -399,7 +399,7 @@ class PortfolioRun:
 
 def run_portfolio_kernel(
     pf: PortfolioRun,
-    walk: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    walk: StreamedWalk,
     book_levels: list[Callable[[int, int], np.ndarray]],
     b_loc: list[np.ndarray],
     labels: list[np.ndarray],
@@ -409,10 +409,10 @@ def run_portfolio_kernel(
     bar: Any = None,
 ) -> None:
     """:func:`run_kernel` for a portfolio: the merged walk (ts, priority, kind, row, instrument) a chunk
-    at a time, each instrument's book levels for the chunk from ``book_levels[j]``."""
+    at a time (``replay.portfolio.portfolio_walk``), each instrument's book levels for the chunk from
+    ``book_levels[j]``."""
     from numba.typed import List
 
-    ts_all, prio_all, kind_all, row_all, inst_all = walk
     n_inst = len(pf.runs)
     PI, PF = pf.PI, pf.PF
     run0 = pf.runs[0]
@@ -425,11 +425,12 @@ def run_portfolio_kernel(
 
     BL, LB, PR = typed(b_loc), typed(labels), typed(probs)
     TPX, TSZ, TSD = (typed([t[k] for t in trades]) for k in range(3))
-    for c0 in range(0, len(ts_all), WALK_CHUNK):
-        c1 = min(len(ts_all), c0 + WALK_CHUNK)
-        ts, prio, kind, row, inst = (a[c0:c1] for a in walk)
+    done = 0
+    while (chunk := walk.next_entries()) is not None:
+        ts, prio, kind, row, inst = chunk
         if bar is not None:
-            bar.update(c0)
+            bar.update(done)
+        done += len(ts)
         LV, L0 = List(), np.zeros(n_inst, dtype=np.int64)
         for j in range(n_inst):
             books = row[(kind != 1) & (inst == j)]

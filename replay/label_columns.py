@@ -40,6 +40,7 @@ class LabelColumns:
         self._symbol = symbol
         self._evt, self._seq, self._recv = ts_event, seq, ts_recv
         self._by_row = (labels, probs) if labels is not None and probs is not None else None
+        self._per_inst: tuple[list[np.ndarray], list[np.ndarray]] | None = None
         self._row: list[int] = []
         self._at: list[int] = []
         self._label: list[int] = []
@@ -64,7 +65,10 @@ class LabelColumns:
         """One label stream for a portfolio's tapes (batch labels), rows named by (row, instrument) in
         :meth:`add_many`: the instruments' columns end to end."""
         cat = np.concatenate
-        out = cls(log, symbols[0], cat(ts_event), cat(seq), cat(ts_recv), cat(labels), cat(probs))
+        out = cls(log, symbols[0], cat(ts_event), cat(seq), cat(ts_recv))
+        # each instrument's own arrays, read when the log takes the rows: a streamed symbol's fill
+        # in as the walk reads its books (replay.book_source), so they are not copied here
+        out._per_inst = (list(labels), list(probs))
         sizes = np.array([len(a) for a in ts_event], dtype=np.int64)
         out._offset = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         out._sym_code = np.repeat(np.arange(len(symbols), dtype=np.int64), sizes)
@@ -92,7 +96,7 @@ class LabelColumns:
     def add_many(self, rows: np.ndarray, ts_recv: np.ndarray, inst: np.ndarray | None = None) -> None:
         """:meth:`add` for many labels at once (batch labels only), flushing at the same points;
         ``inst``: each row's instrument (:meth:`of_instruments`)."""
-        if self._by_row is None:
+        if self._by_row is None and self._per_inst is None:
             raise ValueError("add_many needs the labels and probabilities by row")
         if inst is not None:
             rows = rows + self._offset[inst]
@@ -114,7 +118,14 @@ class LabelColumns:
         if n != len(self._row):
             raise AssertionError(f"label log asks for {n} pending events, {len(self._row)} recorded")
         rows = np.asarray(self._row, dtype=np.int64)
-        if self._by_row is not None:
+        if self._per_inst is not None:
+            inst = self._sym_code[rows]
+            local = rows - self._offset[inst]
+            label, p = np.empty(n, dtype=np.int64), np.empty((n, 4), dtype=np.float32)
+            for j, (lab, pr) in enumerate(zip(*self._per_inst, strict=True)):
+                m = inst == j
+                label[m], p[m] = lab[local[m]], pr[local[m]]
+        elif self._by_row is not None:
             label, p = self._by_row[0][rows], self._by_row[1][rows]
         else:
             label, p = np.asarray(self._label), np.asarray(self._probs)

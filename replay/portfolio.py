@@ -41,7 +41,8 @@ from engine.kev.pairs import RulePairsKev
 from engine.kev.sim import SimKevBackend
 from engine.laya.model import Laya
 from engine.store import open_session
-from replay import fast_path
+from replay import book_source, fast_path
+from replay.book_source import GroupCache, StreamedBooks
 from replay.driver import (
     PRIO_EXCH_BOOK,
     PRIO_EXCH_TRADE,
@@ -50,6 +51,7 @@ from replay.driver import (
     RunResult,
     _batch_v0,
     _BatchLabeler,
+    _check_streamable,
     _checked_latency,
     _finish,
     _kev_backend,
@@ -68,6 +70,7 @@ from replay.driver import (
 from replay.fast_path import KernelRun, KernelUnsupported, PortfolioRun, config_unsupported, unsupported
 from replay.label_columns import LabelColumns
 from replay.tape_stream import FeedClock
+from replay.walk import StreamedWalk, WalkStream
 from venue.exchange import SimExchange
 from venue.latency import LatencyModel, ScaledLatency
 
@@ -146,39 +149,47 @@ def _first_mid(books: pa.Table) -> float:
     return float((bid[j] + ask[j]) / 2)
 
 
-def portfolio_walk(
-    tapes: list[_Tape], dues: list[np.ndarray] | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The merged walk of every instrument's tape: (ts, priority, kind, row, instrument), by (ts,
-    priority, instrument, the entry's place in its tape's order). With ``dues`` (per instrument, when
-    each book's label becomes visible) the labels too (kind 4): labels due at the same time keep the
-    order their books reached the engine in, as the label timers the per-event engine schedules then."""
-    parts = [t.order(None, engine_trades=False) for t in tapes]
-    ts = np.concatenate([p[0] for p in parts])
-    prio = np.concatenate([p[1] for p in parts])
-    kind = np.concatenate([p[2] for p in parts])
-    row = np.concatenate([p[3] for p in parts])
-    inst = np.concatenate([np.full(len(p[0]), j, dtype=np.int64) for j, p in enumerate(parts)])
-    place = np.concatenate([np.arange(len(p[0])) for p in parts])
-    o = np.lexsort((place, inst, prio, ts))
-    ts, prio, kind, row, inst = ts[o], prio[o], kind[o], row[o], inst[o]
-    del parts, place, o
-    if dues is None:
-        return ts, prio, kind, row, inst
-    pos = np.flatnonzero(kind == 2)  # books at the engine, in the order they arrive
-    offset = np.concatenate([[0], np.cumsum([len(d) for d in dues])[:-1]]).astype(np.int64)
-    due = np.concatenate(dues)[offset[inst[pos]] + row[pos]]
-    key = np.concatenate([np.arange(len(ts)), pos])
-    all_ts = np.concatenate([ts, due])
-    all_prio = np.concatenate([prio, np.full(len(pos), PRIO_LABEL, dtype=prio.dtype)])
-    o = np.lexsort((key, all_prio, all_ts))
-    return (
-        all_ts[o],
-        all_prio[o],
-        np.concatenate([kind, np.full(len(pos), 4, dtype=kind.dtype)])[o],
-        np.concatenate([row, row[pos]])[o],
-        np.concatenate([inst, inst[pos]])[o],
-    )
+def _keys(seq: np.ndarray, j: int) -> np.ndarray:
+    """Tie-break keys of instrument ``j``'s entries of one stream: its seqs, the instrument above them,
+    so entries of one time and priority go by instrument, then in their tape's order."""
+    if len(seq) and (int(seq.min()) < 0 or int(seq.max()) >= 1 << _INST_SHIFT):
+        seq = np.argsort(np.argsort(seq, kind="stable"), kind="stable")  # their ranks: the same order
+    return seq.astype(np.int64) + (j << _INST_SHIFT)
+
+
+_INST_SHIFT = 40  # seqs below 2**40 keep their values in the keys; an instrument is the bits above
+
+
+def portfolio_walk(tapes: list[_Tape], dues: list[np.ndarray] | None, chunk: int) -> StreamedWalk:
+    """The merged walk of every instrument's tape, ``chunk`` entries at a time: (ts, priority, kind,
+    row, instrument) by (ts, priority, instrument, the entry's place in its tape's order). With
+    ``dues`` (per instrument, when each book's label becomes visible) the labels too (kind 4): labels
+    due at the same time keep the order their books reached the engine in, across the instruments, as
+    the label timers the per-event engine schedules then."""
+    streams: list[WalkStream] = []
+    book_keys = []
+    for j, t in enumerate(tapes):
+        bk = _keys(t.b_seq, j)
+        book_keys.append(bk)
+        streams += [
+            WalkStream(t.b_exch, PRIO_EXCH_BOOK, bk, 0, j),
+            WalkStream(t.t_exch, PRIO_EXCH_TRADE, _keys(t.t_seq, j), 1, j),
+            WalkStream(t.b_loc, PRIO_LOCAL_BOOK, bk, 2, j),
+        ]
+    if dues is not None:
+        # every instrument's books in the order the engine receives them: (arrival, instrument, seq)
+        order = np.lexsort((np.concatenate(book_keys), np.concatenate([t.b_loc for t in tapes])))
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        first = 0
+        for j, due in enumerate(dues):
+            streams.append(WalkStream(due, PRIO_LABEL, rank[first : first + len(due)], 4, j))
+            first += len(due)
+    return StreamedWalk(streams, chunk)
+
+
+# Besides the small columns, what a streamed symbol's contract and first mid are read from.
+_TOP_COLUMNS = ("bid_px_0", "ask_px_0", "bid_sz_0", "ask_sz_0")
 
 
 def portfolio_unsupported(cfg: ReplayConfig, features: str) -> str:
@@ -214,9 +225,14 @@ def run_portfolio(
     overwrite: bool,
     progress: bool,
     kernel: bool = True,
+    stream_books: bool = True,
 ) -> RunResult:
     """``kernel``: the compiled loop where it reproduces the configuration (it raises
-    KernelUnsupported for what only shows mid-setup: the caller reruns it per event)."""
+    KernelUnsupported for what only shows mid-setup: the caller reruns it per event).
+    ``stream_books``: on the compiled loop, each symbol's book levels are read (and labelled) a block
+    at a time as the walk needs them, as a single-instrument replay's are; a row that fails validation
+    raises InvalidRows, and the caller reruns it on whole tables, where such rows are dropped and
+    reported."""
     t0 = time.perf_counter()
     symbols = list(cfg.symbols)
     session = open_session(session_dir)
@@ -230,7 +246,20 @@ def run_portfolio(
         )
     features = laya.feature_version
     feed_clock = FeedClock.of_session(session.manifest)
-    books_of = session.read_symbols("books15", symbols)
+    why = portfolio_unsupported(cfg, features) if kernel else "kernel=False"
+    streamed: list[StreamedBooks | None] = [None] * len(symbols)
+    if not why and stream_books:
+        # The symbols walk the same files side by side: a group one reads, the next reads too. A
+        # walk chunk holds fewer rows of each symbol than of one: smaller blocks (labels keep their bits).
+        cache = GroupCache(keep=len(symbols) + 1)
+        schema = STREAMS["books15"].schema
+        files = session.files("books15")
+        block = max(book_source.BLOCK // 8, book_source.BLOCK // len(symbols))
+        streamed = [StreamedBooks(files, laya, schema, symbol=s, cache=cache, block=block) for s in symbols]
+        # the levels stay in the files; what the tape, the contracts and the first mids need
+        books_of = [sb.small_columns(_TOP_COLUMNS) for sb in streamed if sb is not None]
+    else:
+        books_of = session.read_symbols("books15", symbols)
     trades_of = (
         session.read_symbols("trade", symbols)
         if "trade" in session.streams
@@ -257,16 +286,19 @@ def run_portfolio(
         books, trades = books_of[j], trades_of[j]
         if books.num_rows == 0:
             raise DualhubError(f"{session.root} has no books15 rows for {sym}")
-        books, trades = quarantine.check(session.root, sym, books, trades)
+        if streamed[j] is not None:  # the levels are checked block by block as they stream: here the rest
+            _check_streamable(books, trades)
+        else:
+            books, trades = quarantine.check(session.root, sym, books, trades)
         feed = (
             None
             if cfg.latency_feed == "recorded"
             else _checked_latency(cfg.latency_feed, _rng(cfg.seed, 2, j), "latency_feed")
         )
-        tapes.append(_Tape(books, trades, feed, cfg.scale_feed, cfg.exchange_feed, None, feed_clock))
+        tapes.append(_Tape(books, trades, feed, cfg.scale_feed, cfg.exchange_feed, streamed[j], feed_clock))
         tables.append((books, trades))
+    del books_of, trades_of, books, trades  # `tables` holds them until the engines are built
 
-    why = portfolio_unsupported(cfg, features) if kernel else "kernel=False"
     if not why:
         dues = [
             _label_due(t, latency(cfg.latency_laya, _rng(cfg.seed, 3, j), cfg.scale_laya, "latency_laya"))
@@ -274,25 +306,19 @@ def run_portfolio(
         ]
         if any(d is None for d in dues):
             why = "a Laya latency drawn below zero"
+            if any(t.streamed is not None for t in tapes):  # the per-event driver reads whole tables
+                return run_portfolio(
+                    session_dir, cfg, laya, out_dir=out_dir, overwrite=overwrite, progress=progress,
+                    stream_books=False,
+                )  # fmt: skip
         else:
             return _run_compiled(
                 session, cfg, laya, tapes, tables, [d for d in dues if d is not None], quarantine,
                 latency, out_dir=out_dir, overwrite=overwrite, progress=progress, t0=t0,
             )  # fmt: skip
 
-    # The merged walk: each tape's own order (exchange books and trades, engine books), then all of
-    # them by (ts, priority, instrument, place in the tape's order).
-    parts = [t.order(None, engine_trades=False) for t in tapes]
-    ts = np.concatenate([p[0] for p in parts])
-    prio = np.concatenate([p[1] for p in parts])
-    kind = np.concatenate([p[2] for p in parts])
-    row = np.concatenate([p[3] for p in parts])
-    inst = np.concatenate([np.full(len(p[0]), j, dtype=np.int64) for j, p in enumerate(parts)])
-    place = np.concatenate([np.arange(len(p[0])) for p in parts])
-    o = np.lexsort((place, inst, prio, ts))
-    ts, kind, row, inst = ts[o], kind[o], row[o], inst[o]
-    del parts, prio, place, o
-
+    # The merged walk, whole: the engine schedules the labels on the clock itself.
+    ts, _, kind, row, inst = portfolio_walk(tapes, None, fast_path.WALK_CHUNK).all_entries()
     clock = ReplayClock(start_ns=int(ts[0]))
     run_dir = _run_dir(session.root, cfg, out_dir)
     tmp = _start_run_dir(run_dir, overwrite)
@@ -423,9 +449,9 @@ def _run_compiled(
 ) -> RunResult:
     """The portfolio on the compiled loop: a core and a simulated exchange per instrument."""
     symbols = list(cfg.symbols)
-    walk = portfolio_walk(tapes, dues)
+    walk = portfolio_walk(tapes, dues, fast_path.WALK_CHUNK)
     del dues
-    clock = ReplayClock(start_ns=int(walk[0][0]))
+    clock = ReplayClock(start_ns=walk.first_ts())
     run_dir = _run_dir(session.root, cfg, out_dir)
     tmp = _start_run_dir(run_dir, overwrite)
     log = EventLog(tmp / "events")
@@ -435,8 +461,12 @@ def _run_compiled(
     runs: list[KernelRun] = []
     try:
         built = []
-        for j in range(len(symbols)):
-            lab, pr = _batch_v0(laya, tables[j][0])
+        for j, tape in enumerate(tapes):
+            streamed = tape.streamed
+            # streamed: labelled block by block as the walk reads the levels (the same batches)
+            lab, pr = (
+                (streamed.labels, streamed.probs) if streamed is not None else _batch_v0(laya, tables[j][0])
+            )
             labels.append(lab)
             probs.append(pr)
             exchange = _exchange(cfg, clock, latency, j)
@@ -466,7 +496,7 @@ def _run_compiled(
             labels,
             probs,
         )
-        bar = _progress(progress, len(walk[0]))
+        bar = _progress(progress, walk.total)
         try:
             fast_path.run_portfolio_kernel(
                 PortfolioRun(runs),
@@ -490,6 +520,9 @@ def _run_compiled(
     n_books = sum(len(t.b_seq) for t in tapes)
     n_trades = sum(len(t.t_seq) for t in tapes)
     path = f"kernel (a portfolio of {len(symbols)})"
+    if all(t.streamed is not None for t in tapes):
+        blocks = sum(t.streamed.blocks_read for t in tapes if t.streamed is not None)
+        path = f"kernel (a portfolio of {len(symbols)}, books streamed, {blocks} blocks)"
     return _finish(
         tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path, quarantine,
         _Clamped(tapes), kev,

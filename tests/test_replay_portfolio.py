@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import duckdb
+import numpy as np
+import pyarrow.compute as pc
 import pytest
 
 from engine.errors import DualhubError
@@ -36,7 +38,7 @@ def test_a_portfolio_of_one_instrument_replays_to_the_single_instrument_run(pair
         pair, ReplayConfig(symbol="ETHUSDT", contract=eth), out_dir=tmp_path / "a", kernel=False
     )
     one = run_replay(pair, ReplayConfig(symbols=("ETHUSDT",)), out_dir=tmp_path / "b")
-    assert one.path == "kernel (a portfolio of 1)"
+    assert one.path.startswith("kernel (a portfolio of 1, books streamed")
     assert one.counts["fill"] > 0 and one.counts["command"] > 0
     assert one.digest == single.digest
     per_event = run_replay(pair, ReplayConfig(symbols=("ETHUSDT",)), out_dir=tmp_path / "c", kernel=False)
@@ -69,7 +71,7 @@ def test_the_compiled_loop_replays_a_portfolio_as_the_engine_driven_per_event(pa
     cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), **COMPILED[name])
     k = run_replay(pair, cfg, out_dir=tmp_path / "k")
     p = run_replay(pair, cfg, out_dir=tmp_path / "p", kernel=False)
-    assert k.path == "kernel (a portfolio of 2)"
+    assert k.path.startswith("kernel (a portfolio of 2, books streamed")
     assert p.path.startswith("python (a portfolio of 2")
     assert k.counts == p.counts
     assert k.digest == p.digest
@@ -106,8 +108,152 @@ def test_stopping_and_resuming_the_portfolio_loop_changes_nothing(pair, tmp_path
     monkeypatch.setattr(fast_path.KernelRun, "handle", handle_and_grow)
     small = run_replay(pair, cfg, out_dir=tmp_path / "small")
     assert len(grown) == 4
-    assert small.path == "kernel (a portfolio of 2)"
+    assert small.path.startswith("kernel (a portfolio of 2, books streamed")
     assert small.digest == whole.digest
+
+
+def test_streamed_books_of_interleaved_symbols_replay_as_whole_tables(pair, tmp_path, monkeypatch):
+    """Each symbol's levels picked out of row groups that hold both, a few rows at a time, in blocks
+    smaller than a group and walk chunks that straddle blocks: the same run as whole tables."""
+    import pyarrow.parquet as pq
+
+    import engine.store as store
+    import replay.book_source as book_source
+    from replay import fast_path
+    from replay.driver import _load_laya
+    from replay.portfolio import run_portfolio
+
+    monkeypatch.setattr(store, "ROW_GROUP_ROWS", 97)
+    s = store.SessionWriter(tmp_path / "s", source="test", symbols=["BTCUSDT", "ETHUSDT"])
+    src = store.open_session(pair)
+    for stream in ("books15", "trade"):
+        s.add_table(stream, src.read_table(stream))
+    s.close()
+    parts = sorted((tmp_path / "s" / "books15").glob("*.parquet"))
+    groups = [pq.ParquetFile(p).read_row_group(g, columns=["symbol"]) for p in parts for g in range(3)]
+    assert all(len(set(g.column(0).to_pylist())) == 2 for g in groups)  # both symbols in each group
+    monkeypatch.setattr(book_source, "BLOCK", 64)  # labels batched by 64 rows: still bit-identical
+    monkeypatch.setattr(fast_path, "WALK_CHUNK", 150)
+    cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), seed=6)
+    laya = _load_laya(cfg)
+    reads = []
+    real_read = book_source.read_group
+    monkeypatch.setattr(book_source, "read_group", lambda *a: reads.append(a[3]) or real_read(*a))
+    args = dict(out_dir=None, overwrite=False, progress=False)
+    streamed = run_portfolio(tmp_path / "s", cfg, laya, **args | {"out_dir": tmp_path / "a"})
+    level_reads = sum(1 for r in reads if r != ["symbol"])
+    whole = run_portfolio(tmp_path / "s", cfg, laya, **args | {"out_dir": tmp_path / "b"}, stream_books=False)
+    assert whole.path == "kernel (a portfolio of 2)"
+    syms = store.open_session(tmp_path / "s").read_table("books15").column("symbol").to_pylist()
+    n = [syms.count("BTCUSDT"), syms.count("ETHUSDT")]
+    block = 32  # a portfolio of two: half the blocks' rows
+    head, blocks = streamed.path.rsplit(", ", 1)
+    assert head == "kernel (a portfolio of 2, books streamed"
+    # every block read, some again (walk chunks of 150 entries reach back past the two blocks kept)
+    assert int(blocks.split()[0]) >= sum(-(-k // block) for k in n)
+    assert streamed.digest == whole.digest and streamed.counts["fill"] > 0
+    # the groups are shared: read about once each for the two symbols, not once per symbol
+    n_groups = sum(pq.ParquetFile(p).metadata.num_row_groups for p in parts)
+    assert n_groups <= level_reads < 1.5 * n_groups
+
+
+def test_a_bad_book_row_in_a_streamed_portfolio_reruns_on_whole_tables_and_is_reported(pair, tmp_path):
+    import pyarrow as pa
+
+    import engine.store as store
+
+    src = store.open_session(pair)
+    books = src.read_table("books15")
+    eth = np.flatnonzero(pc.equal(books.column("symbol"), "ETHUSDT").to_numpy(zero_copy_only=False))
+    sz = books.column("bid_sz_0").to_numpy(zero_copy_only=False).copy()
+    sz[eth[len(eth) // 2]] = -1.0  # a negative size, well into the session
+    books = books.set_column(books.schema.get_field_index("bid_sz_0"), "bid_sz_0", pa.array(sz))
+    w = store.SessionWriter(tmp_path / "s", source="test", symbols=["BTCUSDT", "ETHUSDT"])
+    w.add_table("books15", books)
+    w.add_table("trade", src.read_table("trade"))
+    w.close()
+    cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), seed=6)
+    k = run_replay(tmp_path / "s", cfg, out_dir=tmp_path / "k")
+    assert k.path == "kernel (a portfolio of 2)"  # streamed first, then whole tables
+    assert k.quarantine == {"books15": {"negative_size": 1}}, k.quarantine
+    p = run_replay(tmp_path / "s", cfg, out_dir=tmp_path / "p", kernel=False)
+    assert p.digest == k.digest and p.quarantine == k.quarantine
+
+
+def _sorted_walk(tapes, dues):
+    """The portfolio walk by its definition, sorted whole: (ts, priority, instrument, place in the tape's
+    order), then labels at their due times, ties among them in the order their books reached the
+    engine (across the instruments)."""
+    from engine.core import PRIO_LABEL
+
+    parts = [t.order(None, engine_trades=False) for t in tapes]
+    ts, prio, kind, row = (np.concatenate([p[k] for p in parts]) for k in range(4))
+    inst = np.concatenate([np.full(len(p[0]), j, dtype=np.int64) for j, p in enumerate(parts)])
+    place = np.concatenate([np.arange(len(p[0])) for p in parts])
+    o = np.lexsort((place, inst, prio, ts))
+    ts, prio, kind, row, inst = ts[o], prio[o], kind[o], row[o], inst[o]
+    pos = np.flatnonzero(kind == 2)
+    offset = np.concatenate([[0], np.cumsum([len(d) for d in dues])[:-1]]).astype(np.int64)
+    due = np.concatenate(dues)[offset[inst[pos]] + row[pos]]
+    key = np.concatenate([np.arange(len(ts)), pos])
+    all_ts = np.concatenate([ts, due])
+    all_prio = np.concatenate([prio, np.full(len(pos), PRIO_LABEL, dtype=prio.dtype)])
+    o = np.lexsort((key, all_prio, all_ts))
+    return (
+        all_ts[o],
+        all_prio[o],
+        np.concatenate([kind, np.full(len(pos), 4, dtype=kind.dtype)])[o],
+        np.concatenate([row, row[pos]])[o],
+        np.concatenate([inst, inst[pos]])[o],
+    )
+
+
+@pytest.mark.parametrize("feed", ["recorded", "lognormal:p5=1ms,p95=300ms"])
+def test_the_portfolio_walk_merged_a_chunk_at_a_time_is_the_sorted_walk(pair, feed):
+    """Every instrument's streams merged by replay/walk.py give the walk's definition, sorted whole:
+    ties of one time between instruments, and labels due together across them, included."""
+    import engine.store as store
+    import replay.driver as driver
+    from replay.portfolio import portfolio_walk
+    from venue.latency import parse_latency
+
+    s = store.open_session(pair)
+    rng = np.random.default_rng(4)
+    books, trades = s.read_table("books15"), s.read_table("trade")
+    tapes, dues = [], []
+    for sym in ("BTCUSDT", "ETHUSDT"):
+        b = books.filter(pc.equal(books.column("symbol"), sym))
+        t = trades.filter(pc.equal(trades.column("symbol"), sym))
+        tape = driver._Tape(b, t, None if feed == "recorded" else parse_latency(feed, rng), 1.0)
+        due = tape.b_loc + 2_000_000
+        due[::5] = tape.b_loc[::5] + 1  # labels due together, and with other entries
+        tapes.append(tape)
+        dues.append(due)
+    # ties across the instruments: some ETHUSDT books reach the engine when a BTCUSDT one does
+    n = min(len(tapes[0].b_loc), len(tapes[1].b_loc))
+    tapes[1].b_loc = tapes[1].b_loc.copy()
+    tapes[1].b_loc[:n:3] = tapes[0].b_loc[:n:3]
+    dues[1][:n:3] = dues[0][:n:3]
+    # and labels due together whose books came in the other order: an ETHUSDT book before a later
+    # BTCUSDT one, so by arrival (not by instrument) ETHUSDT's label goes first
+    swapped = []
+    for i in range(1, n - 10, 11):
+        j = int(np.searchsorted(tapes[0].b_loc, tapes[1].b_loc[i], side="right"))
+        if j < len(dues[0]):
+            dues[1][i] = dues[0][j] = max(dues[0][j], dues[1][i])
+            swapped.append(int(dues[1][i]))
+    assert len(swapped) > 5
+    want = _sorted_walk(tapes, dues)
+    walk = portfolio_walk(tapes, dues, chunk=257)
+    got = walk.all_entries()
+    assert walk.total == len(want[0])
+    for a, b in zip(want, got, strict=True):
+        assert np.array_equal(a, b)
+    labels = got[2] == 4
+    first_inst = {}  # due time -> the instrument whose label went first
+    for t, j in zip(got[0][labels].tolist(), got[4][labels].tolist(), strict=True):
+        first_inst.setdefault(t, j)
+    assert any(first_inst[t] == 1 for t in swapped)  # ETHUSDT first: its book arrived first
 
 
 def test_a_kev_cassette_replays_a_portfolio_on_the_compiled_loop(pair, tmp_path):
@@ -117,7 +263,7 @@ def test_a_kev_cassette_replays_a_portfolio_on_the_compiled_loop(pair, tmp_path)
     cas = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), kev_mode="cassette", kev_cassette=str(rec.run_dir))
     k = run_replay(pair, cas, out_dir=tmp_path / "k")
     p = run_replay(pair, cas, out_dir=tmp_path / "p", kernel=False)
-    assert k.path == "kernel (a portfolio of 2)"
+    assert k.path.startswith("kernel (a portfolio of 2, books streamed")
     assert k.digest == p.digest
     assert k.counts["command"] == rec.counts["command"] > 0
 
@@ -206,7 +352,7 @@ def test_the_eight_symbol_bitget_capture_replays_as_one_portfolio(tmp_path):
         risk=RiskLimits(max_order_qty=0.0002, max_position=0.0004),
     )
     r = run_replay(tmp_path / "s", cfg, out_dir=tmp_path / "r")
-    assert r.path == "kernel (a portfolio of 8)"
+    assert r.path.startswith("kernel (a portfolio of 8, books streamed")
     assert run_replay(tmp_path / "s", cfg, out_dir=tmp_path / "p", kernel=False).digest == r.digest
     run = r.run_dir
     traded = _q(run, "select count(distinct symbol) from 'EV/order.parquet' where kind = 'new'")[0][0]
