@@ -40,15 +40,15 @@ class LabelColumns:
         self._symbol = symbol
         self._evt, self._seq, self._recv = ts_event, seq, ts_recv
         self._by_row = (labels, probs) if labels is not None and probs is not None else None
-        self._per_inst: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+        # a portfolio's: per column (ts_event, seq, ts_recv, labels, probs) each instrument's array
+        self._per_inst: list[list[np.ndarray]] | None = None
         self._row: list[int] = []
         self._at: list[int] = []
         self._label: list[int] = []
         self._probs: list[list[float]] = []
         self._flush_rows, self._flush = log.flush_rows, log.flush
-        self._symbols: pa.Array | None = None  # several instruments: each row's symbol by code
-        self._sym_code = np.zeros(0, dtype=np.int64)
-        self._offset = np.zeros(1, dtype=np.int64)
+        self._symbols: pa.Array | None = None  # several instruments: their symbols
+        self._offset = np.zeros(1, dtype=np.int64)  # instrument j's rows start at offset[j]
         log.attach_columns("label", self._table, self._row.__len__)
 
     @classmethod
@@ -63,15 +63,13 @@ class LabelColumns:
         probs: list[np.ndarray],
     ) -> LabelColumns:
         """One label stream for a portfolio's tapes (batch labels), rows named by (row, instrument) in
-        :meth:`add_many`: the instruments' columns end to end."""
-        cat = np.concatenate
-        out = cls(log, symbols[0], cat(ts_event), cat(seq), cat(ts_recv))
-        # each instrument's own arrays, read when the log takes the rows: a streamed symbol's fill
-        # in as the walk reads its books (replay.book_source), so they are not copied here
-        out._per_inst = (list(labels), list(probs))
+        :meth:`add_many`: the instruments' rows numbered end to end."""
+        out = cls(log, symbols[0], ts_event[0], seq[0], ts_recv[0])
+        # each instrument's own arrays, read when the log takes the rows: a streamed symbol's labels
+        # fill in as the walk reads its books (replay.book_source), so nothing is copied here
+        out._per_inst = [list(ts_event), list(seq), list(ts_recv), list(labels), list(probs)]
         sizes = np.array([len(a) for a in ts_event], dtype=np.int64)
         out._offset = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        out._sym_code = np.repeat(np.arange(len(symbols), dtype=np.int64), sizes)
         out._symbols = pa.array(symbols, pa.string())
         return out
 
@@ -119,29 +117,32 @@ class LabelColumns:
             raise AssertionError(f"label log asks for {n} pending events, {len(self._row)} recorded")
         rows = np.asarray(self._row, dtype=np.int64)
         if self._per_inst is not None:
-            inst = self._sym_code[rows]
+            inst = np.searchsorted(self._offset, rows, side="right") - 1
             local = rows - self._offset[inst]
-            label, p = np.empty(n, dtype=np.int64), np.empty((n, 4), dtype=np.float32)
-            for j, (lab, pr) in enumerate(zip(*self._per_inst, strict=True)):
+            evt, seq, recv, label = (np.empty(n, dtype=np.int64) for _ in range(4))
+            p = np.empty((n, 4), dtype=np.float32)
+            for j in range(len(self._offset)):
                 m = inst == j
-                label[m], p[m] = lab[local[m]], pr[local[m]]
-        elif self._by_row is not None:
-            label, p = self._by_row[0][rows], self._by_row[1][rows]
+                lj = local[m]
+                for out, by_inst in zip((evt, seq, recv, label, p), self._per_inst, strict=True):
+                    out[m] = by_inst[j][lj]
+            symbol = self._symbols.take(pa.array(inst))
         else:
-            label, p = np.asarray(self._label), np.asarray(self._probs)
+            evt, seq, recv = self._evt[rows], self._seq[rows], self._recv[rows]
+            symbol = pa.array([self._symbol], pa.string()).take(pa.array(np.zeros(n, dtype=np.int64)))
+            if self._by_row is not None:
+                label, p = self._by_row[0][rows], self._by_row[1][rows]
+            else:
+                label, p = np.asarray(self._label), np.asarray(self._probs)
         # float32 -> float64 (or Python float) is exact: the values Engine.on_label would log.
         probs = np.asarray(p, dtype=np.float64).reshape(n, 4)
         cols = [
-            pa.array(self._evt[rows]),
+            pa.array(evt),
             pa.array(np.asarray(self._at, dtype=np.int64)),
             pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64)),
-            (
-                pa.array([self._symbol], pa.string()).take(pa.array(np.zeros(n, dtype=np.int64)))
-                if self._symbols is None
-                else self._symbols.take(pa.array(self._sym_code[rows]))
-            ),
-            pa.array(self._seq[rows]),
-            pa.array(self._recv[rows]),
+            symbol,
+            pa.array(seq),
+            pa.array(recv),
             _NAMES.take(pa.array(np.asarray(label, dtype=np.int64))),
             *(pa.array(probs[:, k]) for k in range(4)),
         ]

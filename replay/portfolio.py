@@ -249,12 +249,13 @@ def run_portfolio(
     why = portfolio_unsupported(cfg, features) if kernel else "kernel=False"
     streamed: list[StreamedBooks | None] = [None] * len(symbols)
     if not why and stream_books:
-        # The symbols walk the same files side by side: a group one reads, the next reads too. A
-        # walk chunk holds fewer rows of each symbol than of one: smaller blocks (labels keep their bits).
-        cache = GroupCache(keep=len(symbols) + 1)
+        # The symbols walk the same files side by side: a group one reads, the next reads too. A walk
+        # chunk holds a share of each symbol's rows: blocks of that size keep what is held small (the
+        # labels keep their bits: tests compare batches of 16 rows with whole tables).
+        cache = GroupCache(keep=len(symbols))
         schema = STREAMS["books15"].schema
         files = session.files("books15")
-        block = max(book_source.BLOCK // 8, book_source.BLOCK // len(symbols))
+        block = max(book_source.BLOCK // 16, book_source.BLOCK // (2 * len(symbols)))
         streamed = [StreamedBooks(files, laya, schema, symbol=s, cache=cache, block=block) for s in symbols]
         # the levels stay in the files; what the tape, the contracts and the first mids need
         books_of = [sb.small_columns(_TOP_COLUMNS) for sb in streamed if sb is not None]

@@ -146,7 +146,7 @@ def test_streamed_books_of_interleaved_symbols_replay_as_whole_tables(pair, tmp_
     assert whole.path == "kernel (a portfolio of 2)"
     syms = store.open_session(tmp_path / "s").read_table("books15").column("symbol").to_pylist()
     n = [syms.count("BTCUSDT"), syms.count("ETHUSDT")]
-    block = 32  # a portfolio of two: half the blocks' rows
+    block = 16  # a portfolio of two: a quarter of the blocks' rows
     head, blocks = streamed.path.rsplit(", ", 1)
     assert head == "kernel (a portfolio of 2, books streamed"
     # every block read, some again (walk chunks of 150 entries reach back past the two blocks kept)
