@@ -5,7 +5,7 @@ Each interpreter needs the project's dependencies installed (a venv with ``pip i
 onnxruntime==Y ...`` at the versions of the project's venv: ONNX Runtime and numpy versions can move
 the labels or the draws, the interpreter must not). Prints one row per interpreter, configuration and
 path (compiled loop / per event) with the decision and run digests, and whether they equal the pinned
-ones in ``tests/test_golden_digests.py``.
+ones in ``tests/replay/test_golden_digests.py``.
 
     python bench/digests_across_pythons.py /tmp/v3.12/bin/python /tmp/v3.13/bin/python
 """

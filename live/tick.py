@@ -10,7 +10,7 @@ The engine is unchanged: :class:`TickLaya` is both its ``labeler`` and its Laya 
 ``Engine.on_book`` asks for the label of the book that was just pre-labelled it gets that result and,
 as latency, the wall time from the frame's receipt to the label (what live records and replay
 re-applies); any other book (a frame off the fast path) is labelled the general way, timed the same
-way as before. Both ways give bit-identical features and labels (tests/test_live_tick.py).
+way as before. Both ways give bit-identical features and labels (tests/live/test_live_tick.py).
 """
 
 from __future__ import annotations

@@ -782,7 +782,7 @@ def run_replay(
 
     ``kernel``: run the compiled twin of the engine and simulated exchange (``replay/kernel.py``) when
     the configuration is one it reproduces exactly; otherwise, or with ``kernel=False``, the Python
-    engine runs. Both give the same events (``tests/test_replay_kernel.py``); ``RunResult.path`` says
+    engine runs. Both give the same events (``tests/replay/test_replay_kernel.py``); ``RunResult.path`` says
     which ran."""
     cfg = config or ReplayConfig()
     run_dir = _run_dir(session_dir, cfg, out_dir)

@@ -4,7 +4,7 @@ A replay emits one ``LabelEvent`` per book. Its fields are the book's (ts_event,
 symbol, already columns on the tape), the time the label became visible, and Laya's class and
 probabilities. :class:`LabelColumns` keeps just the book row, the time and Laya's output per label and
 hands the event log whole Arrow tables at its flush points (``EventLog.attach_columns``): the same
-events, files and digest as ``Engine.on_label`` appending rows (``tests/test_replay_fast.py``).
+events, files and digest as ``Engine.on_label`` appending rows (``tests/replay/test_replay_fast.py``).
 """
 
 from __future__ import annotations

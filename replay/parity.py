@@ -3,7 +3,7 @@ delays it observed (``recorded:KIND@RUN`` latency specs), market data seen by th
 receipt (``exchange_feed="local"``) and Laya per tick, as live mode runs it.
 
 With it, ``run_replay(session, replay_config_for(run))`` makes the decisions the live run made, and
-``dualhub diff RUN REPLAY`` finds no divergence (``tests/test_live.py`` checks it).
+``dualhub diff RUN REPLAY`` finds no divergence (``tests/live/test_live.py`` checks it).
 
 ``dualhub parity LIVE_SESSION`` (:func:`check_parity`) does both for every run of a live session and
 compares the streams of :data:`replay.diff.COMPARABLE_STREAMS` (labels, Kev, decisions) with

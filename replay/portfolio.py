@@ -16,7 +16,7 @@ the decimals its recorded books show.
 The compiled loop (``replay/kernel.py`` ``run_pf``) runs it where each instrument's configuration is
 one it reproduces (batch labels, the simulated Kev, drawn latencies, no Kev hub); otherwise the engine
 is driven one event at a time, as ``--python-engine`` does for one instrument. Both give the same
-events (``tests/test_replay_portfolio.py``).
+events (``tests/replay/test_replay_portfolio.py``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ merge needs no sort:
 
 The driver uses this tape only then (:func:`streamable`). A row found out of order while filling
 raises :class:`TapeDisorder`, and the run starts over on the whole-table tape. The events are the same
-either way (``tests/test_replay_kernel.py``).
+either way (``tests/replay/test_replay_kernel.py``).
 """
 
 from __future__ import annotations

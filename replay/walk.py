@@ -5,7 +5,7 @@ and sorted by ``(ts, priority, seq)``, ~130 bytes a book at its peak. :class:`St
 same entries in the same order without it: each stream is put in its own ``(ts, seq)`` order (usually
 it already is, and costs nothing), and a compiled k-way merge hands out the next chunk on demand.
 Streams have distinct priorities and seqs are unique within a stream, so ``(ts, priority, seq)`` is a
-total order and the merge and the sort agree entry for entry (``tests/test_replay_kernel.py``). A
+total order and the merge and the sort agree entry for entry (``tests/replay/test_replay_kernel.py``). A
 portfolio merges every instrument's streams the same way, the instrument in the keys' high bits.
 """
 

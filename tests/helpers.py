@@ -1,8 +1,13 @@
 """Small builders shared by tests."""
 
 import math
+from pathlib import Path
 
 from engine.events import BookSnapshot
+
+# The repository root. Tests sit at different depths (tests/ mirrors the package tree), so every path
+# into the tree is computed from here, never by counting a test file's own parents.
+REPO = Path(__file__).resolve().parents[1]
 
 
 def make_book(
@@ -39,7 +44,6 @@ def as_plain_python(compiled: str, producer: str):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     mod, fn = compiled.rsplit(".", 1)
     pmod, pfn = producer.rsplit(".", 1)
@@ -49,7 +53,6 @@ def as_plain_python(compiled: str, producer: str):
         f"print(json.dumps(t.{pfn}()))"
     )
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    root = Path(__file__).resolve().parent.parent
-    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout)

@@ -1,5 +1,5 @@
-"""Advisors for fault injection in Kev's own process (tests/test_kev_process.py). They live in a small
-module of their own because the child process imports it to unpickle them."""
+"""Advisors for fault injection in Kev's own process (tests/engine/kev/test_kev_process.py). They live in a
+small module of their own because the child process imports it to unpickle them."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The oracle does not call the gateway's code: it states the invariants an accepte
 (order size, worst-case position and net delta counting resting orders, price band, slippage over the
 displayed depth, reduce-only, a valid two-sided book) from the raw numbers, so a rule that is switched
 off by a NaN, or skipped by a wrong "reducing" shortcut, shows as a breach. Used by
-tests/test_risk_properties.py (a quick seeded run) and bench/fuzz_risk.py (millions of cases).
+tests/engine/test_risk_properties.py (a quick seeded run) and bench/fuzz_risk.py (millions of cases).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The replay knows up front how many Laya labels it will schedule and in which order, so it can draw
 their latencies in one go where the model allows it: constant, lognormal and empirical models (and
 ``ScaledLatency`` around them) draw from their own generator element by element, so a vector draw
-returns exactly the sequence of scalar draws (``tests/test_replay_fast.py`` checks it). Any other
+returns exactly the sequence of scalar draws (``tests/replay/test_replay_fast.py`` checks it). Any other
 model (recorded latencies, anything unknown) answers None and the caller samples one at a time.
 
 A recorded model answers by key (the time passed to ``sample_ns``), which only the draw knows:

@@ -64,7 +64,7 @@ def pymod(x, m, inv):  # pragma: no cover - compiled
     - A zero residue comes out as ``+0.0``, as Python gives it.
 
     Anything else goes to numba's own ``%``: negatives, ``-0.0``, huge values and inf. NaN never
-    reaches here, because the callers skip it. ``tests/test_laya.py`` checks edges and near
+    reaches here, because the callers skip it. ``tests/engine/laya/test_laya.py`` checks edges and near
     multiples against CPython."""
     if x > 0.0 and x < _FAST_BELOW:
         q = np.floor(x * inv)

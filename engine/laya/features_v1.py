@@ -43,7 +43,7 @@ of two of them): memory grows with the trades, 40 bytes each (up to twice that: 
 when it runs out). Sums run trade by trade and level by level in float64; each value is rounded to
 float32 once, ``log1p`` (the C library's, as ``math.log1p``) applied first for the log columns.
 NumPy's vectorised ``log1p`` may differ from the C library's in the last float64 bit; none of those
-differences survives the float32 rounding on the data in ``tests/test_features_v1.py``, which pins
+differences survives the float32 rounding on the data in ``tests/engine/laya/test_features_v1.py``, which pins
 the outputs. Change a kernel and bump ``FEATURE_VERSION``.
 """
 

@@ -261,7 +261,7 @@ class Laya:
         # The tick path feeds two rows (the features, then zeros) and keeps row 0: ONNX Runtime's
         # CPU GEMM takes a different kernel for a single row, whose results differ from a batch's
         # in the last bits; with two rows (and batches cut at BATCH_CHUNK_ROWS), predict() is
-        # bit-identical to predict_batch() on CPU (checked in tests/test_laya.py), so tick and
+        # bit-identical to predict_batch() on CPU (checked in tests/engine/laya/test_laya.py), so tick and
         # batch replays agree. Costs ~0.6 us per tick.
         self._x = np.zeros((2, self.n_features), dtype=np.float32)
         self._feeds = {self._input_name: self._x}
@@ -277,7 +277,7 @@ class Laya:
         self.warmup_first_ms, self.warmup_steady_ms = self._warm_up(config.warmup_runs)
         # On CPU the tick path runs on an IO binding: the input row and both outputs are bound once
         # to arrays this object owns, so a tick allocates nothing and converts nothing (~3.5 us
-        # against ~6.4 us per inference here, same bits: tests/test_laya.py). Other providers keep
+        # against ~6.4 us per inference here, same bits: tests/engine/laya/test_laya.py). Other providers keep
         # run(): their outputs would be copied back from the device anyway.
         self._tick_label = np.zeros(2, dtype=np.int64)
         self._tick_probs = np.zeros((2, N_CLASSES), dtype=np.float32)

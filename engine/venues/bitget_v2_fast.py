@@ -12,7 +12,7 @@ server send (``{"action":"snapshot","arg":{...,"channel":"books15","instId":"X"}
 ordered levels a side and an uncrossed book. Anything else (other key order, whitespace, escapes,
 exponents, too many digits, a bad level, another channel) returns "not mine" and the caller uses the
 general decoder, which also finds the quarantine reason. So the fast path can only ever be faster,
-never different; ``tests/test_bitget_v2_fast.py`` checks equality frame by frame.
+never different; ``tests/engine/venues/test_bitget_v2_fast.py`` checks equality frame by frame.
 """
 
 from __future__ import annotations

@@ -1,0 +1,408 @@
+import math
+import random
+from dataclasses import replace
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from dualhub.cli import main
+from engine.book import walk_book
+from engine.errors import DualhubError
+from engine.portfolio import units
+from engine.risk import (
+    DEFAULT_RULES,
+    MANDATORY_RULES,
+    R_OK,
+    REASONS,
+    RULES,
+    OrderIntent,
+    RiskLimits,
+    RiskState,
+    check,
+    limits_array,
+    loss_ok,
+    rule_codes,
+    units_words,
+)
+from tests.helpers import as_plain_python, make_book
+
+NOW = 1_000_000_000
+LIMITS = RiskLimits(
+    max_position=0.05,
+    max_net_delta_usd=4.0,
+    max_order_qty=0.02,
+    max_slippage_bps=50.0,
+    price_band_bps=50.0,
+    max_orders_per_s=3,
+    stale_book_ns=2_000_000_000,
+    daily_loss_stop_usd=10.0,
+)
+BOOK = make_book(100.0, 100.1, ts=NOW, size=0.01)
+
+
+def limit(side="buy", px=100.0, qty=0.01, **kw):
+    return OrderIntent(
+        client_oid="o", symbol="BTCUSDT", intent="new", side=side, order_type="limit", px=px, qty=qty, **kw
+    )
+
+
+def market(side="buy", qty=0.01, **kw):
+    return OrderIntent(
+        client_oid="o",
+        symbol="BTCUSDT",
+        intent="new",
+        side=side,
+        order_type="market",
+        px=math.nan,
+        qty=qty,
+        **kw,
+    )
+
+
+def test_plain_order_is_accepted():
+    assert check(LIMITS, RiskState(), limit(), BOOK, NOW) == (True, "ok")
+
+
+RULE_CASES = [
+    (RiskState(kill_switch=True), limit(), BOOK, NOW, "kill_switch"),
+    (RiskState(), limit(), None, NOW, "no_book"),
+    (RiskState(), limit(), BOOK, NOW + 2_000_000_001, "stale_book"),
+    (RiskState(), limit(qty=0.03), BOOK, NOW, "max_order_qty"),
+    (RiskState(position_units=units(0.045)), limit(qty=0.01), BOOK, NOW, "max_position"),
+    (RiskState(open_buy_qty=0.045), limit(qty=0.01), BOOK, NOW, "max_position"),
+    (RiskState(position_units=units(0.035)), limit(qty=0.01), BOOK, NOW, "max_net_delta"),
+    (RiskState(), limit(px=101.0), BOOK, NOW, "price_band"),
+    (RiskState(), market(qty=0.02, max_slippage_bps=8.0), BOOK, NOW, "max_slippage"),
+    (RiskState(), market(qty=0.01, max_slippage_bps=1.0), BOOK, NOW, "max_slippage"),
+    (RiskState(recent_order_ns=(NOW - 10, NOW - 20, NOW - 30)), limit(), BOOK, NOW, "order_rate"),
+    (RiskState(cash_units=units(-10.0)), limit(), BOOK, NOW, "loss_stop"),
+    (RiskState(), limit(qty=-1), BOOK, NOW, "bad_order"),
+    (RiskState(), limit(px=math.nan), BOOK, NOW, "bad_order"),
+]
+
+
+@pytest.mark.parametrize("state, intent, book, now, reason", RULE_CASES)
+def test_each_rule_rejects_with_its_reason(state, intent, book, now, reason):
+    assert check(LIMITS, state, intent, book, now) == (False, reason)
+
+
+def test_old_orders_leave_the_rate_window():
+    st = RiskState(recent_order_ns=(NOW - 2_000_000_000,) * 5)
+    assert check(LIMITS, st, limit(), BOOK, NOW) == (True, "ok")
+
+
+def test_reducing_orders_pass_position_and_loss_limits():
+    st = RiskState(position_units=units(0.05), cash_units=units(-55.0))  # PnL -50 at the mid
+    assert check(LIMITS, st, limit(side="sell", px=100.1), BOOK, NOW) == (True, "ok")
+    assert check(LIMITS, st, limit(side="buy"), BOOK, NOW)[1] == "max_position"
+
+
+def test_cancels_always_pass_even_with_kill_switch():
+    cancel = replace(limit(), intent="cancel")
+    assert check(LIMITS, RiskState(kill_switch=True), cancel, None, NOW) == (True, "ok")
+
+
+def test_market_order_within_displayed_depth_and_slippage_passes():
+    assert check(LIMITS, RiskState(), market(qty=0.01), BOOK, NOW) == (True, "ok")
+
+
+def test_check_is_pure():
+    st = RiskState(recent_order_ns=(NOW,))
+    a = check(LIMITS, st, limit(), BOOK, NOW)
+    b = check(LIMITS, st, limit(), BOOK, NOW)
+    assert a == b and st.recent_order_ns == (NOW,)
+
+
+def test_walk_book_consumes_levels_in_order():
+    book = make_book(100.0, 100.1, size=0.01)
+    assert walk_book(book, "buy", 0.025) == [(100.1, 0.01), (100.2, 0.01), (100.3, 0.005)]
+    assert walk_book(book, "sell", 0.01) == [(100.0, 0.01)]
+    short = make_book(100.0, 100.1, size=0.01, levels=2)
+    assert sum(q for _, q in walk_book(short, "buy", 1.0)) == pytest.approx(0.02)
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValueError):
+        RiskLimits(max_position=0)
+    with pytest.raises(ValueError):
+        RiskLimits(price_band_bps=math.nan)  # a NaN limit would switch its rule off
+
+
+# ---- fail closed: the holes found by issue 16, each reproduced with the default limits
+
+
+def _with_top(book, *, bid=None, ask=None, bid_sz=None, ask_sz=None):
+    def top(t, v):
+        return t if v is None else (v, *t[1:])
+
+    return replace(
+        book,
+        bid_px=top(book.bid_px, bid),
+        ask_px=top(book.ask_px, ask),
+        bid_sz=top(book.bid_sz, bid_sz),
+        ask_sz=top(book.ask_sz, ask_sz),
+    )
+
+
+DEFAULT = RiskLimits()
+WIDE = make_book(50_000.0, 50_000.1, ts=NOW, size=1.0)
+
+
+@pytest.mark.parametrize(
+    "top",
+    [
+        {"bid": math.nan},
+        {"ask": math.nan},
+        {"bid": math.inf},
+        {"ask": math.inf},
+        {"bid": -1.0},
+        {"bid": 0.0},
+        {"bid": 50_001.0},  # crossed
+        {"bid": 50_000.1},  # locked
+        {"bid_sz": math.nan},
+        {"ask_sz": 0.0},
+    ],
+)
+def test_no_new_order_without_a_valid_two_sided_book(top):
+    book = _with_top(WIDE, **top)
+    # A limit buy at 1e9 passed the price band when the mid was NaN; a market buy passed slippage.
+    assert check(DEFAULT, RiskState(), limit(px=1e9, qty=0.001), book, NOW) == (False, "bad_book")
+    assert check(DEFAULT, RiskState(), market(qty=0.001), book, NOW) == (False, "bad_book")
+    assert check(DEFAULT, RiskState(), limit(px=50_000.0, qty=0.001), WIDE, NOW) == (True, "ok")
+
+
+def test_a_reducing_order_counts_what_rests_on_its_side():
+    st = RiskState(position_units=units(0.01), open_sell_qty=0.1)
+    # worst case -0.11 against a 0.05 limit: it does not reduce anything
+    assert check(DEFAULT, st, limit(side="sell", px=50_000.1, qty=0.02), WIDE, NOW) == (False, "max_position")
+    # with nothing resting the same sell only shrinks the position
+    st = RiskState(position_units=units(0.01))
+    assert check(DEFAULT, st, limit(side="sell", px=50_000.1, qty=0.005), WIDE, NOW) == (True, "ok")
+
+
+def test_a_reducing_order_passes_the_limits_it_cannot_worsen():
+    # over the position limit and past the loss stop, a sell that shrinks the worst case still goes
+    st = RiskState(position_units=units(0.08), open_sell_qty=0.01, cash_units=units(-1e6))
+    assert check(DEFAULT, st, limit(side="sell", px=50_000.1, qty=0.02), WIDE, NOW) == (True, "ok")
+    assert check(DEFAULT, st, limit(side="buy", px=50_000.0, qty=0.001), WIDE, NOW)[0] is False
+
+
+@pytest.mark.parametrize(
+    "position, side, qty, ok",
+    [
+        (0.05, "buy", 0.02, False),  # the issue's case: a reduce-only buy on a long
+        (0.0, "sell", 0.01, False),  # nothing to reduce
+        (0.05, "sell", 0.02, True),
+        (0.01, "sell", 0.02, False),  # would flip the position
+        (-0.02, "buy", 0.02, True),
+    ],
+)
+def test_reduce_only_is_checked_not_trusted(position, side, qty, ok):
+    intent = market(side=side, qty=qty, reduce_only=True)
+    got = check(DEFAULT, RiskState(position_units=units(position)), intent, WIDE, NOW)
+    assert got == ((True, "ok") if ok else (False, "reduce_only"))
+
+
+def test_walk_book_stops_at_the_first_level_that_is_not_real():
+    book = make_book(100.0, 100.1, size=0.01)
+    nan_size = replace(book, ask_sz=(0.01, math.nan, *book.ask_sz[2:]))
+    assert walk_book(nan_size, "buy", 1.0) == [(100.1, 0.01)]  # a NaN size was unlimited liquidity
+    negative = replace(book, ask_sz=(0.01, -5.0, *book.ask_sz[2:]))
+    assert walk_book(negative, "buy", 1.0) == [(100.1, 0.01)]
+    backwards = replace(book, ask_px=(100.1, 100.0, *book.ask_px[2:]))
+    assert walk_book(backwards, "buy", 1.0) == [(100.1, 0.01)]
+    # so a market order that needs those levels is refused for slippage, not filled on fiction
+    assert check(LIMITS, RiskState(), market(qty=0.015), nan_size, NOW) == (False, "max_slippage")
+
+
+def test_the_kill_switch_lets_only_reduce_only_flattening_through():
+    st = RiskState(position_units=units(0.03), kill_switch=True)
+    flatten = market(side="sell", qty=0.02, reduce_only=True, source="flatten")
+    assert check(DEFAULT, st, flatten, WIDE, NOW) == (True, "ok")
+    assert check(DEFAULT, st, replace(flatten, source="kev"), WIDE, NOW) == (False, "kill_switch")
+    assert check(DEFAULT, st, replace(flatten, reduce_only=False), WIDE, NOW) == (False, "kill_switch")
+    # and it still may not open or flip a position
+    assert check(DEFAULT, st, replace(flatten, side="buy"), WIDE, NOW) == (False, "reduce_only")
+
+
+# ---- the loss stop: one exact decision over the integers of 1e-12 both engines keep
+
+
+def _loss_ok(stop: float, position_units: int, cash_units: int, mid: float) -> bool:
+    lim = limits_array(replace(LIMITS, daily_loss_stop_usd=stop))
+    return bool(loss_ok(lim, *units_words(position_units), *units_words(cash_units), mid))
+
+
+def _exactly_above(stop: float, position_units: int, cash_units: int, mid: float) -> bool:
+    """The oracle: ``cash + position * mid > -stop`` in rationals (mid and stop as the floats they are)."""
+    return Fraction(cash_units) + Fraction(position_units) * Fraction(mid) + Fraction(stop) * 10**12 > 0
+
+
+def test_the_loss_stop_is_decided_exactly_at_its_limit():
+    assert _loss_ok(10.0, 0, -(10 * 10**12) + 1, 100.05)  # 1e-12 above the stop: trading goes on
+    assert not _loss_ok(10.0, 0, -(10 * 10**12), 100.05)  # at the stop: it stops
+    # 0.01 BTC at the float 100.05 (100.0499999999999971578...): the cash that puts the PnL at -10
+    # exactly for the decimal 100.05 leaves it a hair below for the float the book holds
+    assert not _loss_ok(10.0, units(0.01), units(-11.0005), (100.0 + 100.1) / 2)
+    assert _loss_ok(10.0, units(0.01), units(-11.0005) + 1, (100.0 + 100.1) / 2)
+    # a NaN or infinite mark, or a word too large for the rule, stops; an infinite stop never does
+    assert not _loss_ok(10.0, units(0.01), 0, math.nan)
+    assert not _loss_ok(10.0, units(0.01), 0, -math.inf)
+    assert not _loss_ok(10.0, 1 << 90, 0, 100.0)
+    assert _loss_ok(math.inf, -units(1.0), 0, 1e300)
+
+
+def test_the_loss_stop_agrees_with_rational_arithmetic_next_to_the_limit():
+    """Seeded cases built to land within a few units of 1e-12 of the stop (where floats alone cannot
+    tell), over positions and cash beyond int64 too (the Python engine's Decimals have no bound; the
+    rule reads up to 2**85 units, 3.9e13 USDT or base units, and stops beyond)."""
+    rng = random.Random(11)
+    seen = set()
+    for _ in range(3_000):
+        stop = rng.choice([0.05, 10.0, 100.0, 123.456789, 1e9, 1e-9])
+        mid = rng.choice([100.05, 50_000.15, 0.123456789, 3e9 + 0.5, rng.uniform(1, 1e5)])
+        big = int(2**84 / max(mid, 1.0))  # cash of the same size stays within the rule's 2**85 units
+        pos = rng.choice([0, 1, -1, rng.randrange(-(10**15), 10**15), rng.randrange(-big, big)])
+        # the cash that puts the PnL at the stop, give or take a few units
+        at = -(Fraction(pos) * Fraction(mid) + Fraction(stop) * 10**12)
+        cash = math.floor(at) + rng.randrange(-3, 4)
+        want = _exactly_above(stop, pos, cash, mid)
+        assert _loss_ok(stop, pos, cash, mid) == want, (stop, pos, cash, mid)
+        seen.add(want)
+    assert seen == {True, False}
+
+
+def test_the_engine_reads_its_portfolio_in_units_exactly():
+    from decimal import Decimal
+
+    assert units(Decimal("-11.000500000000")) == -11_000_500_000_000
+    assert units(0.045) == 45_000_000_000 and units(Decimal("1e-12")) == 1
+    st = RiskState(position_units=units(0.1) * 10**9)  # 1e8 BTC: units beyond int64
+    assert st.position == 1e8
+    assert units_words(st.position_units)[0] * 2**32 + units_words(st.position_units)[1] == st.position_units
+
+
+# ---- the rules: an ordered, configurable list
+
+
+def test_the_default_list_is_every_rule_in_the_gateways_order():
+    assert sorted(DEFAULT_RULES) == sorted(RULES) and RiskLimits().rules == DEFAULT_RULES
+    assert [REASONS[c] for c in rule_codes(RiskLimits())] == list(DEFAULT_RULES)
+    codes = rule_codes(RiskLimits(rules=MANDATORY_RULES))
+    assert [REASONS[c] for c in codes[: len(MANDATORY_RULES)]] == list(MANDATORY_RULES)
+    assert (codes[len(MANDATORY_RULES) :] == R_OK).all() and codes.dtype == np.int64
+
+
+def test_the_list_chooses_which_rules_run_and_in_what_order():
+    far = limit(px=101.0, qty=0.03)  # outside the price band and over max_order_qty
+    assert check(LIMITS, RiskState(), far, BOOK, NOW) == (False, "max_order_qty")
+    band_first = [r for r in DEFAULT_RULES if r != "price_band"]
+    band_first.insert(band_first.index("max_order_qty"), "price_band")
+    assert check(replace(LIMITS, rules=tuple(band_first)), RiskState(), far, BOOK, NOW) == (
+        False,
+        "price_band",
+    )
+    # without the band and the size limit the same order goes
+    fewer = tuple(r for r in DEFAULT_RULES if r not in ("price_band", "max_order_qty", "max_net_delta"))
+    assert check(replace(LIMITS, rules=fewer), RiskState(), far, BOOK, NOW) == (True, "ok")
+    # the loss stop left out: a state past it trades; the mandatory rules still bind
+    no_stop = RiskLimits(rules=",".join(r for r in DEFAULT_RULES if r != "loss_stop"))
+    assert check(no_stop, RiskState(cash_units=units(-1e6)), limit(px=50_000.0, qty=0.001), WIDE, NOW)[0]
+    assert check(no_stop, RiskState(kill_switch=True), limit(), BOOK, NOW) == (False, "kill_switch")
+
+
+@pytest.mark.parametrize(
+    "rules, message",
+    [
+        ("bad_order,kill_switch,no_book,bad_book,reduce_only,loss_stops", "unknown risk rule 'loss_stops'"),
+        ("bad_order,kill_switch,no_book,bad_book", "must include reduce_only"),
+        (",".join(r for r in DEFAULT_RULES if r != "kill_switch"), "must include kill_switch"),
+        ("kill_switch,bad_order,no_book,bad_book,reduce_only", "'bad_order' must come first"),
+        (
+            "bad_order,kill_switch,no_book,price_band,bad_book,reduce_only",
+            "before the rules that read the book",
+        ),
+        ("bad_order,kill_switch,bad_book,no_book,reduce_only", "'no_book' then 'bad_book'"),
+        ("bad_order,kill_switch,no_book,bad_book,reduce_only,order_rate,order_rate", "listed twice"),
+        ("", "unknown risk rule ''"),
+    ],
+)
+def test_a_rule_list_that_is_not_safe_is_refused_in_one_line(rules, message):
+    with pytest.raises(DualhubError, match=message) as e:
+        RiskLimits(rules=rules)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("cmd", ["replay", "live"])
+def test_the_cli_refuses_a_bad_rule_list_in_one_line(capsys, tmp_path, cmd):
+    argv = [cmd, str(tmp_path)] if cmd == "replay" else [cmd, "--out", str(tmp_path / "s")]
+    rc = main([*argv, "--risk-rules", "bad_order,kill_switch,no_book,bad_book"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"dualhub {cmd}: error: risk rules must include reduce_only"), err
+
+
+def _verdicts() -> list:
+    """check() over the rule table, seeded fuzz cases (hostile books, states and intents) and reordered
+    rule lists, and the loss stop's answers next to its limit (its exact path included)."""
+    from tests.risk_fuzz import LIMITS as FUZZ_LIMITS
+    from tests.risk_fuzz import NOW as FUZZ_NOW
+    from tests.risk_fuzz import gen_cases
+
+    out: list = [check(LIMITS, st, it, book, now)[1] for st, it, book, now, _ in RULE_CASES]
+    rest = tuple(r for r in reversed(DEFAULT_RULES) if r not in MANDATORY_RULES)
+    reordered = replace(FUZZ_LIMITS, rules=(*MANDATORY_RULES, *rest))
+    for st, its, book in gen_cases(seed=5, n=150):
+        out += [check(FUZZ_LIMITS, st, it, book, FUZZ_NOW)[1] for it in its]
+        out += [check(reordered, st, it, book, FUZZ_NOW)[1] for it in its]
+    for cash in (
+        -(10 * 10**12) - 1,
+        -(10 * 10**12),
+        -(10 * 10**12) + 1,
+        units(-11.0005),
+        units(-11.0005) + 1,
+    ):
+        for pos in (0, units(0.01), 1 << 70):
+            out.append(_loss_ok(10.0, pos, cash, (100.0 + 100.1) / 2))
+    out.append(_loss_ok(10.0, units(0.01), 0, math.nan))
+    return out
+
+
+def test_the_rules_read_as_plain_python_give_the_compiled_verdicts():
+    pure = as_plain_python("engine.risk.verdict", "tests.engine.test_risk._verdicts")
+    compiled = _verdicts()
+    assert pure == compiled
+    assert set(REASONS) <= set(compiled) and {True, False} <= set(compiled)  # every rule was reached
+
+
+def test_a_replay_runs_the_configured_rules_on_both_paths_and_records_them(tmp_path):
+    import orjson
+    import pyarrow.parquet as pq
+
+    from replay.driver import ReplayConfig, run_replay
+    from venue.simulator import simulate_session
+
+    def reasons(run) -> set:
+        return set(
+            pq.read_table(run.run_dir / "events" / "risk.parquet", columns=["reason"]).column(0).to_pylist()
+        )
+
+    def read(run, name: str) -> dict:
+        return orjson.loads((run.run_dir / name).read_bytes())
+
+    session = simulate_session(tmp_path / "s", minutes=0.5, seed=23)
+    tight = RiskLimits(max_orders_per_s=1)
+    base = run_replay(session, ReplayConfig(risk=tight), out_dir=tmp_path / "base")
+    assert "order_rate" in reasons(base)
+    rules = tuple(r for r in DEFAULT_RULES if r != "order_rate")
+    cfg = ReplayConfig(risk=replace(tight, rules=rules))
+    kn = run_replay(session, cfg, out_dir=tmp_path / "k")
+    py = run_replay(session, cfg, out_dir=tmp_path / "p", kernel=False)
+    assert kn.path.startswith("kernel") and py.path.startswith("python") and kn.digest == py.digest
+    assert "order_rate" not in reasons(kn) and kn.digest != base.digest
+    assert read(kn, "runtime.json")["risk_rules"] == list(rules)
+    assert read(base, "runtime.json")["risk_rules"] == list(DEFAULT_RULES)
+    # a list other than the default is part of the run's config (its name); the default leaves it as it was
+    assert read(kn, "manifest.json")["config"]["risk"]["rules"] == list(rules)
+    assert "rules" not in read(base, "manifest.json")["config"]["risk"]

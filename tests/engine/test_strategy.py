@@ -1,0 +1,183 @@
+"""The strategy's compiled rules (quote prices, Kev's target, the market order towards it) and the
+contract's rounding they use."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from engine.contract import ContractConfig, round_exact, round_to_step, round_to_tick
+from engine.strategy import (
+    BUY,
+    NO_ORDER,
+    SELL,
+    QuoteConfig,
+    desired_quotes,
+    kev_target,
+    quote_prices,
+    rebalance_order,
+)
+from tests.helpers import REPO, make_book
+
+CFG = QuoteConfig(quote_qty=0.002, offset_ticks=1, label_skew_ticks=2, inventory_skew_ticks=4.0)
+CONTRACT = ContractConfig()
+
+
+def quotes(label="HOLD", position=0.0, target=0.0, max_position=0.05, bid=100.0, ask=100.5, **book):
+    b = make_book(bid=bid, ask=ask, **book)
+    qs = desired_quotes(
+        CFG, CONTRACT, b, label=label, position=position, target=target, max_position=max_position
+    )
+    return {q.side: q.px for q in qs}
+
+
+def test_neutral_quotes_sit_offset_ticks_behind_the_touch():
+    assert quotes() == {"buy": 99.9, "sell": 100.6}
+
+
+def test_the_label_leans_both_quotes_towards_its_side():
+    assert quotes("LEAN_BUY") == {"buy": 100.1, "sell": 100.8}
+    assert quotes("LEAN_SELL") == {"buy": 99.7, "sell": 100.4}
+    assert quotes("EMERGENCY") == quotes("HOLD") == quotes("NOT_A_LABEL")
+
+
+def test_inventory_above_kevs_target_shifts_quotes_down():
+    # half of max_position too long: 2 ticks lower (inventory_skew_ticks * 0.5); at the target: neutral
+    assert quotes(position=0.025, target=0.0) == {"buy": 99.7, "sell": 100.4}
+    assert quotes(position=0.025, target=0.025) == quotes()
+
+
+def test_a_quote_never_crosses_the_touch():
+    # a strong lean into a one-tick spread stops one tick inside the other side
+    got = quotes("LEAN_BUY", position=-0.04, target=0.04, bid=100.0, ask=100.1)
+    assert got["buy"] == 100.0 and got["sell"] >= 100.1
+
+
+def test_a_side_that_would_breach_max_position_is_not_quoted():
+    assert set(quotes(position=0.049)) == {"sell"}
+    assert set(quotes(position=-0.049)) == {"buy"}
+    assert set(quotes(position=0.048)) == {"buy", "sell"}  # exactly at the limit after a fill is fine
+
+
+@pytest.mark.parametrize(
+    "bid, ask, size",
+    [
+        (math.nan, 100.5, 1.0),
+        (100.0, math.inf, 1.0),
+        (100.5, 100.0, 1.0),
+        (100.0, 100.0, 1.0),
+        (100.0, 100.5, 0.0),
+    ],
+)
+def test_no_quotes_around_a_book_that_is_not_tradable(bid, ask, size):
+    assert quotes(bid=bid, ask=ask, size=size) == {}
+
+
+def test_no_quotes_past_2_52_ticks():
+    tick = CONTRACT.tick
+    top = 2.0**52 * tick
+    below = quote_prices(top / 2 - 1e3, 1.0, top / 2, 1.0, tick, 0, 0.0, 0.0, 0.05, 0.002, 1, 2, 4.0)
+    beyond = quote_prices(top - 1e3, 1.0, top, 1.0, tick, 0, 0.0, 0.0, 0.05, 0.002, 1, 2, 4.0)
+    assert below[0] and below[2] and math.isfinite(below[1])
+    assert not beyond[0] and not beyond[2] and math.isnan(beyond[1])
+
+
+def test_quote_prices_are_on_the_tick_even_where_round_is_wide():
+    # from 2**52 / 1e10 on, round(x, 10) needs more than the simple exact product
+    for bid in (450_360.3, 612_345.7, 3_000_000.1):
+        got = quotes(bid=bid, ask=round(bid + 0.5, 1))
+        for side, px in got.items():
+            assert px == float(f"{px:.1f}"), (bid, side, px)
+
+
+def test_kevs_target_while_fresh_within_max_position():
+    assert kev_target(True, 10, 10, False, 0.03, 0.05) == 0.03
+    assert kev_target(True, 10, 10, False, 0.3, 0.05) == 0.05
+    assert kev_target(True, 10, 10, False, -0.3, 0.05) == -0.05
+    assert kev_target(True, 11, 10, False, 0.03, 0.05) == 0.0  # expired
+    assert kev_target(True, 10, 10, True, 0.03, 0.05) == 0.0  # flatten
+    assert kev_target(False, 10, 10, False, 0.03, 0.05) == 0.0  # no advice
+
+
+def test_rebalance_order_towards_the_target():
+    args = (0.002, 0.01, 0.001, 0.001)  # quote_qty, max_order_qty, size_step, min_qty
+    assert rebalance_order(0.0299, 0.0, *args) == (BUY, 0.01)  # capped at max_order_qty
+    assert rebalance_order(-0.0047, 0.0, *args) == (SELL, 0.004)  # down to the size step
+    assert rebalance_order(0.0, 0.003, *args) == (SELL, 0.003)
+    assert rebalance_order(0.0019, 0.0, *args)[0] == NO_ORDER  # under one quote
+    assert rebalance_order(0.0025, 0.0, 0.002, 0.01, 0.001, 0.003)[0] == NO_ORDER  # rounds below min_qty
+
+
+@pytest.mark.parametrize("nd", [0, 2, 6, 10, 12, 22])
+def test_round_exact_is_cpythons_round_everywhere(nd):
+    rng = np.random.default_rng(nd)
+    base = 2.0**52 / 10.0**nd  # from here pyround gives up; round_exact must not
+    xs = np.concatenate(
+        [
+            rng.uniform(0, 1, 3000) * base,
+            base * rng.uniform(0.5, 4.0, 3000),
+            np.floor(base * rng.uniform(0.5, 4.0, 2000)) + rng.integers(0, 4096, 2000) / 4096,  # ties
+            [2.0**53 / 10.0**nd, np.nextafter(2.0**53 / 10.0**nd, 0), 1e300, 5e-324, 0.0],
+        ]
+    )
+    for x in [*xs.tolist(), *(-xs).tolist()]:
+        got, want = round_exact(x, nd), round(x, nd)
+        assert got == want and math.copysign(1, got) == math.copysign(1, want), (x, nd, got, want)
+
+
+def test_contract_rounding_is_the_python_expression():
+    rng = np.random.default_rng(1)
+    for tick in (0.1, 0.01, 0.5, 1e-4):
+        for px in [0.04, -0.04, -0.0, *rng.uniform(-1e6, 1e15, 500).tolist(), *rng.uniform(0, 2e6, 500)]:
+            got, want = round_to_tick(px, tick), round(round(px / tick) * tick, 10)
+            assert got == want and math.copysign(1, got) == math.copysign(1, want), (px, tick)
+        for q in [-0.0001, 0.0999999999, *rng.uniform(-2e6, 2e6, 300).tolist(), *rng.uniform(0, 0.1, 300)]:
+            got, want = round_to_step(q, tick), round(int(q / tick + 1e-9) * tick, 10)
+            assert got == want and math.copysign(1, got) == math.copysign(1, want), (q, tick)
+
+
+_QUOTE_CASES = [
+    (label, pos, target, bid)
+    for label in ("HOLD", "LEAN_BUY", "LEAN_SELL", "EMERGENCY")
+    for pos in (-0.049, -0.01, 0.0, 0.02, 0.049)
+    for target in (-0.05, 0.0, 0.03)
+    for bid in (100.0, 37_000.1, 450_360.3, 900_720.1)
+]
+_QUOTE_SCRIPT = """
+import json, sys
+from engine.contract import ContractConfig
+from engine.strategy import QuoteConfig, desired_quotes
+from tests.helpers import make_book
+out = []
+for label, pos, target, bid in json.loads(sys.argv[1]):
+    book = make_book(bid=bid, ask=bid + 0.3)
+    qs = desired_quotes(QuoteConfig(), ContractConfig(), book, label=label, position=pos, target=target,
+                        max_position=0.05)
+    out.append([[q.side, q.px.hex(), q.qty] for q in qs])
+print(json.dumps(out))
+"""
+
+
+def _quotes_in_subprocess(disable_jit: bool) -> list:
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1" if disable_jit else "0"}
+    root = REPO
+    r = subprocess.run(
+        [sys.executable, "-c", _QUOTE_SCRIPT, json.dumps(_QUOTE_CASES)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_quoting_as_plain_python_gives_the_compiled_quotes():
+    plain, compiled = _quotes_in_subprocess(True), _quotes_in_subprocess(False)
+    assert plain == compiled
+    assert sum(len(q) for q in plain) > len(_QUOTE_CASES)  # most cases quote, some one side only
