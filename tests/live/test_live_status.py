@@ -167,6 +167,11 @@ def test_kill_flattens_closes_the_position_at_the_venue(tmp_path):
             assert time.monotonic() < deadline and t.is_alive(), "no position was built"
             time.sleep(0.05)
         held = ex.position("BTCUSDT", "local-key")
+        # The venue's fills reach the engine over the private socket, a moment later: kill once it has
+        # heard of these, so the position it flattens is at least what the venue held here.
+        while float(runner.syms["BTCUSDT"].engine.portfolio.position) < held - 1e-9:
+            assert time.monotonic() < deadline and t.is_alive(), "the engine never heard of the fills"
+            time.sleep(0.01)
         (out / "KILL").write_text("flatten-test")
         t.join(30)
         r = box["r"]
