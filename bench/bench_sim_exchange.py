@@ -13,18 +13,18 @@ report the same calls (else the script stops): the peer is an older venue, not a
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from peer import module_at  # noqa: E402
 
 from engine.clock import ReplayClock  # noqa: E402
 from engine.events import BookSnapshot, Trade  # noqa: E402
@@ -122,15 +122,7 @@ def _events(n: int, seed: int = 7) -> list[tuple]:
 
 
 def _load(rev: str):
-    src = subprocess.run(
-        ["git", "show", f"{rev}:venue/exchange.py"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / f"exchange_{rev}.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location(f"exchange_{rev}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.SimExchange
+    return module_at(rev, "venue/exchange.py").SimExchange
 
 
 def _run(cls, events) -> tuple[float, list]:

@@ -12,11 +12,8 @@ runs. Both must give the same entries (else the script stops).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,21 +21,15 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from peer import module_at  # noqa: E402
 
 from replay import walk as this  # noqa: E402
 
 
 def _load(rev: str):
-    src = subprocess.run(
-        ["git", "show", f"{rev}:replay/walk.py"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / f"walk_{rev}.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location(f"walk_{rev}", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return module_at(rev, "replay/walk.py")
 
 
 def _streams(mod, n: int, seed: int, inst: int = 0) -> list:

@@ -214,15 +214,19 @@ class Session:
                 raise SessionError(f"{f}: cannot read it ({first_line(e)})") from None
         return pa.concat_tables(tables)
 
-    def read_symbols(self, stream: str, symbols: list[str]) -> list[pa.Table]:
-        """Each symbol's rows of ``stream``, in the files' order: read a row group at a time and split,
-        so the session's whole table never sits in memory beside the symbols' (a portfolio of all of
-        a session's symbols would hold its data twice)."""
+    def read_symbols(
+        self, stream: str, symbols: list[str], columns: list[str] | None = None
+    ) -> list[pa.Table]:
+        """Each symbol's rows of ``stream`` (its ``columns``, ``symbol`` among them; all by default), in
+        the files' order: read a row group at a time and split, so the session's whole table never sits
+        in memory beside the symbols' (a portfolio of all of a session's symbols would hold its data
+        twice)."""
         files = self.files(stream)
-        schema = STREAMS[stream].schema
+        full = STREAMS[stream].schema
+        schema = full if columns is None else pa.schema([full.field(c) for c in columns])
         parts: list[list[pa.Table]] = [[] for _ in symbols]
         for f in files:
-            pf = open_parquet(f, schema)
+            pf = open_parquet(f, full)
             try:
                 for g in range(pf.metadata.num_row_groups):
                     t = pf.read_row_group(g, columns=schema.names).cast(schema)

@@ -50,7 +50,20 @@ class GroupCache:
     def __init__(self, keep: int = 2) -> None:
         self.keep = keep
         self._tables: dict[tuple[Path, int], pa.Table] = {}
+        self._symbols: dict[tuple[Path, int], pa.Table] = {}  # symbol columns, while symbols are set up
         self._x = np.zeros((0, N_FEATURES), dtype=np.float32)  # the symbols' features buffer
+
+    def symbols(self, path: Path, pf: pq.ParquetFile, group: int) -> pa.Table:
+        """The group's symbol column, read once for all the symbols that pick their rows from it."""
+        key = (path, group)
+        t = self._symbols.get(key)
+        if t is None:
+            t = self._symbols[key] = read_group(path, pf, group, ["symbol"])
+        return t
+
+    def symbols_done(self) -> None:
+        """Every symbol has its rows' places: the symbol columns go."""
+        self._symbols.clear()
 
     def read(self, path: Path, pf: pq.ParquetFile, group: int) -> pa.Table:
         key = (path, group)
@@ -95,7 +108,9 @@ class StreamedBooks:
                 n = pf.metadata.row_group(g).num_rows
                 pick = None
                 if symbol is not None:
-                    col = read_group(f, pf, g, ["symbol"]).column(0)
+                    col = (
+                        read_group(f, pf, g, ["symbol"]) if cache is None else cache.symbols(f, pf, g)
+                    ).column(0)
                     hit = pc.equal(col, symbol).to_numpy(zero_copy_only=False)
                     if not hit.all():
                         pick = np.flatnonzero(hit)
@@ -115,16 +130,14 @@ class StreamedBooks:
         self._labelled = np.zeros((row + self.block - 1) // self.block, dtype=bool)
         self.blocks_read = 0
 
-    def small_columns(self, extra: tuple[str, ...] = ()) -> pa.Table:
-        """Every row's times, seqs and symbol (no levels), and the columns ``extra`` names."""
-        columns = [*SMALL_COLUMNS, *extra]
+    def small_columns(self) -> pa.Table:
+        """Every row's times, seqs and symbol (no levels)."""
         if not self._files:
-            return self._schema.empty_table().select(columns)
+            return self._schema.empty_table().select(SMALL_COLUMNS)
         # symbol as a dictionary: one string, not a million
-        tables = [pq.read_table(f, columns=columns, read_dictionary=["symbol"]) for f in self._files]
-        if self._symbol is not None:
-            tables = [t.filter(pc.equal(t.column("symbol"), self._symbol)) for t in tables]
-        return pa.concat_tables(tables)
+        return pa.concat_tables(
+            [pq.read_table(f, columns=SMALL_COLUMNS, read_dictionary=["symbol"]) for f in self._files]
+        )
 
     def _read_block(self, b: int) -> np.ndarray:
         block = self.block

@@ -42,7 +42,7 @@ from engine.kev.sim import SimKevBackend
 from engine.laya.model import Laya
 from engine.store import open_session
 from replay import book_source, fast_path
-from replay.book_source import GroupCache, StreamedBooks
+from replay.book_source import SMALL_COLUMNS, GroupCache, StreamedBooks
 from replay.driver import (
     PRIO_EXCH_BOOK,
     PRIO_EXCH_TRADE,
@@ -257,8 +257,9 @@ def run_portfolio(
         files = session.files("books15")
         block = max(book_source.BLOCK // 16, book_source.BLOCK // (2 * len(symbols)))
         streamed = [StreamedBooks(files, laya, schema, symbol=s, cache=cache, block=block) for s in symbols]
+        cache.symbols_done()
         # the levels stay in the files; what the tape, the contracts and the first mids need
-        books_of = [sb.small_columns(_TOP_COLUMNS) for sb in streamed if sb is not None]
+        books_of = session.read_symbols("books15", symbols, [*SMALL_COLUMNS, *_TOP_COLUMNS])
     else:
         books_of = session.read_symbols("books15", symbols)
     trades_of = (

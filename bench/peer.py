@@ -1,0 +1,29 @@
+"""A module as it was at a git revision, loaded beside this tree's: the peer a bench alternates with."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def module_at(rev: str, rel: str) -> ModuleType:
+    """``rel`` (a path in the repository, e.g. ``replay/walk.py``) at ``rev``, as a module of its own
+    name (``walk_<rev>``); what it imports comes from this tree."""
+    src = subprocess.run(
+        ["git", "show", f"{rev}:{rel}"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    name = f"{Path(rel).stem}_{rev}"
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path.write_text(src.stdout)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
