@@ -304,7 +304,7 @@ class Engine:
         self.levels[0] = as_levels(book)
         self.b_loc[0] = book.ts_recv
         if self.pf is not None:
-            self.pf.note_label(self.inst, LABEL_NAMES[label_id])
+            self.pf.note_label(self.inst, label_id)
         c = self._room(now)
         K.step_label(
             label_id, float(probs[label_id]), c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.HI, c.HF,

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -31,7 +30,8 @@ from engine import kernel as K
 from engine.errors import DualhubError
 from engine.kev.advisor import InstrumentState, KevContextV2, PairState
 from engine.kev.command import ACTIONS, CommandV2, check_pairs, command_rows
-from engine.kev.pairs import P_BETA, P_SPREAD, pair_state, pair_update, pair_z
+from engine.kev.pairs import P_BETA, P_SPREAD, PAIR_STATE_SIZE, pair_state, pair_z
+from engine.state import LABEL_NAMES
 
 if TYPE_CHECKING:
     from engine.core import Engine, EngineConfig, PortfolioView
@@ -97,9 +97,6 @@ class Portfolio:
     with ``portfolio=`` this (the first one built is instrument 0). Drivers hand each instrument's
     events to its engine (:meth:`engine`); the portfolio keeps them one."""
 
-    # how many of an instrument's latest labels a Kev context carries
-    LABELS_KEPT = 3
-
     def __init__(
         self,
         symbols: list[str] | tuple[str, ...],
@@ -117,14 +114,20 @@ class Portfolio:
         self.symbols = tuple(symbols)
         self.hub = hub
         self.pairs = tuple(pairs)
-        self._legs = [(self.symbols.index(a), self.symbols.index(b)) for a, b in self.pairs]
-        self.pair_states = [pair_state() for _ in self.pairs]
-        self._pair_t: list[int | None] = [None] * len(self.pairs)
         self.pair_half_life_ns = float(pair_half_life_ns)
-        self.labels: list[deque[str]] = [deque(maxlen=self.LABELS_KEPT) for _ in symbols]
+        # The portfolio's shared arrays (engine/kernel.py "several instruments" and "Kev as the
+        # portfolio hub"): the replay's compiled loop runs on these very arrays.
+        n = len(symbols)
         self.PI = np.zeros(K.PI_SIZE, dtype=np.int64)
-        self.PF = np.zeros((len(symbols), K.PF_COLS), dtype=np.float64)
+        self.PI[K.PI_HUB] = hub
+        self.PF = np.zeros((n, K.PF_COLS), dtype=np.float64)
         self.PF[:, K.PF_MARK] = math.nan  # no book yet
+        self.PS = np.array([pair_state() for _ in self.pairs]).reshape(len(self.pairs), PAIR_STATE_SIZE)
+        self.PP = np.zeros((len(self.pairs), K.PP_COLS), dtype=np.int64)
+        for k, (a, b) in enumerate(self.pairs):
+            self.PP[k, K.PP_LEADER] = self.symbols.index(a)
+            self.PP[k, K.PP_FOLLOWER] = self.symbols.index(b)
+        self.LR = np.zeros((n, 1 + K.LABELS_KEPT), dtype=np.int64)
         self.engines: list[Engine] = []
         self._by_symbol: dict[str, Engine] = {}
 
@@ -145,73 +148,24 @@ class Portfolio:
     def observe(self, i: int, t_ns: int) -> None:
         """Instrument ``i`` has a new mark at ``t_ns`` (the engine's receive time): every pair with it
         as a leg takes one observation of both legs' marks."""
-        PF = self.PF
-        for k, (li, fi) in enumerate(self._legs):
-            if i != li and i != fi:
-                continue
-            ml, mf = PF[li, K.PF_MARK], PF[fi, K.PF_MARK]
-            if not (ml > 0 and mf > 0):  # NaN too: a leg with no book yet
-                continue
-            last = self._pair_t[k]
-            dt = 0.0 if last is None else float(t_ns - last)
-            pair_update(self.pair_states[k], math.log(ml), math.log(mf), dt, self.pair_half_life_ns)
-            self._pair_t[k] = t_ns
+        K.pf_observe(self.PF, self.PS, self.PP, i, t_ns, self.pair_half_life_ns)
 
-    def note_label(self, i: int, label: str) -> None:
-        self.labels[i].append(label)
+    def note_label(self, i: int, label: int) -> None:
+        K.pf_note_label(self.LR, i, label)
 
     def context(self, source: Engine, rid: int) -> KevContextV2:
         """Request ``rid`` of ``source``'s instrument as the portfolio's Kev context."""
-        own = source.core._context(rid)
-        insts = []
-        for i, e in enumerate(self.engines):
-            book = e.core.eng_book
-            spread = float(book[30] - book[0]) if e.core.S[K.S_ENG_BOOK] else math.nan
-            insts.append(
-                InstrumentState(
-                    symbol=e.cfg.symbol,
-                    position=float(e.core.S[K.S_POS]) / 1e12,
-                    mark=float(self.PF[i, K.PF_MARK]),
-                    spread=round(spread, 10),
-                    labels=tuple(self.labels[i]),
-                    max_position=float(e.core.CF[K.CF_MAX_POSITION]),
-                )
-            )
-        pairs = tuple(
-            PairState(
-                leader=a,
-                follower=b,
-                spread=float(st[P_SPREAD]),
-                z=float(pair_z(st)),
-                hedge_ratio=float(st[P_BETA]),
-            )
-            for (a, b), st in zip(self.pairs, self.pair_states, strict=True)
-        )
-        return KevContextV2(
-            request_id=rid,
-            ts_ns=own.ts_ns,
-            symbol=own.symbol,
-            label=own.label,
-            label_seq=own.label_seq,
-            p_label=own.p_label,
-            instruments=tuple(insts),
-            pairs=pairs,
-        )
+        return hub_context(self, [e.core for e in self.engines], source.inst, rid)
 
     def mine(self, engine: Engine, cmd: CommandV2) -> tuple[int, float, float, float]:
         """The part of ``cmd`` for ``engine``'s instrument: (action code, target, hedge ratio, slip)."""
-        for sym, target, hedge in command_rows(cmd):
-            if sym == engine.cfg.symbol:
-                return ACTIONS.index(cmd.action), target, hedge, cmd.max_slippage_bps
-        raise KeyError(engine.cfg.symbol)
+        return command_part(cmd, engine.cfg.symbol)
 
     def fan_out(self, source: Engine, cmd: CommandV2, cid: int, rid: int, ts_ctx: int) -> None:
         """Command ``cid`` (the reply to ``source``'s request ``rid``) sets every other instrument's
         target, in instrument order."""
-        targets = dict(cmd.targets)  # a v1 reply (as_v2) names only the instrument that asked
-        for e in self.engines:
-            if e is not source and e.cfg.symbol in targets:
-                e.command(cid, rid, ts_ctx, *self.mine(e, cmd))
+        for i, part in fan_out_parts(self.symbols, source.inst, cmd):
+            self.engines[i].command(cid, rid, ts_ctx, *part)
 
     def emergency(self, source: Engine) -> None:
         """An EMERGENCY label on ``source``'s instrument: the others pull their quotes, in instrument
@@ -255,3 +209,72 @@ class Portfolio:
             view = e.portfolio
             total += view.cash if view.position == 0 else view.pnl(mark)
         return total
+
+
+class HubState(Protocol):
+    """What a hub's Kev context reads besides the cores (a :class:`Portfolio`, or the replay loop's
+    state over the same arrays)."""
+
+    symbols: tuple[str, ...]
+    pairs: tuple[tuple[str, str], ...]
+    PF: np.ndarray
+    PS: np.ndarray
+    LR: np.ndarray
+
+
+def hub_context(pf: HubState, cores: list[Any], source: int, rid: int) -> KevContextV2:
+    """Request ``rid`` of instrument ``source`` as the portfolio's Kev context: every instrument's
+    position, mark, spread, latest labels and position limit (``cores``: each one's ``CoreState``),
+    every pair's fit."""
+    own = cores[source]._context(rid)
+    insts = []
+    for i, core in enumerate(cores):
+        book = core.eng_book
+        spread = float(book[30] - book[0]) if core.S[K.S_ENG_BOOK] else math.nan
+        insts.append(
+            InstrumentState(
+                symbol=pf.symbols[i],
+                position=float(core.S[K.S_POS]) / 1e12,
+                mark=float(pf.PF[i, K.PF_MARK]),
+                spread=round(spread, 10),
+                labels=tuple(LABEL_NAMES[c] for c in K.latest_labels(pf.LR, i)),
+                max_position=float(core.CF[K.CF_MAX_POSITION]),
+            )
+        )
+    pairs = tuple(
+        PairState(
+            leader=a,
+            follower=b,
+            spread=float(pf.PS[k, P_SPREAD]),
+            z=float(pair_z(pf.PS[k])),
+            hedge_ratio=float(pf.PS[k, P_BETA]),
+        )
+        for k, (a, b) in enumerate(pf.pairs)
+    )
+    return KevContextV2(
+        request_id=rid,
+        ts_ns=own.ts_ns,
+        symbol=own.symbol,
+        label=own.label,
+        label_seq=own.label_seq,
+        p_label=own.p_label,
+        instruments=tuple(insts),
+        pairs=pairs,
+    )
+
+
+def command_part(cmd: CommandV2, symbol: str) -> tuple[int, float, float, float]:
+    """The part of the hub's command ``cmd`` for ``symbol``: (action code, target, hedge ratio, slip)."""
+    for sym, target, hedge in command_rows(cmd):
+        if sym == symbol:
+            return ACTIONS.index(cmd.action), target, hedge, cmd.max_slippage_bps
+    raise KeyError(symbol)
+
+
+def fan_out_parts(
+    symbols: tuple[str, ...], source: int, cmd: CommandV2
+) -> list[tuple[int, tuple[int, float, float, float]]]:
+    """The instruments other than ``source`` that the hub's command ``cmd`` names, in instrument
+    order, each with its part (a v1 reply, made v2, names only the instrument that asked)."""
+    targets = dict(cmd.targets)
+    return [(i, command_part(cmd, s)) for i, s in enumerate(symbols) if i != source and s in targets]

@@ -34,6 +34,7 @@ from engine.contract import round_exact, round_to_step
 from engine.exact import POW10, div_half_even, pmin, pyround  # noqa: F401 - tests call K.pyround
 from engine.jit import njit
 from engine.kev.command import TARGET_POSITION_ABS_MAX, within
+from engine.kev.pairs import pair_update
 from engine.kev.queue import (  # noqa: F401 - the queue's codes, kernel names too
     POLICY_CONFLATE,
     POLICY_DROP_OLDEST,
@@ -120,6 +121,7 @@ ST_NEED_LATENCIES = 6
 ST_GROW_WORK = 7  # the working-order list must grow (fast_path doubles it) before the next step
 ST_NEED_KEV = 8  # a Kev request started whose advisor answers in Python (C_KEV_ASK): fast_path answers it
 ST_UNSUPPORTED = 9
+ST_HUB = 10  # a portfolio's Kev hub command (PI_FAN) goes to the other instruments before the next step
 # why unsupported
 U_NONE, U_PX_DECIMALS, U_OVERFLOW, U_TABLE, U_LOOK_AHEAD, U_SIZE = 0, 1, 2, 3, 4, 5
 UNSUPPORTED_TEXT = (
@@ -1824,9 +1826,10 @@ def step_warm(S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc):
 # read it. Around every step of instrument i: pf_enter, the step, pf_leave. The timer seq and the Kev
 # lags used are shared too: one clock orders every instrument's timers, one Kev draws their lags in the
 # order they ask. PI_WALK and PI_CUR are the replay loop's (its place in the walk, the instrument of a
-# stop).
-PI_OID, PI_RID, PI_CMD_ID, PI_SEQ, PI_LAG_USED, PI_WALK, PI_CUR = 0, 1, 2, 3, 4, 5, 6
-PI_SIZE = 8
+# stop). PI_HUB: Kev answers for the whole portfolio; PI_FAN: the request (+1) whose reply to the
+# instrument PI_CUR has just become a command of the hub, which the other instruments take next.
+PI_OID, PI_RID, PI_CMD_ID, PI_SEQ, PI_LAG_USED, PI_WALK, PI_CUR, PI_HUB, PI_FAN = 0, 1, 2, 3, 4, 5, 6, 7, 8
+PI_SIZE = 9
 PF_MARK, PF_DELTA, PF_GROSS, PF_PNL = 0, 1, 2, 3
 PF_COLS = 4
 
@@ -1888,3 +1891,46 @@ def step_pull(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
     if until > S[S_EMERGENCY_UNTIL]:
         S[S_EMERGENCY_UNTIL] = until
     _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)
+
+
+# ---------------------------------------------------------------- Kev as the portfolio hub
+# What a hub's Kev context reads besides the cores (engine/instruments.py builds the context): every
+# configured pair's fit (PS: a pair_state row per pair, engine/kev/pairs.py; PP: its leader's and
+# follower's instrument, whether it has an observation yet and the time of the last) and each
+# instrument's latest labels (LR: a row per instrument, the count seen, then a ring of LABELS_KEPT).
+PP_LEADER, PP_FOLLOWER, PP_SEEN, PP_T = 0, 1, 2, 3
+PP_COLS = 4
+LABELS_KEPT = 3
+
+
+@njit
+def pf_observe(PF, PS, PP, i, t_ns, half_life_ns):
+    """Instrument ``i`` has a new mark at ``t_ns`` (its book's receive time): every pair with it as a
+    leg takes one observation of both legs' marks (a leg with no book yet: none)."""
+    for k in range(PS.shape[0]):
+        li = PP[k, PP_LEADER]
+        fi = PP[k, PP_FOLLOWER]
+        if i != li and i != fi:
+            continue
+        ml = PF[li, PF_MARK]
+        mf = PF[fi, PF_MARK]
+        if not (ml > 0 and mf > 0):  # NaN too
+            continue
+        dt = 0.0 if PP[k, PP_SEEN] == 0 else float(t_ns - PP[k, PP_T])
+        pair_update(PS[k], math.log(ml), math.log(mf), dt, half_life_ns)
+        PP[k, PP_SEEN] = 1
+        PP[k, PP_T] = t_ns
+
+
+@njit
+def pf_note_label(LR, i, label):
+    """Instrument ``i``'s label ``label`` became visible: the latest LABELS_KEPT are kept."""
+    n = LR[i, 0]
+    LR[i, 1 + n % LABELS_KEPT] = label
+    LR[i, 0] = n + 1
+
+
+def latest_labels(LR: np.ndarray, i: int) -> list[int]:
+    """Instrument ``i``'s latest labels kept by :func:`pf_note_label`, the oldest first."""
+    n = int(LR[i, 0])
+    return [int(LR[i, 1 + k % LABELS_KEPT]) for k in range(max(0, n - LABELS_KEPT), n)]

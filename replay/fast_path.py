@@ -17,8 +17,9 @@ from engine.contract import ContractConfig
 from engine.core import Engine, EngineConfig, reply_verdict, timing_fields
 from engine.eventlog import EventLog
 from engine.fastinit import frozen_maker
-from engine.kev.advisor import KevContext
-from engine.kev.command import ACTIONS
+from engine.instruments import Portfolio, command_part, fan_out_parts, hub_context
+from engine.kev.advisor import KevContext, KevContextV2
+from engine.kev.command import ACTIONS, CommandV2
 from engine.kev.failures import breaker_rows
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
@@ -177,6 +178,7 @@ class KernelRun(CoreState):
         self.S[K.S_LAG_N] = 0
         # kev_breaker rows by their reply timer's (due, seq): the order the timers fire in
         self.breaker: list[tuple[int, int, list[tuple[Any, ...]]]] = []
+        self.hub: PortfolioRun | None = None  # Kev as a portfolio's hub: its contexts and commands
 
     # ------------------------------------------------------------ growth
 
@@ -225,13 +227,19 @@ class KernelRun(CoreState):
             i = rid & mask
             now = int(RI[i, K.RI_STARTED])
             self.clock.t_ns = now  # a circuit breaker reads the replay clock
-            ctx = self._context(rid)
+            ctx = self._context(rid) if self.hub is None else self.hub.context(self, rid)
             reply, lag = self.kev.answer(ctx, now, self._model_lag)
             if lag < 0:
                 raise KernelUnsupported("a Kev reply due before its request")
             verdict, error, failure, key, raw = reply_verdict(ctx, reply)
             reason = ""
-            if verdict is not None:
+            if isinstance(verdict, CommandV2):  # the hub's: this instrument's part, the others' later
+                assert self.hub is not None
+                RI[i, K.RI_ACTION], RF[i, K.RF_TARGET], RF[i, K.RF_HEDGE], RF[i, K.RF_SLIP] = (
+                    self.hub.command(self, rid, verdict)
+                )
+                reason = verdict.reason
+            elif verdict is not None:
                 RI[i, K.RI_ACTION] = ACTIONS.index(verdict.action)
                 RF[i, K.RF_TARGET] = verdict.target_position
                 RF[i, K.RF_HEDGE] = verdict.hedge_ratio
@@ -331,20 +339,80 @@ def run_kernel(
 
 class PortfolioRun:
     """The compiled loop's state for a portfolio: a :class:`KernelRun` per instrument, sharing one
-    output buffer (built with ``share=`` the first), the portfolio's counters and risk view (PI, PF),
-    and Kev's lags (one Kev draws every instrument's in the order they ask)."""
+    output buffer (built with ``share=`` the first), the portfolio's shared arrays (``state``: counters,
+    risk view, the hub's pair fits and latest labels, engine/instruments.py), and Kev's lags (one Kev
+    draws every instrument's in the order they ask)."""
 
-    def __init__(self, runs: list[KernelRun]) -> None:
+    def __init__(self, runs: list[KernelRun], state: Portfolio | None = None) -> None:
         self.runs = runs
-        n = len(runs)
-        self.PI = np.zeros(K.PI_SIZE, dtype=np.int64)
-        self.PF = np.zeros((n, K.PF_COLS), dtype=np.float64)
-        self.PF[:, K.PF_MARK] = np.nan  # no book yet
+        self.state = state if state is not None else Portfolio([r.symbol for r in runs])
+        self.PI, self.PF = self.state.PI, self.state.PF
         self.lags = np.zeros(0, dtype=np.int64)
         for r in runs:
             r.lags = self.lags
+            if self.state.hub:
+                r.hub = self
+        self.b_loc: list[np.ndarray] = []  # each instrument's books' receive times (the loop's BL)
+        # the hub's commands by (instrument, request) until their replies reach the one that asked
+        self._commands: dict[tuple[int, int], CommandV2] = {}
         self.lists: tuple[Any, ...] = ()
         self._made_of: tuple[int, ...] = ()
+
+    # ------------------------------------------------------------ Kev as the hub
+
+    def context(self, run: KernelRun, rid: int) -> KevContextV2:
+        return hub_context(self.state, self.runs, self.runs.index(run), rid)
+
+    def command(self, run: KernelRun, rid: int, cmd: CommandV2) -> tuple[int, float, float, float]:
+        """The hub's command ``cmd``, the reply to ``run``'s request ``rid``: its part for ``run``; the
+        others' go to them when the reply arrives (:meth:`_fan_out`)."""
+        self._commands[(self.runs.index(run), rid)] = cmd
+        return command_part(cmd, run.symbol)
+
+    def _fan_out(self) -> None:
+        """The reply to request PI_FAN of instrument PI_CUR has just become its command: every other
+        instrument it names takes its part now, in instrument order (``step_command``), as
+        ``Portfolio.fan_out`` has the per-event engines do."""
+        PI, PF = self.PI, self.PF
+        j = int(PI[K.PI_CUR])
+        rid = int(PI[K.PI_FAN]) - 1
+        PI[K.PI_FAN] = 0
+        cmd = self._commands.pop((j, rid))
+        src = self.runs[j]
+        ts_ctx = int(src.RI[rid & (src.RI.shape[0] - 1), K.RI_TS])
+        now, cid = int(src.S[K.S_NOW]), int(PI[K.PI_CMD_ID])
+        for o, part in fan_out_parts(self.state.symbols, j, cmd):
+            run = self.runs[o]
+            PI[K.PI_CUR] = o
+            while True:  # room for the step (a stop's handling may replace the run's arrays)
+                K.pf_enter(PI, PF, o, run.S, run.SF)
+                st = int(
+                    K.headroom(
+                        run.S, run.OI, run.RI, run.HI, run.NOUT, OUT_CAP, run.lags, run.olat, run.work,
+                        run.inflight,
+                    )
+                )  # fmt: skip
+                if st == K.ST_DONE:
+                    break
+                self.handle(st)
+            S, NOUT = run.S, run.NOUT
+            S[K.S_NOW] = now
+            S[K.S_SENT] = NOUT[K.O_ORDER]
+            before = NOUT.copy()
+            K.step_command(
+                cid, rid, ts_ctx, *part, S, run.SF, run.C, run.CF, run.OI, run.OF, run.HI, run.HF, run.olat,
+                run.work, run.recent, run.eng_book, self.b_loc[o], run.OUTI, run.OUTF, NOUT,
+            )  # fmt: skip
+            K.forward(S, run.C, run.OI, run.HI, run.HF, run.olat, run.OUTI, NOUT)
+            K.tag_rows(run.OUTI, NOUT, before, o)
+            K.pf_leave(PI, PF, o, S, run.eng_book)
+            if S[K.S_WHY] != K.U_NONE:
+                self.handle(K.ST_UNSUPPORTED)
+            if S[K.S_KEV_ASKED]:
+                self.handle(K.ST_NEED_KEV)
+        PI[K.PI_CUR] = j
+
+    # ------------------------------------------------------------ the loop's arrays and stops
 
     @staticmethod
     def _arrays(r: KernelRun) -> tuple[tuple[np.ndarray, ...], ...]:
@@ -372,6 +440,11 @@ class PortfolioRun:
             self._made_of = made_of
         return self.lists
 
+    def hub_arrays(self) -> tuple[Any, ...]:
+        """What the loop reads for a hub's Kev contexts: PS, PP, LR and the pairs' half-life."""
+        st = self.state
+        return st.PS, st.PP, st.LR, st.pair_half_life_ns
+
     def _more_lags(self) -> None:
         """Kev's lags: the unused ones, then LAG_BATCH new, for every instrument (one shared count)."""
         PI = self.PI
@@ -391,9 +464,14 @@ class PortfolioRun:
             run.drain()
             self._more_lags()
             return True
+        if status == K.ST_HUB:
+            self._fan_out()
+            return True
         again = run.handle(status)
         if status == K.ST_NEED_KEV:  # Python drew its lags: the shared count moves on
             self.PI[K.PI_LAG_USED] = run.S[K.S_LAG_USED]
+            if self.PI[K.PI_FAN]:  # the step that asked also turned a hub's reply into its command
+                self._fan_out()
         return again
 
 
@@ -424,6 +502,7 @@ def run_portfolio_kernel(
         return out
 
     BL, LB, PR = typed(b_loc), typed(labels), typed(probs)
+    pf.b_loc = b_loc
     TPX, TSZ, TSD = (typed([t[k] for t in trades]) for k in range(3))
     done = 0
     while (chunk := walk.next_entries()) is not None:
@@ -442,7 +521,7 @@ def run_portfolio_kernel(
             before = int(PI[K.PI_WALK])
             status = K.run_pf(
                 ts, prio, kind, row, inst, len(ts), LV, L0, BL, LB, PR, TPX, TSZ, TSD, pf.lags,
-                *pf.core_lists(), PI, PF, run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP,
+                *pf.core_lists(), PI, PF, *pf.hub_arrays(), run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP,
             )  # fmt: skip
             after = int(PI[K.PI_WALK])
             if after > before:

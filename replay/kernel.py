@@ -23,7 +23,10 @@ from engine.kernel import (  # noqa: F401 - tests reach some of these through th
     O_ORDER,
     OI_REFS,
     PI_CUR,
+    PI_FAN,
+    PI_HUB,
     PI_WALK,
+    S_CMD_ID,
     S_ENG_BOOK,
     S_ENG_ROW,
     S_HEAP_N,
@@ -36,10 +39,12 @@ from engine.kernel import (  # noqa: F401 - tests reach some of these through th
     S_WHY,
     S_XBOOK,
     ST_DONE,
+    ST_HUB,
     ST_NEED_KEV,
     ST_UNSUPPORTED,
     T_ARRIVE,
     T_ARRIVE_CANCEL,
+    T_KEV_DONE,
     T_REPORT,
     U_LOOK_AHEAD,
     U_NONE,
@@ -50,6 +55,8 @@ from engine.kernel import (  # noqa: F401 - tests reach some of these through th
     _on_label,
     pf_enter,
     pf_leave,
+    pf_note_label,
+    pf_observe,
     pyround,
     step_pull,
     tag_rows,
@@ -470,23 +477,30 @@ def _timer_pf(j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmp
     _enter(j, n, S, SF, NOUT, PI, PF, before)
     _heap_pop(S, HI, HF, tmpi, tmpf)
     S[S_NOW] = tmpi[0]
+    cid = S[S_CMD_ID]
     _timer(
         tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
         x_book, BL[j], lags, OUTI, OUTF, NOUT, lpx, lq,
     )  # fmt: skip
     _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
     _top(TOP, j, S, HI)
-    return _stop(j, S, PI)
+    if PI[PI_HUB] != 0 and tmpi[3] == T_KEV_DONE and S[S_CMD_ID] != cid:
+        PI[PI_FAN] = tmpi[4] + 1  # Kev's reply became a command: the others' parts are next
+    st = _stop(j, S, PI)
+    if st == ST_DONE and PI[PI_FAN] != 0:
+        return ST_HUB
+    return st
 
 
 @njit
 def run_pf(
     walk_ts, walk_prio, walk_kind, walk_row, walk_inst, walk_end, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags,
-    I1, F1, I2, F2, PI, PF, OUTI, OUTF, NOUT, out_cap,
+    I1, F1, I2, F2, PI, PF, PS, PP, LR, half_life_ns, OUTI, OUTF, NOUT, out_cap,
 ):  # fmt: skip
     """Run the walk from PI[PI_WALK] to walk_end. Returns a status (ST_*); a stop names its instrument
     in PI[PI_CUR]. LV[j] holds instrument j's book levels from row L0[j] on; BL, LB, PR its books'
-    receive times, labels and probabilities; TPX, TSZ, TSD its trades."""
+    receive times, labels and probabilities; TPX, TSZ, TSD its trades. PS, PP, LR: what a hub's Kev
+    context reads (engine/kernel.py pf_observe, pf_note_label)."""
     n = PF.shape[0]
     tmpi, tmpf, lpx, lq, before, TOP = _scratch(I1, I2, n, NOUT)
     # The core last stepped: a typed list hands out an array per call (tens of ns each, 18 per core),
@@ -551,6 +565,7 @@ def run_pf(
                 return ST_UNSUPPORTED
             S[S_LABELS] += 1
             lab = LB[j][r]
+            pf_note_label(LR, j, lab)
             _on_label(
                 r, lab, PR[j][r, lab], S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight,
                 recent, eng_book, x_book, b_loc, LV[j], L0[j], lags, OUTI, OUTF, NOUT, lpx, lq,
@@ -560,6 +575,8 @@ def run_pf(
             if S[S_NREST] > 0:
                 x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, TPX[j][r], TSZ[j][r], TSD[j][r])
         _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
+        if k == 2 and PS.shape[0] > 0:  # the pairs with this leg take its new mark
+            pf_observe(PF, PS, PP, j, t, half_life_ns)
         _top(TOP, j, S, HI)
         st = _stop(j, S, PI)
         if st == ST_UNSUPPORTED:

@@ -14,7 +14,7 @@ Its contract (tick, size step) comes from the session's simulator manifest when 
 the decimals its recorded books show.
 
 The compiled loop (``replay/kernel.py`` ``run_pf``) runs it where each instrument's configuration is
-one it reproduces (batch labels, the simulated Kev, drawn latencies, no Kev hub); otherwise the engine
+one it reproduces (batch labels, the simulated Kev, drawn latencies); otherwise the engine
 is driven one event at a time, as ``--python-engine`` does for one instrument. Both give the same
 events (``tests/replay/test_replay_portfolio.py``).
 """
@@ -197,8 +197,6 @@ def portfolio_unsupported(cfg: ReplayConfig, features: str) -> str:
     compiled loop may run it)."""
     if why := config_unsupported(cfg):
         return why
-    if cfg.kev_hub:
-        return "Kev as the portfolio hub"
     if features != "v0" or cfg.laya_mode != "batch":
         return "labels other than batch v0"
     if Engine.uses_trades:
@@ -325,18 +323,8 @@ def run_portfolio(
     run_dir = _run_dir(session.root, cfg, out_dir)
     tmp = _start_run_dir(run_dir, overwrite)
     log = EventLog(tmp / "events")
-    if cfg.kev_hub == "pairs" and cfg.kev_mode == "sim":  # the pairs rule answers for the portfolio
-        advisor: Any = RulePairsKev(entry_z=cfg.pair_entry_z, exit_z=cfg.pair_exit_z)
-        kev = SimKevBackend(advisor, _lag_model(cfg), clock)
-    else:
-        # one Kev: each instrument asking on its own, or (kev_hub llm) llama-server for the portfolio
-        advisor, kev = _kev_backend(cfg, clock)
-    portfolio = Portfolio(
-        symbols,
-        pairs=session_pairs(session.manifest, symbols) if cfg.kev_hub else (),
-        hub=bool(cfg.kev_hub),
-        pair_half_life_ns=cfg.pair_half_life_ms * 1_000_000,
-    )
+    advisor, kev = _portfolio_kev(cfg, clock)
+    portfolio = _portfolio(session, cfg)
     configs = _instrument_configs(session, cfg, symbols, tables)
     exchanges: list[SimExchange] = []
     engines: list[Engine] = []
@@ -412,6 +400,26 @@ def run_portfolio(
     )  # fmt: skip
 
 
+def _portfolio_kev(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBackend]:
+    """The portfolio's one Kev: each instrument asking on its own, or the hub answering for all of them
+    (the pairs rule, or with ``kev_mode llm`` llama-server)."""
+    if cfg.kev_hub == "pairs" and cfg.kev_mode == "sim":
+        advisor = RulePairsKev(entry_z=cfg.pair_entry_z, exit_z=cfg.pair_exit_z)
+        return advisor, SimKevBackend(advisor, _lag_model(cfg), clock)
+    return _kev_backend(cfg, clock)
+
+
+def _portfolio(session: Any, cfg: ReplayConfig) -> Portfolio:
+    """The portfolio's shared state; with Kev as the hub, the pairs it fits."""
+    symbols = list(cfg.symbols)
+    return Portfolio(
+        symbols,
+        pairs=session_pairs(session.manifest, symbols) if cfg.kev_hub else (),
+        hub=bool(cfg.kev_hub),
+        pair_half_life_ns=cfg.pair_half_life_ms * 1_000_000,
+    )
+
+
 def _exchange(cfg: ReplayConfig, clock: ReplayClock, latency: Any, j: int) -> SimExchange:
     """Instrument ``j``'s simulated exchange, its order latencies drawn from its own streams."""
     return _sim_exchange(cfg, clock, latency, *(_rng(cfg.seed, c, j) for c in (4, 5, 6)))
@@ -457,7 +465,7 @@ def _run_compiled(
     run_dir = _run_dir(session.root, cfg, out_dir)
     tmp = _start_run_dir(run_dir, overwrite)
     log = EventLog(tmp / "events")
-    advisor, kev = _kev_backend(cfg, clock)
+    advisor, kev = _portfolio_kev(cfg, clock)
     configs = _instrument_configs(session, cfg, symbols, tables)
     labels, probs = [], []
     runs: list[KernelRun] = []
@@ -501,7 +509,7 @@ def _run_compiled(
         bar = _progress(progress, walk.total)
         try:
             fast_path.run_portfolio_kernel(
-                PortfolioRun(runs),
+                PortfolioRun(runs, _portfolio(session, cfg)),
                 walk,
                 [t.levels for t in tapes],
                 [t.b_loc for t in tapes],

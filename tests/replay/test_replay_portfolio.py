@@ -64,6 +64,15 @@ COMPILED = {
     "touch fills, Kev timeouts": dict(
         seed=5, fill_model="touch", kev_lag_p5_ms=1.0, kev_lag_p95_ms=3000.0, kev_timeout_ms=300
     ),
+    "Kev as the hub": dict(kev_hub="pairs"),
+    "the hub, its replies late or timed out": dict(
+        kev_hub="pairs",
+        seed=7,
+        kev_lag_p5_ms=1.0,
+        kev_lag_p95_ms=3000.0,
+        kev_timeout_ms=300,
+        kev_max_in_flight=2,
+    ),
 }
 
 
@@ -83,15 +92,21 @@ def test_the_compiled_loop_replays_a_portfolio_as_the_engine_driven_per_event(pa
     if name == "portfolio limits, Kev in flight":
         bound = _q(run, "select distinct reason from 'EV/risk.parquet' where not accepted")
         assert any("portfolio" in r for (r,) in bound), bound
+    if "hub" in name:  # each command of the hub set both instruments, under one id
+        per_cmd = _q(run, "select count(distinct symbol) from 'EV/command.parquet' group by command_id")
+        assert per_cmd and set(per_cmd) == {(2,)}
+        assert _q(run, "select count(*) from 'EV/kev_response.parquet' where ok")[0][0] == len(per_cmd)
 
 
-def test_stopping_and_resuming_the_portfolio_loop_changes_nothing(pair, tmp_path, monkeypatch):
+@pytest.mark.parametrize("hub", ["", "pairs"])
+def test_stopping_and_resuming_the_portfolio_loop_changes_nothing(pair, tmp_path, monkeypatch, hub):
     """Tiny buffers, tables and walk chunks: the loop stops for room, growth and Kev lags all the time,
-    and tables of either instrument grow mid-run (the loop must pick up the new arrays)."""
+    and tables of either instrument grow mid-run (the loop must pick up the new arrays). With Kev as
+    the hub, the other instruments take each command between two steps of the loop, stops and all."""
     from engine import kernel as K
     from replay import fast_path
 
-    cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), seed=3, kev_max_in_flight=2)
+    cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), seed=3, kev_max_in_flight=2, kev_hub=hub)
     whole = run_replay(pair, cfg, out_dir=tmp_path / "whole")
     monkeypatch.setattr(fast_path, "OUT_CAP", K.MARGIN + 40)
     monkeypatch.setattr(fast_path, "WALK_CHUNK", 700)
@@ -270,10 +285,6 @@ def test_a_kev_cassette_replays_a_portfolio_on_the_compiled_loop(pair, tmp_path)
 
 
 def test_what_the_compiled_loop_does_not_run_is_driven_per_event_and_says_why(pair, tmp_path):
-    hub = run_replay(
-        pair, ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), kev_hub="pairs"), out_dir=tmp_path / "h"
-    )
-    assert hub.path == "python (a portfolio of 2, the engine driven per event: Kev as the portfolio hub)"
     tick = run_replay(
         pair, ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), laya_mode="tick"), out_dir=tmp_path / "t"
     )
