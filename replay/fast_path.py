@@ -352,6 +352,11 @@ class PortfolioRun:
             r.lags = self.lags
             if self.state.hub:
                 r.hub = self
+        # Recorded order latencies (a live portfolio's): one table of each kind for every instrument,
+        # looked up in the order the instruments draw, as the per-event engines share the model. The
+        # loop's cores then share one olat array (portfolio_unsupported refuses recorded and drawn
+        # order latencies together).
+        self.shared_olat = len(runs) > 1 and all(row is not None for r in runs for row in r.olat_keyed)
         self.b_loc: list[np.ndarray] = []  # each instrument's books' receive times (the loop's BL)
         # the hub's commands by (instrument, request) until their replies reach the one that asked
         self._commands: dict[tuple[int, int], CommandV2] = {}
@@ -468,6 +473,9 @@ class PortfolioRun:
             self._fan_out()
             return True
         again = run.handle(status)
+        if status == K.ST_NEED_LATENCIES and self.shared_olat:  # made from the shared one: still one
+            for r in self.runs:
+                r.olat = run.olat
         if status == K.ST_NEED_KEV:  # Python drew its lags: the shared count moves on
             self.PI[K.PI_LAG_USED] = run.S[K.S_LAG_USED]
             if self.PI[K.PI_FAN]:  # the step that asked also turned a hub's reply into its command

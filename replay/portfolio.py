@@ -14,7 +14,7 @@ Its contract (tick, size step) comes from the session's simulator manifest when 
 the decimals its recorded books show.
 
 The compiled loop (``replay/kernel.py`` ``run_pf``) runs it where each instrument's configuration is
-one it reproduces (batch labels, the simulated Kev, drawn latencies); otherwise the engine
+one it reproduces (anything but recorded order latencies mixed with drawn ones); otherwise the engine
 is driven one event at a time, as ``--python-engine`` does for one instrument. Both give the same
 events (``tests/replay/test_replay_portfolio.py``).
 """
@@ -64,6 +64,7 @@ from replay.driver import (
     _start_run_dir,
     _Tape,
     _tick_labeler,
+    _tick_labels,
     _v1_labeler,
     session_contract,
 )
@@ -192,18 +193,20 @@ def portfolio_walk(tapes: list[_Tape], dues: list[np.ndarray] | None, chunk: int
 _TOP_COLUMNS = ("bid_px_0", "ask_px_0", "bid_sz_0", "ask_sz_0")
 
 
-def portfolio_unsupported(cfg: ReplayConfig, features: str) -> str:
+def portfolio_unsupported(cfg: ReplayConfig) -> str:
     """Why a portfolio replay runs on the per-event driver, where the config alone says ("" when the
     compiled loop may run it)."""
     if why := config_unsupported(cfg):
         return why
-    if features != "v0" or cfg.laya_mode != "batch":
-        return "labels other than batch v0"
     if Engine.uses_trades:
         return "an engine that reads public trades"
-    for spec in (cfg.latency_order_entry, cfg.latency_order_response, cfg.latency_cancel, cfg.latency_laya):
-        if spec.startswith("recorded:"):  # one table for every instrument, looked up in the order asked
-            return "recorded latencies"
+    recorded = [
+        s.startswith("recorded:")
+        for s in (cfg.latency_order_entry, cfg.latency_order_response, cfg.latency_cancel)
+    ]
+    if any(recorded) and not all(recorded):
+        # the loop shares the order latency tables of every instrument, or none of them
+        return "recorded and drawn order latencies together"
     return ""
 
 
@@ -244,9 +247,11 @@ def run_portfolio(
         )
     features = laya.feature_version
     feed_clock = FeedClock.of_session(session.manifest)
-    why = portfolio_unsupported(cfg, features) if kernel else "kernel=False"
+    why = portfolio_unsupported(cfg) if kernel else "kernel=False"
     streamed: list[StreamedBooks | None] = [None] * len(symbols)
-    if not why and stream_books:
+    # Batch v0 labels are computed block by block as the levels stream; any other labels (per tick,
+    # features v1) are computed before the walk from whole tables, as the per-event engine's.
+    if not why and stream_books and features == "v0" and cfg.laya_mode == "batch":
         # The symbols walk the same files side by side: a group one reads, the next reads too. A walk
         # chunk holds a share of each symbol's rows: blocks of that size keep what is held small (the
         # labels keep their bits: tests compare batches of 16 rows with whole tables).
@@ -300,6 +305,9 @@ def run_portfolio(
     del books_of, trades_of, books, trades  # `tables` holds them until the engines are built
 
     if not why:
+        # A recorded Laya table (one model for every instrument) is keyed by receive time, and the
+        # engine takes books of one receive time by instrument: each instrument drawing its books in
+        # turn takes each key's delays in the order the per-event engines do.
         dues = [
             _label_due(t, latency(cfg.latency_laya, _rng(cfg.seed, 3, j), cfg.scale_laya, "latency_laya"))
             for j, t in enumerate(tapes)
@@ -472,11 +480,7 @@ def _run_compiled(
     try:
         built = []
         for j, tape in enumerate(tapes):
-            streamed = tape.streamed
-            # streamed: labelled block by block as the walk reads the levels (the same batches)
-            lab, pr = (
-                (streamed.labels, streamed.probs) if streamed is not None else _batch_v0(laya, tables[j][0])
-            )
+            lab, pr = _labels(cfg, laya, tape, *tables[j], clock)
             labels.append(lab)
             probs.append(pr)
             exchange = _exchange(cfg, clock, latency, j)
@@ -537,6 +541,25 @@ def _run_compiled(
         tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path, quarantine,
         _Clamped(tapes), kev,
     )  # fmt: skip
+
+
+def _labels(
+    cfg: ReplayConfig, laya: Laya, tape: _Tape, books: pa.Table, trades: pa.Table, clock: ReplayClock
+) -> tuple[np.ndarray, np.ndarray]:
+    """An instrument's labels and probabilities by tape row, for the compiled loop: a streamed tape's
+    (labelled block by block as the walk reads the levels), a batch's, or each book's labelled per tick
+    in the order the engine receives them (the bits the per-event engine computes)."""
+    if tape.streamed is not None:
+        return tape.streamed.labels, tape.streamed.probs
+    if laya.feature_version == "v1":
+        labeler: Any = _v1_labeler(laya, cfg.laya_mode, books, trades, tape, clock)
+    elif cfg.laya_mode == "batch":
+        return _batch_v0(laya, books)
+    else:
+        labeler = _tick_labeler(laya)
+    if not isinstance(labeler, _BatchLabeler):
+        labeler = _tick_labels(labeler, tape, clock)
+    return labeler.labels, labeler.probs
 
 
 def _no_labeler(book: BookSnapshot) -> tuple[int, np.ndarray]:

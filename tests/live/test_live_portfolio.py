@@ -71,7 +71,7 @@ def test_the_portfolio_run_replays_to_the_same_decisions(paper, tmp_path):
     cfg = replay_config_for(run)
     assert cfg.symbols == SYMBOLS and cfg.instruments["ETHUSDT"]["quote_qty"] == ETH["quote_qty"]
     rr = run_replay(paper.session_dir, cfg, out_dir=tmp_path / "replay")
-    assert "portfolio of 2" in rr.path
+    assert rr.path.startswith("kernel (a portfolio of 2")  # recorded latencies on the compiled loop
     full = diff_runs(run, rr.run_dir, streams=COMPARABLE_STREAMS)
     assert not full.diverged, full.to_json()["divergence"]
     assert full.compared_a == full.compared_b > 100
@@ -114,6 +114,7 @@ def test_kev_as_the_hub_live_and_its_replay(tmp_path):
     cfg = replay_config_for(run)
     assert cfg.kev_hub == "pairs" and cfg.kev_mode == "cassette"
     rr = run_replay(res.session_dir, cfg, out_dir=tmp_path / "replay")
+    assert rr.path.startswith("kernel (a portfolio of 2")  # the hub from its cassette, compiled loop
     d = diff_runs(run, rr.run_dir, streams=COMPARABLE_STREAMS)
     assert not d.diverged, d.to_json()["divergence"]
     assert rr.counts["command"] == len(cmds)

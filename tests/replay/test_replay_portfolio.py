@@ -65,6 +65,7 @@ COMPILED = {
         seed=5, fill_model="touch", kev_lag_p5_ms=1.0, kev_lag_p95_ms=3000.0, kev_timeout_ms=300
     ),
     "Kev as the hub": dict(kev_hub="pairs"),
+    "labels per tick": dict(laya_mode="tick", latency_laya="lognormal:p5=100us,p95=400us"),
     "the hub, its replies late or timed out": dict(
         kev_hub="pairs",
         seed=7,
@@ -81,7 +82,8 @@ def test_the_compiled_loop_replays_a_portfolio_as_the_engine_driven_per_event(pa
     cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), **COMPILED[name])
     k = run_replay(pair, cfg, out_dir=tmp_path / "k")
     p = run_replay(pair, cfg, out_dir=tmp_path / "p", kernel=False)
-    assert k.path.startswith("kernel (a portfolio of 2, books streamed")
+    # batch labels stream the books a block at a time; labels per tick are computed from whole tables
+    assert k.path.startswith("kernel (a portfolio of 2" + (")" if "tick" in name else ", books streamed"))
     assert p.path.startswith("python (a portfolio of 2")
     assert k.counts == p.counts
     assert k.digest == p.digest
@@ -284,11 +286,51 @@ def test_a_kev_cassette_replays_a_portfolio_on_the_compiled_loop(pair, tmp_path)
     assert k.counts["command"] == rec.counts["command"] > 0
 
 
-def test_what_the_compiled_loop_does_not_run_is_driven_per_event_and_says_why(pair, tmp_path):
-    tick = run_replay(
-        pair, ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), laya_mode="tick"), out_dir=tmp_path / "t"
+def test_a_live_portfolios_recorded_latencies_replay_on_the_compiled_loop(pair, tmp_path):
+    """Recorded latencies are one table of each kind for every instrument, looked up by key in the
+    order the instruments draw (the per-event engines share the model): the loop's cores share the
+    order latency tables, and the labels' delays are drawn in the order the engine receives the books
+    of both instruments. Every key is recorded twice, so the order of two draws of one key shows."""
+    from dataclasses import replace
+
+    from venue.recorded_latency import LatencySink
+
+    cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), seed=2)
+    base = run_replay(pair, cfg, out_dir=tmp_path / "base").run_dir
+    rng = np.random.default_rng(4)
+    sink = LatencySink()
+    draws = {
+        "laya": (f"select ts_recv from '{pair}/books15/*.parquet'", 50_000, 2_000_000),
+        "order_entry": ("select ts_recv from 'EV/order.parquet' where kind = 'new'", 1_000_000, 5_000_000),
+        "order_response": (
+            "select ts_event from 'EV/order.parquet' where kind in ('ack', 'done', 'cancel_ack') "
+            "union all select ts_event from 'EV/fill.parquet'",
+            500_000,
+            4_000_000,
+        ),
+        "cancel": ("select ts_recv from 'EV/order.parquet' where kind = 'cancel'", 500_000, 3_000_000),
+    }
+    for kind, (sql, lo, hi) in draws.items():
+        for (t,) in _q(base, sql):
+            for _ in range(2):
+                sink.add(kind, t, int(rng.integers(lo, hi)))
+    live = tmp_path / "live"
+    live.mkdir()
+    sink.write(live)
+    specs = {f"latency_{k}": f"recorded:{k}@{live}" for k in draws}
+    rec = replace(cfg, **specs)
+    k = run_replay(pair, rec, out_dir=tmp_path / "k")
+    p = run_replay(pair, rec, out_dir=tmp_path / "p", kernel=False)
+    assert k.path.startswith("kernel (a portfolio of 2")
+    assert k.counts == p.counts and k.digest == p.digest
+    assert k.counts["fill"] > 0 and k.counts["order"] > 100
+    # the kinds drawn together: one shared table of a kind, drawn ones each instrument's own
+    mixed = run_replay(
+        pair, replace(cfg, latency_order_entry=specs["latency_order_entry"]), out_dir=tmp_path / "m"
     )
-    assert "labels other than batch v0" in tick.path
+    assert mixed.path == (
+        "python (a portfolio of 2, the engine driven per event: recorded and drawn order latencies together)"
+    )
 
 
 def test_two_instruments_trade_as_one_portfolio(pair, tmp_path):
@@ -468,3 +510,22 @@ def test_llama_server_as_the_hub_answers_one_v2_command_for_both_instruments(
     assert "rejected the JSON schema" not in caplog.text  # the v2 schema is one llama-server takes
     with pytest.raises(DualhubError, match="needs kev_mode llm"):
         ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), kev_hub="llm")
+
+
+@pytest.mark.parametrize("mode", ["tick", "batch"])
+def test_features_v1_label_a_portfolio_on_the_compiled_loop(pair, tmp_path, mode):
+    """Features v1 (each book with the trades its instrument received before it): labelled from whole
+    tables before the walk, per tick or in a batch, the bits the per-event engines compute."""
+    from engine.laya.labels import LabelConfig
+    from replay.train_cli import train
+
+    model = tmp_path / "v1.onnx"
+    train([pair], model, features="v1", labels=LabelConfig(lean_bps=1.0, emergency_bps=3.0), folds=2)
+    cfg = ReplayConfig(
+        symbols=("BTCUSDT", "ETHUSDT"), model_path=model, laya_features="v1", laya_mode=mode, seed=4
+    )
+    k = run_replay(pair, cfg, out_dir=tmp_path / "k")
+    p = run_replay(pair, cfg, out_dir=tmp_path / "p", kernel=False)
+    assert k.path == "kernel (a portfolio of 2)"
+    assert k.counts == p.counts and k.digest == p.digest
+    assert len(_q(k.run_dir, "select distinct label from 'EV/label.parquet'")) > 1
