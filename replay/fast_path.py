@@ -360,8 +360,6 @@ class PortfolioRun:
         self.b_loc: list[np.ndarray] = []  # each instrument's books' receive times (the loop's BL)
         # the hub's commands by (instrument, request) until their replies reach the one that asked
         self._commands: dict[tuple[int, int], CommandV2] = {}
-        self.lists: tuple[Any, ...] = ()
-        self._made_of: tuple[int, ...] = ()
 
     # ------------------------------------------------------------ Kev as the hub
 
@@ -419,31 +417,32 @@ class PortfolioRun:
 
     # ------------------------------------------------------------ the loop's arrays and stops
 
-    @staticmethod
-    def _arrays(r: KernelRun) -> tuple[tuple[np.ndarray, ...], ...]:
-        return (
-            (r.S, r.C, r.work, r.rest, r.kq, r.inflight, r.recent),
-            (r.SF, r.CF, r.eng_book, r.x_book),
-            (r.OI, r.RI, r.HI, r.olat),
-            (r.OF, r.RF, r.HF),
+    def cores(self) -> tuple[tuple[np.ndarray, ...], ...]:
+        """Every core's arrays as the loop takes them (kernel._core), made anew for each call of the loop:
+        a stop may have replaced any of them (a table grew, latencies were drawn)."""
+        return tuple(
+            (
+                r.S,
+                r.SF,
+                r.C,
+                r.CF,
+                r.OI,
+                r.OF,
+                r.RI,
+                r.RF,
+                r.HI,
+                r.HF,
+                r.work,
+                r.rest,
+                r.kq,
+                r.inflight,
+                r.recent,
+                r.eng_book,
+                r.x_book,
+                r.olat,
+            )  # fmt: skip
+            for r in self.runs
         )
-
-    def core_lists(self) -> tuple[Any, ...]:
-        """Every core's arrays as the loop's four typed lists (kernel.CORE_*), remade when any of them is
-        another array than the lists hold (a table grew, latencies were drawn: whatever the stop). The
-        lists keep the arrays they hold alive, so an id cannot be reused while it is compared."""
-        made_of = tuple(id(a) for r in self.runs for group in self._arrays(r) for a in group)
-        if made_of != self._made_of:
-            from numba.typed import List
-
-            lists: tuple[Any, ...] = (List(), List(), List(), List())
-            for r in self.runs:
-                for out, group in zip(lists, self._arrays(r), strict=True):
-                    for a in group:
-                        out.append(a)
-            self.lists = lists
-            self._made_of = made_of
-        return self.lists
 
     def hub_arrays(self) -> tuple[Any, ...]:
         """What the loop reads for a hub's Kev contexts: PS, PP, LR and the pairs' half-life."""
@@ -497,39 +496,32 @@ def run_portfolio_kernel(
     """:func:`run_kernel` for a portfolio: the merged walk (ts, priority, kind, row, instrument) a chunk
     at a time (``replay.portfolio.portfolio_walk``), each instrument's book levels for the chunk from
     ``book_levels[j]``."""
-    from numba.typed import List
-
     n_inst = len(pf.runs)
     PI, PF = pf.PI, pf.PF
     run0 = pf.runs[0]
-
-    def typed(arrays: list[np.ndarray]) -> Any:
-        out = List()
-        for a in arrays:
-            out.append(a)
-        return out
-
-    BL, LB, PR = typed(b_loc), typed(labels), typed(probs)
+    # each instrument's arrays of a kind as one tuple (the loop indexes it by instrument)
+    BL, LB, PR = tuple(b_loc), tuple(labels), tuple(probs)
     pf.b_loc = b_loc
-    TPX, TSZ, TSD = (typed([t[k] for t in trades]) for k in range(3))
+    TPX, TSZ, TSD = (tuple(t[k] for t in trades) for k in range(3))
     done = 0
     while (chunk := walk.next_entries()) is not None:
         ts, prio, kind, row, inst = chunk
         if bar is not None:
             bar.update(done)
         done += len(ts)
-        LV, L0 = List(), np.zeros(n_inst, dtype=np.int64)
+        levels, L0 = [], np.zeros(n_inst, dtype=np.int64)
         for j in range(n_inst):
             books = row[(kind != 1) & (inst == j)]
             r0, r1 = (int(books.min()), int(books.max()) + 1) if len(books) else (0, 0)
-            LV.append(book_levels[j](r0, r1) if r1 > r0 else np.zeros((0, 60)))
+            levels.append(book_levels[j](r0, r1) if r1 > r0 else np.zeros((0, 60)))
             L0[j] = r0
+        LV = tuple(levels)
         PI[K.PI_WALK] = 0
         while True:
             before = int(PI[K.PI_WALK])
             status = K.run_pf(
                 ts, prio, kind, row, inst, len(ts), LV, L0, BL, LB, PR, TPX, TSZ, TSD, pf.lags,
-                *pf.core_lists(), PI, PF, *pf.hub_arrays(), run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP,
+                pf.cores(), PI, PF, *pf.hub_arrays(), run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP,
             )  # fmt: skip
             after = int(PI[K.PI_WALK])
             if after > before:
@@ -539,7 +531,7 @@ def run_portfolio_kernel(
             if not pf.handle(int(status)):
                 break
     while True:
-        status = K.run_all_pf(*pf.core_lists(), PI, PF, BL, pf.lags, run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP)
+        status = K.run_all_pf(pf.cores(), PI, PF, BL, pf.lags, run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP)
         if not pf.handle(int(status)):
             break
     rows = sorted((b for r in pf.runs for b in r.breaker), key=lambda b: b[:2])

@@ -348,26 +348,19 @@ def _timer(
 # ---------------------------------------------------------------- several instruments
 # A portfolio's loop (replay/fast_path.py run_portfolio_kernel drives it): one walk merging every
 # instrument's entries (walk_inst names each one's instrument), a core per instrument, one output
-# buffer, and the portfolio's shared counters and risk view (PI, PF: engine/kernel.py). Each core's
-# arrays come in four typed lists, CORE_* places apart: per instrument j, I1[j * 7 + 0] is its S, and
-# so on (_core). Around every step of instrument j: pf_enter, the step, its rows tagged j, pf_leave,
-# as the per-event engine does (engine/core.py). The timers of every core run in one order: the least
-# (time, priority, seq) first, the seq shared (PI_SEQ), as on one clock.
-CORE_I1, CORE_F1, CORE_I2, CORE_F2 = 7, 4, 4, 3
+# buffer, and the portfolio's shared counters and risk view (PI, PF: engine/kernel.py). CORES holds
+# each instrument's arrays as one tuple (_core): a tuple of equal tuples indexes in a few ns, where a
+# numba typed list hands out each array in tens (the loop changes instrument on most steps). Around
+# every step of instrument j: pf_enter, the step, its rows tagged j, pf_leave, as the per-event engine
+# does (engine/core.py). The timers of every core run in one order: the least (time, priority, seq)
+# first, the seq shared (PI_SEQ), as on one clock.
 
 
 @njit(inline="always")
-def _core(I1, F1, I2, F2, j):
+def _core(CORES, j):
     """Instrument j's state: S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent,
     eng_book, x_book, olat."""
-    a = j * CORE_I1
-    b = j * CORE_F1
-    c = j * CORE_I2
-    d = j * CORE_F2
-    return (
-        I1[a], F1[b], I1[a + 1], F1[b + 1], I2[c], F2[d], I2[c + 1], F2[d + 1], I2[c + 2], F2[d + 2],
-        I1[a + 2], I1[a + 3], I1[a + 4], I1[a + 5], I1[a + 6], F1[b + 2], F1[b + 3], I2[c + 3],
-    )  # fmt: skip
+    return CORES[j]
 
 
 @njit(inline="always")
@@ -384,11 +377,12 @@ def _top(TOP, j, S, HI):
 
 
 @njit
-def _tops(I1, I2, n):
+def _tops(CORES, n):
     """Every instrument's next timer (Python may have scheduled some between two calls)."""
     TOP = np.zeros((n, 4), dtype=np.int64)
     for j in range(n):
-        _top(TOP, j, I1[j * CORE_I1], I2[j * CORE_I2 + 2])
+        core = CORES[j]
+        _top(TOP, j, core[0], core[8])
     return TOP
 
 
@@ -442,7 +436,7 @@ def _stop(j, S, PI):
 
 
 @njit(inline="always")
-def _scratch(I1, I2, n, NOUT):
+def _scratch(CORES, n, NOUT):
     """A portfolio loop's working arrays: a popped timer, the book walk's levels, the row counts before
     a step, and every instrument's next timer."""
     return (
@@ -451,7 +445,7 @@ def _scratch(I1, I2, n, NOUT):
         np.zeros(16, dtype=np.float64),
         np.zeros(16, dtype=np.float64),
         np.zeros(NOUT.shape[0], dtype=np.int64),
-        _tops(I1, I2, n),
+        _tops(CORES, n),
     )
 
 
@@ -495,18 +489,17 @@ def _timer_pf(j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmp
 @njit
 def run_pf(
     walk_ts, walk_prio, walk_kind, walk_row, walk_inst, walk_end, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags,
-    I1, F1, I2, F2, PI, PF, PS, PP, LR, half_life_ns, OUTI, OUTF, NOUT, out_cap,
+    CORES, PI, PF, PS, PP, LR, half_life_ns, OUTI, OUTF, NOUT, out_cap,
 ):  # fmt: skip
     """Run the walk from PI[PI_WALK] to walk_end. Returns a status (ST_*); a stop names its instrument
     in PI[PI_CUR]. LV[j] holds instrument j's book levels from row L0[j] on; BL, LB, PR its books'
     receive times, labels and probabilities; TPX, TSZ, TSD its trades. PS, PP, LR: what a hub's Kev
     context reads (engine/kernel.py pf_observe, pf_note_label)."""
     n = PF.shape[0]
-    tmpi, tmpf, lpx, lq, before, TOP = _scratch(I1, I2, n, NOUT)
-    # The core last stepped: a typed list hands out an array per call (tens of ns each, 18 per core),
-    # and a session's entries come in runs of one instrument.
+    tmpi, tmpf, lpx, lq, before, TOP = _scratch(CORES, n, NOUT)
+    # the core last stepped
     cur = 0
-    core = _core(I1, F1, I2, F2, 0)
+    core = _core(CORES, 0)
     i = PI[PI_WALK]
     while i < walk_end:
         t = walk_ts[i]
@@ -517,7 +510,7 @@ def run_pf(
                 break
             if j != cur:
                 cur = j
-                core = _core(I1, F1, I2, F2, j)
+                core = _core(CORES, j)
             st = _timer_pf(
                 j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
             )
@@ -528,14 +521,14 @@ def run_pf(
         r = walk_row[i]
         if j != cur:
             cur = j
-            core = _core(I1, F1, I2, F2, j)
+            core = _core(CORES, j)
         # An EMERGENCY label pulls every instrument's quotes: each needs room for its cancels first.
         pull = k == 4 and n > 1 and LB[j][r] == L_EMERGENCY
         for o in range(n):
             if o == j:
                 st = _room(o, n, core, PI, PF, NOUT, out_cap, lags)
             elif pull:
-                st = _room(o, n, _core(I1, F1, I2, F2, o), PI, PF, NOUT, out_cap, lags)
+                st = _room(o, n, _core(CORES, o), PI, PF, NOUT, out_cap, lags)
             else:
                 continue
             if st != ST_DONE:
@@ -585,9 +578,7 @@ def run_pf(
             for o in range(n):
                 if o == j:
                     continue
-                So, SFo, Co, _, OIo, OFo, _, _, HIo, HFo, worko, _, _, _, _, ebo, _, olo = _core(
-                    I1, F1, I2, F2, o
-                )
+                So, SFo, Co, _, OIo, OFo, _, _, HIo, HFo, worko, _, _, _, _, ebo, _, olo = _core(CORES, o)
                 _enter(o, n, So, SFo, NOUT, PI, PF, before)
                 So[S_NOW] = t
                 step_pull(So, Co, OIo, OFo, HIo, HFo, olo, worko, OUTI, OUTF, NOUT)
@@ -602,15 +593,15 @@ def run_pf(
 
 
 @njit
-def run_all_pf(I1, F1, I2, F2, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap):
+def run_all_pf(CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap):
     """The end of the tape: every instrument's pending timers, in the one order."""
     n = PF.shape[0]
-    tmpi, tmpf, lpx, lq, before, TOP = _scratch(I1, I2, n, NOUT)
+    tmpi, tmpf, lpx, lq, before, TOP = _scratch(CORES, n, NOUT)
     while True:
         j = _due(TOP, n, 0, 0, False)
         if j < 0:
             return ST_DONE
-        core = _core(I1, F1, I2, F2, j)
+        core = _core(CORES, j)
         st = _timer_pf(
             j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
         )
