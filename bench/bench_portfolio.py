@@ -5,11 +5,12 @@ Data: ``../shared/bench/gen_books.py -n N --out DIR``. The session holds gen_boo
 snapshots (and their trades) twice: as BTCUSDT, and as ETHUSDT with every price shifted by
 ``--shift`` (same tick) and every time by 1 ms, so the two books interleave: ``n`` snapshots in all.
 Each run is a fresh process (peak RSS is its own), alternating the portfolio on the compiled loop with
-its peers: the same portfolio with the engine driven per event, and the single-instrument replay of
-the ``n`` BTCUSDT snapshots on the compiled loop. Medians of the warm runs; run 0 of each is cold
-and printed as such.
+its peers: the same portfolio with the engine driven per event, the single-instrument replay of
+the ``n`` BTCUSDT snapshots on the compiled loop, and with ``--peer REV`` the portfolio on the
+compiled loop of the repository at git revision REV (a worktree of its own). Medians of the warm
+runs; run 0 of each is cold and printed as such.
 
-    python bench/bench_portfolio.py --data /tmp/gb1m -n 1000000 --repeat 3 --one-core
+    python bench/bench_portfolio.py --data /tmp/gb1m -n 1000000 --repeat 3 --one-core [--peer REV]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from engine.store import SessionWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_replay_1m import session_from_gen_books  # noqa: E402
+from peer import ROOT, drop_tree, tree_at  # noqa: E402
 
 
 def pair_session(data: Path, out: Path, n: int, shift: float) -> Path:
@@ -62,21 +64,27 @@ def pair_session(data: Path, out: Path, n: int, shift: float) -> Path:
     return out
 
 
-def run(session: Path, out: Path, cfg: str, kernel: bool, one_core: bool) -> tuple[float, float, str]:
+def run(
+    session: Path, out: Path, cfg: str, kernel: bool, one_core: bool, cwd: Path | None = None
+) -> tuple[float, float, str]:
+    """One replay in a fresh process (``cwd``: the tree whose code runs; this one by default)."""
     code = (
         "import re\n"
         "from replay.driver import ReplayConfig, run_replay\n"
         f"r = run_replay({str(session)!r}, ReplayConfig({cfg}), out_dir={str(out)!r}, overwrite=True, "
         f"kernel={kernel!r})\n"
         "rss = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"
+        "import replay.driver\n"
+        "print(replay.driver.__file__)\n"
         "print(r.path)\n"
         "print(r.snapshots_per_s, rss)\n"
     )
     cmd = [sys.executable, "-c", code]
     if one_core:
         cmd = ["taskset", "-c", "0", *cmd]
-    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=cwd or ROOT)
     lines = p.stdout.strip().splitlines()
+    assert lines[-3].startswith(str(cwd or ROOT)), (lines[-3], cwd)  # the tree meant ran
     rate, rss = lines[-1].split()
     return float(rate), float(rss), lines[-2]
 
@@ -88,19 +96,32 @@ def main() -> None:
     ap.add_argument("--shift", type=float, default=1000.0, help="ETHUSDT's price offset (a tick multiple)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--one-core", action="store_true")
+    ap.add_argument("--peer", help="git revision whose compiled portfolio loop runs alternated with this one")
     a = ap.parse_args()
+    peer = tree_at(a.peer) if a.peer else None
+    try:
+        _bench(a, peer)
+    finally:
+        if peer is not None:
+            drop_tree(peer)
+
+
+def _bench(a: argparse.Namespace, peer: Path | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pair = pair_session(a.data, Path(tmp) / "pair", a.n, a.shift)
         single = session_from_gen_books(a.data, Path(tmp) / "single", a.n)
+        pf = "symbols=('BTCUSDT', 'ETHUSDT')"
         runs = {
-            "portfolio, 2 instruments, compiled loop": (pair, "symbols=('BTCUSDT', 'ETHUSDT')", True),
-            "portfolio, 2 instruments, per event": (pair, "symbols=('BTCUSDT', 'ETHUSDT')", False),
-            "one instrument, compiled loop": (single, "", True),
+            "portfolio, 2 instruments, compiled loop": (pair, pf, True, None),
+            "portfolio, 2 instruments, per event": (pair, pf, False, None),
+            "one instrument, compiled loop": (single, "", True, None),
         }
+        if peer is not None:
+            runs[f"portfolio, 2 instruments, compiled loop at {a.peer}"] = (pair, pf, True, peer)
         got: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
         for i in range(a.repeat):
-            for name, (session, cfg, kernel) in runs.items():
-                rate, rss, path = run(session, Path(tmp) / "run", cfg, kernel, a.one_core)
+            for name, (session, cfg, kernel, cwd) in runs.items():
+                rate, rss, path = run(session, Path(tmp) / "run", cfg, kernel, a.one_core, cwd)
                 got[name].append((rate, rss))
                 print(f"run {i}{' (cold)' if i == 0 else ''} {name}: {rate:,.0f} snapshots/s, "
                       f"peak RSS {rss / 1024:.2f} GB [{path}]", flush=True)  # fmt: skip
@@ -109,7 +130,7 @@ def main() -> None:
             warm = vals[1:] or vals
             rate = statistics.median(r for r, _ in warm)
             rss = max(m for _, m in vals)
-            print(f"  {name:40s} {rate:>10,.0f} snapshots/s   peak RSS {rss / 1024:.2f} GB")
+            print(f"  {name:52s} {rate:>10,.0f} snapshots/s   peak RSS {rss / 1024:.2f} GB")
 
 
 if __name__ == "__main__":

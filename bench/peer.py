@@ -27,3 +27,16 @@ def module_at(rev: str, rel: str) -> ModuleType:
     sys.modules[name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
+
+
+def tree_at(rev: str) -> Path:
+    """A checkout of the whole repository at ``rev`` (a detached git worktree in a temporary folder),
+    for a bench that runs the peer's code end to end in a process of its own (``cwd`` the tree). Its
+    compiled code is cached there: the peer's first run is cold, as this tree's first run is."""
+    path = Path(tempfile.mkdtemp(prefix=f"peer-{rev}-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(path), rev], cwd=ROOT, check=True)
+    return path
+
+
+def drop_tree(path: Path) -> None:
+    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
