@@ -348,19 +348,14 @@ def _timer(
 # ---------------------------------------------------------------- several instruments
 # A portfolio's loop (replay/fast_path.py run_portfolio_kernel drives it): one walk merging every
 # instrument's entries (walk_inst names each one's instrument), a core per instrument, one output
-# buffer, and the portfolio's shared counters and risk view (PI, PF: engine/kernel.py). CORES holds
-# each instrument's arrays as one tuple (_core): a tuple of equal tuples indexes in a few ns, where a
-# numba typed list hands out each array in tens (the loop changes instrument on most steps). Around
+# buffer, and the portfolio's shared counters and risk view (PI, PF: engine/kernel.py). CORES[j] holds
+# instrument j's arrays as one tuple (S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight,
+# recent, eng_book, x_book, olat): a tuple of equal tuples indexes in a few ns, where a numba typed
+# list hands out each array in tens. The loop unpacks a core only when the instrument changes: each
+# unpacking takes a reference to every array, and a step does not need to pay for it. Around
 # every step of instrument j: pf_enter, the step, its rows tagged j, pf_leave, as the per-event engine
 # does (engine/core.py). The timers of every core run in one order: the least (time, priority, seq)
 # first, the seq shared (PI_SEQ), as on one clock.
-
-
-@njit(inline="always")
-def _core(CORES, j):
-    """Instrument j's state: S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent,
-    eng_book, x_book, olat."""
-    return CORES[j]
 
 
 @njit(inline="always")
@@ -450,9 +445,8 @@ def _scratch(CORES, n, NOUT):
 
 
 @njit(inline="always")
-def _room(o, n, core, PI, PF, NOUT, out_cap, lags):
-    """Room for a step of instrument o (``core``: its arrays), or the stop that makes it."""
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
+def _room(o, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags):
+    """Room for a step of instrument o, or the stop that makes it."""
     if n > 1:
         pf_enter(PI, PF, o, S, SF)
     st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
@@ -461,13 +455,15 @@ def _room(o, n, core, PI, PF, NOUT, out_cap, lags):
     return st
 
 
-@njit(inline="always")
-def _timer_pf(j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP):
-    """The next timer of instrument j's heap (``core``: its arrays)."""
-    st = _room(j, n, core, PI, PF, NOUT, out_cap, lags)
+@njit
+def _timer_pf(
+    j, n, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book, x_book,
+    PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP,
+):  # fmt: skip
+    """The next timer of instrument j's heap."""
+    st = _room(j, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags)
     if st != ST_DONE:
         return st
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
     _enter(j, n, S, SF, NOUT, PI, PF, before)
     _heap_pop(S, HI, HF, tmpi, tmpf)
     S[S_NOW] = tmpi[0]
@@ -497,9 +493,9 @@ def run_pf(
     context reads (engine/kernel.py pf_observe, pf_note_label)."""
     n = PF.shape[0]
     tmpi, tmpf, lpx, lq, before, TOP = _scratch(CORES, n, NOUT)
-    # the core last stepped
-    cur = 0
-    core = _core(CORES, 0)
+    cur = 0  # the instrument whose core is unpacked
+    S, SF, C, CF, OI, OF, RI, RF, HI, HF = CORES[0][:10]
+    work, rest, kq, inflight, recent, eng_book, x_book, olat = CORES[0][10:]
     i = PI[PI_WALK]
     while i < walk_end:
         t = walk_ts[i]
@@ -510,10 +506,12 @@ def run_pf(
                 break
             if j != cur:
                 cur = j
-                core = _core(CORES, j)
+                S, SF, C, CF, OI, OF, RI, RF, HI, HF = CORES[j][:10]
+                work, rest, kq, inflight, recent, eng_book, x_book, olat = CORES[j][10:]
             st = _timer_pf(
-                j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
-            )
+                j, n, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
+                x_book, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP,
+            )  # fmt: skip
             if st != ST_DONE:
                 return st
         j = walk_inst[i]
@@ -521,19 +519,21 @@ def run_pf(
         r = walk_row[i]
         if j != cur:
             cur = j
-            core = _core(CORES, j)
+            S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = (
+                CORES[j]
+            )
+        st = _room(j, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags)
+        if st != ST_DONE:
+            return st
         # An EMERGENCY label pulls every instrument's quotes: each needs room for its cancels first.
         pull = k == 4 and n > 1 and LB[j][r] == L_EMERGENCY
-        for o in range(n):
-            if o == j:
-                st = _room(o, n, core, PI, PF, NOUT, out_cap, lags)
-            elif pull:
-                st = _room(o, n, _core(CORES, o), PI, PF, NOUT, out_cap, lags)
-            else:
-                continue
-            if st != ST_DONE:
-                return st
-        S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
+        if pull:
+            for o in range(n):
+                if o != j:
+                    So, SFo, _, _, OIo, _, RIo, _, HIo, _, worko, _, _, inflo, _, _, _, olo = CORES[o]
+                    st = _room(o, n, So, SFo, OIo, RIo, HIo, olo, worko, inflo, PI, PF, NOUT, out_cap, lags)
+                    if st != ST_DONE:
+                        return st
         _enter(j, n, S, SF, NOUT, PI, PF, before)
         S[S_NOW] = t
         if k == 0:  # book at the exchange
@@ -578,7 +578,7 @@ def run_pf(
             for o in range(n):
                 if o == j:
                     continue
-                So, SFo, Co, _, OIo, OFo, _, _, HIo, HFo, worko, _, _, _, _, ebo, _, olo = _core(CORES, o)
+                So, SFo, Co, _, OIo, OFo, _, _, HIo, HFo, worko, _, _, _, _, ebo, _, olo = CORES[o]
                 _enter(o, n, So, SFo, NOUT, PI, PF, before)
                 So[S_NOW] = t
                 step_pull(So, Co, OIo, OFo, HIo, HFo, olo, worko, OUTI, OUTF, NOUT)
@@ -601,9 +601,12 @@ def run_all_pf(CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap):
         j = _due(TOP, n, 0, 0, False)
         if j < 0:
             return ST_DONE
-        core = _core(CORES, j)
-        st = _timer_pf(
-            j, n, core, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
+        S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = (
+            CORES[j]
         )
+        st = _timer_pf(
+            j, n, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
+            x_book, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP,
+        )  # fmt: skip
         if st != ST_DONE:
             return st
