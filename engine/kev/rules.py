@@ -101,6 +101,14 @@ class RuleKev:
             self.step_fraction,
             self.min_prob,
         )
+        return self.reply(ctx, action, target, hedge, slip, why)
+
+    @staticmethod
+    def reply(
+        ctx: KevContext, action: int, target: float, hedge: float, slip: float, why: int
+    ) -> dict[str, object]:
+        """The command JSON of :func:`rule_decide`'s answer to ``ctx`` (the compiled loop decides in
+        the kernel and writes the texts from its row with this)."""
         return {
             "action": ACTIONS[action],
             "target_position": target,
