@@ -102,6 +102,14 @@ def imbalance_levels(bk) -> float:
 _last: tuple[BookSnapshot | None, np.ndarray] = (None, np.empty(0))  # replaced in one store
 
 
+def remember_levels(book: BookSnapshot, levels: np.ndarray) -> None:
+    """``levels`` (60 float64 in :func:`as_levels`' layout, owned by the caller no more) are ``book``'s:
+    a parser that has them hands them over, so the first ``as_levels(book)`` of the tick path (the paper
+    exchange's, then the engine's) finds them made instead of building them from the tuples."""
+    global _last
+    _last = (book, levels)
+
+
 def as_levels(book: BookSnapshot) -> np.ndarray:
     """The book in the compiled layout (60 float64), made once per snapshot: the strategy, the risk
     gateway and every resting order at the simulated venue read the same book. Read-only to callers."""

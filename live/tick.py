@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.book import remember_levels
 from engine.events import BookSnapshot, Nanos, Quarantined, Trade
 from engine.laya.features import features_v0, features_v0_levels
 from engine.laya.features import warm_up as warm_features
@@ -59,6 +60,7 @@ class TickLaya:
             label, probs = self.laya.predict_row()
             latency = self.wall_ns() - ts
             book = sc.book(raw, ts, counters)
+            remember_levels(book, sc.levels.reshape(-1).copy())  # the scan's rows: as_levels' layout
             self._pre = (book, label, probs, latency)
             self._last_raw = raw
             self.fast += 1

@@ -160,13 +160,7 @@ class StreamedBooks:
         self.blocks_read += 1
         buf = self._spare.pop() if self._spare else np.empty((block, len(LEVEL_COLUMNS)), dtype=np.float64)
         levels = buf[: hi - lo]
-        rows_of(
-            tuple(
-                table.column(c).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-                for c in LEVEL_COLUMNS
-            ),
-            levels,
-        )
+        rows_of(tuple(_column(table, c) for c in LEVEL_COLUMNS), levels)
         if not self._labelled[b]:
             codes = book_codes(levels)  # checked once, when first read (compiled, ~0.1 us a row)
             if codes.any():
@@ -205,6 +199,14 @@ class StreamedBooks:
             hi = min(r1, (b + 1) * block) - b * block
             parts.append(self._blocks[b][lo:hi])
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _column(table: pa.Table, name: str) -> np.ndarray:
+    """A level column as a read-only float64 array: Arrow hands some out read-only (no nulls, one
+    chunk), others not, and :func:`rows_of` takes them as one tuple, whose arrays must have one type."""
+    a = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64, copy=False).view()
+    a.flags.writeable = False
+    return a
 
 
 @njit

@@ -482,6 +482,20 @@ class PortfolioRun:
         return again
 
 
+def one_type(arrays: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """The arrays as one tuple the loop indexes by instrument. numba indexes a tuple at run time only
+    when its arrays have one type, and Arrow hands some columns out read-only, others not: where they
+    differ, all become read-only views."""
+    if len({a.flags.writeable for a in arrays}) <= 1:
+        return tuple(arrays)
+    views = []
+    for a in arrays:
+        v = a.view()
+        v.flags.writeable = False
+        views.append(v)
+    return tuple(views)
+
+
 def run_portfolio_kernel(
     pf: PortfolioRun,
     walk: StreamedWalk,
@@ -500,9 +514,9 @@ def run_portfolio_kernel(
     PI, PF = pf.PI, pf.PF
     run0 = pf.runs[0]
     # each instrument's arrays of a kind as one tuple (the loop indexes it by instrument)
-    BL, LB, PR = tuple(b_loc), tuple(labels), tuple(probs)
+    BL, LB, PR = one_type(b_loc), one_type(labels), one_type(probs)
     pf.b_loc = b_loc
-    TPX, TSZ, TSD = (tuple(t[k] for t in trades) for k in range(3))
+    TPX, TSZ, TSD = (one_type([t[k] for t in trades]) for k in range(3))
     done = 0
     while (chunk := walk.next_entries()) is not None:
         ts, prio, kind, row, inst = chunk
@@ -515,7 +529,7 @@ def run_portfolio_kernel(
             r0, r1 = (int(books.min()), int(books.max()) + 1) if len(books) else (0, 0)
             levels.append(book_levels[j](r0, r1) if r1 > r0 else np.zeros((0, 60)))
             L0[j] = r0
-        LV = tuple(levels)
+        LV = one_type(levels)
         PI[K.PI_WALK] = 0
         while True:
             before = int(PI[K.PI_WALK])

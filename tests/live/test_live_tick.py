@@ -8,6 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
+import engine.book as book_mod
+from engine.book import as_levels
 from engine.events import BookSnapshot
 from engine.laya.features import features_v0, features_v0_levels
 from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig
@@ -24,6 +26,10 @@ def laya() -> Laya:
 
 def _bits(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint32)
+
+
+def _bits64(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint64)
 
 
 def test_compiled_features_are_bit_identical_to_features_v0():
@@ -57,6 +63,11 @@ def test_tick_laya_labels_and_events_equal_the_general_path(laya):
         assert evs == decode(raw, ts, c_ref)
         for ev in evs:
             if isinstance(ev, BookSnapshot):
+                # the scan's levels, handed to as_levels: what the tuples would make, bit for bit
+                assert book_mod._last[0] is ev  # remembered by the decode, not built by as_levels
+                made = np.array(ev.bid_px + ev.bid_sz + ev.ask_px + ev.ask_sz, dtype=np.float64)
+                assert np.array_equal(as_levels(ev), made, equal_nan=True)
+                assert np.array_equal(_bits64(as_levels(ev)), _bits64(made))
                 label, probs = tick(ev)  # what Engine.on_book asks: the pre-computed label
                 ref_label, ref_probs = laya.predict(features_v0(ev))
                 assert label == ref_label and np.array_equal(_bits(probs), _bits(ref_probs))

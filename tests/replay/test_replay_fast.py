@@ -298,3 +298,25 @@ def test_compiled_price_rounding_equals_the_python_expression():
         for px in [0.0, -0.0, *(rng.uniform(1, 100_000, 300).round(rng.integers(0, 6)).tolist())] * 2:
             got, want = c.round_px(px), round(round(px / tick) * tick, 10)
             assert got == want and str(got) == str(want)
+
+
+def test_one_type_makes_a_tuple_the_portfolio_loop_can_index_by_instrument():
+    """One instrument's column read-only (from Arrow as it is), another's writable (a copy): numba
+    cannot index such a tuple at run time, so they become read-only views of one type."""
+    from numba import njit
+
+    from replay.fast_path import one_type
+
+    ro = np.arange(3.0)
+    ro.flags.writeable = False
+    rw = np.arange(3.0) + 10
+
+    @njit
+    def pick(t, j):
+        return t[j][1]
+
+    got = one_type([ro, rw])
+    assert [pick(got, j) for j in (0, 1)] == [1.0, 11.0]
+    assert rw.flags.writeable  # the caller's arrays are left as they were
+    same = [np.zeros(2), np.ones(2)]
+    assert all(a is b for a, b in zip(one_type(same), same, strict=True))  # one type already: as they are
