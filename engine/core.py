@@ -29,6 +29,7 @@ from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import BookSnapshot, Nanos, Trade
 from engine.fastinit import frozen_maker
+from engine.instruments import command_part
 from engine.kev.advisor import KevContext, KevContextV2, KevReply, context_body, context_body_v2
 from engine.kev.command import ACTIONS, CommandFields, CommandV2, as_v2
 from engine.kev.failures import breaker_rows, judge
@@ -431,7 +432,7 @@ class Engine:
                 assert self.pf is not None
                 hub = verdict
                 c.RI[i, K.RI_ACTION], c.RF[i, K.RF_TARGET], c.RF[i, K.RF_HEDGE], c.RF[i, K.RF_SLIP] = (
-                    self.pf.mine(self, verdict)
+                    command_part(verdict, self.cfg.symbol)
                 )
                 reason = verdict.reason
             elif verdict is not None:

@@ -157,10 +157,6 @@ class Portfolio:
         """Request ``rid`` of ``source``'s instrument as the portfolio's Kev context."""
         return hub_context(self, [e.core for e in self.engines], source.inst, rid)
 
-    def mine(self, engine: Engine, cmd: CommandV2) -> tuple[int, float, float, float]:
-        """The part of ``cmd`` for ``engine``'s instrument: (action code, target, hedge ratio, slip)."""
-        return command_part(cmd, engine.cfg.symbol)
-
     def fan_out(self, source: Engine, cmd: CommandV2, cid: int, rid: int, ts_ctx: int) -> None:
         """Command ``cid`` (the reply to ``source``'s request ``rid``) sets every other instrument's
         target, in instrument order."""

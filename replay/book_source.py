@@ -25,6 +25,7 @@ from engine.laya.features import N_FEATURES, features_v0_rows
 from engine.laya.model import Laya
 from engine.store import SessionError, first_line, open_parquet
 from engine.validate import LEVEL_COLUMNS, REASONS, book_codes
+from replay.walk import readonly
 
 BLOCK = 65_536  # rows per label batch: replay.driver._batch_v0's chunk
 SMALL_COLUMNS = ["ts_event", "ts_recv", "seq", "symbol", "exch_seq"]
@@ -202,11 +203,8 @@ class StreamedBooks:
 
 
 def _column(table: pa.Table, name: str) -> np.ndarray:
-    """A level column as a read-only float64 array: Arrow hands some out read-only (no nulls, one
-    chunk), others not, and :func:`rows_of` takes them as one tuple, whose arrays must have one type."""
-    a = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64, copy=False).view()
-    a.flags.writeable = False
-    return a
+    """A level column as a read-only float64 array (:func:`rows_of` takes them as one tuple)."""
+    return readonly(table.column(name).to_numpy(zero_copy_only=False).astype(np.float64, copy=False))
 
 
 @njit

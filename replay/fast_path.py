@@ -25,7 +25,7 @@ from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
 from engine.state import CoreState, decimal_parts, tick_decimals
 from replay import kernel as K
-from replay.walk import StreamedWalk
+from replay.walk import StreamedWalk, readonly
 from venue.batch_latency import RecordedTable, recorded_table, sample_many
 from venue.fills import FILL_MODELS
 from venue.latency import LatencyModel, ScaledLatency
@@ -418,8 +418,8 @@ class PortfolioRun:
     # ------------------------------------------------------------ the loop's arrays and stops
 
     def cores(self) -> tuple[tuple[np.ndarray, ...], ...]:
-        """Every core's arrays as the loop takes them (kernel._core), made anew for each call of the loop:
-        a stop may have replaced any of them (a table grew, latencies were drawn)."""
+        """Every core's arrays as the loop takes them (``CORES`` in replay/kernel.py), made anew for each
+        call of the loop: a stop may have replaced any of them (a table grew, latencies were drawn)."""
         return tuple(
             (
                 r.S,
@@ -483,17 +483,11 @@ class PortfolioRun:
 
 
 def one_type(arrays: list[np.ndarray]) -> tuple[np.ndarray, ...]:
-    """The arrays as one tuple the loop indexes by instrument. numba indexes a tuple at run time only
-    when its arrays have one type, and Arrow hands some columns out read-only, others not: where they
-    differ, all become read-only views."""
+    """The arrays as one tuple the loop indexes by instrument: as they are when they have one type,
+    else read-only views of all (``replay.walk.readonly``)."""
     if len({a.flags.writeable for a in arrays}) <= 1:
         return tuple(arrays)
-    views = []
-    for a in arrays:
-        v = a.view()
-        v.flags.writeable = False
-        views.append(v)
-    return tuple(views)
+    return tuple(readonly(a) for a in arrays)
 
 
 def run_portfolio_kernel(

@@ -30,12 +30,18 @@ class WalkStream:
     inst: int = 0
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
-    """A read-only int64 view: the merge takes each kind of array as one tuple, whose arrays must have
-    one type (some columns come read-only from Arrow)."""
-    v = np.asarray(a, dtype=np.int64).view()
+def readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``. Compiled code indexes a tuple of arrays at run time only when they
+    have one type, and Arrow hands some columns out read-only, others not (a copy): read-only views of
+    all of them are of one type."""
+    v = a.view()
     v.flags.writeable = False
     return v
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only int64 view: the merge takes each kind of array as one tuple."""
+    return readonly(np.asarray(a, dtype=np.int64))
 
 
 def _in_order(ts: np.ndarray, seq: np.ndarray) -> np.ndarray:
