@@ -35,7 +35,7 @@ from engine.core import PRIO_EXCH_OUT
 from engine.errors import DualhubError
 from engine.events import Nanos, ReconcileEvent
 from engine.risk import OrderIntent
-from engine.venues.bitget_v2_private import FillUpdate, OrderUpdate, PositionsUpdate
+from engine.venues.bitget_v2_private import FillUpdate, OrderUpdate, PositionsUpdate, parse_fill_page
 from engine.venues.bitget_v2_rest import (
     MARGIN_COIN,
     MAX_CLIENT_OID_LEN,
@@ -45,6 +45,7 @@ from engine.venues.bitget_v2_rest import (
     PATH_CANCEL_ALL,
     PATH_CONTRACTS,
     PATH_DETAIL,
+    PATH_FILLS,
     PATH_PENDING,
     PATH_PLACE,
     PATH_TIME,
@@ -77,6 +78,10 @@ from engine.venues.bitget_v2_rest import (
 log = logging.getLogger(__name__)
 
 MS: Final = 1_000_000
+FILLS_PAGE: Final = 100  # the fills endpoint's largest page
+# After lost pushes the fill list is read again while it shows less than a push told of.
+CATCH_UP_TRIES: Final = 5
+CATCH_UP_WAIT_S: Final = 0.05
 
 
 class GatewayTransportError(DualhubError):
@@ -239,6 +244,21 @@ class BitgetGateway:
         params.update({"orderId": order_id} if order_id else {"clientOid": client_oid})
         return parse_order_row((await self.request("GET", PATH_DETAIL, params=params)).data)
 
+    async def order_fills(self, symbol: str, order_id: str) -> list[FillUpdate]:
+        """Every fill of one order, oldest first (the endpoint pages newest first)."""
+        fills: list[FillUpdate] = []
+        below = ""
+        while True:
+            params = {"productType": PRODUCT_TYPE, "symbol": symbol, "orderId": order_id, "limit": FILLS_PAGE}
+            if below:
+                params["idLessThan"] = below
+            page, below = parse_fill_page((await self.request("GET", PATH_FILLS, params=params)).data)
+            fills.extend(page)
+            if len(page) < FILLS_PAGE or not below:
+                break
+        # Trade ids are decimal strings of growing numbers: by length, then text, is by number.
+        return sorted(fills, key=lambda f: (f.time_ms, len(f.trade_id), f.trade_id))
+
     async def positions(self) -> list[PositionRow]:
         params = {"productType": PRODUCT_TYPE, "marginCoin": MARGIN_COIN}
         return [
@@ -271,6 +291,11 @@ class _Track:
     notional: float = 0.0
     trades: set[str] = field(default_factory=set)
     place_task: asyncio.Task[Any] | None = None
+    # Pushes were lost: the venue's fill list is being read (catch_up) to book fills up to ``behind``;
+    # a final status that came meanwhile waits in ``final`` until they are booked.
+    catch_up: asyncio.Task[Any] | None = None
+    behind: float = 0.0
+    final: OrderUpdate | None = None
 
 
 Inject = Callable[[int, Callable[[], None]], int]  # (priority, callback) -> the stamp it ran at
@@ -471,21 +496,48 @@ class GatewayExecution:
         if new <= 1e-12:
             return
         f = item.fill
-        if f is not None and abs(new - f.qty) <= 1e-12:
+        if f is not None and abs(new - f.qty) <= 1e-12 and not self._catching_up(t):
             self._fill(t, f.trade_id, f.price, new, f.liquidity, f.time_ms * MS)
             return
-        # Pushes were merged or missed: what is new, at the average price of what is new.
-        px = (
-            (item.price_avg * item.acc_filled - t.notional) / new
-            if item.price_avg == item.price_avg
-            else item.price
-        )
-        spec = self.contracts.get(t.symbol)
-        if spec is not None:
-            px = float(format_decimal(px, spec.tick / 100))
-        liquidity = f.liquidity if f is not None else ("taker" if t.order_type == "market" else "maker")
-        tid = f.trade_id if f is not None else f"acc:{item.acc_filled}"
-        self._fill(t, tid, px, new, liquidity, (f.time_ms if f is not None else item.u_time_ms) * MS)
+        # Pushes were lost between this one and the last: book what is new from the venue's fill
+        # list, each fill at its own price. (Their average need not be a price on the tick, and the
+        # engine books only prices on the tick.)
+        t.behind = max(t.behind, item.acc_filled)
+        if not self._catching_up(t):
+            t.catch_up = self._spawn(self._catch_up(t), f"fills {t.client_oid}")
+
+    @staticmethod
+    def _catching_up(t: _Track) -> bool:
+        return t.catch_up is not None and not t.catch_up.done()
+
+    def _book_missed(self, t: _Track, fills: Sequence[FillUpdate]) -> None:
+        """Book the fills of ``fills`` (the venue's list, oldest first) past what the engine was told.
+        Pushes carry cumulative sizes, so what was booked ends on a fill's boundary."""
+        seen = 0.0
+        for f in fills:
+            before, seen = seen, round(seen + f.qty, 12)
+            new = round(seen - max(before, t.filled), 12)
+            if new > 1e-12:
+                self._fill(t, f.trade_id, f.price, new, f.liquidity, f.time_ms * MS)
+
+    async def _catch_up(self, t: _Track) -> None:
+        for attempt in range(CATCH_UP_TRIES):
+            if t.filled + 1e-12 >= t.behind or t.done:
+                break
+            if attempt:
+                await asyncio.sleep(CATCH_UP_WAIT_S)  # the list may lag the push that told of the fill
+            try:
+                fills = await self.gw.order_fills(t.symbol, t.order_id)
+            except (BitgetError, GatewayTransportError) as e:
+                self.errors.append(f"fills of {t.client_oid}: {e}")
+                continue
+            self._book_missed(t, fills)
+        if t.filled + 1e-12 < t.behind:
+            # The next reconciliation books them and finishes the order from its detail.
+            log.warning("fills of %s: the venue's list shows %s of %s", t.client_oid, t.filled, t.behind)
+            return
+        if t.final is not None:
+            self._apply_status(t, t.final)
 
     def _track_for(self, client_oid: str, order_id: str) -> _Track | None:
         oid = self._by_client.get(client_oid) or self._by_order_id.get(order_id)
@@ -509,6 +561,12 @@ class GatewayExecution:
             t.order_id = item.order_id
             self._by_order_id[item.order_id] = t.engine_oid
         self._book_cumulative(t, item)
+        if self._catching_up(t) and item.status in ("filled", "canceled"):
+            t.final = item  # after the missed fills (the engine takes no fill on a finished order)
+            return
+        self._apply_status(t, item)
+
+    def _apply_status(self, t: _Track, item: OrderUpdate) -> None:
         ts = item.u_time_ms * MS
         if item.status in ("live", "partially_filled"):
             self._ack(t, ts)
@@ -576,19 +634,15 @@ class GatewayExecution:
                 self._by_order_id[row.order_id] = t.engine_oid
             missed = round(row.filled - t.filled, 12)
             if missed > 1e-12:
+                try:
+                    fills = await self.gw.order_fills(t.symbol, t.order_id)
+                except (BitgetError, GatewayTransportError) as e:
+                    self.errors.append(f"fills of {t.client_oid}: {e}")
+                    unsettled = True  # the next check tries again
+                    continue
                 n += 1
-                # The average price of what we missed: the order's average less what we already booked.
-                px = (
-                    (row.price_avg * row.filled - t.notional) / missed
-                    if row.price_avg == row.price_avg
-                    else row.price
-                )
-                spec = self.contracts.get(t.symbol)
-                if spec is not None:
-                    px = float(format_decimal(px, spec.tick / 100))
-                liquidity = "taker" if t.order_type == "market" else "maker"
                 self._diff(t.symbol, "missed_fill", t, t.filled, row.filled, "fill_applied")
-                self._fill(t, f"reconcile:{reason}:{row.filled}", px, missed, liquidity, row.u_time_ms * MS)
+                self._book_missed(t, fills)
             if row.status in ("filled", "canceled"):
                 n += 1
                 self._diff(t.symbol, "missed_done", t, 0.0, 1.0, row.status)

@@ -199,6 +199,14 @@ def parse_fill(d: Mapping[str, Any]) -> FillUpdate:
     )
 
 
+def parse_fill_page(data: Any) -> tuple[list[FillUpdate], str]:
+    """A page of the REST ``fills`` endpoint, ``{"fillList": [...] | null, "endId": ...}``: its rows
+    are the ``fill`` channel's. Returns the fills and ``endId`` (the next page's ``idLessThan``)."""
+    if not isinstance(data, Mapping):
+        return [], ""
+    return [parse_fill(r) for r in data.get("fillList") or []], str(data.get("endId") or "")
+
+
 def _code(v: Any) -> int | None:
     try:
         return int(v)

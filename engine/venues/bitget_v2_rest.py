@@ -48,6 +48,7 @@ PATH_BATCH_CANCEL: Final = "/api/v2/mix/order/batch-cancel-orders"
 PATH_CANCEL_ALL: Final = "/api/v2/mix/order/cancel-all-orders"
 PATH_PENDING: Final = "/api/v2/mix/order/orders-pending"
 PATH_DETAIL: Final = "/api/v2/mix/order/detail"
+PATH_FILLS: Final = "/api/v2/mix/order/fills"
 PATH_ALL_POSITIONS: Final = "/api/v2/mix/position/all-position"
 PATH_SINGLE_POSITION: Final = "/api/v2/mix/position/single-position"
 

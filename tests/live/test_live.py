@@ -73,6 +73,8 @@ def paper_run(frames, tmp_path_factory):
                 latency_order_response=JITTER,
                 latency_cancel=CANCEL_JITTER,
                 seed=7,
+                # ~5 cancels in 5 s on an idle machine, 3 on a busy one: the latency test wants > 3
+                duration_s=8.0,
             )
         )
     return res
@@ -591,6 +593,83 @@ def test_reconciliation_after_private_reconnect():
             stream.stop()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            await gw.aclose()
+
+        asyncio.run(scenario())
+
+
+def test_missed_fills_are_booked_each_at_its_own_price(monkeypatch):
+    """A market buy walks two levels while no push reaches the gateway. Their average (30000.15) is
+    not a price on the tick, and the engine books only prices on the tick: the gateway books each
+    missed fill from the venue's fill list, at its own price, both from a reconciliation and when a
+    later push shows the earlier ones were lost. An order's end waits for its missed fills."""
+    from engine.venues.bitget_v2_private import parse_order
+
+    creds = Credentials("local-key", "local-secret", "local-passphrase")
+    with LocalExchangeThread(LocalExchange()) as ex:
+        ex.apply_book(make_book(30000.0, 30000.1, size=0.01, ts=time.time_ns()))
+        pushed = []
+        real_push = ex._push_order
+        monkeypatch.setattr(
+            ex, "_push_order", lambda o, fill=None: (pushed.append((o, fill)), real_push(o, fill))
+        )
+
+        async def scenario():
+            clock = LiveClock()
+            stub = _StubEngine(clock)
+
+            def inject(prio, fn):
+                t = clock.stamp()
+                clock.schedule(t, prio, fn)
+                while (item := clock.pop_next_due()) is not None:
+                    item[1]()
+                return t
+
+            gw = BitgetGateway(ex.rest_url, creds)
+            await gw.sync_time()
+            specs = {s.symbol: s for s in await gw.contracts()}
+            diffs = []
+            exe = GatewayExecution(gw, specs, run_tag="dhF-", inject=inject, now_ns=clock.now_ns,
+                                   on_reconcile=diffs.append)  # fmt: skip
+            exe.engines["BTCUSDT"] = stub
+            walk = [("fill", None, 30000.1, 0.01, "taker"), ("fill", None, 30000.2, 0.01, "taker")]
+
+            def fills_of(oid):
+                return [c for c in stub.calls if c[0] == "fill" and c[1] == oid]
+
+            # 1. no private stream at all: the periodic check finds both fills
+            intent = OrderIntent(client_oid="dh-1", symbol="BTCUSDT", intent="new", side="buy",
+                                 order_type="market", px=30000.1, qty=0.02)  # fmt: skip
+            exe.submit(intent, clock.now_ns())
+            while ("ack", "dh-1") not in stub.calls:
+                await asyncio.sleep(0.01)
+            assert await exe.reconcile("check") >= 2
+            assert fills_of("dh-1") == [(c[0], "dh-1", *c[2:]) for c in walk]
+            assert stub.calls[-1] == ("done", "dh-1", "filled")
+            assert [d["kind"] for d in diffs] == ["missed_fill", "missed_done"]
+
+            # 2. only the last of the order's pushes gets through: its accBaseVolume is 0.02 but its
+            # fill is 0.01; the gateway reads the fill list and books both before the order's end
+            pushed.clear()
+            intent = OrderIntent(client_oid="dh-2", symbol="BTCUSDT", intent="new", side="buy",
+                                 order_type="market", px=30000.1, qty=0.02)  # fmt: skip
+            exe.submit(intent, clock.now_ns())
+            while not (pushed and pushed[-1][0].status == "filled"):
+                await asyncio.sleep(0.01)
+            o, fill = next(p for p in reversed(pushed) if p[1])  # the last fill's push
+            last = parse_order({**ex._order_row(o, ws=True), **fill})
+            assert last.acc_filled == 0.02 and last.fill is not None and last.fill.qty == 0.01
+            await asyncio.wait([exe.orders["dh-2"].place_task])
+            exe.on_private(last)
+            assert ("done", "dh-2", "filled") not in stub.calls  # waits for the fills
+            await asyncio.wait_for(exe.orders["dh-2"].catch_up, 5)
+            calls = [c for c in stub.calls if c[1] == "dh-2"]
+            assert calls == [
+                ("ack", "dh-2"),
+                *[(c[0], "dh-2", *c[2:]) for c in walk],
+                ("done", "dh-2", "filled"),
+            ]
+            assert exe.errors == [] and len(diffs) == 2  # nothing left for a reconciliation
             await gw.aclose()
 
         asyncio.run(scenario())

@@ -91,6 +91,7 @@ class _Order:
     fee: float = 0.0  # negative: paid
     cancel_reason: str = ""
     reject_reason: str = ""
+    fills: list[dict[str, Any]] = field(default_factory=list)  # its rows of the fills endpoint, in order
 
     @property
     def open(self) -> bool:
@@ -286,6 +287,7 @@ class LocalExchange:
             ("POST", "/api/v2/mix/order/cancel-all-orders", self._cancel_all),
             ("GET", "/api/v2/mix/order/orders-pending", self._pending),
             ("GET", "/api/v2/mix/order/detail", self._detail),
+            ("GET", "/api/v2/mix/order/fills", self._fills),
             ("GET", "/api/v2/mix/position/all-position", self._all_positions),
             ("GET", "/api/v2/mix/position/single-position", self._single_position),
         ):
@@ -428,37 +430,32 @@ class LocalExchange:
             "fillNotionalUsd": _num(px * qty),
         }
         self._push_order(o, fill)
-        self._push(
-            o.uid,
-            "fill",
-            o.symbol,
-            [
+        row = {
+            "orderId": o.order_id,
+            "tradeId": trade_id,
+            "symbol": o.symbol,
+            "side": o.side,
+            "orderType": o.order_type,
+            "posMode": "one_way_mode",
+            "price": _num(px),
+            "baseVolume": _num(qty),
+            "quoteVolume": _num(px * qty),
+            "profit": "0",
+            "tradeSide": "open",
+            "tradeScope": liquidity,
+            "feeDetail": [
                 {
-                    "orderId": o.order_id,
-                    "tradeId": trade_id,
-                    "symbol": o.symbol,
-                    "side": o.side,
-                    "orderType": o.order_type,
-                    "posMode": "one_way_mode",
-                    "price": _num(px),
-                    "baseVolume": _num(qty),
-                    "quoteVolume": _num(px * qty),
-                    "profit": "0",
-                    "tradeSide": "open",
-                    "tradeScope": liquidity,
-                    "feeDetail": [
-                        {
-                            "feeCoin": "USDT",
-                            "deduction": "no",
-                            "totalDeductionFee": "0",
-                            "totalFee": _num(fee),
-                        }
-                    ],
-                    "cTime": str(ts_ms),
-                    "uTime": str(ts_ms),
+                    "feeCoin": "USDT",
+                    "deduction": "no",
+                    "totalDeductionFee": "0",
+                    "totalFee": _num(fee),
                 }
             ],
-        )
+            "cTime": str(ts_ms),
+            "uTime": str(ts_ms),
+        }
+        o.fills.append(row)
+        self._push(o.uid, "fill", o.symbol, [row])
         self._push_positions(o.uid)
 
     def position_rows(self, uid: str, symbol: str | None = None, *, ws: bool = False) -> list[dict[str, Any]]:
@@ -972,6 +969,33 @@ class LocalExchange:
         if o is None:
             return error("40109", "The data of the order cannot be found", req.ts_ms)
         return ok(self._order_row(o, ws=False, state_key="state"), req.ts_ms)
+
+    def _fills(self, req: Request, uid: str) -> Response:
+        """The account's fills, newest first, ``limit`` (<= 100) a page; ``idLessThan`` pages on
+        (the previous page's ``endId``); ``orderId`` and ``symbol`` filter."""
+        bad = self._require(req, req.query, "productType")
+        if bad is not None:
+            return bad
+        q = req.query
+        try:
+            limit = int(q.get("limit") or 100)
+            below = int(q["idLessThan"]) if q.get("idLessThan") else None
+        except ValueError:
+            return error("40020", "Parameter limit or idLessThan error", req.ts_ms)
+        if not 1 <= limit <= 100:
+            return error("40020", f"Parameter limit error: {limit}", req.ts_ms)
+        order_id, symbol = q.get("orderId", ""), q.get("symbol", "")
+        orders = [o for o in self.orders.values() if o.uid == uid and order_id in ("", o.order_id)]
+        rows = [
+            f
+            for o in orders
+            if symbol in ("", o.symbol)
+            for f in o.fills
+            if below is None or int(f["tradeId"]) < below
+        ]
+        rows.sort(key=lambda f: int(f["tradeId"]), reverse=True)
+        page = rows[:limit]
+        return ok({"fillList": page or None, "endId": page[-1]["tradeId"] if page else None}, req.ts_ms)
 
     def _all_positions(self, req: Request, uid: str) -> Response:
         bad = self._require(req, req.query, "productType")

@@ -106,6 +106,41 @@ def test_matching_taker_walk_maker_fill_and_positions(ex):
     _run(_with_gw(ex, go))
 
 
+def test_fills_endpoint_lists_each_fill_pages_newest_first_and_filters_by_order(ex, monkeypatch):
+    """``/api/v2/mix/order/fills``: each fill of an order at its own price (a taker walk of three
+    levels), newest first a page at a time (``idLessThan`` = the previous ``endId``);
+    ``BitgetGateway.order_fills`` reads every page and returns them oldest first."""
+    import live.gateway as gateway
+
+    async def go(gw):
+        for coid, size in (("m-1", "2.500"), ("m-2", "0.300")):
+            body = place_order_body(
+                symbol="BTCUSDT", side="buy", order_type="market", size=size, client_oid=coid
+            )
+            await gw.place_order(body)
+        m1 = await gw.order_detail("BTCUSDT", client_oid="m-1")
+        m2 = await gw.order_detail("BTCUSDT", client_oid="m-2")
+        monkeypatch.setattr(gateway, "FILLS_PAGE", 2)  # three fills of m-1: two pages
+        fills = await gw.order_fills("BTCUSDT", m1.order_id)
+        assert [(f.order_id, f.price, f.qty, f.liquidity) for f in fills] == [
+            (m1.order_id, 30000.1, 1.0, "taker"),
+            (m1.order_id, 30000.2, 1.0, "taker"),
+            (m1.order_id, 30000.3, 0.5, "taker"),
+        ]
+        assert [int(f.trade_id) for f in fills] == sorted(int(f.trade_id) for f in fills)
+        (f2,) = await gw.order_fills("BTCUSDT", m2.order_id)
+        assert (f2.price, f2.qty) == (30000.1, 0.3)  # the book is the snapshot's until the next one
+        raw = (await gw.request("GET", "/api/v2/mix/order/fills", params={"productType": "USDT-FUTURES",
+                                                                           "limit": 3})).data  # fmt: skip
+        ids = [int(r["tradeId"]) for r in raw["fillList"]]
+        assert ids == sorted(ids, reverse=True) and raw["endId"] == str(ids[-1]) and len(ids) == 3
+        with pytest.raises(BitgetParamError):
+            await gw.request("GET", "/api/v2/mix/order/fills", params={"productType": "USDT-FUTURES",
+                                                                       "limit": 101})  # fmt: skip
+
+    _run(_with_gw(ex, go))
+
+
 def test_batch_cancel_and_cancel_all(ex):
     async def go(gw):
         for i in range(4):
