@@ -6,7 +6,8 @@ trades, seeded). This script turns ``books_wide.parquet`` and ``trades.parquet``
 session (columnar, untimed), then times ``run_replay`` end to end (Parquet in -> event log out) with
 Laya labelling every snapshot, the Kev queue, the risk gateway and the queue-aware fill model, and
 reports peak RSS. Pass ``--hbt-python`` (a venv with hftbacktest 2.4.4) to run the reference in the
-same script, alternating, and print the ratio of medians.
+same script, alternating, and print the ratio of medians. ``--peer REV`` runs the same replay with
+the code of git revision REV (a worktree of its own) after each of ours: this tree against that one.
 
     python bench/bench_replay_1m.py --data /tmp/gb1m --repeat 3 \
         --hbt-python ~/.cache/dualhub/hbt-venv/bin/python
@@ -29,6 +30,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.store import SessionWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer import ROOT, drop_tree, tree_at  # noqa: E402
 
 SHARED_BENCH = Path(__file__).resolve().parents[2] / "shared" / "bench"
 
@@ -93,8 +97,10 @@ def run_dualhub(
     *,
     kernel: bool = True,
     one_core: bool = False,
+    cwd: Path | None = None,
 ) -> tuple[float, float, int, str, str]:
-    """One replay in a fresh process, so peak RSS is this run's: (wall, rate, rss, events, digest, path)."""
+    """One replay in a fresh process, so peak RSS is this run's: (wall, rate, rss, events, digest, path).
+    ``cwd``: the tree whose code runs (this one by default)."""
     risk = "" if loss_stop_usd is None else f", risk=RiskLimits(daily_loss_stop_usd={loss_stop_usd!r})"
     code = (
         "import re, sys\n"
@@ -104,6 +110,8 @@ def run_dualhub(
         f"r = run_replay({str(session)!r}, cfg, out_dir={str(out)!r}, overwrite=True, kernel={kernel!r})\n"
         # VmHWM is this process's peak (ru_maxrss would carry the parent's peak across exec).
         "rss = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"
+        "import replay.driver\n"
+        "print(replay.driver.__file__)\n"
         "print(r.path)\n"
         "print(r.wall_s, r.snapshots_per_s, rss, sum(r.counts.values()), r.digest)\n"
     )
@@ -112,8 +120,9 @@ def run_dualhub(
         cmd = ["taskset", "-c", "0", *cmd]
     # the previous run's dirty pages (hftbacktest writes ~GB of npz) are not written back during this one
     os.sync()
-    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=cwd or ROOT)
     lines = p.stdout.strip().splitlines()
+    assert lines[-3].startswith(str(cwd or ROOT)), (lines[-3], cwd)  # the tree meant ran
     wall, rate, rss, events, digest = lines[-1].split()
     return float(wall), float(rate), float(rss), int(events), digest, lines[-2]
 
@@ -190,10 +199,20 @@ def main() -> None:
         action="store_true",
         help="drive the engine per event instead of the compiled loop (run_replay(kernel=False)): the A/B",
     )
+    ap.add_argument("--peer", help="git revision whose code runs the same replay after each of ours")
     args = ap.parse_args()
+    peer = tree_at(args.peer) if args.peer else None
+    try:
+        _bench(args, peer)
+    finally:
+        if peer is not None:
+            drop_tree(peer)
+
+
+def _bench(args: argparse.Namespace, peer: Path | None) -> None:
     with tempfile.TemporaryDirectory() as td:
         session = session_from_gen_books(args.data, Path(td) / "s", args.n or None, args.tile)
-        ours, theirs, theirs_orders, digests = [], [], [], set()
+        ours, theirs, theirs_orders, digests, peers = [], [], [], set(), []
         for i in range(args.repeat):
             wall, rate, rss, events, digest, path = run_dualhub(
                 session,
@@ -211,6 +230,17 @@ def main() -> None:
             )
             if i == 0:
                 print(workload(Path(td) / "run"))
+            if peer is not None:
+                wall, rate, rss, events, digest, path = run_dualhub(
+                    session, Path(td) / "run", args.fill_model, args.loss_stop_usd,
+                    kernel=not args.python_engine, one_core=args.one_core, cwd=peer,
+                )  # fmt: skip
+                peers.append(rate)
+                print(
+                    f"  {args.peer} run {i}{' (cold)' if i == 0 else ''}: {wall:.1f} s, "
+                    f"{rate:,.0f} snapshots/s, peak RSS {rss:,.0f} MB, {events:,} events out; "
+                    f"same digest: {digest in digests}"
+                )
             if args.hbt_python:
                 r = run_hbt(args.hbt_python, args.data, args.one_core)
                 if r:
@@ -226,6 +256,13 @@ def main() -> None:
             f"{', one core' if args.one_core else ''}); "
             f"digests identical: {len(digests) == 1}"
         )
+        if peers:
+            warm = peers[1:] or peers
+            mine = statistics.median(ours[1:] or ours)
+            print(
+                f"warm medians (runs 1..): this tree {mine:,.0f}, {args.peer} {statistics.median(warm):,.0f} "
+                f"snapshots/s; ratio {mine / statistics.median(warm):.3f}"
+            )
         if theirs:
             ref = statistics.median(theirs)
             print(f"hftbacktest median: {ref:,.0f} snapshots/s; ratio dualhub/hftbacktest = {med / ref:.3f}")
