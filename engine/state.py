@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine import kernel as K
 from engine.eventlog import EventLog
@@ -24,7 +25,6 @@ from engine.kev.advisor import KevContext
 from engine.kev.command import ACTIONS, validate_command
 from engine.kev.queue import POLICIES
 from engine.risk import N_RULES, rule_codes
-from engine.text_columns import id_column, name_column
 
 if TYPE_CHECKING:
     from engine.core import EngineConfig
@@ -92,13 +92,12 @@ def _decimal_array(units: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.decimal128(38, 12), n, [None, pa.py_buffer(buf.tobytes())])
 
 
-_text = name_column
-_REF_PREFIX = ("dh-", "kev:")  # a latency span's ref: an order (K.REF_ORDER) or a Kev request (K.REF_KEV)
-assert (K.REF_ORDER, K.REF_KEV) == (0, 1)
+def _text(values: tuple[str, ...], codes: np.ndarray) -> pa.Array:
+    return pa.array(values, pa.string()).take(pa.array(codes.astype(np.int64)))
 
 
 def _prefixed(prefix: str, n: np.ndarray) -> pa.Array:
-    return id_column((prefix,), None, n)
+    return pc.binary_join_element_wise(prefix, pc.cast(pa.array(n), pa.string()), "")
 
 
 def decimal_parts(d: Decimal) -> tuple[int, int] | None:
@@ -394,7 +393,7 @@ class CoreState:
         ]
 
     def _sym(self, ints: np.ndarray) -> pa.Array:
-        return name_column(self.symbols, ints[:, K.OUT_INST])
+        return pa.array(self.symbols, pa.string()).take(pa.array(ints[:, K.OUT_INST].copy()))
 
     def _columns(self, s: int, n: int, ints: np.ndarray, floats: np.ndarray) -> list[pa.Array]:
         side = ("buy", "sell")
@@ -479,7 +478,7 @@ class CoreState:
             return [
                 ts,
                 ts,
-                _prefixed("dh-", ints[:, 1]),
+                _prefixed("dh-", ints[:, 1].copy()),
                 self._sym(ints),
                 _text(("new", "cancel"), ints[:, 2]),
                 _text(side, ints[:, 3]),
@@ -495,7 +494,7 @@ class CoreState:
             return [
                 pa.array(ints[:, 0].copy()),
                 pa.array(ints[:, 1].copy()),
-                _prefixed("dh-", ints[:, 2]),
+                _prefixed("dh-", ints[:, 2].copy()),
                 self._sym(ints),
                 _text(K.ORDER_KINDS, ints[:, 3]),
                 _text(side, ints[:, 4]),
@@ -508,7 +507,7 @@ class CoreState:
             return [
                 pa.array(ints[:, 0].copy()),
                 pa.array(ints[:, 1].copy()),
-                _prefixed("dh-", ints[:, 2]),
+                _prefixed("dh-", ints[:, 2].copy()),
                 self._sym(ints),
                 _text(side, ints[:, 3]),
                 pa.array(floats[:, 0].copy()),
@@ -520,7 +519,9 @@ class CoreState:
             ]
         # latency
         start, end = ints[:, 0].copy(), ints[:, 1].copy()
-        refs = id_column(_REF_PREFIX, ints[:, 3], ints[:, 4])
+        ref_n = ints[:, 4]
+        is_kev = ints[:, 3] == K.REF_KEV
+        refs = pc.if_else(pa.array(is_kev), _prefixed("kev:", ref_n.copy()), _prefixed("dh-", ref_n.copy()))
         return [
             pa.array(start),
             pa.array(end),
