@@ -14,6 +14,7 @@ import functools
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import numba as nb
 from numba.core import caching
@@ -81,7 +82,67 @@ for _cls in (CoreInTreeLocator, CoreUserDirLocator):  # user dir first, as numba
         _Impl._locator_classes.insert(0, _cls)
 
 
-def njit(*args, **kwargs):
-    """``numba.njit`` with ``cache=True`` under the core's stamp; as ``@njit`` or ``@njit(...)``."""
+def njit(*args, nrt: bool = False, **kwargs):
+    """``numba.njit`` with ``cache=True`` under the core's stamp; as ``@njit`` or ``@njit(...)``.
+
+    Compiled without numba's reference counting unless ``nrt=True``. With it, every call of a
+    compiled function takes and drops a reference to each array argument (an atomic call each way):
+    the core hands its ~20 state arrays down every call, and on a trading replay those calls were
+    about two thirds of the compiled loop's time. Without it, a function cannot make an array (numba
+    refuses to compile it: pass ``nrt=True``), and it must neither return an array nor call an
+    ``nrt=True`` function that returns one, as nothing would own that reference; :func:`_guard`
+    refuses both when it compiles them. Arrays come from Python or from an ``nrt=True`` entry (the
+    replay loops), which holds them for the whole call.
+    """
     kwargs.setdefault("cache", True)
-    return nb.njit(*args, **kwargs)
+    kwargs["_nrt"] = nrt
+
+    def wrap(func):
+        d = nb.njit(**kwargs)(func)
+        if nb.config.DISABLE_JIT:  # the plain function, read as Python
+            return d
+        return _guard(d, nrt, kwargs.get("inline") == "always")
+
+    if args and callable(args[0]):
+        return wrap(args[0])
+    return wrap
+
+
+_compiling: list[tuple[str, bool]] = []  # the functions being compiled, innermost last
+
+
+def _holds_array(t: object) -> bool:
+    if isinstance(t, nb.types.Array):
+        return True
+    return isinstance(t, nb.types.BaseTuple) and any(_holds_array(x) for x in t.types)
+
+
+def _guard(d: Any, nrt: bool, inlined: bool) -> Any:
+    """``d`` refusing to compile what would miscount references with functions compiled without
+    numba's reference counting (an inlined function's body takes its caller's way)."""
+    name = f"{d.py_func.__module__}.{d.py_func.__qualname__}"
+    compile_, add_overload, get_call_template = d.compile, d.add_overload, d.get_call_template
+
+    def compile(sig: Any) -> Any:
+        _compiling.append((name, nrt))
+        try:
+            return compile_(sig)
+        finally:
+            _compiling.pop()
+
+    def checked_add_overload(cres: Any) -> None:
+        rt = cres.signature.return_type
+        if not nrt and not inlined and _holds_array(rt):
+            raise TypeError(f"{name} is compiled without nrt and returns {rt}: nothing would own it")
+        add_overload(cres)
+
+    def checked_get_call_template(args: Any, kws: Any) -> Any:
+        out = get_call_template(args, kws)
+        if nrt and _compiling and not _compiling[-1][1]:
+            caller = _compiling[-1][0]
+            if any(_holds_array(sig.return_type) for sig in d.nopython_signatures):
+                raise TypeError(f"{caller} is compiled without nrt and calls {name}, which returns an array")
+        return out
+
+    d.compile, d.add_overload, d.get_call_template = compile, checked_add_overload, checked_get_call_template
+    return d

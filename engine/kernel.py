@@ -1676,7 +1676,7 @@ def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
 # the venue, Kev requests to ask) and S[S_WHY].
 
 
-@njit
+@njit(nrt=True)
 def step_label(
     label_id, p_label, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent,
     eng_book, x_book, b_loc, levels, lags, OUTI, OUTF, NOUT,
@@ -1691,7 +1691,7 @@ def step_label(
     )  # fmt: skip
 
 
-@njit
+@njit(nrt=True)
 def step_report(
     m, oid, arg, px, qty, ts_event, S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc,
     OUTI, OUTF, NOUT,
@@ -1709,7 +1709,7 @@ def step_report(
     )  # fmt: skip
 
 
-@njit
+@njit(nrt=True)
 def step_timer(
     kind, a, b, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
     x_book, b_loc, lags, OUTI, OUTF, NOUT,
@@ -1731,7 +1731,7 @@ def step_timer(
     )  # fmt: skip
 
 
-@njit
+@njit(nrt=True)
 def step_command(
     cid, rid, ts_ctx, action, target, hedge, slip, S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book,
     b_loc, OUTI, OUTF, NOUT,
@@ -1755,7 +1755,7 @@ def step_kill(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
     _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)
 
 
-@njit
+@njit(nrt=True)
 def step_flatten(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, OUTI, OUTF, NOUT):
     """Reduce-only market orders (source flatten, ``max_order_qty`` at most each) for the part of the
     position that working market orders on the closing side do not cover yet. They pass the risk
@@ -1791,7 +1791,7 @@ def step_flatten(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_l
     return sent, False
 
 
-@njit
+@njit(nrt=True)
 def step_warm(S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc):
     """The order decision path (the strategy, the risk rules) on the current book, results discarded,
     so the next decision finds its code and data in the CPU caches (live mode runs it between frames).

@@ -404,7 +404,7 @@ def _two_prod(a, b):
     return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
 
 
-@njit
+@njit(nrt=True)
 def _sum_is_positive(t) -> bool:
     """Whether the exact sum of the floats ``t`` is > 0: Shewchuk's grow-expansion turns them into
     non-overlapping components of increasing magnitude, and the largest one carries the sign."""
@@ -421,7 +421,7 @@ def _sum_is_positive(t) -> bool:
     return False
 
 
-@njit
+@njit(nrt=True)
 def loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid) -> bool:
     """Whether the day's PnL, ``cash + position * mid``, is still above the stop (``-lim[L_LOSS_STOP]``),
     decided exactly. Position and cash are integers of 1e-12, as two words each (``hi * 2**32 + lo``,

@@ -72,7 +72,7 @@ from venue.kernel import (  # noqa: F401 - tests reach some of these through the
 )
 
 
-@njit
+@njit(nrt=True)
 def run(
     walk_ts,
     walk_prio,
@@ -225,7 +225,7 @@ def run(
     return ST_DONE
 
 
-@njit
+@njit(nrt=True)
 def run_all(
     S,
     SF,
@@ -371,7 +371,7 @@ def _top(TOP, j, S, HI):
         TOP[j, 3] = HI[0, 2]
 
 
-@njit
+@njit(nrt=True)
 def _tops(CORES, n):
     """Every instrument's next timer (Python may have scheduled some between two calls)."""
     TOP = np.zeros((n, 4), dtype=np.int64)
@@ -482,7 +482,7 @@ def _timer_pf(
     return st
 
 
-@njit
+@njit(nrt=True)
 def run_pf(
     walk_ts, walk_prio, walk_kind, walk_row, walk_inst, walk_end, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags,
     CORES, PI, PF, PS, PP, LR, half_life_ns, OUTI, OUTF, NOUT, out_cap,
@@ -592,7 +592,7 @@ def run_pf(
     return ST_DONE
 
 
-@njit
+@njit(nrt=True)
 def run_all_pf(CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap):
     """The end of the tape: every instrument's pending timers, in the one order."""
     n = PF.shape[0]

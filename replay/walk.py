@@ -54,7 +54,7 @@ def _in_order(ts: np.ndarray, seq: np.ndarray) -> np.ndarray:
     return np.lexsort((seq, ts)).astype(np.int64)
 
 
-@njit
+@njit(nrt=True)
 def _merge(
     tss, seqs, perms, prios, kinds, insts, cursors, out_ts, out_prio, out_kind, out_row, out_inst
 ):  # pragma: no cover - compiled

@@ -129,7 +129,7 @@ def _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, oid, px, qty):
         _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED, 0.0, 0.0)
 
 
-@njit
+@njit(inline="always")  # returns a view: inlined, so no call hands a reference over
 def _x_rest_rows(S, OF, rest):
     """The resting orders' rows in the order table, in arrival order, in rest's scratch half: the book
     as it was before fills remove orders from the first half."""
@@ -166,7 +166,7 @@ def x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book):
         _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], left)
 
 
-@njit
+@njit(nrt=True)
 def x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside):
     """A public trade at the venue: venue.matching.trade_fills over the order table, then its maker fills."""
     n = S[S_NREST]

@@ -6,7 +6,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numba
+import numpy as np
+import pytest
+
 from engine import jit
+from engine.jit import njit
 
 RUN = textwrap.dedent(
     """
@@ -74,3 +79,72 @@ def test_the_core_is_every_module_compiled_through_engine_jit():
         if "cache=True" in p.read_text() and p.name != "jit.py"
     ]
     assert not stray, stray
+
+
+# ---------------------------------------------------------------------------------------------------
+# compiled without reference counting (engine.jit.njit's default)
+
+
+def test_without_nrt_no_reference_is_taken_or_lost():
+    @njit(cache=False)
+    def touch(a, b):
+        a[0] += b[1, 0]
+        return a.shape[0]
+
+    @njit(cache=False, nrt=True)
+    def entry(a, b):
+        scratch = np.zeros(2)  # an entry may make arrays
+        n = 0
+        for _ in range(1000):
+            n += touch(a, b[:, 1:])  # views made here and handed down
+        return n + scratch.shape[0]
+
+    a, b = np.zeros(3), np.ones((4, 3))
+    before = sys.getrefcount(a), sys.getrefcount(b)
+    for _ in range(100):
+        assert touch(a, b) == 3 and entry(a, b) == 3002
+    assert (sys.getrefcount(a), sys.getrefcount(b)) == before
+    assert a[0] == 100 + 100 * 1000
+
+
+def test_without_nrt_a_function_cannot_make_an_array():
+    @njit(cache=False)
+    def make(n):
+        return np.zeros(n).sum()
+
+    with pytest.raises(numba.core.errors.TypingError):
+        make(3)
+
+
+def test_without_nrt_returning_an_array_is_refused():
+    @njit(cache=False)
+    def same(a):
+        a[0] = 1.0
+        return a  # numba allows an argument back (a view it refuses itself); its caller would drop it
+
+    with pytest.raises(TypeError, match="compiled without nrt and returns"):
+        same(np.zeros(3))
+
+    @njit(cache=False, inline="always")
+    def inlined_view(a):  # its body becomes its caller's: allowed
+        return a[1:]
+
+    @njit(cache=False)
+    def caller(a):
+        return inlined_view(a)[0]
+
+    assert caller(np.arange(3.0)) == 1.0
+
+
+def test_without_nrt_calling_a_function_that_returns_an_array_is_refused():
+    @njit(cache=False, nrt=True)
+    def fresh(n):
+        return np.zeros(n)
+
+    @njit(cache=False)
+    def leaks(n):
+        return fresh(n).shape[0]
+
+    with pytest.raises(Exception, match="calls .*fresh, which returns an array"):
+        leaks(3)
+    assert fresh(2).shape == (2,)  # from Python it is fine
