@@ -197,26 +197,27 @@ class Engine:
         K.headroom(c.S, c.OI, c.RI, c.HI, c.NOUT, c.OUTI.shape[1], c.lags, c.olat, c.work, c.inflight)
         K.step_label(
             0, 0.5, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.HI, c.HF, c.olat, c.work, c.rest, c.kq,
-            c.inflight, c.recent, c.eng_book, c.x_book, b_loc, lv, c.lags, c.OUTI, c.OUTF, c.NOUT,
+            c.inflight, c.recent, c.eng_book, c.x_book, b_loc, lv, c.lags, c.OUTI, c.OUTF, c.NOUT, c.SCR,
         )  # fmt: skip
         K.step_report(
             K.M_ACK, 0, 0, 0.0, 0.0, 0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work,
-            c.recent, c.eng_book, b_loc, c.OUTI, c.OUTF, c.NOUT,
+            c.recent, c.eng_book, b_loc, c.OUTI, c.OUTF, c.NOUT, c.SCR,
         )  # fmt: skip
         K.step_timer(
             K.T_KEV_TIMEOUT, 0, 0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.HI, c.HF, c.olat, c.work,
             c.rest, c.kq, c.inflight, c.recent, c.eng_book, c.x_book, b_loc, c.lags, c.OUTI, c.OUTF, c.NOUT,
+            c.SCR, c.SCRI,
         )  # fmt: skip
         K.step_kill(c.S, c.C, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.OUTI, c.OUTF, c.NOUT)
         K.step_flatten(
             c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent, c.eng_book, b_loc,
-            c.OUTI, c.OUTF, c.NOUT,
+            c.OUTI, c.OUTF, c.NOUT, c.SCR,
         )  # fmt: skip
-        K.step_warm(c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.work, c.recent, c.eng_book, b_loc)
+        K.step_warm(c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.work, c.recent, c.eng_book, b_loc, c.SCR)
         K.step_pull(c.S, c.C, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.OUTI, c.OUTF, c.NOUT)
         K.step_command(
             1, 0, 0, 0, 0.0, 0.0, 1.0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent,
-            c.eng_book, b_loc, c.OUTI, c.OUTF, c.NOUT,
+            c.eng_book, b_loc, c.OUTI, c.OUTF, c.NOUT, c.SCR,
         )  # fmt: skip
 
     def _hand_over(self) -> None:
@@ -310,7 +311,7 @@ class Engine:
         K.step_label(
             label_id, float(probs[label_id]), c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.HI, c.HF,
             c.olat, c.work, c.rest, c.kq, c.inflight, c.recent, c.eng_book, c.x_book, self.b_loc,
-            self.levels, c.lags, c.OUTI, c.OUTF, c.NOUT,
+            self.levels, c.lags, c.OUTI, c.OUTF, c.NOUT, c.SCR,
         )  # fmt: skip
         self._after(now)
         if label_id == K.L_EMERGENCY and self.pf is not None:
@@ -325,7 +326,7 @@ class Engine:
         c = self._room(now)
         K.step_command(
             cid, rid, ts_ctx, action, target, hedge, slip, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF,
-            c.olat, c.work, c.recent, c.eng_book, self.b_loc, c.OUTI, c.OUTF, c.NOUT,
+            c.olat, c.work, c.recent, c.eng_book, self.b_loc, c.OUTI, c.OUTF, c.NOUT, c.SCR,
         )  # fmt: skip
         self._after(now)
 
@@ -355,7 +356,7 @@ class Engine:
             c._grow_work()
         n, refused = K.step_flatten(
             c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent, c.eng_book,
-            self.b_loc, c.OUTI, c.OUTF, c.NOUT,
+            self.b_loc, c.OUTI, c.OUTF, c.NOUT, c.SCR,
         )  # fmt: skip
         sent = self._after(now)
         assert len(sent) == n
@@ -368,7 +369,9 @@ class Engine:
         Returns the risk checks it ran."""
         c = self.core
         c.S[K.S_NOW] = self.clock.now_ns()
-        return int(K.step_warm(c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.work, c.recent, c.eng_book, self.b_loc))
+        return int(
+            K.step_warm(c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.work, c.recent, c.eng_book, self.b_loc, c.SCR)
+        )
 
     # ------------------------------------------------------------ execution reports
 
@@ -407,7 +410,7 @@ class Engine:
         c = self._room(now)
         K.step_report(
             m, oid, arg, px, qty, ts_event, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work,
-            c.recent, c.eng_book, self.b_loc, c.OUTI, c.OUTF, c.NOUT,
+            c.recent, c.eng_book, self.b_loc, c.OUTI, c.OUTF, c.NOUT, c.SCR,
         )  # fmt: skip
         self._after(now)
 
@@ -454,6 +457,7 @@ class Engine:
         K.step_timer(
             kind, a, b, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.HI, c.HF, c.olat, c.work, c.rest,
             c.kq, c.inflight, c.recent, c.eng_book, c.x_book, self.b_loc, c.lags, c.OUTI, c.OUTF, c.NOUT,
+            c.SCR, c.SCRI,
         )  # fmt: skip
         self._after(now)
 

@@ -1676,14 +1676,23 @@ def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
 # the venue, Kev requests to ask) and S[S_WHY].
 
 
-@njit(nrt=True)
+SCRATCH_F = 32 + HF_COLS  # a step's float scratch (CoreState.SCR): two walks' levels, a timer's floats
+
+
+@njit(inline="always")
+def _scratch_f(SCR):
+    """A step's float scratch, zeroed: the levels a walk reads (lpx, lq) and a timer's floats."""
+    SCR[:] = 0.0
+    return SCR[0:16], SCR[16:32], SCR[32:SCRATCH_F]
+
+
+@njit
 def step_label(
     label_id, p_label, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent,
-    eng_book, x_book, b_loc, levels, lags, OUTI, OUTF, NOUT,
+    eng_book, x_book, b_loc, levels, lags, OUTI, OUTF, NOUT, SCR,
 ):  # fmt: skip
     """Laya's label of the book in ``levels[0]`` (received at ``b_loc[0]``) becomes visible."""
-    lpx = np.zeros(16, dtype=np.float64)
-    lq = np.zeros(16, dtype=np.float64)
+    lpx, lq, _ = _scratch_f(SCR)
     S[S_LABELS] += 1
     _on_label(
         0, label_id, p_label, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent,
@@ -1691,16 +1700,14 @@ def step_label(
     )  # fmt: skip
 
 
-@njit(nrt=True)
+@njit
 def step_report(
     m, oid, arg, px, qty, ts_event, S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc,
-    OUTI, OUTF, NOUT,
+    OUTI, OUTF, NOUT, SCR,
 ):  # fmt: skip
     """The venue's report ``m`` (M_*) on order ``oid``: ``arg`` a reject or done reason (R_*) or a
     fill's liquidity (LIQ_*), ``px``/``qty`` a fill's."""
-    lpx = np.zeros(16, dtype=np.float64)
-    lq = np.zeros(16, dtype=np.float64)
-    tmpf = np.zeros(HF_COLS, dtype=np.float64)
+    lpx, lq, tmpf = _scratch_f(SCR)
     tmpf[0] = px
     tmpf[1] = qty
     _engine_report(
@@ -1709,17 +1716,16 @@ def step_report(
     )  # fmt: skip
 
 
-@njit(nrt=True)
+@njit
 def step_timer(
     kind, a, b, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
-    x_book, b_loc, lags, OUTI, OUTF, NOUT,
+    x_book, b_loc, lags, OUTI, OUTF, NOUT, SCR, SCRI,
 ):  # fmt: skip
     """A Kev timer: T_KEV_TIMEOUT of request ``a`` started at ``b``, or T_KEV_DONE, its reply (the
-    verdict in its row) after lag ``b``."""
-    lpx = np.zeros(16, dtype=np.float64)
-    lq = np.zeros(16, dtype=np.float64)
-    tmpi = np.zeros(HI_COLS, dtype=np.int64)
-    tmpf = np.zeros(HF_COLS, dtype=np.float64)
+    verdict in its row) after lag ``b``. ``SCRI``: HI_COLS int64 of scratch."""
+    lpx, lq, tmpf = _scratch_f(SCR)
+    tmpi = SCRI
+    tmpi[:] = 0
     tmpi[0] = S[S_NOW]
     tmpi[1] = PRIO_KEV
     tmpi[3] = kind
@@ -1731,16 +1737,15 @@ def step_timer(
     )  # fmt: skip
 
 
-@njit(nrt=True)
+@njit
 def step_command(
     cid, rid, ts_ctx, action, target, hedge, slip, S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book,
-    b_loc, OUTI, OUTF, NOUT,
+    b_loc, OUTI, OUTF, NOUT, SCR,
 ):  # fmt: skip
     """Kev's portfolio command ``cid``, answering request ``rid`` of another instrument, sets this one's
     target (``action`` A_*, ``target``, ``hedge``: its pair's hedge ratio, ``slip``): the advice is this
     instrument's from now on, as if its own request had brought it, and it rebalances towards it."""
-    lpx = np.zeros(16, dtype=np.float64)
-    lq = np.zeros(16, dtype=np.float64)
+    lpx, lq, _ = _scratch_f(SCR)
     _apply_command(S, SF, C, OUTI, OUTF, NOUT, cid, rid, ts_ctx, action, target, hedge, slip)
     _rebalance(
         S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, ts_ctx, OUTI, OUTF, NOUT, lpx, lq
@@ -1755,15 +1760,14 @@ def step_kill(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
     _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)
 
 
-@njit(nrt=True)
-def step_flatten(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, OUTI, OUTF, NOUT):
+@njit
+def step_flatten(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, OUTI, OUTF, NOUT, SCR):
     """Reduce-only market orders (source flatten, ``max_order_qty`` at most each) for the part of the
     position that working market orders on the closing side do not cover yet. They pass the risk
     gateway like any order; the kill switch lets exactly these through (they can only shrink the
     position). Returns (orders sent, whether one was refused: the caller may try again later). The
     caller leaves room for 100 orders in the working list first."""
-    lpx = np.zeros(16, dtype=np.float64)
-    lq = np.zeros(16, dtype=np.float64)
+    lpx, lq, _ = _scratch_f(SCR)
     mask = OI.shape[0] - 1
     pos = _position(S)
     side = SELL if pos > 0 else BUY
@@ -1791,16 +1795,15 @@ def step_flatten(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_l
     return sent, False
 
 
-@njit(nrt=True)
-def step_warm(S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc):
+@njit
+def step_warm(S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc, SCR):
     """The order decision path (the strategy, the risk rules) on the current book, results discarded,
     so the next decision finds its code and data in the CPU caches (live mode runs it between frames).
     It changes nothing a decision reads: the rate window drops only order times that the next risk
     check drops anyway. Returns how many risk checks it ran."""
     if S[S_ENG_BOOK] == 0:
         return 0
-    lpx = np.zeros(16, dtype=np.float64)
-    lq = np.zeros(16, dtype=np.float64)
+    lpx, lq, _ = _scratch_f(SCR)
     now = S[S_NOW]
     qq = CF[CF_QUOTE_QTY]
     want_buy, bid_px, want_sell, ask_px = registry.quote(

@@ -217,6 +217,8 @@ class CoreState:
         self.recent = np.zeros(r.max_orders_per_s + 16, dtype=np.int64)
         self.eng_book = np.full(60, np.nan)
         self.x_book = np.full(60, np.nan)
+        self.SCR = np.zeros(K.SCRATCH_F)  # a step's scratch (the core makes no arrays: engine.jit)
+        self.SCRI = np.zeros(K.HI_COLS, dtype=np.int64)
         self.OUTI = np.zeros((8, out_cap, K.OUT_MAXI), dtype=np.int64)
         self.OUTF = np.zeros((8, out_cap, K.OUT_MAXF), dtype=np.float64)
         self.NOUT = np.zeros(8, dtype=np.int64)

@@ -404,7 +404,7 @@ class PortfolioRun:
             before = NOUT.copy()
             K.step_command(
                 cid, rid, ts_ctx, *part, S, run.SF, run.C, run.CF, run.OI, run.OF, run.HI, run.HF, run.olat,
-                run.work, run.recent, run.eng_book, self.b_loc[o], run.OUTI, run.OUTF, NOUT,
+                run.work, run.recent, run.eng_book, self.b_loc[o], run.OUTI, run.OUTF, NOUT, run.SCR,
             )  # fmt: skip
             K.forward(S, run.C, run.OI, run.HI, run.HF, run.olat, run.OUTI, NOUT)
             K.tag_rows(run.OUTI, NOUT, before, o)
