@@ -121,6 +121,10 @@ def _guard(d: Any, nrt: bool, inlined: bool) -> Any:
     """``d`` refusing to compile what would miscount references with functions compiled without
     numba's reference counting (an inlined function's body takes its caller's way)."""
     name = f"{d.py_func.__module__}.{d.py_func.__qualname__}"
+    if not nrt and "objmode" in d.py_func.__code__.co_names:
+        # handing an array to the interpreter needs its reference: without one numba hands over the
+        # array a view was taken from, not the view
+        raise TypeError(f"{name} leaves compiled code (objmode): it needs nrt=True")
     compile_, add_overload, get_call_template = d.compile, d.add_overload, d.get_call_template
 
     def compile(sig: Any) -> Any:

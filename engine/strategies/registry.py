@@ -31,7 +31,7 @@ assert all(len(m.PARAMS) <= MAX_PARAMS for m in STRATEGIES) and len(KINDS) == le
 assert len(STRATEGIES) <= plugin.FIRST_KIND
 
 
-@njit
+@njit(nrt=True)  # its Python branch hands the book and parameters to the interpreter
 def quote(kind, book, tick, qty, label, position, target, max_position, params):
     """The strategy of ``kind`` (:data:`KINDS`) on the signature of :mod:`engine.strategies`."""
     if kind >= plugin.FIRST_KIND:  # a Python function: the interpreter runs it, the result comes back

@@ -148,3 +148,18 @@ def test_without_nrt_calling_a_function_that_returns_an_array_is_refused():
     with pytest.raises(Exception, match="calls .*fresh, which returns an array"):
         leaks(3)
     assert fresh(2).shape == (2,)  # from Python it is fine
+
+
+def test_without_nrt_leaving_compiled_code_is_refused():
+    # numba would hand the interpreter the array a view was taken from, not the view
+    def show(a):
+        return float(a.sum())
+
+    def leaves(b):
+        with numba.objmode(s="float64"):
+            s = show(b[2:])
+        return s
+
+    with pytest.raises(TypeError, match="objmode"):
+        njit(cache=False)(leaves)
+    assert njit(cache=False, nrt=True)(leaves)(np.arange(10.0)) == 44.0
