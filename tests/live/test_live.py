@@ -496,31 +496,37 @@ class _StubEngine:
         self.calls.append(("fill", oid, px, qty, liquidity))
 
 
+async def _stub_execution(ex, creds, run_tag, **kw):
+    """A GatewayExecution on the local exchange, its engine a _StubEngine; reports run in order on a
+    live clock as they are injected. Returns (clock, stub, gateway, execution)."""
+    clock = LiveClock()
+    stub = _StubEngine(clock)
+
+    def inject(prio, fn):
+        t = clock.stamp()
+        clock.schedule(t, prio, fn)
+        while (item := clock.pop_next_due()) is not None:
+            item[1]()
+        return t
+
+    gw = BitgetGateway(ex.rest_url, creds)
+    await gw.sync_time()
+    specs = {s.symbol: s for s in await gw.contracts()}
+    exe = GatewayExecution(gw, specs, run_tag=run_tag, inject=inject, now_ns=clock.now_ns, **kw)
+    exe.engines["BTCUSDT"] = stub
+    return clock, stub, gw, exe
+
+
 def test_reconciliation_after_private_reconnect():
     creds = Credentials("local-key", "local-secret", "local-passphrase")
     with LocalExchangeThread(LocalExchange()) as ex:
         ex.apply_book(make_book(30000.0, 30000.1, ts=time.time_ns()))
 
         async def scenario():
-            clock = LiveClock()
-            stub = _StubEngine(clock)
-
-            def inject(prio, fn):
-                t = clock.stamp()
-                clock.schedule(t, prio, fn)
-                while (item := clock.pop_next_due()) is not None:
-                    item[1]()
-                return t
-
-            gw = BitgetGateway(ex.rest_url, creds)
-            await gw.sync_time()
-            specs = {s.symbol: s for s in await gw.contracts()}
             diffs, kills = [], []
-            exe = GatewayExecution(
-                gw, specs, run_tag="dhT-", inject=inject, now_ns=clock.now_ns,
-                on_reconcile=diffs.append, on_kill=kills.append,
-            )  # fmt: skip
-            exe.engines["BTCUSDT"] = stub
+            clock, stub, gw, exe = await _stub_execution(
+                ex, creds, "dhT-", on_reconcile=diffs.append, on_kill=kills.append
+            )
 
             async def on_connected(n):
                 if n > 1:
@@ -615,23 +621,8 @@ def test_missed_fills_are_booked_each_at_its_own_price(monkeypatch):
         )
 
         async def scenario():
-            clock = LiveClock()
-            stub = _StubEngine(clock)
-
-            def inject(prio, fn):
-                t = clock.stamp()
-                clock.schedule(t, prio, fn)
-                while (item := clock.pop_next_due()) is not None:
-                    item[1]()
-                return t
-
-            gw = BitgetGateway(ex.rest_url, creds)
-            await gw.sync_time()
-            specs = {s.symbol: s for s in await gw.contracts()}
             diffs = []
-            exe = GatewayExecution(gw, specs, run_tag="dhF-", inject=inject, now_ns=clock.now_ns,
-                                   on_reconcile=diffs.append)  # fmt: skip
-            exe.engines["BTCUSDT"] = stub
+            clock, stub, gw, exe = await _stub_execution(ex, creds, "dhF-", on_reconcile=diffs.append)
             walk = [("fill", None, 30000.1, 0.01, "taker"), ("fill", None, 30000.2, 0.01, "taker")]
 
             def fills_of(oid):
