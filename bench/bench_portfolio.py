@@ -30,7 +30,7 @@ from engine.store import SessionWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_replay_1m import session_from_gen_books  # noqa: E402
-from peer import ROOT, drop_tree, tree_at  # noqa: E402
+from peer import ROOT, peer_tree  # noqa: E402
 
 
 def pair_session(data: Path, out: Path, n: int, shift: float) -> Path:
@@ -98,12 +98,8 @@ def main() -> None:
     ap.add_argument("--one-core", action="store_true")
     ap.add_argument("--peer", help="git revision whose compiled portfolio loop runs alternated with this one")
     a = ap.parse_args()
-    peer = tree_at(a.peer) if a.peer else None
-    try:
+    with peer_tree(a.peer) as peer:
         _bench(a, peer)
-    finally:
-        if peer is not None:
-            drop_tree(peer)
 
 
 def _bench(a: argparse.Namespace, peer: Path | None) -> None:

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from engine.store import SessionWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer import ROOT, drop_tree, tree_at  # noqa: E402
+from peer import ROOT, peer_tree  # noqa: E402
 
 SHARED_BENCH = Path(__file__).resolve().parents[2] / "shared" / "bench"
 
@@ -201,12 +201,8 @@ def main() -> None:
     )
     ap.add_argument("--peer", help="git revision whose code runs the same replay after each of ours")
     args = ap.parse_args()
-    peer = tree_at(args.peer) if args.peer else None
-    try:
+    with peer_tree(args.peer) as peer:
         _bench(args, peer)
-    finally:
-        if peer is not None:
-            drop_tree(peer)
 
 
 def _bench(args: argparse.Namespace, peer: Path | None) -> None:

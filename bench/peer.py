@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -40,3 +42,14 @@ def tree_at(rev: str) -> Path:
 
 def drop_tree(path: Path) -> None:
     subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+
+
+@contextlib.contextmanager
+def peer_tree(rev: str | None) -> Iterator[Path | None]:
+    """:func:`tree_at` ``rev`` for the ``with`` block, removed after it; None when ``rev`` is None."""
+    path = tree_at(rev) if rev else None
+    try:
+        yield path
+    finally:
+        if path is not None:
+            drop_tree(path)
