@@ -288,7 +288,6 @@ class _Track:
     cancel_requested: bool = False
     cancel_sent_ns: Nanos = 0
     filled: float = 0.0
-    notional: float = 0.0
     trades: set[str] = field(default_factory=set)
     place_task: asyncio.Task[Any] | None = None
     # Pushes were lost: the venue's fill list is being read (catch_up) to book fills up to ``behind``;
@@ -486,7 +485,6 @@ class GatewayExecution:
         if not t.acked:
             self._ack(t, ts_event)
         t.filled += qty
-        t.notional += px * qty
         self.fills_booked += 1
         e = self._engine(t)
         self.inject(PRIO_EXCH_OUT, lambda: e.on_fill(t.engine_oid, px, qty, liquidity, ts_event))
