@@ -141,12 +141,16 @@ def workload(run: Path) -> str:
     )
 
 
-def run_hbt(python: str, data: Path, one_core: bool = False) -> tuple[float, float | None] | None:
+def run_hbt(
+    python: str, data: Path, one_core: bool = False, runs: int = 1
+) -> tuple[float, float | None] | None:
     """hftbacktest end to end from Parquet, snapshots/s: (feed loop, orders every 100 ms). The first is
     the figure its script reports and the issue quotes; the second, conversion + its order strategy's
-    backtest, is the one to set beside a dualhub run that trades."""
+    backtest, is the one to set beside a dualhub run that trades. ``runs`` > 1: its script's medians of
+    that many conversions and backtests in one process (warm: its arrays paged in, its code compiled);
+    1: a single cold run in a fresh process."""
     script = SHARED_BENCH / "bench_hftbacktest.py"
-    cmd = [python, str(script), "--runs", "1", "--data", str(data)]
+    cmd = [python, str(script), "--runs", str(runs), "--data", str(data)]
     os.sync()
     p = subprocess.run(
         ["taskset", "-c", "0", *cmd] if one_core else cmd,
@@ -184,6 +188,13 @@ def main() -> None:
     ap.add_argument("--fill-model", default="queue_power2")
     ap.add_argument("--hbt-python", help="python of a venv with hftbacktest 2.4.4")
     ap.add_argument(
+        "--hbt-runs",
+        type=int,
+        default=3,
+        help="hftbacktest's own --runs: its medians of that many runs in one process (warm); 1 = a cold "
+        "single run (default 3, the fair comparison; each dualhub run is a fresh process)",
+    )
+    ap.add_argument(
         "--loss-stop-usd",
         type=float,
         help="the risk gateway's daily loss stop (default: RiskLimits' 100 USD, which this data trips early, "
@@ -209,6 +220,7 @@ def _bench(args: argparse.Namespace, peer: Path | None) -> None:
     with tempfile.TemporaryDirectory() as td:
         session = session_from_gen_books(args.data, Path(td) / "s", args.n or None, args.tile)
         ours, theirs, theirs_orders, digests, peers = [], [], [], set(), []
+        hbt_kind = f"warm, median of its {args.hbt_runs} runs" if args.hbt_runs > 1 else "cold single run"
         for i in range(args.repeat):
             wall, rate, rss, events, digest, path = run_dualhub(
                 session,
@@ -238,10 +250,10 @@ def _bench(args: argparse.Namespace, peer: Path | None) -> None:
                     f"same digest: {digest in digests}"
                 )
             if args.hbt_python:
-                r = run_hbt(args.hbt_python, args.data, args.one_core)
+                r = run_hbt(args.hbt_python, args.data, args.one_core, args.hbt_runs)
                 if r:
                     theirs.append(r[0])
-                    line = f"hftbacktest run {i}: {r[0]:,.0f} snapshots/s end to end (feed loop)"
+                    line = f"hftbacktest run {i} ({hbt_kind}): {r[0]:,.0f} snapshots/s end to end (feed loop)"
                     if r[1]:
                         theirs_orders.append(r[1])
                         line += f", {r[1]:,.0f} with its order strategy"
@@ -261,11 +273,14 @@ def _bench(args: argparse.Namespace, peer: Path | None) -> None:
             )
         if theirs:
             ref = statistics.median(theirs)
-            print(f"hftbacktest median: {ref:,.0f} snapshots/s; ratio dualhub/hftbacktest = {med / ref:.3f}")
+            print(
+                f"hftbacktest ({hbt_kind}) median: {ref:,.0f} snapshots/s; "
+                f"ratio dualhub/hftbacktest = {med / ref:.3f}"
+            )
         if theirs_orders:
             ref = statistics.median(theirs_orders)
             print(
-                f"hftbacktest with orders every 100 ms, median: {ref:,.0f} snapshots/s; "
+                f"hftbacktest ({hbt_kind}) with orders every 100 ms, median: {ref:,.0f} snapshots/s; "
                 f"ratio dualhub/that = {med / ref:.3f}"
             )
         print(f"this process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")

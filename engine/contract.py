@@ -3,29 +3,63 @@ and its price and size rounding, compiled once for the engine, the strategy and 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from decimal import Decimal
 
 import numpy as np
 
-from engine.exact import pyround
+from engine.exact import POW10, pyround
 from engine.jit import njit
 
 round_exact = pyround  # CPython's round(x, nd): one implementation, in engine/exact.py
 
+_EXACT = 9007199254740992.0  # 2**53: integers up to here are exact doubles
+
+
+@njit(inline="always")
+def grid(unit: float) -> tuple[float, float]:
+    """A tick or size step as the exact fraction ``num / den`` of its shortest decimal, ``den`` a power
+    of ten up to 10**12: ``(num, den)``, both integers held as doubles; ``(unit, 1.0)`` for a unit of
+    more than 12 decimals (no such contract exists)."""
+    for d in range(13):
+        v = unit * POW10[d]
+        n = np.rint(v)
+        if n >= 1.0 and abs(v - n) <= n * 1e-13:
+            return n, POW10[d]
+    return unit, 1.0
+
+
+@njit(inline="always")
+def at_units(k: float, unit: float) -> float:
+    """The price (or size) of ``k`` ticks (or steps) of ``unit``: the double nearest the exact decimal
+    ``k * unit``, which is what the exchange's string for it parses to. ``k * num`` is an exact integer
+    and one division by ``den`` rounds once, correctly, so no decimal rounding is emulated. Past 2**53
+    (num x k) the product ``k * unit`` is the answer: no double is finer there than the grid."""
+    num, den = grid(unit)
+    v = k * num
+    # float(): read as plain Python (NUMBA_DISABLE_JIT) these are numpy floats, not JSON numbers
+    if not abs(v) <= _EXACT:
+        return float(k * unit)
+    return float(v / den)
+
 
 @njit
 def round_to_tick(px: float, tick: float) -> float:
-    """``round(round(px / tick) * tick, 10)``; a NaN or infinite ``px`` comes back as it is. ``+ 0.0``:
-    Python's ``round()`` returns an int, which has no -0."""
-    return round_exact((np.rint(px / tick) + 0.0) * tick, 10)
+    """``px`` to the nearest tick (half-even), as :func:`at_units` gives that tick; a NaN or infinite
+    ``px`` comes back as it is. ``+ 0.0``: a price has no -0."""
+    if not math.isfinite(px):
+        return float(px)
+    return at_units(np.rint(px / tick) + 0.0, tick)
 
 
 @njit
 def round_to_step(qty: float, step: float) -> float:
-    """``round(int(qty / step + 1e-9) * step, 10)``: down to the size step, forgiving float noise just
-    under a step; a NaN or infinite ``qty`` comes back as it is."""
-    return round_exact((np.trunc(qty / step + 1e-9) + 0.0) * step, 10)
+    """``qty`` down to the size step, forgiving float noise just under a step (1e-9 of a step), as
+    :func:`at_units` gives that size; a NaN or infinite ``qty`` comes back as it is."""
+    if not math.isfinite(qty):
+        return float(qty)
+    return at_units(np.trunc(qty / step + 1e-9) + 0.0, step)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+from decimal import Decimal
 
 import numpy as np
 import pytest
@@ -129,15 +130,31 @@ def test_round_exact_is_cpythons_round_everywhere(nd):
         assert got == want and math.copysign(1, got) == math.copysign(1, want), (x, nd, got, want)
 
 
-def test_contract_rounding_is_the_python_expression():
+@pytest.mark.parametrize("tick", [0.1, 0.01, 0.5, 1e-4, 0.25, 1.0, 5.0, 1e-8, 0.003])
+def test_contract_rounding_lands_on_the_exact_decimal_grid(tick):
+    """A price or size is a whole number of ticks or steps, as the double the exchange's string for
+    it parses to, at every magnitude."""
     rng = np.random.default_rng(1)
-    for tick in (0.1, 0.01, 0.5, 1e-4):
-        for px in [0.04, -0.04, -0.0, *rng.uniform(-1e6, 1e15, 500).tolist(), *rng.uniform(0, 2e6, 500)]:
-            got, want = round_to_tick(px, tick), round(round(px / tick) * tick, 10)
-            assert got == want and math.copysign(1, got) == math.copysign(1, want), (px, tick)
-        for q in [-0.0001, 0.0999999999, *rng.uniform(-2e6, 2e6, 300).tolist(), *rng.uniform(0, 0.1, 300)]:
-            got, want = round_to_step(q, tick), round(int(q / tick + 1e-9) * tick, 10)
-            assert got == want and math.copysign(1, got) == math.copysign(1, want), (q, tick)
+    unit = Decimal(repr(tick))
+    for px in [0.04, -0.04, -0.0, *rng.uniform(-1e6, 1e7, 1000).tolist(), *rng.uniform(0, 2e5, 1000)]:
+        got, want = round_to_tick(px, tick), float(Decimal(round(px / tick)) * unit)
+        assert got == want and math.copysign(1, got) == math.copysign(1, want), (px, tick)
+        assert float(str(got)) == got and Decimal(str(got)) % unit == 0, (px, tick, got)
+    for q in [-0.0001, 0.0999999999, *rng.uniform(-2e6, 2e6, 300).tolist(), *rng.uniform(0, 0.1, 300)]:
+        got, want = round_to_step(q, tick), float(Decimal(int(q / tick + 1e-9)) * unit)
+        assert got == want and math.copysign(1, got) == math.copysign(1, want), (q, tick)
+    for x in (math.nan, math.inf, -math.inf):
+        assert math.isnan(round_to_tick(x, tick)) if math.isnan(x) else round_to_tick(x, tick) == x
+        assert math.isnan(round_to_step(x, tick)) if math.isnan(x) else round_to_step(x, tick) == x
+
+
+def test_large_prices_are_not_off_grid():
+    """Float rounding to 10 decimals left prices from ~4.4e5 up an ulp off their tick (3998105.9 came
+    out as 3998105.9000000004, a price Bitget refuses): in ticks they are the decimal itself."""
+    assert round(39981059 * 0.1, 10) == 3998105.9000000004  # what the float arithmetic gives
+    assert round_to_tick(3998105.9, 0.1) == 3998105.9
+    assert repr(round_to_tick(524307.7, 0.1)) == "524307.7"
+    assert repr(round_to_step(1234567.891, 0.001)) == "1234567.891"
 
 
 _QUOTE_CASES = [
