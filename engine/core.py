@@ -143,9 +143,12 @@ class Engine:
         advisor_name: str,
         laya_latency: LatencyModel | None = None,
         portfolio: Portfolio | None = None,
+        warm: bool = True,
     ) -> None:
         """``portfolio``: the instruments this one trades beside (``engine/instruments.py``): it joins
-        them, sharing their id counters, output buffer and risk view."""
+        them, sharing their id counters, output buffer and risk view. ``warm``: load every compiled
+        entry now, so a live engine's first frame does not wait; a replay leaves it to the first call
+        of each (its compiled loop calls none of them)."""
         self.cfg = config
         self.clock = clock
         self.log = log
@@ -186,7 +189,8 @@ class Engine:
         self._sent = 0  # order rows of the core's buffer already handed to the venue
         self._reason_code = {t: i for i, t in enumerate(K.REASON_TEXT) if t}
         self._kev_ctx: dict[int, KevContext] = {}  # requests asked and not answered
-        self._compile(core)
+        if warm:
+            self._compile(core)
 
     def _compile(self, core: CoreState) -> None:
         """Load (or, on a fresh checkout, compile) every entry of the core now, on a scratch copy of

@@ -1014,6 +1014,7 @@ def _run_replay(
         execution=exchange,
         advisor_name=advisor.name,
         laya_latency=laya_latency,
+        warm=False,
     )
     exchange.engine = engine
 

@@ -357,6 +357,7 @@ def run_portfolio(
             advisor_name=advisor.name,
             laya_latency=latency(cfg.latency_laya, _rng(cfg.seed, 3, j), cfg.scale_laya, "latency_laya"),
             portfolio=portfolio,
+            warm=False,
         )
         exchange.engine = engine
         exchanges.append(exchange)
@@ -492,6 +493,7 @@ def _run_compiled(
                 kev=kev,
                 execution=exchange,
                 advisor_name=advisor.name,
+                warm=False,
             )
             if why := unsupported(cfg, engine, exchange, advisor, True):
                 raise KernelUnsupported(why)
