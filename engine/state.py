@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine import kernel as K
+from engine.columns import prefixed as _prefixed
+from engine.columns import texts
 from engine.eventlog import EventLog
 from engine.events import STREAMS, Label
 from engine.fastinit import frozen_maker
@@ -93,11 +95,7 @@ def _decimal_array(units: np.ndarray) -> pa.Array:
 
 
 def _text(values: tuple[str, ...], codes: np.ndarray) -> pa.Array:
-    return pa.array(values, pa.string()).take(pa.array(codes.astype(np.int64)))
-
-
-def _prefixed(prefix: str, n: np.ndarray) -> pa.Array:
-    return pc.binary_join_element_wise(prefix, pc.cast(pa.array(n), pa.string()), "")
+    return texts(tuple(values), codes)
 
 
 def decimal_parts(d: Decimal) -> tuple[int, int] | None:
@@ -395,7 +393,7 @@ class CoreState:
         ]
 
     def _sym(self, ints: np.ndarray) -> pa.Array:
-        return pa.array(self.symbols, pa.string()).take(pa.array(ints[:, K.OUT_INST].copy()))
+        return texts(tuple(self.symbols), ints[:, K.OUT_INST])
 
     def _columns(self, s: int, n: int, ints: np.ndarray, floats: np.ndarray) -> list[pa.Array]:
         side = ("buy", "sell")
