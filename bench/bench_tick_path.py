@@ -100,6 +100,18 @@ def _pct(xs: list[int], q: float) -> float:
     return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) / 1000.0  # ns -> us
 
 
+def paper_runner(**cfg: Any) -> LiveRunner:
+    """A paper-mode live runner on BTCUSDT with the contract's defaults, built as ``dualhub live`` builds
+    it but not started: the bench delivers frames to it and runs its pump itself."""
+    runner = LiveRunner(
+        LiveConfig(out=str(Path(tempfile.mkdtemp(prefix="tick-")) / "s"), contract_defaults=True, **cfg)
+    )
+    runner._stop, runner._wake = asyncio.Event(), asyncio.Event()
+    runner._prepare_dirs()
+    runner._build({})
+    return runner
+
+
 async def _round(
     frames: list[bytes],
     *,
@@ -112,10 +124,7 @@ async def _round(
     keep_warm: bool = True,
     kev_process: bool = True,
 ) -> dict[str, Any]:
-    tmp = tempfile.mkdtemp(prefix="tick-")
-    cfg = LiveConfig(
-        out=str(Path(tmp) / "s"),
-        contract_defaults=True,
+    runner = paper_runner(
         laya_provider=provider,
         # idle: Kev is never asked (a minimum interval longer than the run); busy: every non-HOLD label
         kev_min_interval_ms=0 if busy else 10**9,
@@ -125,10 +134,6 @@ async def _round(
         busy_poll=spin,
         kev_process=kev_process,
     )
-    runner = LiveRunner(cfg)
-    runner._stop, runner._wake = asyncio.Event(), asyncio.Event()
-    runner._prepare_dirs()
-    runner._build({})
     st = runner.syms["BTCUSDT"]
     orders: list[int] = []
     first: list[int] = []  # the first order of a frame (tick-to-order)

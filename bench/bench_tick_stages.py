@@ -25,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,8 @@ MARKS = (
 
 
 async def _measure(n_frames: int, gap_s: float, warmup: int) -> dict[str, Any]:
-    from live.runner import LiveConfig, LiveRunner
+    from bench_tick_path import paper_runner
+
     from venue.bitget.public_server import simulator_frames
 
     marks: dict[str, int] = {}
@@ -61,19 +61,9 @@ async def _measure(n_frames: int, gap_s: float, warmup: int) -> dict[str, Any]:
 
         setattr(obj, name, stamped)
 
-    cfg = LiveConfig(
-        out=str(Path(tempfile.mkdtemp(prefix="stages-")) / "s"),
-        contract_defaults=True,
-        laya_provider="cpu",
-        kev_min_interval_ms=10**9,  # Kev never asked
-        kev_url="",
-        tick_keep_warm=True,
-        busy_poll=True,
-    )
-    runner = LiveRunner(cfg)
-    runner._stop, runner._wake = asyncio.Event(), asyncio.Event()
-    runner._prepare_dirs()
-    runner._build({})
+    runner = paper_runner(
+        laya_provider="cpu", kev_min_interval_ms=10**9, kev_url="", tick_keep_warm=True, busy_poll=True
+    )  # Kev never asked
     st = runner.syms["BTCUSDT"]
     eng, paper = st.engine, st.paper
     decode = runner.tick.decode

@@ -456,11 +456,9 @@ def _room(o, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, 
 
 
 @njit
-def _timer_pf(
-    j, n, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book, x_book,
-    PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP,
-):  # fmt: skip
-    """The next timer of instrument j's heap."""
+def _timer_pf(j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP):
+    """The next timer of instrument j's heap. Without reference counting, as :func:`_pf_entry`."""
+    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = CORES[j]
     st = _room(j, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags)
     if st != ST_DONE:
         return st
@@ -480,16 +478,6 @@ def _timer_pf(
     if st == ST_DONE and PI[PI_FAN] != 0:
         return ST_HUB
     return st
-
-
-@njit
-def _pf_timer(j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP):
-    """Instrument j's next timer. Without reference counting, as :func:`_pf_entry`."""
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = CORES[j]
-    return _timer_pf(
-        j, n, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
-        x_book, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP,
-    )  # fmt: skip
 
 
 @njit
@@ -587,7 +575,7 @@ def run_pf(
             j = _due(TOP, n, t, p, True)
             if j < 0:
                 break
-            st = _pf_timer(
+            st = _timer_pf(
                 j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
             )
             if st != ST_DONE:
@@ -614,7 +602,7 @@ def run_all_pf(CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap):
         j = _due(TOP, n, 0, 0, False)
         if j < 0:
             return ST_DONE
-        st = _pf_timer(
+        st = _timer_pf(
             j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
         )
         if st != ST_DONE:
