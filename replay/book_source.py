@@ -144,7 +144,9 @@ class StreamedBooks:
     def _read_block(self, b: int) -> np.ndarray:
         block = self.block
         lo, hi = b * block, min(self.num_rows, (b + 1) * block)
-        pieces = []
+        buf = self._spare.pop() if self._spare else np.empty((block, len(LEVEL_COLUMNS)), dtype=np.float64)
+        levels = buf[: hi - lo]
+        at = 0
         for (pf, g, first, n, path), pick in zip(self.groups, self._pick, strict=True):
             if first + n <= lo or first >= hi:
                 continue
@@ -153,15 +155,17 @@ class StreamedBooks:
                 if self._cache is None
                 else self._cache.read(path, pf, g)
             )
-            if pick is not None:
-                t = t.take(pick)
             a, z = max(lo, first) - first, min(hi, first + n) - first
-            pieces.append(t.slice(a, z - a))
-        table = pa.concat_tables(pieces)
+            # a row group's columns are single chunks: these are views of Arrow's buffers, gathered
+            # into the block's rows once (an Arrow take of the symbol's rows copied all 60 columns)
+            cols = tuple(_column(t, c) for c in LEVEL_COLUMNS)
+            if pick is None:
+                rows_of(tuple(c[a:z] for c in cols), levels[at : at + z - a])
+            else:
+                rows_picked(cols, pick[a:z], levels[at : at + z - a])
+            at += z - a
+        assert at == hi - lo, (at, lo, hi)
         self.blocks_read += 1
-        buf = self._spare.pop() if self._spare else np.empty((block, len(LEVEL_COLUMNS)), dtype=np.float64)
-        levels = buf[: hi - lo]
-        rows_of(tuple(_column(table, c) for c in LEVEL_COLUMNS), levels)
         if not self._labelled[b]:
             codes = book_codes(levels)  # checked once, when first read (compiled, ~0.1 us a row)
             if codes.any():
@@ -205,6 +209,18 @@ class StreamedBooks:
 def _column(table: pa.Table, name: str) -> np.ndarray:
     """A level column as a read-only float64 array (:func:`rows_of` takes them as one tuple)."""
     return readonly(table.column(name).to_numpy(zero_copy_only=False).astype(np.float64, copy=False))
+
+
+@njit
+def rows_picked(cols, pick, out):
+    """``out[i, c] = cols[c][pick[i]]``: the rows ``pick`` of the columns, as :func:`rows_of` tiles them."""
+    n = out.shape[0]
+    for i0 in range(0, n, 64):
+        i1 = min(n, i0 + 64)
+        for c in range(len(cols)):
+            col = cols[c]
+            for i in range(i0, i1):
+                out[i, c] = col[pick[i]]
 
 
 @njit

@@ -297,6 +297,7 @@ def run_kernel(
     ``between`` runs before each chunk is merged (a streamed tape fills rows ahead, releases behind)."""
     t_px, t_sz, t_side = trades
     S = run.S
+    scratch = K.scratch()
     done = 0
     if bar is not None:  # a slow Kev (a real LLM) moves the bar per answer, not only per walk chunk
         run.kev.on_answer = lambda: bar.update(done + int(S[K.S_WALK]), run.kev.answers)
@@ -318,7 +319,7 @@ def run_kernel(
             before = int(S[K.S_WALK])
             status = K.run(
                 ts, prio, kind, row, n, levels, r0, b_loc, labels, probs, t_px, t_sz, t_side, run.lags,
-                run.olat, *run.state(), run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
+                run.olat, *run.state(), run.OUTI, run.OUTF, run.NOUT, OUT_CAP, *scratch,
             )  # fmt: skip
             after = int(S[K.S_WALK])
             if after > before:
@@ -330,7 +331,9 @@ def run_kernel(
         done += n
     S[K.S_WALK] = 0  # the walk is over: the bar's position is `done`
     while True:
-        status = K.run_all(*run.state(), b_loc, run.lags, run.olat, run.OUTI, run.OUTF, run.NOUT, OUT_CAP)
+        status = K.run_all(
+            *run.state(), b_loc, run.lags, run.olat, run.OUTI, run.OUTF, run.NOUT, OUT_CAP, *scratch
+        )
         if not run.handle(int(status)):
             break
     for row in run.breaker_rows():
@@ -511,6 +514,7 @@ def run_portfolio_kernel(
     BL, LB, PR = one_type(b_loc), one_type(labels), one_type(probs)
     pf.b_loc = b_loc
     TPX, TSZ, TSD = (one_type([t[k] for t in trades]) for k in range(3))
+    scratch = K.pf_scratch(n_inst, len(run0.NOUT))
     done = 0
     while (chunk := walk.next_entries()) is not None:
         ts, prio, kind, row, inst = chunk
@@ -529,7 +533,7 @@ def run_portfolio_kernel(
             before = int(PI[K.PI_WALK])
             status = K.run_pf(
                 ts, prio, kind, row, inst, len(ts), LV, L0, BL, LB, PR, TPX, TSZ, TSD, pf.lags,
-                pf.cores(), PI, PF, *pf.hub_arrays(), run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP,
+                pf.cores(), PI, PF, *pf.hub_arrays(), run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP, *scratch,
             )  # fmt: skip
             after = int(PI[K.PI_WALK])
             if after > before:
@@ -539,7 +543,9 @@ def run_portfolio_kernel(
             if not pf.handle(int(status)):
                 break
     while True:
-        status = K.run_all_pf(pf.cores(), PI, PF, BL, pf.lags, run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP)
+        status = K.run_all_pf(
+            pf.cores(), PI, PF, BL, pf.lags, run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP, *scratch
+        )
         if not pf.handle(int(status)):
             break
     rows = sorted((b for r in pf.runs for b in r.breaker), key=lambda b: b[:2])

@@ -72,7 +72,19 @@ from venue.kernel import (  # noqa: F401 - tests reach some of these through the
 )
 
 
-@njit(nrt=True)
+def scratch() -> tuple[np.ndarray, ...]:
+    """The loops' working arrays, made in Python so that the loops are compiled without reference
+    counting (an array made in compiled code needs it): a popped timer (its int and float columns) and
+    the book walk's levels (prices, sizes)."""
+    return (
+        np.zeros(HI_COLS, dtype=np.int64),
+        np.zeros(HF_COLS, dtype=np.float64),
+        np.zeros(16, dtype=np.float64),
+        np.zeros(16, dtype=np.float64),
+    )
+
+
+@njit
 def run(
     walk_ts,
     walk_prio,
@@ -110,12 +122,13 @@ def run(
     OUTF,
     NOUT,
     out_cap,
+    tmpi,
+    tmpf,
+    lpx,
+    lq,
 ):
-    """Run the walk from S[S_WALK] to walk_end. Returns a status (ST_*)."""
-    tmpi = np.zeros(HI_COLS, dtype=np.int64)
-    tmpf = np.zeros(HF_COLS, dtype=np.float64)
-    lpx = np.zeros(16, dtype=np.float64)
-    lq = np.zeros(16, dtype=np.float64)
+    """Run the walk from S[S_WALK] to walk_end. Returns a status (ST_*). ``tmpi`` .. ``lq``: working
+    arrays (:func:`scratch`), made in Python so the loop needs no reference counting."""
     i = S[S_WALK]
     while i < walk_end:
         t = walk_ts[i]
@@ -225,7 +238,7 @@ def run(
     return ST_DONE
 
 
-@njit(nrt=True)
+@njit
 def run_all(
     S,
     SF,
@@ -251,12 +264,12 @@ def run_all(
     OUTF,
     NOUT,
     out_cap,
+    tmpi,
+    tmpf,
+    lpx,
+    lq,
 ):
     """The end of the tape: every pending timer, in order (ReplayClock.run_all)."""
-    tmpi = np.zeros(HI_COLS, dtype=np.int64)
-    tmpf = np.zeros(HF_COLS, dtype=np.float64)
-    lpx = np.zeros(16, dtype=np.float64)
-    lq = np.zeros(16, dtype=np.float64)
     while S[S_HEAP_N] > 0:
         st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
         if st != ST_DONE:
@@ -351,8 +364,9 @@ def _timer(
 # buffer, and the portfolio's shared counters and risk view (PI, PF: engine/kernel.py). CORES[j] holds
 # instrument j's arrays as one tuple (S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight,
 # recent, eng_book, x_book, olat): a tuple of equal tuples indexes in a few ns, where a numba typed
-# list hands out each array in tens. The loop unpacks a core only when the instrument changes: each
-# unpacking takes a reference to every array, and a step does not need to pay for it. Around
+# list hands out each array in tens. The loop is compiled without reference counting, its steps
+# inlined: unpacking a core then costs no reference per array, and a step no call with the ~300
+# scalar arguments a core's arrays flatten to. Around
 # every step of instrument j: pf_enter, the step, its rows tagged j, pf_leave, as the per-event engine
 # does (engine/core.py). The timers of every core run in one order: the least (time, priority, seq)
 # first, the seq shared (PI_SEQ), as on one clock.
@@ -371,14 +385,12 @@ def _top(TOP, j, S, HI):
         TOP[j, 3] = HI[0, 2]
 
 
-@njit(nrt=True)
-def _tops(CORES, n):
+@njit(inline="always")
+def _tops(TOP, CORES, n):
     """Every instrument's next timer (Python may have scheduled some between two calls)."""
-    TOP = np.zeros((n, 4), dtype=np.int64)
     for j in range(n):
         core = CORES[j]
         _top(TOP, j, core[0], core[8])
-    return TOP
 
 
 @njit(inline="always")
@@ -430,18 +442,10 @@ def _stop(j, S, PI):
     return ST_DONE
 
 
-@njit(inline="always")
-def _scratch(CORES, n, NOUT):
-    """A portfolio loop's working arrays: a popped timer, the book walk's levels, the row counts before
-    a step, and every instrument's next timer."""
-    return (
-        np.zeros(HI_COLS, dtype=np.int64),
-        np.zeros(HF_COLS, dtype=np.float64),
-        np.zeros(16, dtype=np.float64),
-        np.zeros(16, dtype=np.float64),
-        np.zeros(NOUT.shape[0], dtype=np.int64),
-        _tops(CORES, n),
-    )
+def pf_scratch(n: int, streams: int) -> tuple[np.ndarray, ...]:
+    """A portfolio loop's working arrays: :func:`scratch`'s, the row counts before a step, and every
+    instrument's next timer."""
+    return (*scratch(), np.zeros(streams, dtype=np.int64), np.zeros((n, 4), dtype=np.int64))
 
 
 @njit(inline="always")
@@ -455,9 +459,9 @@ def _room(o, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, 
     return st
 
 
-@njit
+@njit(inline="always")
 def _timer_pf(j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP):
-    """The next timer of instrument j's heap. Without reference counting, as :func:`_pf_entry`."""
+    """The next timer of instrument j's heap. Inlined, as :func:`_pf_entry`."""
     S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = CORES[j]
     st = _room(j, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags)
     if st != ST_DONE:
@@ -480,15 +484,15 @@ def _timer_pf(j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tm
     return st
 
 
-@njit
+@njit(inline="always")
 def _pf_entry(
     t, k, j, r, n, CORES, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags, PI, PF, PS, PP, LR, half_life_ns,
     OUTI, OUTF, NOUT, out_cap, lpx, lq, before, TOP,
 ):  # fmt: skip
-    """Walk entry (t, kind k, row r) of instrument j: (status, whether the entry is done). Compiled
-    without reference counting, unlike the loop around it: a portfolio's instruments take turns nearly
-    every entry, and each switch unpacked a core's 18 arrays there, an incref and a decref each
-    (gdb: NRT_incref/NRT_decref under run_pf in 5 of 12 samples of a two-instrument replay)."""
+    """Walk entry (t, kind k, row r) of instrument j: (status, whether the entry is done). Inlined
+    into the loop, which is compiled without reference counting: a portfolio's instruments take turns
+    nearly every entry, and each switch unpacks a core's 18 arrays (with reference counting, an incref
+    and a decref each; as a call of its own, ~300 scalar arguments)."""
     S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = CORES[j]
     st = _room(j, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags)
     if st != ST_DONE:
@@ -556,17 +560,17 @@ def _pf_entry(
     return st, True
 
 
-@njit(nrt=True)
+@njit
 def run_pf(
     walk_ts, walk_prio, walk_kind, walk_row, walk_inst, walk_end, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags,
-    CORES, PI, PF, PS, PP, LR, half_life_ns, OUTI, OUTF, NOUT, out_cap,
+    CORES, PI, PF, PS, PP, LR, half_life_ns, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP,
 ):  # fmt: skip
     """Run the walk from PI[PI_WALK] to walk_end. Returns a status (ST_*); a stop names its instrument
     in PI[PI_CUR]. LV[j] holds instrument j's book levels from row L0[j] on; BL, LB, PR its books'
     receive times, labels and probabilities; TPX, TSZ, TSD its trades. PS, PP, LR: what a hub's Kev
     context reads (engine/kernel.py pf_observe, pf_note_label)."""
     n = PF.shape[0]
-    tmpi, tmpf, lpx, lq, before, TOP = _scratch(CORES, n, NOUT)
+    _tops(TOP, CORES, n)
     i = PI[PI_WALK]
     while i < walk_end:
         t = walk_ts[i]
@@ -593,11 +597,11 @@ def run_pf(
     return ST_DONE
 
 
-@njit(nrt=True)
-def run_all_pf(CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap):
+@njit
+def run_all_pf(CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP):
     """The end of the tape: every instrument's pending timers, in the one order."""
     n = PF.shape[0]
-    tmpi, tmpf, lpx, lq, before, TOP = _scratch(CORES, n, NOUT)
+    _tops(TOP, CORES, n)
     while True:
         j = _due(TOP, n, 0, 0, False)
         if j < 0:
