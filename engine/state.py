@@ -324,27 +324,39 @@ class CoreState:
         """The rule advisor's key, raw JSON and reason for request ``rid`` of instrument ``inst``: the
         kernel's decision (``rule_decide``, in the request's row) in the advisor's words."""
         t = self._texts.get(rid)
-        if t is not None:
-            return t
-        if self.cores[inst] is not self:
-            return self.cores[inst]._kev_texts(rid, inst)
-        RI, RF = self.RI[rid & (self.RI.shape[0] - 1)], self.RF[rid & (self.RF.shape[0] - 1)]
-        ctx = self._context(rid)
-        raw = self.advisor.reply(
-            ctx,
-            int(RI[K.RI_ACTION]),
-            float(RF[K.RF_TARGET]),
-            float(RF[K.RF_HEDGE]),
-            float(RF[K.RF_SLIP]),
-            int(RI[K.RI_WHY]),
-        )
-        t = (
-            self.advisor.key(ctx),
-            orjson.dumps(raw, option=orjson.OPT_SORT_KEYS).decode(),
-            str(raw["reason"]),
-        )
-        self._texts[rid] = t
+        if t is None:
+            self._make_texts([rid], [inst])
+            t = self._texts[rid]
         return t
+
+    def _make_texts(self, rids: list[int], insts: list[int]) -> None:
+        """:meth:`_kev_texts` of every request in ``rids`` (of the instruments ``insts``) not made yet,
+        a batch per instrument: the rows' numbers are read as columns, not a context per request."""
+        for inst in sorted(set(insts)):
+            core = self.cores[inst]
+            todo = [r for r, i in zip(rids, insts, strict=True) if i == inst and r not in self._texts]
+            if todo:
+                core._texts_of(np.array(todo, dtype=np.int64))
+
+    def _texts_of(self, rids: np.ndarray) -> None:
+        RI, RF = self.RI[rids & (self.RI.shape[0] - 1)], self.RF[rids & (self.RF.shape[0] - 1)]
+        adv, sym, texts = self.advisor, self.symbol, self._texts
+        fields = zip(
+            rids.tolist(),
+            [LABEL_NAMES[x] for x in RI[:, K.RI_LABEL].tolist()],
+            *(RF[:, c].tolist() for c in (K.RF_P, K.RF_MID, K.RF_SPREAD, K.RF_IMB, K.RF_POS, K.RF_MAXPOS)),
+            RI[:, K.RI_ACTION].tolist(),
+            *(RF[:, c].tolist() for c in (K.RF_TARGET, K.RF_HEDGE, K.RF_SLIP)),
+            RI[:, K.RI_WHY].tolist(),
+            strict=True,
+        )
+        for rid, label, p, mid, spread, imb, pos, maxpos, action, target, hedge, slip, why in fields:
+            raw = adv.reply_of(label, p, imb, action, target, hedge, slip, why)
+            texts[rid] = (
+                adv.key_of(sym, label, p, mid, spread, imb, pos, maxpos),
+                orjson.dumps(raw, option=orjson.OPT_SORT_KEYS).decode(),
+                raw["reason"],
+            )
 
     def drain(self) -> None:
         """Turn the kernel's buffered rows into tables for the log."""
@@ -424,6 +436,8 @@ class CoreState:
             ok = ints[:, 2].astype(bool)
             keys, raws, errors, failures = [], [], [], []
             insts = ints[:, K.OUT_INST].tolist()
+            answered = ints[:, 4] == 0
+            self._make_texts(ints[answered, 1].tolist(), ints[answered, K.OUT_INST].tolist())
             for rid, good, timed_out, inst in zip(
                 ints[:, 1].tolist(), ok.tolist(), ints[:, 4].tolist(), insts, strict=True
             ):
@@ -458,6 +472,7 @@ class CoreState:
                 zero_i,
             ]
         if s == K.O_COMMAND:
+            self._make_texts(ints[:, 3].tolist(), ints[:, K.OUT_INST].tolist())
             reasons = [
                 self._kev_texts(rid, inst)[2]
                 for rid, inst in zip(ints[:, 3].tolist(), ints[:, K.OUT_INST].tolist(), strict=True)

@@ -13,7 +13,7 @@ from engine.contract import round_exact
 from engine.events import Label
 from engine.exact import pmax, pmin
 from engine.jit import njit
-from engine.kev.advisor import KevContext, KevReply, context_body
+from engine.kev.advisor import KevContext, KevReply
 from engine.kev.command import ACTIONS
 
 RULES_VERSION = "rules-v1"
@@ -82,10 +82,41 @@ class RuleKev:
 
     def key(self, ctx: KevContext) -> str:
         """Request key: the rule version, its parameters and the context minus ids and times."""
+        return self.key_of(
+            ctx.symbol,
+            ctx.label,
+            ctx.p_label,
+            ctx.mid,
+            ctx.spread,
+            ctx.imbalance,
+            ctx.position,
+            ctx.max_position,
+        )
+
+    def key_of(
+        self,
+        symbol: str,
+        label: str,
+        p_label: float,
+        mid: float,
+        spread: float,
+        imbalance: float,
+        position: float,
+        max_position: float,
+    ) -> str:
+        """:meth:`key` of a context with these fields (``CONTEXT_FIELDS``): the replay's drain makes a
+        batch of keys from the kernel's rows without building a context each."""
         body = {
             "rules": RULES_VERSION,
             "params": [self.step_fraction, self.min_prob],
-            **context_body(ctx),
+            "symbol": symbol,
+            "label": label,
+            "p_label": p_label,
+            "mid": mid,
+            "spread": spread,
+            "imbalance": imbalance,
+            "position": position,
+            "max_position": max_position,
         }
         return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
@@ -108,11 +139,24 @@ class RuleKev:
         ctx: KevContext, action: int, target: float, hedge: float, slip: float, why: int
     ) -> dict[str, object]:
         """The command JSON of :func:`rule_decide`'s answer to ``ctx`` (the compiled loop decides in
-        the kernel and writes the texts from its row with this)."""
+        the kernel and writes the texts from its row with :meth:`reply_of`)."""
+        return RuleKev.reply_of(ctx.label, ctx.p_label, ctx.imbalance, action, target, hedge, slip, why)
+
+    @staticmethod
+    def reply_of(
+        label: str,
+        p_label: float,
+        imbalance: float,
+        action: int,
+        target: float,
+        hedge: float,
+        slip: float,
+        why: int,
+    ) -> dict[str, object]:
         return {
             "action": ACTIONS[action],
             "target_position": target,
             "hedge_ratio": hedge,
             "max_slippage_bps": slip,
-            "reason": WHY_TEXT[why].format(label=ctx.label, p=ctx.p_label, imb=ctx.imbalance)[:120],
+            "reason": WHY_TEXT[why].format(label=label, p=p_label, imb=imbalance)[:120],
         }

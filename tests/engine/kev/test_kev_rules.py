@@ -1,10 +1,13 @@
 """The rule advisor's decision (engine.kev.rules.rule_decide) and the command RuleKev builds from it."""
 
+import hashlib
+
+import orjson
 import pytest
 
-from engine.kev.advisor import KevContext
+from engine.kev.advisor import KevContext, context_body
 from engine.kev.command import validate_command
-from engine.kev.rules import RuleKev
+from engine.kev.rules import RULES_VERSION, RuleKev
 
 
 def ctx(label="LEAN_BUY", p=0.9, imbalance=0.3, position=0.0, spread=0.1, mid=100.0, max_position=0.05):
@@ -74,3 +77,15 @@ def test_every_decision_is_a_valid_command():
             for position in (-0.05, 0.0, 0.05):
                 v = validate_command(decide(label=label, p=p, position=position))
                 assert not isinstance(v, str), v
+
+
+def test_the_key_hashes_every_context_field_and_the_rule_parameters():
+    """key_of (the replay's batch) takes the fields one by one: it must hash exactly what a context
+    shows (CONTEXT_FIELDS), so a field added to the context changes the key or fails here."""
+    kev = RuleKev(step_fraction=0.25, min_prob=0.5)
+    c = ctx("LEAN_SELL", 0.7, imbalance=-0.3)
+    body = {"rules": RULES_VERSION, "params": [0.25, 0.5], **context_body(c)}
+    want = hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    assert kev.key(c) == want
+    assert kev.key(c) != RuleKev().key(c)  # the parameters are in it
+    assert kev.key(c) != kev.key(ctx("LEAN_SELL", 0.7, imbalance=-0.2))
