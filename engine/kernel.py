@@ -165,18 +165,17 @@ UNSUPPORTED_TEXT = (
     S_FEES,
     S_LAG_USED,
     S_LAG_N,
-    S_WALK,
     S_WHY,
     S_NREQ_CAP,
     S_ENG_BOOK,
     S_RID_OLDEST,
-) = range(34)
-S_LAST_LABEL_NAME = 34  # engine.label, as its class index
-S_OLDEST = 35  # the oldest order that may still be in use
-S_OLAT_USED = 36  # 36..38: how many of each row of olat (OLAT_*) the run has used
-S_KEV_ASKED = 39  # Kev requests started and not answered yet (C_KEV_ASK): they wait in RI_OK == -1
-S_SENT = 40  # order rows of the output buffer the replay loop has handed to its simulated venue
-S_SIZE = 41
+) = range(33)
+S_LAST_LABEL_NAME = 33  # engine.label, as its class index
+S_OLDEST = 34  # the oldest order that may still be in use
+S_OLAT_USED = 35  # 35..37: how many of each row of olat (OLAT_*) the run has used
+S_KEV_ASKED = 38  # Kev requests started and not answered yet (C_KEV_ASK): they wait in RI_OK == -1
+S_SENT = 39  # order rows of the output buffer the replay loop has handed to its simulated venue
+S_SIZE = 40
 # SF (float64 scalars)
 SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
 SF_XPOS = 3  # the position as the simulated venue knows it (SimExchange.position)

@@ -295,12 +295,18 @@ def run_kernel(
     """The whole walk, a chunk at a time, then the timers left at its end. ``book_levels(r0, r1)``:
     rows r0..r1-1 of the tape as a (rows x 60) float64 array (bid_px, bid_sz, ask_px, ask_sz).
     ``between`` runs before each chunk is merged (a streamed tape fills rows ahead, releases behind)."""
-    t_px, t_sz, t_side = trades
-    S = run.S
-    scratch = K.scratch()
+    # The portfolio loop with one instrument (its steps around each instrument's are no-ops then): one
+    # compiled loop for every replay. ``solo`` holds what it reads of a portfolio; its place in the walk
+    # is solo.PI[PI_WALK].
+    solo = Portfolio([run.symbol])
+    PI = solo.PI
+    hub = (solo.PS, solo.PP, solo.LR, solo.pair_half_life_ns)
+    BL, LB, PR, TPX, TSZ, TSD = (b_loc,), (labels,), (probs,), *((t,) for t in trades)
+    scratch = K.pf_scratch(1, len(run.NOUT))
+    inst = np.zeros(0, dtype=np.int64)
     done = 0
     if bar is not None:  # a slow Kev (a real LLM) moves the bar per answer, not only per walk chunk
-        run.kev.on_answer = lambda: bar.update(done + int(S[K.S_WALK]), run.kev.answers)
+        run.kev.on_answer = lambda: bar.update(done + int(PI[K.PI_WALK]), run.kev.answers)
     while True:
         if between is not None:
             between()
@@ -311,17 +317,21 @@ def run_kernel(
         n = len(ts)
         if bar is not None:
             bar.update(done)
+        if len(inst) < n:
+            inst = np.zeros(n, dtype=np.int64)
         books = row[kind != 1]
         r0, r1 = (int(books.min()), int(books.max()) + 1) if len(books) else (0, 0)
         levels = book_levels(r0, r1) if r1 > r0 else np.zeros((0, 60))
-        S[K.S_WALK] = 0
+        L0 = np.array([r0], dtype=np.int64)
+        PI[K.PI_WALK] = 0
         while True:
-            before = int(S[K.S_WALK])
-            status = K.run(
-                ts, prio, kind, row, n, levels, r0, b_loc, labels, probs, t_px, t_sz, t_side, run.lags,
-                run.olat, *run.state(), run.OUTI, run.OUTF, run.NOUT, OUT_CAP, *scratch,
+            before = int(PI[K.PI_WALK])
+            status = K.run_pf(
+                ts, prio, kind, row, inst[:n], n, (levels,), L0, BL, LB, PR, TPX, TSZ, TSD, run.lags,
+                ((*run.state(), run.olat),), PI, solo.PF, *hub, run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
+                *scratch,
             )  # fmt: skip
-            after = int(S[K.S_WALK])
+            after = int(PI[K.PI_WALK])
             if after > before:
                 m = kind[before:after] == 4
                 if m.any():
@@ -329,11 +339,12 @@ def run_kernel(
             if not run.handle(int(status)):
                 break
         done += n
-    S[K.S_WALK] = 0  # the walk is over: the bar's position is `done`
+    PI[K.PI_WALK] = 0  # the walk is over: the bar's position is `done`
     while True:
-        status = K.run_all(
-            *run.state(), b_loc, run.lags, run.olat, run.OUTI, run.OUTF, run.NOUT, OUT_CAP, *scratch
-        )
+        status = K.run_all_pf(
+            ((*run.state(), run.olat),), PI, solo.PF, BL, run.lags, run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
+            *scratch,
+        )  # fmt: skip
         if not run.handle(int(status)):
             break
     for row in run.breaker_rows():

@@ -35,7 +35,6 @@ from engine.kernel import (  # noqa: F401 - tests reach some of these through th
     S_NOW,
     S_NREST,
     S_SENT,
-    S_WALK,
     S_WHY,
     S_XBOOK,
     ST_DONE,
@@ -70,244 +69,6 @@ from venue.kernel import (  # noqa: F401 - tests reach some of these through the
     x_on_book,
     x_on_trade,
 )
-
-
-def scratch() -> tuple[np.ndarray, ...]:
-    """The loops' working arrays, made in Python so that the loops are compiled without reference
-    counting (an array made in compiled code needs it): a popped timer (its int and float columns) and
-    the book walk's levels (prices, sizes)."""
-    return (
-        np.zeros(HI_COLS, dtype=np.int64),
-        np.zeros(HF_COLS, dtype=np.float64),
-        np.zeros(16, dtype=np.float64),
-        np.zeros(16, dtype=np.float64),
-    )
-
-
-@njit
-def run(
-    walk_ts,
-    walk_prio,
-    walk_kind,
-    walk_row,
-    walk_end,
-    levels,
-    level_row0,
-    b_loc,
-    labels,
-    probs,
-    t_px,
-    t_sz,
-    t_side,
-    lags,
-    olat,
-    S,
-    SF,
-    C,
-    CF,
-    OI,
-    OF,
-    RI,
-    RF,
-    HI,
-    HF,
-    work,
-    rest,
-    kq,
-    inflight,
-    recent,
-    eng_book,
-    x_book,
-    OUTI,
-    OUTF,
-    NOUT,
-    out_cap,
-    tmpi,
-    tmpf,
-    lpx,
-    lq,
-):
-    """Run the walk from S[S_WALK] to walk_end. Returns a status (ST_*). ``tmpi`` .. ``lq``: working
-    arrays (:func:`scratch`), made in Python so the loop needs no reference counting."""
-    i = S[S_WALK]
-    while i < walk_end:
-        t = walk_ts[i]
-        p = walk_prio[i]
-        # timers that sort before this entry
-        while S[S_HEAP_N] > 0 and (HI[0, 0] < t or (HI[0, 0] == t and HI[0, 1] < p)):
-            st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
-            if st != ST_DONE:
-                return st
-            _heap_pop(S, HI, HF, tmpi, tmpf)
-            S[S_NOW] = tmpi[0]
-            _timer(
-                tmpi,
-                tmpf,
-                S,
-                SF,
-                C,
-                CF,
-                OI,
-                OF,
-                RI,
-                RF,
-                HI,
-                HF,
-                olat,
-                work,
-                rest,
-                kq,
-                inflight,
-                recent,
-                eng_book,
-                x_book,
-                b_loc,
-                lags,
-                OUTI,
-                OUTF,
-                NOUT,
-                lpx,
-                lq,
-            )
-            if S[S_WHY] != U_NONE:
-                return ST_UNSUPPORTED
-        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
-        if st != ST_DONE:
-            return st
-        S[S_NOW] = t
-        k = walk_kind[i]
-        r = walk_row[i]
-        if k == 0:  # book at the exchange
-            j = r - level_row0
-            for c in range(60):
-                x_book[c] = levels[j, c]
-            S[S_XBOOK] = 1
-            x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book)
-        elif k == 2:  # book at the engine
-            j = r - level_row0
-            for c in range(60):
-                eng_book[c] = levels[j, c]
-            S[S_ENG_ROW] = r
-            S[S_ENG_BOOK] = 1
-        elif k == 4:  # Laya's label of book r becomes visible
-            if b_loc[r] > t:  # never read a label whose book has not arrived (no look-ahead)
-                S[S_WHY] = U_LOOK_AHEAD
-                return ST_UNSUPPORTED
-            S[S_LABELS] += 1
-            _on_label(
-                r,
-                labels[r],
-                probs[r, labels[r]],
-                S,
-                SF,
-                C,
-                CF,
-                OI,
-                OF,
-                RI,
-                RF,
-                HI,
-                HF,
-                olat,
-                work,
-                rest,
-                kq,
-                inflight,
-                recent,
-                eng_book,
-                x_book,
-                b_loc,
-                levels,
-                level_row0,
-                lags,
-                OUTI,
-                OUTF,
-                NOUT,
-                lpx,
-                lq,
-            )
-            forward(S, C, OI, HI, HF, olat, OUTI, NOUT)
-        elif k == 1:  # trade at the exchange
-            if S[S_NREST] > 0:
-                x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, t_px[r], t_sz[r], t_side[r])
-        # kind 3 (trade at the engine): Engine.on_trade does nothing
-        if S[S_WHY] != U_NONE:
-            return ST_UNSUPPORTED
-        i += 1
-        S[S_WALK] = i
-    return ST_DONE
-
-
-@njit
-def run_all(
-    S,
-    SF,
-    C,
-    CF,
-    OI,
-    OF,
-    RI,
-    RF,
-    HI,
-    HF,
-    work,
-    rest,
-    kq,
-    inflight,
-    recent,
-    eng_book,
-    x_book,
-    b_loc,
-    lags,
-    olat,
-    OUTI,
-    OUTF,
-    NOUT,
-    out_cap,
-    tmpi,
-    tmpf,
-    lpx,
-    lq,
-):
-    """The end of the tape: every pending timer, in order (ReplayClock.run_all)."""
-    while S[S_HEAP_N] > 0:
-        st = _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight)
-        if st != ST_DONE:
-            return st
-        _heap_pop(S, HI, HF, tmpi, tmpf)
-        S[S_NOW] = tmpi[0]
-        _timer(
-            tmpi,
-            tmpf,
-            S,
-            SF,
-            C,
-            CF,
-            OI,
-            OF,
-            RI,
-            RF,
-            HI,
-            HF,
-            olat,
-            work,
-            rest,
-            kq,
-            inflight,
-            recent,
-            eng_book,
-            x_book,
-            b_loc,
-            lags,
-            OUTI,
-            OUTF,
-            NOUT,
-            lpx,
-            lq,
-        )
-        if S[S_WHY] != U_NONE:
-            return ST_UNSUPPORTED
-    return ST_DONE
 
 
 @njit
@@ -358,8 +119,10 @@ def _timer(
     forward(S, C, OI, HI, HF, olat, OUTI, NOUT)
 
 
-# ---------------------------------------------------------------- several instruments
-# A portfolio's loop (replay/fast_path.py run_portfolio_kernel drives it): one walk merging every
+# ---------------------------------------------------------------- the loop, for one instrument or several
+# One loop for every replay: a portfolio's (replay/fast_path.py run_portfolio_kernel drives it), and a
+# single instrument's as a portfolio of one (run_kernel), where pf_enter/pf_leave and the row tags
+# are skipped. One walk merging every
 # instrument's entries (walk_inst names each one's instrument), a core per instrument, one output
 # buffer, and the portfolio's shared counters and risk view (PI, PF: engine/kernel.py). CORES[j] holds
 # instrument j's arrays as one tuple (S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight,
@@ -443,9 +206,17 @@ def _stop(j, S, PI):
 
 
 def pf_scratch(n: int, streams: int) -> tuple[np.ndarray, ...]:
-    """A portfolio loop's working arrays: :func:`scratch`'s, the row counts before a step, and every
-    instrument's next timer."""
-    return (*scratch(), np.zeros(streams, dtype=np.int64), np.zeros((n, 4), dtype=np.int64))
+    """The loop's working arrays, made in Python so that the loop is compiled without reference counting
+    (an array made in compiled code needs it): a popped timer (its int and float columns), the book
+    walk's levels (prices, sizes), the row counts before a step, and every instrument's next timer."""
+    return (
+        np.zeros(HI_COLS, dtype=np.int64),
+        np.zeros(HF_COLS, dtype=np.float64),
+        np.zeros(16, dtype=np.float64),
+        np.zeros(16, dtype=np.float64),
+        np.zeros(streams, dtype=np.int64),
+        np.zeros((n, 4), dtype=np.int64),
+    )
 
 
 @njit(inline="always")
