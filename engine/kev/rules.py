@@ -13,7 +13,7 @@ from engine.contract import round_exact
 from engine.events import Label
 from engine.exact import pmax, pmin
 from engine.jit import njit
-from engine.kev.advisor import KevContext, KevReply
+from engine.kev.advisor import CONTEXT_FIELDS, KevContext, KevReply
 from engine.kev.command import ACTIONS
 
 RULES_VERSION = "rules-v1"
@@ -82,16 +82,7 @@ class RuleKev:
 
     def key(self, ctx: KevContext) -> str:
         """Request key: the rule version, its parameters and the context minus ids and times."""
-        return self.key_of(
-            ctx.symbol,
-            ctx.label,
-            ctx.p_label,
-            ctx.mid,
-            ctx.spread,
-            ctx.imbalance,
-            ctx.position,
-            ctx.max_position,
-        )
+        return self.key_of(*(getattr(ctx, k) for k in CONTEXT_FIELDS))
 
     def key_of(
         self,
@@ -104,8 +95,8 @@ class RuleKev:
         position: float,
         max_position: float,
     ) -> str:
-        """:meth:`key` of a context with these fields (``CONTEXT_FIELDS``): the replay's drain makes a
-        batch of keys from the kernel's rows without building a context each."""
+        """:meth:`key` of a context with these fields (``CONTEXT_FIELDS``, in that order): the replay's
+        drain makes a batch of keys from the kernel's rows without building a context each."""
         body = {
             "rules": RULES_VERSION,
             "params": [self.step_fraction, self.min_prob],
