@@ -257,6 +257,12 @@ class KernelRun(CoreState):
         """The run's kev_breaker rows, in the order the engine logs them (when each reply arrives)."""
         return [row for _, _, rows in sorted(self.breaker, key=lambda b: b[:2]) for row in rows]
 
+    def core(self) -> tuple[np.ndarray, ...]:
+        """This core's arrays as the loop takes them (one of ``CORES`` in replay/kernel.py), made anew
+        for each call of the loop: a stop may have replaced any of them (a table grew, latencies were
+        drawn)."""
+        return (*self.state(), self.olat)
+
     def handle(self, status: int) -> bool:
         """Deal with a kernel stop; True when the kernel should be called again."""
         if status == K.ST_NEED_KEV:  # no drain: the rows stay buffered, the kernel goes on
@@ -300,7 +306,7 @@ def run_kernel(
     # is solo.PI[PI_WALK].
     solo = Portfolio([run.symbol])
     PI = solo.PI
-    hub = (solo.PS, solo.PP, solo.LR, solo.pair_half_life_ns)
+    hub = hub_arrays(solo)
     BL, LB, PR, TPX, TSZ, TSD = (b_loc,), (labels,), (probs,), *((t,) for t in trades)
     scratch = K.pf_scratch(1, len(run.NOUT))
     inst = np.zeros(0, dtype=np.int64)
@@ -328,7 +334,7 @@ def run_kernel(
             before = int(PI[K.PI_WALK])
             status = K.run_pf(
                 ts, prio, kind, row, inst[:n], n, (levels,), L0, BL, LB, PR, TPX, TSZ, TSD, run.lags,
-                ((*run.state(), run.olat),), PI, solo.PF, *hub, run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
+                (run.core(),), PI, solo.PF, *hub, run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
                 *scratch,
             )  # fmt: skip
             after = int(PI[K.PI_WALK])
@@ -342,7 +348,7 @@ def run_kernel(
     PI[K.PI_WALK] = 0  # the walk is over: the bar's position is `done`
     while True:
         status = K.run_all_pf(
-            ((*run.state(), run.olat),), PI, solo.PF, BL, run.lags, run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
+            (run.core(),), PI, solo.PF, BL, run.lags, run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
             *scratch,
         )  # fmt: skip
         if not run.handle(int(status)):
@@ -434,34 +440,7 @@ class PortfolioRun:
     def cores(self) -> tuple[tuple[np.ndarray, ...], ...]:
         """Every core's arrays as the loop takes them (``CORES`` in replay/kernel.py), made anew for each
         call of the loop: a stop may have replaced any of them (a table grew, latencies were drawn)."""
-        return tuple(
-            (
-                r.S,
-                r.SF,
-                r.C,
-                r.CF,
-                r.OI,
-                r.OF,
-                r.RI,
-                r.RF,
-                r.HI,
-                r.HF,
-                r.work,
-                r.rest,
-                r.kq,
-                r.inflight,
-                r.recent,
-                r.eng_book,
-                r.x_book,
-                r.olat,
-            )  # fmt: skip
-            for r in self.runs
-        )
-
-    def hub_arrays(self) -> tuple[Any, ...]:
-        """What the loop reads for a hub's Kev contexts: PS, PP, LR and the pairs' half-life."""
-        st = self.state
-        return st.PS, st.PP, st.LR, st.pair_half_life_ns
+        return tuple(r.core() for r in self.runs)
 
     def _more_lags(self) -> None:
         """Kev's lags: the unused ones, then LAG_BATCH new, for every instrument (one shared count)."""
@@ -494,6 +473,11 @@ class PortfolioRun:
             if self.PI[K.PI_FAN]:  # the step that asked also turned a hub's reply into its command
                 self._fan_out()
         return again
+
+
+def hub_arrays(st: Portfolio) -> tuple[Any, ...]:
+    """What the loop reads of a portfolio for a hub's Kev contexts: PS, PP, LR and the pairs' half-life."""
+    return st.PS, st.PP, st.LR, st.pair_half_life_ns
 
 
 def one_type(arrays: list[np.ndarray]) -> tuple[np.ndarray, ...]:
@@ -544,7 +528,7 @@ def run_portfolio_kernel(
             before = int(PI[K.PI_WALK])
             status = K.run_pf(
                 ts, prio, kind, row, inst, len(ts), LV, L0, BL, LB, PR, TPX, TSZ, TSD, pf.lags,
-                pf.cores(), PI, PF, *pf.hub_arrays(), run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP, *scratch,
+                pf.cores(), PI, PF, *hub_arrays(pf.state), run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP, *scratch,
             )  # fmt: skip
             after = int(PI[K.PI_WALK])
             if after > before:

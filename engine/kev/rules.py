@@ -84,30 +84,13 @@ class RuleKev:
         """Request key: the rule version, its parameters and the context minus ids and times."""
         return self.key_of(*(getattr(ctx, k) for k in CONTEXT_FIELDS))
 
-    def key_of(
-        self,
-        symbol: str,
-        label: str,
-        p_label: float,
-        mid: float,
-        spread: float,
-        imbalance: float,
-        position: float,
-        max_position: float,
-    ) -> str:
-        """:meth:`key` of a context with these fields (``CONTEXT_FIELDS``, in that order): the replay's
-        drain makes a batch of keys from the kernel's rows without building a context each."""
+    def key_of(self, *fields: object) -> str:
+        """:meth:`key` of a context with these fields (its ``CONTEXT_FIELDS``, in that order): the
+        replay's drain makes a batch of keys from the kernel's rows without building a context each."""
         body = {
             "rules": RULES_VERSION,
             "params": [self.step_fraction, self.min_prob],
-            "symbol": symbol,
-            "label": label,
-            "p_label": p_label,
-            "mid": mid,
-            "spread": spread,
-            "imbalance": imbalance,
-            "position": position,
-            "max_position": max_position,
+            **dict(zip(CONTEXT_FIELDS, fields, strict=True)),
         }
         return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
