@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    # -v is dualhub's own detail. numba logs every compiler pass at DEBUG: megabytes on a fresh checkout
+    # (no compile cache), which buried the log and blocked a parent that reads our stderr only at the end
+    logging.getLogger("numba").setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except DualhubError as e:

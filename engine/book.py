@@ -12,8 +12,9 @@ import math
 
 import numpy as np
 
+from engine.contract import at_units, lots_of
 from engine.events import BookSnapshot
-from engine.exact import pmin, pyround
+from engine.exact import pmin
 from engine.jit import njit
 
 LEVELS = 15
@@ -36,33 +37,36 @@ def tradable_levels(bk) -> bool:
 
 
 @njit
-def walk_levels(bk, side, qty, lpx, lq) -> int:
-    """The levels a market order of ``qty`` on ``side`` (SIDE_*) would take, into ``lpx``/``lq``;
-    returns how many.
+def walk_levels(bk, side, lots, step, lpx, lq) -> int:
+    """The levels a market order of ``lots`` whole lots of ``step`` on ``side`` (SIDE_*) would take,
+    into ``lpx`` and ``lq`` (whole lots, :func:`engine.contract.lots_of` of each level's size); returns
+    how many.
 
     A buy consumes asks from the best up, a sell bids from the best down; the result may fill less
-    than ``qty`` when the displayed depth runs out. The walk stops at the first level that is not a
+    than ``lots`` when the displayed depth runs out. The walk stops at the first level that is not a
     real one (missing, a non-finite or non-positive price, a negative or non-finite size, a price on
     the wrong side of the previous level): past it the book says nothing trustworthy, so what it would
-    fill is not counted (the risk gateway then sees a short fill and refuses). Each take is rounded to
-    12 digits, so fills of sizes like 0.1 + 0.2 sum to the size."""
+    fill is not counted (the risk gateway then sees a short fill and refuses). A level of less than a
+    lot gives nothing and is passed over. Sizes are integers of lots, so what the takes add up to is
+    exact: no decimal rounding is emulated."""
     off = ASK_PX if side == SIDE_BUY else BID_PX
-    left = qty
+    left = lots
     n = 0
     prev = 0.0 if side == SIDE_BUY else math.inf
     for i in range(LEVELS):
         p = bk[off + i]
         s = bk[off + LEVELS + i]
-        if left <= 1e-12 or not (0.0 < p < math.inf and 0.0 <= s < math.inf):
+        if left <= 0 or not (0.0 < p < math.inf and 0.0 <= s < math.inf):
             break
         if (p <= prev) if side == SIDE_BUY else (p >= prev):
             break
         prev = p
-        take = pyround(pmin(left, s), 12)
-        lpx[n] = p
-        lq[n] = take
-        n += 1
-        left -= take
+        take = pmin(left, lots_of(s, step))
+        if take > 0:
+            lpx[n] = p
+            lq[n] = take
+            n += 1
+            left -= take
     return n
 
 
@@ -126,12 +130,14 @@ def tradable(book: BookSnapshot) -> bool:
     return tradable_top(book.bid_px[0], book.bid_sz[0], book.ask_px[0], book.ask_sz[0])
 
 
-def walk_book(book: BookSnapshot, side: str, qty: float) -> list[tuple[float, float]]:
-    """:func:`walk_levels` as ``[(px, qty), ...]``."""
+def walk_book(book: BookSnapshot, side: str, qty: float, step: float) -> list[tuple[float, float]]:
+    """:func:`walk_levels` of ``qty`` (whole lots of ``step`` of it) as ``[(px, qty), ...]``."""
     lpx = np.empty(LEVELS)
     lq = np.empty(LEVELS)
-    n = walk_levels(as_levels(book), SIDE_BUY if side == "buy" else SIDE_SELL, qty, lpx, lq)
-    return [(float(lpx[j]), float(lq[j])) for j in range(n)]
+    n = walk_levels(
+        as_levels(book), SIDE_BUY if side == "buy" else SIDE_SELL, lots_of(qty, step), step, lpx, lq
+    )
+    return [(float(lpx[j]), at_units(lq[j], step)) for j in range(n)]
 
 
 def avg_price(levels: list[tuple[float, float]]) -> float:

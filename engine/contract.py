@@ -44,6 +44,17 @@ def at_units(k: float, unit: float) -> float:
     return float(v / den)
 
 
+@njit(inline="always")
+def lots_of(q: float, step: float) -> float:
+    """The whole lots of ``step`` in the size ``q`` (a displayed, traded or ordered size), down,
+    forgiving float noise just under a lot (1e-9 of one: 0.003 / 0.001 is 2.9999999999999996); 0 for a
+    size that is not a finite positive number. An integer, held as a double (exact below 2**53): the
+    simulated venue fills and keeps positions in these."""
+    if not 0.0 < q < math.inf:
+        return 0.0
+    return np.floor(q / step + 1e-9)
+
+
 @njit
 def round_to_tick(px: float, tick: float) -> float:
     """``px`` to the nearest tick (half-even), as :func:`at_units` gives that tick; a NaN or infinite

@@ -175,14 +175,14 @@ S_OLDEST = 34  # the oldest order that may still be in use
 S_OLAT_USED = 35  # 35..37: how many of each row of olat (OLAT_*) the run has used
 S_KEV_ASKED = 38  # Kev requests started and not answered yet (C_KEV_ASK): they wait in RI_OK == -1
 S_SENT = 39  # order rows of the output buffer the replay loop has handed to its simulated venue
-S_SIZE = 40
+S_XPOS = 40  # the position as the simulated venue knows it, in lots (SimExchange.position)
+S_SIZE = 41
 # SF (float64 scalars)
 SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
-SF_XPOS = 3  # the position as the simulated venue knows it (SimExchange.position)
-# 4..6: the rest of the portfolio (the other instruments one engine trades), written before each step
+# 3..5: the rest of the portfolio (the other instruments one engine trades), written before each step
 # by engine.portfolio: their summed net delta, gross exposure and PnL in USD (0 when there are none)
-SF_OTHERS_DELTA, SF_OTHERS_GROSS, SF_OTHERS_PNL = 4, 5, 6
-SF_SIZE = 8
+SF_OTHERS_DELTA, SF_OTHERS_GROSS, SF_OTHERS_PNL = 3, 4, 5
+SF_SIZE = 6
 # C (int64 config)
 (
     C_REQUOTE_MIN,
@@ -240,9 +240,13 @@ CF_SIZE = CF_PARAMS + registry.MAX_PARAMS
 OI_SIDE, OI_TYPE, OI_SENT, OI_STATUS, OI_REDUCE, OI_SOURCE = 0, 1, 2, 3, 4, 5
 OI_OID, OI_REFS, OI_RESTING = 6, 7, 8  # the slot's order, its pending timers, resting at the exchange
 OI_AGE = 9  # the age of the Kev advice the order acts on (its risk row's advice_age; -1: none)
-OI_COLS = 10
-OF_PX, OF_QTY, OF_FILLED, OF_SLIP, OF_XFILLED, OF_AHEAD, OF_LEVEL, OF_TRADED = 0, 1, 2, 3, 4, 5, 6, 7
-OF_COLS = 8
+# the simulated venue's view of the order, in whole lots of the size step (venue/matching.py): its size
+# as the venue took it on arrival, and what the venue has filled of it
+OI_XLOTS, OI_XFILLED = 10, 11
+OI_COLS = 12
+# OF_AHEAD .. OF_TRADED: the venue's queue-model state of a resting order (venue/fills.py)
+OF_PX, OF_QTY, OF_FILLED, OF_SLIP, OF_AHEAD, OF_LEVEL, OF_TRADED = 0, 1, 2, 3, 4, 5, 6
+OF_COLS = 7
 # Per-request table (row = request id): RI / RF
 RI_TS, RI_LABEL, RI_LABEL_SEQ, RI_ACTION, RI_WHY, RI_STARTED = 0, 1, 2, 3, 4, 5
 # RI_OK: the reply is a valid command (1), is not (0), is not there yet (-1); RI_DONE_SEQ: its timer's seq
@@ -598,6 +602,7 @@ def _check_new(
         eng_book[30],
         eng_book[45],
         eng_book,
+        CF[CF_SIZE_STEP],
         book_ts,
         now,
         lpx,

@@ -26,6 +26,7 @@ from typing import Final
 import numpy as np
 
 from engine.book import LEVELS, SIDE_BUY, SIDE_SELL, WIDTH, as_levels, tradable_top, walk_levels, walked_avg
+from engine.contract import ContractConfig, lots_of
 from engine.errors import DualhubError
 from engine.events import BookSnapshot, Nanos
 from engine.exact import pmin
@@ -339,12 +340,14 @@ def in_price_band(lim, px, mid) -> bool:
 
 
 @njit
-def slippage_ok(lim, bk, side, qty, slip, mid, lpx, lq) -> bool:
-    """The displayed depth fills all of a market order, at an average price within the gateway's
-    slippage limit or the order's own (``slip``; NaN: none) if tighter. ``lpx``/``lq``: scratch for the
-    walk (LEVELS floats each)."""
-    filled, avg = walked_avg(lpx, lq, walk_levels(bk, side, qty, lpx, lq))
-    return filled >= qty - 1e-12 and abs(avg - mid) / mid * 1e4 <= pmin(lim[L_MAX_SLIPPAGE], slip)
+def slippage_ok(lim, bk, step, side, qty, slip, mid, lpx, lq) -> bool:
+    """The displayed depth fills all of a market order (in whole lots of the size step ``step``, as
+    the simulated venue fills it), at an average price within the gateway's slippage limit or the
+    order's own (``slip``; NaN: none) if tighter. ``lpx``/``lq``: scratch for the walk (LEVELS floats
+    each)."""
+    lots = lots_of(qty, step)
+    filled, avg = walked_avg(lpx, lq, walk_levels(bk, side, lots, step, lpx, lq))
+    return filled >= lots and abs(avg - mid) / mid * 1e4 <= pmin(lim[L_MAX_SLIPPAGE], slip)
 
 
 @njit
@@ -480,6 +483,7 @@ def verdict(
     ask,
     ask_sz,
     bk,
+    step,
     book_ts,
     now,
     lpx,
@@ -493,10 +497,10 @@ def verdict(
     position and cash: integers of 1e-12 as two words each (:func:`loss_ok`); ``recent_n``: accepted
     new orders in the rate window; ``side``/``otype``/``source``: codes; ``slip``: the order's slippage
     cap, NaN for none; the book (read only when ``has_book``): its top, received at ``book_ts``, and for
-    the walk of a market order ``bk``, laid out as :func:`engine.book.as_levels` does; ``lpx``/``lq``:
-    scratch for the walk; ``others_*``: the rest of the portfolio, every other instrument the engine
-    trades: the sum of their net deltas (USD, position times mid), of their gross exposures and of their
-    PnL (0 when there are none)."""
+    the walk of a market order ``bk``, laid out as :func:`engine.book.as_levels` does, walked in lots of
+    the contract's size step ``step``; ``lpx``/``lq``: scratch for the walk; ``others_*``: the rest of
+    the portfolio, every other instrument the engine trades: the sum of their net deltas (USD, position
+    times mid), of their gross exposures and of their PnL (0 when there are none)."""
     position = (pos_hi * _WORD + pos_lo) / 1e12
     # Worst case: every resting order on the same side fills too. An order "reduces" only when even
     # then the position shrinks; only such an order may pass the position and loss limits.
@@ -530,7 +534,7 @@ def verdict(
         elif r == R_BAND:
             ok = otype != LIMIT or in_price_band(lim, px, mid)
         elif r == R_SLIP:
-            ok = otype != MARKET or slippage_ok(lim, bk, side, qty, slip, mid, lpx, lq)
+            ok = otype != MARKET or slippage_ok(lim, bk, step, side, qty, slip, mid, lpx, lq)
         elif r == R_RATE:
             ok = order_rate_ok(lim, recent_n)
         elif r == R_LOSS:
@@ -551,6 +555,7 @@ def verdict(
 # ---------------------------------------------------------------- Python adapters
 
 _NO_LEVELS = np.full(WIDTH, math.nan)
+_STEP = ContractConfig().size_step  # the default contract's, for callers that name none
 _LPX = np.empty(LEVELS)  # walk scratch: compiled calls hold the GIL (no nogil): one pair serves all
 _LQ = np.empty(LEVELS)
 # check()'s last limits and their arrays, replaced in one store: a thread never reads half of another's
@@ -577,9 +582,10 @@ def verdict_of(
     intent: OrderIntent,
     book: BookSnapshot | None,
     now_ns: Nanos,
+    size_step: float = _STEP,
 ) -> int:
     """:func:`verdict` for a new (or malformed) intent; ``lim``/``rules``: :func:`limits_array` and
-    :func:`rule_codes` of the limits."""
+    :func:`rule_codes` of the limits; ``size_step``: the contract's."""
     otype = _TYPES.get(intent.order_type, -1) if intent.intent == "new" else -1  # other intents: malformed
     if book is None:
         has_book, bid, bid_sz, ask, ask_sz, bk, book_ts = False, 0.0, 0.0, 0.0, 0.0, _NO_LEVELS, 0
@@ -621,6 +627,7 @@ def verdict_of(
         ask,
         ask_sz,
         bk,
+        size_step,
         book_ts,
         now_ns,
         _LPX,
@@ -632,9 +639,15 @@ def verdict_of(
 
 
 def check(
-    limits: RiskLimits, state: RiskState, intent: OrderIntent, book: BookSnapshot | None, now_ns: Nanos
+    limits: RiskLimits,
+    state: RiskState,
+    intent: OrderIntent,
+    book: BookSnapshot | None,
+    now_ns: Nanos,
+    size_step: float = _STEP,
 ) -> tuple[bool, str]:
-    """Accept or reject one intent. Cancels are always allowed: they only ever reduce risk.
+    """Accept or reject one intent (of a contract whose size step is ``size_step``). Cancels are always
+    allowed: they only ever reduce risk.
 
     RiskLimits is frozen: a check with the same limits as the one before reuses their arrays."""
     global _last_limits
@@ -643,7 +656,7 @@ def check(
     lims = _last_limits
     if lims[0] is not limits:
         lims = _last_limits = (limits, limits_array(limits), rule_codes(limits))
-    code = verdict_of(lims[1], lims[2], state, intent, book, now_ns)
+    code = verdict_of(lims[1], lims[2], state, intent, book, now_ns, size_step)
     return code == R_OK, REASONS[code]
 
 

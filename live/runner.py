@@ -868,6 +868,7 @@ class LiveRunner:
                     cancel_latency=RecordingLatency(
                         parse_latency(cfg.latency_cancel, cancel), "cancel", sink
                     ),
+                    size_step=contract.size_step,
                 )
                 execution = paper
             engine = Engine(

@@ -108,7 +108,7 @@ def _timer(
     if kind <= T_REPORT:
         OI[a & (OI.shape[0] - 1), OI_REFS] -= 1
     if kind == T_ARRIVE:
-        x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, a, lpx, lq)
+        x_arrive(S, C, CF, OI, OF, HI, HF, olat, rest, x_book, a, lpx, lq)
     elif kind == T_ARRIVE_CANCEL:
         x_arrive_cancel(S, C, OI, HI, HF, olat, rest, a)
     else:
@@ -285,7 +285,7 @@ def _pf_entry(
         for c in range(60):
             x_book[c] = levels[row, c]
         S[S_XBOOK] = 1
-        x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book)
+        x_on_book(S, C, CF, OI, OF, HI, HF, olat, rest, x_book)
     elif k == 2:  # book at the engine
         levels = LV[j]
         row = r - L0[j]
@@ -309,7 +309,7 @@ def _pf_entry(
         forward(S, C, OI, HI, HF, olat, OUTI, NOUT)
     elif k == 1:  # trade at the exchange
         if S[S_NREST] > 0:
-            x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, TPX[j][r], TSZ[j][r], TSD[j][r])
+            x_on_trade(S, C, CF, OI, OF, HI, HF, olat, rest, TPX[j][r], TSZ[j][r], TSD[j][r])
     _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
     if k == 2 and PS.shape[0] > 0:  # the pairs with this leg take its new mark
         pf_observe(PF, PS, PP, j, t, half_life_ns)

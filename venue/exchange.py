@@ -22,6 +22,7 @@ import numpy as np
 from engine import kernel as K
 from engine.book import LEVELS, as_levels
 from engine.clock import ReplayClock
+from engine.contract import at_units
 from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
 from engine.risk import OrderIntent
@@ -49,6 +50,7 @@ class SimExchange:
         entry_latency: LatencyModel,
         response_latency: LatencyModel,
         cancel_latency: LatencyModel | None = None,
+        size_step: float,
     ) -> None:
         self.clock = clock
         self.fill_model = fill_model
@@ -58,11 +60,12 @@ class SimExchange:
         self.engine: Any = None  # set by the driver: receives on_ack/on_fill/...
         self.book: BookSnapshot | None = None
         self.S = np.zeros(K.S_SIZE, dtype=np.int64)
-        self.SF = np.zeros(K.SF_SIZE)  # SF[SF_XPOS]: the account's position as the venue knows it
         self.C = np.zeros(K.C_SIZE, dtype=np.int64)
         self.CF = np.zeros(K.CF_SIZE)
         self.C[K.C_FILL_MODEL] = fill_model.kind
         self.CF[K.CF_QUEUE_N] = fill_model.n
+        self.size_step = size_step
+        self.CF[K.CF_SIZE_STEP] = size_step  # the venue fills in whole lots of it
         self._lpx = np.empty(LEVELS)
         self._lq = np.empty(LEVELS)
         # Orders by slot: a slot is an order's row (the venue finds order N in row N & (rows - 1), so a
@@ -75,6 +78,19 @@ class SimExchange:
         self._arriving: set[int] = set()  # slots of orders on their way in (entry latency)
         self._orders(8)
         self._rests(8)
+        self._compile()
+
+    def _compile(self) -> None:
+        """Load (or, on a fresh checkout, compile) every entry of the venue now, on scratch copies of
+        its state: a paper or local venue's first order must not stall its loop for the compiler."""
+        S, OI, OF, HI, HF, olat, rest = (
+            a.copy() for a in (self.S, self.OI, self.OF, self.HI, self.HF, self.olat, self.rest)
+        )
+        book = np.full(4 * LEVELS, np.nan)
+        x_on_book(S, self.C, self.CF, OI, OF, HI, HF, olat, rest, book)
+        x_on_trade(S, self.C, self.CF, OI, OF, HI, HF, olat, rest, math.nan, 0.0, -1)
+        x_arrive(S, self.C, self.CF, OI, OF, HI, HF, olat, rest, book, 0, self._lpx.copy(), self._lq.copy())
+        x_arrive_cancel(S, self.C, OI, HI, HF, olat, rest, 0)
 
     # ---------------------------------------------------------- state
 
@@ -117,7 +133,7 @@ class SimExchange:
     def position(self) -> float:
         """The account's position as the venue knows it (fills as they happen, before any report
         latency): what a reduce-only order is checked against."""
-        return float(self.SF[K.SF_XPOS])
+        return at_units(self.S[K.S_XPOS], self.size_step)
 
     @property
     def resting(self) -> bool:
@@ -136,7 +152,7 @@ class SimExchange:
                     "side": "buy" if oi[K.OI_SIDE] == K.BUY else "sell",
                     "px": float(of[K.OF_PX]),
                     "qty": float(of[K.OF_QTY]),
-                    "filled": float(of[K.OF_XFILLED]),
+                    "filled": at_units(oi[K.OI_XFILLED], self.size_step),
                     "ahead": float(of[K.OF_AHEAD]),
                     "level_qty": float(of[K.OF_LEVEL]),
                     "traded_at_px": float(of[K.OF_TRADED]),
@@ -183,7 +199,6 @@ class SimExchange:
         S[K.S_NOW] = self.clock.now_ns()
         x_on_book(
             S,
-            self.SF,
             self.C,
             self.CF,
             self.OI,
@@ -202,7 +217,7 @@ class SimExchange:
             return
         S[K.S_NOW] = self.clock.now_ns()
         x_on_trade(
-            S, self.SF, self.C, self.CF, self.OI, self.OF, self.HI, self.HF, self.olat, self.rest,
+            S, self.C, self.CF, self.OI, self.OF, self.HI, self.HF, self.olat, self.rest,
             trade.px, trade.sz, SIDE_CODE.get(trade.side, -1),
         )  # fmt: skip
         self._report()
@@ -217,7 +232,7 @@ class SimExchange:
         S[K.S_NOW] = self.clock.now_ns()
         book = as_levels(self.book) if self.book is not None else np.full(60, np.nan)
         x_arrive(
-            S, self.SF, self.C, self.CF, self.OI, self.OF, self.HI, self.HF, self.olat, self.rest, book, i,
+            S, self.C, self.CF, self.OI, self.OF, self.HI, self.HF, self.olat, self.rest, book, i,
             self._lpx, self._lq,
         )  # fmt: skip
         self._report()

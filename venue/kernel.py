@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.contract import at_units, lots_of
 from engine.jit import njit
 from engine.kernel import (
     C_FILL_MODEL,
     C_OLAT_KEYED,
     CF_QUEUE_N,
+    CF_SIZE_STEP,
     KEY_FALLBACK,
     KEY_HEAD,
     KEY_MISSES,
@@ -38,12 +40,13 @@ from engine.kernel import (
     OF_PX,
     OF_QTY,
     OF_TRADED,
-    OF_XFILLED,
     OI_OID,
     OI_REDUCE,
     OI_RESTING,
     OI_SIDE,
     OI_TYPE,
+    OI_XFILLED,
+    OI_XLOTS,
     OK_CANCEL,
     OK_NEW,
     OLAT_CANCEL,
@@ -62,7 +65,7 @@ from engine.kernel import (
     S_SENT,
     S_WHY,
     S_XBOOK,
-    SF_XPOS,
+    S_XPOS,
     T_ARRIVE,
     T_ARRIVE_CANCEL,
     T_REPORT,
@@ -111,18 +114,20 @@ def _report(S, C, OI, HI, HF, olat, method, oid, arg, f1, f2):
 
 
 @njit
-def _report_fill(S, C, OI, HI, HF, olat, oid, px, qty, liq):
-    _report(S, C, OI, HI, HF, olat, M_FILL, oid, liq, px, qty)
+def _report_fill(S, C, CF, OI, HI, HF, olat, oid, px, lots, liq):
+    """A fill of ``lots`` reported as its size, the double of the exact decimal, as the exchange's
+    string for it parses to."""
+    _report(S, C, OI, HI, HF, olat, M_FILL, oid, liq, px, at_units(lots, CF[CF_SIZE_STEP]))
 
 
 @njit
-def _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, oid, px, qty):
-    """A maker fill of ``qty`` on resting order ``oid``; done when nothing is left of it."""
-    r = oid & (OF.shape[0] - 1)
-    q, OF[r, OF_XFILLED], SF[SF_XPOS], done = maker_fill(
-        OI[oid & (OI.shape[0] - 1), OI_SIDE], OF[r, OF_QTY], OF[r, OF_XFILLED], SF[SF_XPOS], qty
+def _x_fill(S, C, CF, OI, OF, HI, HF, olat, rest, oid, px, lots):
+    """A maker fill of ``lots`` on resting order ``oid``; done when nothing is left of it."""
+    i = oid & (OI.shape[0] - 1)
+    OI[i, OI_XFILLED], S[S_XPOS], done = maker_fill(
+        OI[i, OI_SIDE], OI[i, OI_XLOTS], OI[i, OI_XFILLED], S[S_XPOS], lots
     )
-    _report_fill(S, C, OI, HI, HF, olat, oid, px, q, LIQ_MAKER)
+    _report_fill(S, C, CF, OI, HI, HF, olat, oid, px, lots, LIQ_MAKER)
     if done:
         if drop_id(S, S_NREST, rest, oid):
             OI[oid & (OI.shape[0] - 1), OI_RESTING] = 0
@@ -141,7 +146,7 @@ def _x_rest_rows(S, OF, rest):
 
 
 @njit
-def x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book):
+def x_on_book(S, C, CF, OI, OF, HI, HF, olat, rest, x_book):
     """A new book at the venue: venue.matching.book_fills over the order table, then its maker fills."""
     n = S[S_NREST]
     if n == 0:
@@ -162,24 +167,25 @@ def x_on_book(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book):
     )
     for j in range(k):
         r = rows[j]
-        left = OF[r, OF_QTY] - OF[r, OF_XFILLED]
-        _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], left)
+        left = OI[r, OI_XLOTS] - OI[r, OI_XFILLED]
+        _x_fill(S, C, CF, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], left)
 
 
 @njit(nrt=True)
-def x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside):
+def x_on_trade(S, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside):
     """A public trade at the venue: venue.matching.trade_fills over the order table, then its maker fills."""
     n = S[S_NREST]
     rows = _x_rest_rows(S, OF, rest)
-    fq = np.empty(n)
+    fq = np.empty(n, dtype=np.int64)
     k = trade_fills(
         C[C_FILL_MODEL],
+        CF[CF_SIZE_STEP],
         rows,
         n,
         OI[:, OI_SIDE],
         OF[:, OF_PX],
-        OF[:, OF_QTY],
-        OF[:, OF_XFILLED],
+        OI[:, OI_XLOTS],
+        OI[:, OI_XFILLED],
         OF[:, OF_AHEAD],
         OF[:, OF_TRADED],
         px,
@@ -190,11 +196,11 @@ def x_on_trade(S, SF, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside):
     )
     for j in range(k):
         r = rows[j]
-        _x_fill(S, SF, C, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], fq[j])
+        _x_fill(S, C, CF, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], fq[j])
 
 
 @njit
-def x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, lpx, lq):
+def x_arrive(S, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, lpx, lq):
     """Order ``oid`` (its row of OI/OF filled in) reaches the venue: rejected without a book or as a
     reduce-only order that would not reduce; else acknowledged, its marketable part filled as taker,
     the rest expired (market) or resting in the queue (limit). A full resting list stops the call with
@@ -203,23 +209,28 @@ def x_arrive(S, SF, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, lpx, lq):
         _report(S, C, OI, HI, HF, olat, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
         return
     r = oid & (OF.shape[0] - 1)
-    side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
-    otype = OI[oid & (OI.shape[0] - 1), OI_TYPE]
-    qty = OF[r, OF_QTY]
-    if OI[oid & (OI.shape[0] - 1), OI_REDUCE] != 0 and not _reduce_only_ok(SF[SF_XPOS], side, qty):
+    i = oid & (OI.shape[0] - 1)
+    side = OI[i, OI_SIDE]
+    otype = OI[i, OI_TYPE]
+    step = CF[CF_SIZE_STEP]
+    # the venue takes the order's size in lots once, on arrival
+    lots = np.int64(lots_of(OF[r, OF_QTY], step))
+    OI[i, OI_XLOTS] = lots
+    OI[i, OI_XFILLED] = 0
+    if OI[i, OI_REDUCE] != 0 and not _reduce_only_ok(S[S_XPOS], side, lots):
         _report(S, C, OI, HI, HF, olat, M_REJECT, oid, R_REDUCE_REJECTED, 0.0, 0.0)
         return
     _report(S, C, OI, HI, HF, olat, M_ACK, oid, 0, 0.0, 0.0)
     limit = OF[r, OF_PX] if otype == LIMIT else NAN
-    n, filled, SF[SF_XPOS], outcome = match_arrival(
-        x_book, side, qty, limit, otype == MARKET, SF[SF_XPOS], lpx, lq
+    n, filled, S[S_XPOS], outcome = match_arrival(
+        x_book, side, lots, step, limit, otype == MARKET, S[S_XPOS], lpx, lq
     )
     for j in range(n):
-        _report_fill(S, C, OI, HI, HF, olat, oid, lpx[j], lq[j], LIQ_TAKER)
+        _report_fill(S, C, CF, OI, HI, HF, olat, oid, lpx[j], lq[j], LIQ_TAKER)
     if outcome != AR_REST:
         _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED if outcome == AR_FILLED else R_IOC, 0.0, 0.0)
         return
-    OF[r, OF_XFILLED] = filled
+    OI[i, OI_XFILLED] = filled
     OF[r, OF_AHEAD], OF[r, OF_LEVEL], OF[r, OF_TRADED] = on_new(C[C_FILL_MODEL], x_book, side, OF[r, OF_PX])
     nr = S[S_NREST]
     if nr >= rest.shape[0] >> 1:

@@ -2,6 +2,11 @@
 new book over the resting orders (:func:`book_fills`, with :func:`crossed`), a public trade shared among
 them (:func:`trade_fills`) and a maker fill (:func:`maker_fill`).
 
+Sizes here are whole lots of the contract's size step (:func:`engine.contract.lots_of`): an order's
+size, what it has filled and the venue's position are integers, so fills add up exactly and no decimal
+rounding is emulated. Displayed and traded sizes become lots where an order takes from them; the
+queue models' estimates of what is ahead stay in the book's own units.
+
 ``venue/kernel.py`` calls them over the order table it keeps in the engine's state arrays; the replay's
 compiled loop and :class:`venue.exchange.SimExchange` (the per-event replay, live paper mode, the local
 Bitget exchange) both run that one venue. The loops read the resting orders as columns (side, price,
@@ -11,7 +16,8 @@ size, filled, queue state) indexed by row.
 from __future__ import annotations
 
 from engine.book import ASK_PX, BID_PX, SIDE_BUY, SIDE_SELL, walk_levels
-from engine.exact import pmin, pyround
+from engine.contract import lots_of
+from engine.exact import pmin
 from engine.jit import njit
 from venue.fills import EPS, on_depth, on_trade
 
@@ -20,20 +26,22 @@ AR_REST, AR_FILLED, AR_IOC_EXPIRED = 0, 1, 2
 
 
 @njit
-def match_arrival(bk, side, qty, limit, market, position, lpx, lq) -> tuple[int, float, float, int]:
-    """An order arriving on book ``bk``: the levels it takes (into ``lpx``/``lq``: the book walked up to
-    ``limit``, all of it when NaN), and (levels taken, filled, the venue's position after, AR_*).
-    A market order's unfilled rest expires (IOC); a limit order's rests on the book."""
-    n = walk_levels(bk, side, qty, lpx, lq)
-    filled = 0.0
+def match_arrival(bk, side, lots, step, limit, market, position, lpx, lq) -> tuple[int, int, int, int]:
+    """An order of ``lots`` (lots of ``step``) arriving on book ``bk``: the levels it takes (into
+    ``lpx``/``lq``: the book walked up to ``limit``, all of it when NaN), and (levels taken, lots
+    filled, the venue's position in lots after, AR_*). A market order's unfilled rest expires (IOC); a
+    limit order's rests on the book."""
+    n = walk_levels(bk, side, lots, step, lpx, lq)
+    filled = 0
     for j in range(n):
         px = lpx[j]
         if limit == limit and ((side == SIDE_BUY and px > limit) or (side == SIDE_SELL and px < limit)):
             n = j
             break
-        position += lq[j] if side == SIDE_BUY else -lq[j]
-        filled += lq[j]
-    if qty - filled <= EPS:
+        q = int(lq[j])
+        position += q if side == SIDE_BUY else -q
+        filled += q
+    if filled >= lots:
         return n, filled, position, AR_FILLED
     return n, filled, position, AR_IOC_EXPIRED if market else AR_REST
 
@@ -65,14 +73,16 @@ def book_fills(kind, n_pow, bk, rows, n, side, px, ahead, level, traded, out) ->
 
 
 @njit
-def trade_fills(kind, rows, n, side, px, qty, filled, ahead, traded, tpx, tsz, tside, out, fq) -> int:
+def trade_fills(kind, step, rows, n, side, px, lots, filled, ahead, traded, tpx, tsz, tside, out, fq) -> int:
     """A public trade (``tpx``, ``tsz``, aggressor ``tside``) shared among the resting orders
-    ``rows[:n]`` (rows of the columns ``side`` .. ``traded``, ``filled`` the venue's): in arrival
-    order, each takes what fill model ``kind`` gives it (:func:`venue.fills.on_trade`, its queue state
-    updated in ``ahead``/``traded``) out of what earlier orders left of the trade, until nothing is
-    left. The maker fills go to ``out`` (their rows; may be ``rows``) and ``fq`` (their quantities,
-    before :func:`maker_fill` rounds them), in that order; their count is returned. The caller makes
-    them after the loop, in that order (a fill changes nothing another order's rules read)."""
+    ``rows[:n]`` (rows of the columns ``side`` .. ``traded``; ``lots`` and ``filled`` the venue's, in
+    lots of ``step``): in arrival order, each takes what fill model ``kind`` gives it
+    (:func:`venue.fills.on_trade`, its queue state updated in ``ahead``/``traded``) out of what earlier
+    orders left of the trade, until nothing is left. An order fills the whole lots of what it takes;
+    the part of a lot it took is gone from the trade all the same. The maker fills go to ``out``
+    (their rows; may be ``rows``) and ``fq`` (their lots), in that order; their count is returned. The
+    caller makes them after the loop, in that order (a fill changes nothing another order's rules
+    read)."""
     left = tsz
     k = 0
     for w in range(n):
@@ -80,23 +90,23 @@ def trade_fills(kind, rows, n, side, px, qty, filled, ahead, traded, tpx, tsz, t
             break
         r = rows[w]
         f, ahead[r], traded[r] = on_trade(
-            kind, side[r], px[r], qty[r] - filled[r], ahead[r], traded[r], tpx, tsz, tside
+            kind, side[r], px[r], (lots[r] - filled[r]) * step, ahead[r], traded[r], tpx, tsz, tside
         )
         q = pmin(f, left)
         if q > EPS:
             left -= q
-            out[k] = r
-            fq[k] = q
-            k += 1
+            got = int(lots_of(q, step))
+            if got > 0:
+                out[k] = r
+                fq[k] = got
+                k += 1
     return k
 
 
 @njit
-def maker_fill(side, qty, filled, position, q) -> tuple[float, float, float, bool]:
-    """A maker fill of ``q`` on a resting order of ``qty`` with ``filled`` done: (the fill's quantity,
-    filled after, the venue's position after, whether the order is done). The quantity is rounded to 12
-    digits, so partial fills of sizes like 0.1 + 0.2 sum to the size."""
-    r = pyround(q, 12)
-    filled += r
-    position += r if side == SIDE_BUY else -r
-    return r, filled, position, qty - filled <= EPS
+def maker_fill(side, lots, filled, position, q) -> tuple[int, int, bool]:
+    """A maker fill of ``q`` lots on a resting order of ``lots`` with ``filled`` done: (filled after,
+    the venue's position after, whether the order is done)."""
+    filled += q
+    position += q if side == SIDE_BUY else -q
+    return filled, position, filled >= lots

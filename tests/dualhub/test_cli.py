@@ -30,6 +30,16 @@ def test_user_errors_are_one_line_without_traceback(tmp_path):
     assert r.returncode == 2 and "not a finished run" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_verbose_is_dualhub_detail_not_the_compilers_passes():
+    probe = (
+        "import logging; from dualhub.cli import main; main(['-v', 'replay', '/nonexistent']); "
+        "print(logging.getLogger('live.runner').isEnabledFor(logging.DEBUG), "
+        "logging.getLogger('numba.core.byteflow').isEnabledFor(logging.DEBUG))"
+    )
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert r.stdout.split() == ["True", "False"], r.stderr[-2000:]
+
+
 def test_bad_model_is_a_clear_error(tmp_path):
     r = dualhub("simulate", "--out", str(tmp_path / "s"), "--minutes", "0.3", "--seed", "2")
     assert r.returncode == 0, r.stderr

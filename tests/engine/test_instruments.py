@@ -63,6 +63,7 @@ class _Run:
                 entry_latency=ConstantLatency(1_000_000),
                 response_latency=ConstantLatency(1_000_000),
                 cancel_latency=ConstantLatency(1_000_000),
+                size_step=step,
             )
             cfg = EngineConfig(
                 symbol=sym,

@@ -116,10 +116,22 @@ def test_check_is_pure():
 
 def test_walk_book_consumes_levels_in_order():
     book = make_book(100.0, 100.1, size=0.01)
-    assert walk_book(book, "buy", 0.025) == [(100.1, 0.01), (100.2, 0.01), (100.3, 0.005)]
-    assert walk_book(book, "sell", 0.01) == [(100.0, 0.01)]
+    assert walk_book(book, "buy", 0.025, 0.001) == [(100.1, 0.01), (100.2, 0.01), (100.3, 0.005)]
+    assert walk_book(book, "sell", 0.01, 0.001) == [(100.0, 0.01)]
     short = make_book(100.0, 100.1, size=0.01, levels=2)
-    assert sum(q for _, q in walk_book(short, "buy", 1.0)) == pytest.approx(0.02)
+    assert sum(q for _, q in walk_book(short, "buy", 1.0, 0.001)) == pytest.approx(0.02)
+
+
+def test_the_walk_takes_whole_lots_and_passes_over_a_level_of_less_than_one():
+    book = make_book(100.0, 100.1, size=0.01)
+    odd = replace(book, ask_sz=(0.0149, 0.0004, 0.003, *book.ask_sz[3:]))
+    # 14 lots of 0.001 in 0.0149; none in 0.0004; 0.003 / 0.001 is 2.9999999999999996, still 3 lots
+    assert walk_book(odd, "buy", 0.02, 0.001) == [(100.1, 0.014), (100.3, 0.003), (100.4, 0.003)]
+    # the same book in lots of 0.01: one lot at the top, the next two levels give nothing
+    assert walk_book(odd, "buy", 0.02, 0.01) == [(100.1, 0.01), (100.4, 0.01)]
+    # takes of sizes like 0.1 and 0.2 add up to the order: integers of lots, no decimal rounding
+    tenths = replace(book, ask_sz=(0.1, 0.2, *book.ask_sz[2:]))
+    assert walk_book(tenths, "buy", 0.3, 0.001) == [(100.1, 0.1), (100.2, 0.2)]
 
 
 def test_limits_are_validated():
@@ -207,11 +219,11 @@ def test_reduce_only_is_checked_not_trusted(position, side, qty, ok):
 def test_walk_book_stops_at_the_first_level_that_is_not_real():
     book = make_book(100.0, 100.1, size=0.01)
     nan_size = replace(book, ask_sz=(0.01, math.nan, *book.ask_sz[2:]))
-    assert walk_book(nan_size, "buy", 1.0) == [(100.1, 0.01)]  # a NaN size was unlimited liquidity
+    assert walk_book(nan_size, "buy", 1.0, 0.001) == [(100.1, 0.01)]  # a NaN size was unlimited liquidity
     negative = replace(book, ask_sz=(0.01, -5.0, *book.ask_sz[2:]))
-    assert walk_book(negative, "buy", 1.0) == [(100.1, 0.01)]
+    assert walk_book(negative, "buy", 1.0, 0.001) == [(100.1, 0.01)]
     backwards = replace(book, ask_px=(100.1, 100.0, *book.ask_px[2:]))
-    assert walk_book(backwards, "buy", 1.0) == [(100.1, 0.01)]
+    assert walk_book(backwards, "buy", 1.0, 0.001) == [(100.1, 0.01)]
     # so a market order that needs those levels is refused for slippage, not filled on fiction
     assert check(LIMITS, RiskState(), market(qty=0.015), nan_size, NOW) == (False, "max_slippage")
 

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.book import tradable
+from engine.contract import ContractConfig
 from engine.events import BookSnapshot
 from engine.kev.command import (
     HEDGE_RATIO_RANGE,
@@ -234,6 +235,7 @@ def _kernel_check(limits: RiskLimits, state: RiskState, it: OrderIntent, book: B
         (K.CF_PF_MAX_DELTA, limits.portfolio_max_net_delta_usd),
         (K.CF_PF_MAX_GROSS, limits.portfolio_max_gross_usd),
         (K.CF_PF_LOSS_STOP, limits.portfolio_loss_stop_usd),
+        (K.CF_SIZE_STEP, ContractConfig().size_step),  # the step check() walks the book in
     ):
         CF[i] = v
     SF = np.zeros(K.SF_SIZE, dtype=np.float64)

@@ -278,6 +278,11 @@ def test_gateway_dress_rehearsal_cli_kill_by_signal_and_no_secrets(frames, tmp_p
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
+        # the engine compiles before it subscribes: on a fresh checkout (no numba cache) that is minutes
+        deadline = time.monotonic() + 300
+        while ex.public.connections == 0:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
         deadline = time.monotonic() + 30
         while sum(1 for o in list(ex.orders.values()) if o.status == "filled") < 3:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

@@ -36,7 +36,11 @@ class _Sim:
         self.clock = ReplayClock(0)
         zero = ConstantLatency(0)
         self.ex = SimExchange(
-            self.clock, fill_model=FILL_MODELS[model](), entry_latency=zero, response_latency=zero
+            self.clock,
+            fill_model=FILL_MODELS[model](),
+            entry_latency=zero,
+            response_latency=zero,
+            size_step=0.001,
         )
         self.ex.engine = _Sink()
 

@@ -168,22 +168,21 @@ def test_the_compiled_level_lookup_reads_the_kernel_layout():
 def test_marketable_limit_takes_up_to_its_price_and_rests_the_rest():
     bk = as_levels(make_book(100.0, 100.1, size=0.01))
     lpx, lq = np.empty(15), np.empty(15)
-    n, filled, pos, out = match_arrival(bk, SIDE_BUY, 0.05, 100.2, False, 1.0, lpx, lq)
-    assert (n, list(lpx[:n]), filled, pos, out) == (2, [100.1, 100.2], 0.02, 1.02, AR_REST)
-    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 0.05, math.nan, True, 0.0, lpx, lq)
-    assert (n, filled, pos, out) == (5, 0.05, -0.05, AR_FILLED)
-    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 0.5, math.nan, True, 0.0, lpx, lq)
-    assert (n, out) == (15, AR_IOC_EXPIRED) and filled == pytest.approx(0.15)
-    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 0.5, 100.5, False, 0.0, lpx, lq)  # not marketable
-    assert (n, filled, pos, out) == (0, 0.0, 0.0, AR_REST)
+    # sizes in lots of 0.001: the book shows 10 at each level
+    n, filled, pos, out = match_arrival(bk, SIDE_BUY, 50, 0.001, 100.2, False, 1000, lpx, lq)
+    got = (n, list(lpx[:n]), list(lq[:n]), filled, pos, out)
+    assert got == (2, [100.1, 100.2], [10, 10], 20, 1020, AR_REST)
+    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 50, 0.001, math.nan, True, 0, lpx, lq)
+    assert (n, filled, pos, out) == (5, 50, -50, AR_FILLED)
+    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 500, 0.001, math.nan, True, 0, lpx, lq)
+    assert (n, filled, pos, out) == (15, 150, -150, AR_IOC_EXPIRED)
+    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 500, 0.001, 100.5, False, 0, lpx, lq)  # not marketable
+    assert (n, filled, pos, out) == (0, 0, 0, AR_REST)
 
 
-def test_maker_fills_are_rounded_to_12_digits_as_python_rounds():
-    assert maker_fill(SIDE_BUY, 0.3, 0.0, 0.0, 0.1 + 0.2) == (0.3, 0.3, 0.3, True)
-    assert maker_fill(SIDE_SELL, 0.5, 0.1, 1.0, 0.1 + 0.2) == (0.3, 0.4, 0.7, False)
-    big = 5000.000000000001  # 5e15 units of 1e-12: past 2**52, still CPython's round
-    r = round(big, 12)
-    assert maker_fill(SIDE_SELL, 1e4, 0.0, 0.0, big) == (r, r, -r, False)
+def test_maker_fills_count_whole_lots():
+    assert maker_fill(SIDE_BUY, 300, 0, 0, 300) == (300, 300, True)
+    assert maker_fill(SIDE_SELL, 500, 100, 1000, 300) == (400, 700, False)
 
 
 class _Sink:
@@ -202,6 +201,7 @@ def _exchange(model="queue_power2"):
         entry_latency=ConstantLatency(10),
         response_latency=ConstantLatency(10),
         cancel_latency=ConstantLatency(30),
+        size_step=0.001,
     )
     ex.engine = _Sink()
     return clock, ex

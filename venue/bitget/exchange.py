@@ -301,6 +301,7 @@ class LocalExchange:
             entry_latency=ConstantLatency(0),
             response_latency=ConstantLatency(0),
             cancel_latency=ConstantLatency(0),
+            size_step=float(spec.size_step),
         )
         sim.engine = _Reports(self, spec.symbol)
         return _Venue(spec.symbol, spec, clock, sim)
