@@ -64,7 +64,6 @@ class SimExchange:
         self.CF = np.zeros(K.CF_SIZE)
         self.C[K.C_FILL_MODEL] = fill_model.kind
         self.CF[K.CF_QUEUE_N] = fill_model.n
-        self.size_step = size_step
         self.CF[K.CF_SIZE_STEP] = size_step  # the venue fills in whole lots of it
         self._lpx = np.empty(LEVELS)
         self._lq = np.empty(LEVELS)
@@ -133,7 +132,7 @@ class SimExchange:
     def position(self) -> float:
         """The account's position as the venue knows it (fills as they happen, before any report
         latency): what a reduce-only order is checked against."""
-        return at_units(self.S[K.S_XPOS], self.size_step)
+        return at_units(self.S[K.S_XPOS], self.CF[K.CF_SIZE_STEP])
 
     @property
     def resting(self) -> bool:
@@ -152,7 +151,7 @@ class SimExchange:
                     "side": "buy" if oi[K.OI_SIDE] == K.BUY else "sell",
                     "px": float(of[K.OF_PX]),
                     "qty": float(of[K.OF_QTY]),
-                    "filled": at_units(oi[K.OI_XFILLED], self.size_step),
+                    "filled": at_units(oi[K.OI_XFILLED], self.CF[K.CF_SIZE_STEP]),
                     "ahead": float(of[K.OF_AHEAD]),
                     "level_qty": float(of[K.OF_LEVEL]),
                     "traded_at_px": float(of[K.OF_TRADED]),
