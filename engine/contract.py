@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import numpy as np
 
+from engine.errors import DualhubError
 from engine.exact import POW10, pyround
 from engine.jit import njit
 
@@ -53,6 +54,17 @@ def lots_of(q: float, step: float) -> float:
     if not 0.0 < q < math.inf:
         return 0.0
     return np.floor(q / step + 1e-9)
+
+
+def step_parts(step: float) -> tuple[int, int]:
+    """A size step as ``(num, decimals)``, ``step == num * 10**-decimals`` (its shortest decimal, as
+    :func:`grid` reads it): the core counts sizes in whole lots of it (engine.kernel.size_of)."""
+    d = Decimal(repr(step)) if math.isfinite(step) and step > 0 else Decimal(0)
+    sign, digits, exp = d.normalize().as_tuple()
+    if d <= 0 or not isinstance(exp, int) or exp < -12:
+        raise DualhubError(f"size step {step!r} is not a positive decimal of at most 12 decimals")
+    num = int("".join(map(str, digits)))
+    return (num * 10**exp, 0) if exp > 0 else (num, -exp)
 
 
 @njit

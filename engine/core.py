@@ -243,8 +243,14 @@ class Engine:
 
     @property
     def portfolio(self) -> PortfolioView:
-        S = self.core.S
-        return PortfolioView(*(Decimal(int(S[i])).scaleb(-12) for i in (K.S_POS, K.S_CASH, K.S_FEES)))
+        S, C = self.core.S, self.core.C
+        lot_units = int(C[K.C_STEP_NUM]) * 10 ** (12 - int(C[K.C_STEP_DEC]))  # one lot in 1e-12 base units
+        units = (
+            int(S[K.S_POS]) * lot_units,
+            (int(S[K.S_CASH_HI]) << 32) + int(S[K.S_CASH_LO]),
+            (int(S[K.S_FEES_HI]) << 32) + int(S[K.S_FEES_LO]),
+        )
+        return PortfolioView(*(Decimal(u).scaleb(-12) for u in units))
 
     @property
     def kill_switch(self) -> bool:
@@ -285,7 +291,7 @@ class Engine:
         S[K.S_ENG_ROW] = 1
         S[K.S_ENG_BOOK] = 1
         if self.pf is not None:  # the others' risk rules read this instrument at its new mark
-            K.pf_mark(self.pf.PF, self.inst, S, self.core.eng_book)
+            K.pf_mark(self.pf.PF, self.inst, S, self.core.C, self.core.eng_book)
             if self.pf.pairs:
                 self.pf.observe(self.inst, book.ts_recv)
         return self.labeler(book)
@@ -505,7 +511,7 @@ class Engine:
         pf = self.pf
         if pf is not None:
             K.tag_rows(c.OUTI, c.NOUT, self._before, self.inst)
-            K.pf_leave(pf.PI, pf.PF, self.inst, S, c.eng_book)
+            K.pf_leave(pf.PI, pf.PF, self.inst, S, c.C, c.eng_book)
         sent: list[int] = []
         n = int(c.NOUT[K.O_ORDER])
         if n > self._sent:
@@ -536,7 +542,7 @@ class Engine:
             "buy" if oi[K.OI_SIDE] == K.BUY else "sell",
             "limit" if oi[K.OI_TYPE] == K.LIMIT else "market",
             float(of[K.OF_PX]),
-            float(of[K.OF_QTY]),
+            K.size_of(oi[K.OI_LOTS], c.C),
             bool(oi[K.OI_REDUCE]),
             None if math.isnan(slip) else slip,
             SOURCES[int(oi[K.OI_SOURCE])],

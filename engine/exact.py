@@ -87,3 +87,18 @@ def div_half_even(a: int, d: int) -> int:
     if twice > d or (twice == d and q % 2 != 0):
         q += 1
     return q
+
+
+@njit(inline="always")
+def mul_div_half_even(a: int, m: int, d: int) -> int:
+    """``a * m / d`` rounded half-even (d > 0, ``|m| * d < 2**63``), as :func:`div_half_even` of the
+    product, also where ``a * m`` passes int64 and the quotient does not: ``a = q * d + r`` with
+    ``0 <= r < d``, so the quotient is ``q * m`` plus ``r * m / d``, whose product is below ``|m| * d``."""
+    q = a // d
+    n = (a - q * d) * m
+    k = n // d
+    base = q * m + k
+    twice = 2 * (n - k * d)
+    if twice > d or (twice == d and base % 2 != 0):
+        base += 1
+    return base

@@ -230,7 +230,7 @@ def hub_context(pf: HubState, cores: list[Any], source: int, rid: int) -> KevCon
         insts.append(
             InstrumentState(
                 symbol=pf.symbols[i],
-                position=float(core.S[K.S_POS]) / 1e12,
+                position=K.position(core.S, core.C),
                 mark=float(pf.PF[i, K.PF_MARK]),
                 spread=round(spread, 10),
                 labels=tuple(LABEL_NAMES[c] for c in K.latest_labels(pf.LR, i)),

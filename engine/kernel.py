@@ -31,7 +31,7 @@ import numpy as np
 
 from engine.book import imbalance_levels
 from engine.contract import round_exact, round_to_step
-from engine.exact import POW10, div_half_even, pmin, pyround  # noqa: F401 - tests call K.pyround
+from engine.exact import POW10, div_half_even, mul_div_half_even, pmin, pyround  # noqa: F401 - tests call K.pyround
 from engine.jit import njit
 from engine.kev.command import TARGET_POSITION_ABS_MAX, within
 from engine.kev.pairs import pair_update
@@ -127,10 +127,10 @@ U_NONE, U_PX_DECIMALS, U_OVERFLOW, U_TABLE, U_LOOK_AHEAD, U_SIZE = 0, 1, 2, 3, 4
 UNSUPPORTED_TEXT = (
     "",
     "a fill price that is not a short decimal",
-    "money beyond int64",
+    "money or a position beyond what the core's integers hold",
     "more working orders or queued Kev requests than the kernel's tables hold",
     "a label asked for before its book was received",
-    "a fill size beyond what sizes in units of 1e-12 hold exactly (1000 base units)",
+    "a fill size that is not whole lots of the contract's size step",
 )
 
 # ---------------------------------------------------------------- state layout
@@ -161,8 +161,8 @@ UNSUPPORTED_TEXT = (
     S_KQ_N,
     S_INFLIGHT_N,
     S_POS,
-    S_CASH,
-    S_FEES,
+    S_CASH_HI,
+    S_FEES_HI,
     S_LAG_USED,
     S_LAG_N,
     S_WHY,
@@ -176,7 +176,10 @@ S_OLAT_USED = 35  # 35..37: how many of each row of olat (OLAT_*) the run has us
 S_KEV_ASKED = 38  # Kev requests started and not answered yet (C_KEV_ASK): they wait in RI_OK == -1
 S_SENT = 39  # order rows of the output buffer the replay loop has handed to its simulated venue
 S_XPOS = 40  # the position as the simulated venue knows it, in lots (SimExchange.position)
-S_SIZE = 41
+# Cash and fees (integers of 1e-12 USDT) as two words each, HI * 2**32 + LO with 0 <= LO < 2**32 (the
+# risk rules read money so): an int64 of 1e-12 would hold only 9.2 million USDT
+S_CASH_LO, S_FEES_LO = 41, 42
+S_SIZE = 43
 # SF (float64 scalars)
 SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
 # 3..5: the rest of the portfolio (the other instruments one engine trades), written before each step
@@ -205,7 +208,9 @@ SF_SIZE = 6
     C_MAKER_EXP,
     C_TAKER_NUM,
     C_TAKER_EXP,
-) = range(20)
+    C_STEP_NUM,  # the size step as the exact fraction C_STEP_NUM / 10**C_STEP_DEC (its shortest decimal):
+    C_STEP_DEC,  # the core counts sizes and the position in whole lots of it (engine.state sets them)
+) = range(22)
 # 1: the caller owns the clock (engine/core.py: live mode, the per-event replay): Kev timeouts are its
 # timers (step_timer), the heap holds nothing. 0: the replay loop, whose heap holds every timer.
 C_EXTERNAL = 27
@@ -240,13 +245,14 @@ CF_SIZE = CF_PARAMS + registry.MAX_PARAMS
 OI_SIDE, OI_TYPE, OI_SENT, OI_STATUS, OI_REDUCE, OI_SOURCE = 0, 1, 2, 3, 4, 5
 OI_OID, OI_REFS, OI_RESTING = 6, 7, 8  # the slot's order, its pending timers, resting at the exchange
 OI_AGE = 9  # the age of the Kev advice the order acts on (its risk row's advice_age; -1: none)
-# the simulated venue's view of the order, in whole lots of the size step (venue/matching.py): its size
-# as the venue took it on arrival, and what the venue has filled of it
-OI_XLOTS, OI_XFILLED = 10, 11
-OI_COLS = 12
+# The order's size in whole lots of the size step (the risk gateway passes only whole lots), what the
+# engine has been told is filled of it, and what the simulated venue has filled (venue/matching.py: the
+# reports of that reach the engine a response latency later)
+OI_LOTS, OI_FILLED, OI_XFILLED = 10, 11, 12
+OI_COLS = 13
 # OF_AHEAD .. OF_TRADED: the venue's queue-model state of a resting order (venue/fills.py)
-OF_PX, OF_QTY, OF_FILLED, OF_SLIP, OF_AHEAD, OF_LEVEL, OF_TRADED = 0, 1, 2, 3, 4, 5, 6
-OF_COLS = 7
+OF_PX, OF_SLIP, OF_AHEAD, OF_LEVEL, OF_TRADED = 0, 1, 2, 3, 4
+OF_COLS = 5
 # Per-request table (row = request id): RI / RF
 RI_TS, RI_LABEL, RI_LABEL_SEQ, RI_ACTION, RI_WHY, RI_STARTED = 0, 1, 2, 3, 4, 5
 # RI_OK: the reply is a valid command (1), is not (0), is not there yet (-1); RI_DONE_SEQ: its timer's seq
@@ -406,16 +412,56 @@ def _px_units(px, dec):
     return np.int64(n)
 
 
+@njit(inline="always")
+def _add_words(S, hi, lo, v):
+    """``S[hi] * 2**32 + S[lo] += v`` (``|v| < 2**62``), keeping ``0 <= S[lo] < 2**32``: ``v >> 32``
+    floors, so ``v == (v >> 32) * 2**32 + (v & 0xFFFFFFFF)`` for a negative ``v`` too."""
+    w = S[lo] + (v & 0xFFFFFFFF)
+    S[hi] += (v >> 32) + (w >> 32)
+    S[lo] = w & 0xFFFFFFFF
+
+
+@njit(inline="always")
+def usdt(hi, lo):
+    """Money kept as two words (integers of 1e-12 USDT), in USDT as a float."""
+    return (hi * 4294967296.0 + lo) / 1e12
+
+
+@njit(inline="always")
+def size_of(lots, C):
+    """The size of ``lots`` whole lots of the size step: the double nearest the exact decimal, as
+    engine.contract.at_units gives it (one division of exact integers rounds once)."""
+    return float(lots * C[C_STEP_NUM]) / POW10[C[C_STEP_DEC]]
+
+
 @njit
-def _qty_units(q):
-    """``Decimal(repr(q))`` as an integer of 1e-12, for sizes rounded to 12 digits (or shorter)."""
-    v = q * 1e12
-    if not (abs(v) < 1e15):
+def _lots(q, C):
+    """The size ``q`` as whole lots of the size step, or -1 << 62 when it is not exactly the size of
+    some (the double size_of gives) or more than 2**52 of them."""
+    n = np.rint(q * POW10[C[C_STEP_DEC]] / C[C_STEP_NUM])
+    if not abs(n) < 2.0**52:
         return -(1 << 62)
-    n = np.rint(v)
-    if n / 1e12 != q:
+    k = np.int64(n)
+    if size_of(k, C) != q:
         return -(1 << 62)
-    return np.int64(n)
+    return k
+
+
+@njit
+def position_words(S, C):
+    """The position in integers of 1e-12 (lots x step), as the risk rules' two words: ``hi * 2**32 +
+    lo``, ``0 <= lo < 2**32``. Exact: _on_fill keeps ``|lots x C_STEP_NUM| < 2**52`` and ``m`` (the
+    1e-12 units of one C_STEP_NUM) is below 2**40, so every product below stays within int64."""
+    x = S[S_POS] * C[C_STEP_NUM]
+    m = np.int64(10) ** (12 - C[C_STEP_DEC])
+    xh = x >> 32  # x = xh * 2**32 + xl, 0 <= xl < 2**32 (xh floors for a negative x)
+    xl = x & 0xFFFFFFFF
+    mh = m >> 20  # m = mh * 2**20 + ml: xl * m itself would pass 2**63
+    ml = m & 0xFFFFF
+    a = xl * ml
+    b = xl * mh  # b * 2**20 = (b >> 12) * 2**32 + (b & 0xFFF) * 2**20
+    lo = a + ((b & 0xFFF) << 20)
+    return xh * m + (b >> 12) + (lo >> 32), lo & 0xFFFFFFFF
 
 
 @njit
@@ -460,7 +506,7 @@ def _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight):
 
 
 @njit
-def _order_event(OUTI, OUTF, NOUT, OI, OF, oid, kind, ts_event, ts_recv, reason):
+def _order_event(OUTI, OUTF, NOUT, C, OI, OF, oid, kind, ts_event, ts_recv, reason):
     k = NOUT[O_ORDER]
     NOUT[O_ORDER] = k + 1
     OUTI[O_ORDER, k, 0] = ts_event
@@ -471,7 +517,7 @@ def _order_event(OUTI, OUTF, NOUT, OI, OF, oid, kind, ts_event, ts_recv, reason)
     OUTI[O_ORDER, k, 5] = OI[oid & (OI.shape[0] - 1), OI_TYPE]
     OUTI[O_ORDER, k, 6] = reason
     OUTF[O_ORDER, k, 0] = OF[oid & (OF.shape[0] - 1), OF_PX]
-    OUTF[O_ORDER, k, 1] = OF[oid & (OF.shape[0] - 1), OF_QTY]
+    OUTF[O_ORDER, k, 1] = size_of(OI[oid & (OI.shape[0] - 1), OI_LOTS], C)
 
 
 @njit
@@ -512,9 +558,10 @@ def _risk_row(OUTI, OUTF, NOUT, now, oid, intent, side, otype, source, age, ok, 
     OUTF[O_RISK, k, 1] = qty
 
 
-@njit
-def _position(S):
-    return S[S_POS] / 1e12
+@njit(inline="always")
+def position(S, C):
+    """The engine's position in base units (its whole lots of the size step, as size_of gives them)."""
+    return size_of(S[S_POS], C)
 
 
 @njit
@@ -543,15 +590,15 @@ def _check_new(
 ):
     """engine.risk.verdict, with the configured rules, on the engine's state for a new order; returns
     the reason code (R_OK when accepted)."""
-    # open quantities of working orders, summed in insertion order as _build_risk_state does
-    buy = 0.0
-    sell = 0.0
+    # the lots working orders have still open, by side
+    buy = 0
+    sell = 0
     for w in range(S[S_NWORK]):
-        o = work[w]
-        if OI[o & (OI.shape[0] - 1), OI_SIDE] == BUY:
-            buy += OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_FILLED]
+        o = work[w] & (OI.shape[0] - 1)
+        if OI[o, OI_SIDE] == BUY:
+            buy += OI[o, OI_LOTS] - OI[o, OI_FILLED]
         else:
-            sell += OF[o & (OF.shape[0] - 1), OF_QTY] - OF[o & (OF.shape[0] - 1), OF_FILLED]
+            sell += OI[o, OI_LOTS] - OI[o, OI_FILLED]
     # accepted new orders in the rate window: the ring drops the older ones (now never goes back)
     cutoff = now - RATE_WINDOW_NS
     head = S[S_RECENT_HEAD]
@@ -577,15 +624,16 @@ def _check_new(
     )
     book_ts = b_loc[S[S_ENG_ROW]] if has_book else 0  # not inline in the call: numba reads no such call
     # position and cash (integers of 1e-12) as the rules' two words each: hi * 2**32 + lo
+    pos_hi, pos_lo = position_words(S, C)
     return verdict(
         lim,
         C[C_RISK_RULES : C_RISK_RULES + N_RULES],
-        S[S_POS] >> 32,
-        S[S_POS] & 0xFFFFFFFF,
-        S[S_CASH] >> 32,
-        S[S_CASH] & 0xFFFFFFFF,
-        buy,
-        sell,
+        pos_hi,
+        pos_lo,
+        S[S_CASH_HI],
+        S[S_CASH_LO],
+        size_of(buy, C),
+        size_of(sell, C),
         tail - head,
         S[S_KILL] != 0,
         side,
@@ -675,6 +723,10 @@ def _send_new(
     _risk_row(OUTI, OUTF, NOUT, now, oid, INTENT_NEW, side, otype, source, age, ok, reason, px, qty)
     if not ok:
         return
+    lots = _lots(qty, C)
+    if lots < 0:  # unreachable: the gateway's well_formed passes only whole lots
+        S[S_WHY] = U_SIZE
+        return
     tail = S[S_RECENT_TAIL]
     if tail - S[S_RECENT_HEAD] >= recent.shape[0]:
         S[S_WHY] = U_TABLE
@@ -692,8 +744,8 @@ def _send_new(
     OI[oid & (OI.shape[0] - 1), OI_SOURCE] = source
     OI[oid & (OI.shape[0] - 1), OI_AGE] = age
     OF[oid & (OF.shape[0] - 1), OF_PX] = px
-    OF[oid & (OF.shape[0] - 1), OF_QTY] = qty
-    OF[oid & (OF.shape[0] - 1), OF_FILLED] = 0.0
+    OI[oid & (OI.shape[0] - 1), OI_LOTS] = lots
+    OI[oid & (OI.shape[0] - 1), OI_FILLED] = 0
     OF[oid & (OF.shape[0] - 1), OF_SLIP] = slip
     nw = S[S_NWORK]
     if nw >= work.shape[0] // 3:  # unreachable: _headroom grows the list first
@@ -701,7 +753,7 @@ def _send_new(
         return
     work[nw] = oid
     S[S_NWORK] = nw + 1
-    _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_NEW, now, now, R_EMPTY)
+    _order_event(OUTI, OUTF, NOUT, C, OI, OF, oid, OK_NEW, now, now, R_EMPTY)
     _span(OUTI, NOUT, SPAN_TICK_TO_ORDER, REF_ORDER, oid, origin, now)
 
 
@@ -722,10 +774,10 @@ def _send_cancel(S, C, OI, OF, HI, HF, olat, oid, OUTI, OUTF, NOUT):
         True,
         R_OK,
         OF[oid & (OF.shape[0] - 1), OF_PX],
-        OF[oid & (OF.shape[0] - 1), OF_QTY] - OF[oid & (OF.shape[0] - 1), OF_FILLED],
+        size_of(OI[oid & (OI.shape[0] - 1), OI_LOTS] - OI[oid & (OI.shape[0] - 1), OI_FILLED], C),
     )
     OI[oid & (OI.shape[0] - 1), OI_STATUS] = PENDING_CANCEL
-    _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_CANCEL, now, now, R_EMPTY)
+    _order_event(OUTI, OUTF, NOUT, C, OI, OF, oid, OK_CANCEL, now, now, R_EMPTY)
 
 
 @njit
@@ -809,7 +861,7 @@ def _requote(
         tick,
         qq,
         S[S_LAST_LABEL_NAME],
-        _position(S),
+        position(S, C),
         _target(S, SF, CF, now),
         CF[CF_MAX_POSITION],
         CF[CF_PARAMS:],
@@ -948,7 +1000,7 @@ def _rebalance(
         return
     side, qty = rebalance_order(
         _target(S, SF, CF, now),
-        _position(S),
+        position(S, C),
         CF[CF_QUOTE_QTY],
         CF[CF_MAX_ORDER_QTY],
         CF[CF_SIZE_STEP],
@@ -1161,7 +1213,7 @@ def _offer_kev(
     RF[rid & (RF.shape[0] - 1), RF_MID] = mid
     RF[rid & (RF.shape[0] - 1), RF_SPREAD] = spread
     RF[rid & (RF.shape[0] - 1), RF_IMB] = imb
-    RF[rid & (RF.shape[0] - 1), RF_POS] = _position(S)
+    RF[rid & (RF.shape[0] - 1), RF_POS] = position(S, C)
     RF[rid & (RF.shape[0] - 1), RF_MAXPOS] = CF[CF_MAX_POSITION]
     # KevQueue.offer
     n = S[S_KQ_N]
@@ -1590,14 +1642,14 @@ def _engine_report(
     if m == M_ACK:
         if OI[oid & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW:
             OI[oid & (OI.shape[0] - 1), OI_STATUS] = LIVE
-        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_ACK, ts_event, now, R_EMPTY)
+        _order_event(OUTI, OUTF, NOUT, C, OI, OF, oid, OK_ACK, ts_event, now, R_EMPTY)
         _span(OUTI, NOUT, SPAN_ORDER_ENTRY, REF_ORDER, oid, OI[oid & (OI.shape[0] - 1), OI_SENT], now)
     elif m == M_REJECT:
         _finish(S, OI, work, oid)
-        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_REJECT, ts_event, now, arg)
+        _order_event(OUTI, OUTF, NOUT, C, OI, OF, oid, OK_REJECT, ts_event, now, arg)
     elif m == M_CANCEL_ACK:
         _finish(S, OI, work, oid)
-        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_CANCEL_ACK, ts_event, now, R_EMPTY)
+        _order_event(OUTI, OUTF, NOUT, C, OI, OF, oid, OK_CANCEL_ACK, ts_event, now, R_EMPTY)
         _requote(
             S,
             SF,
@@ -1622,7 +1674,7 @@ def _engine_report(
         )
     elif m == M_DONE:
         _finish(S, OI, work, oid)
-        _order_event(OUTI, OUTF, NOUT, OI, OF, oid, OK_DONE, ts_event, now, arg)
+        _order_event(OUTI, OUTF, NOUT, C, OI, OF, oid, OK_DONE, ts_event, now, arg)
     else:  # M_FILL: px, qty in tmpf, liquidity in arg
         _on_fill(S, C, OI, OF, oid, tmpf[0], tmpf[1], arg, ts_event, now, OUTI, OUTF, NOUT)
 
@@ -1631,35 +1683,38 @@ def _engine_report(
 def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
     side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     pu = _px_units(px, C[C_PX_DECIMALS])
-    qu = _qty_units(qty)
+    lots = _lots(qty, C)
     if pu == -(1 << 62):
         S[S_WHY] = U_PX_DECIMALS
         return
-    if qu == -(1 << 62):
+    if lots < 0:
         S[S_WHY] = U_SIZE
         return
-    if pu != 0 and abs(qu) > (1 << 62) // abs(pu):
+    # price x size exactly, pu x lots x C_STEP_NUM in 10**-(price decimals + step decimals) USDT, then
+    # in the integers of 1e-12 USDT that money is kept in (half-even past 12 decimals)
+    e = 12 - C[C_PX_DECIMALS] - C[C_STEP_DEC]
+    scale = np.int64(10) ** abs(e)
+    if lots > (1 << 62) // max(abs(pu), 1) // C[C_STEP_NUM] // (scale if e > 0 else 1):
         S[S_WHY] = U_OVERFLOW
         return
-    notional = div_half_even(pu * qu, np.int64(10) ** C[C_PX_DECIMALS])
+    x = pu * lots * C[C_STEP_NUM]
+    notional = x * scale if e >= 0 else div_half_even(x, scale)
     num = C[C_MAKER_NUM] if liq == LIQ_MAKER else C[C_TAKER_NUM]
     ex = C[C_MAKER_EXP] if liq == LIQ_MAKER else C[C_TAKER_EXP]
-    if num != 0 and abs(notional) > (1 << 62) // abs(num):
-        S[S_WHY] = U_OVERFLOW
-        return
-    fee = div_half_even(notional * num, np.int64(10) ** ex)
+    fee = mul_div_half_even(notional, num, np.int64(10) ** ex)  # |rate| < 1: no overflow
     if side == BUY:
-        S[S_POS] += qu
-        S[S_CASH] -= notional
+        S[S_POS] += lots
+        _add_words(S, S_CASH_HI, S_CASH_LO, -notional)
     else:
-        S[S_POS] -= qu
-        S[S_CASH] += notional
-    S[S_CASH] -= fee
-    S[S_FEES] += fee
-    if abs(S[S_CASH]) > (1 << 61) or abs(S[S_POS]) > (1 << 52):
+        S[S_POS] -= lots
+        _add_words(S, S_CASH_HI, S_CASH_LO, notional)
+    _add_words(S, S_CASH_HI, S_CASH_LO, -fee)
+    _add_words(S, S_FEES_HI, S_FEES_LO, fee)
+    # the risk rules read high words up to 2**53; position_words needs |lots x C_STEP_NUM| < 2**52
+    if abs(S[S_CASH_HI]) > 1 << 53 or S[S_FEES_HI] > 1 << 53 or abs(S[S_POS]) > (1 << 52) // C[C_STEP_NUM]:
         S[S_WHY] = U_OVERFLOW
         return
-    OF[oid & (OF.shape[0] - 1), OF_FILLED] += qty
+    OI[oid & (OI.shape[0] - 1), OI_FILLED] += lots
     k = NOUT[O_FILL]
     NOUT[O_FILL] = k + 1
     OUTI[O_FILL, k, 0] = ts_event
@@ -1671,7 +1726,7 @@ def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
     OUTI[O_FILL, k, 6] = fee
     OUTF[O_FILL, k, 0] = px
     OUTF[O_FILL, k, 1] = qty
-    OUTF[O_FILL, k, 2] = _position(S)
+    OUTF[O_FILL, k, 2] = position(S, C)
 
 
 # ---------------------------------------------------------------- one event at a time
@@ -1773,14 +1828,14 @@ def step_flatten(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_l
     caller leaves room for 100 orders in the working list first."""
     lpx, lq, _ = _scratch_f(SCR)
     mask = OI.shape[0] - 1
-    pos = _position(S)
+    pos = position(S, C)
     side = SELL if pos > 0 else BUY
-    covered = 0.0  # summed in working-list order, as the risk state sums open quantities
+    covered = 0  # lots
     for w in range(S[S_NWORK]):
         o = work[w] & mask
         if OI[o, OI_TYPE] == MARKET and OI[o, OI_SIDE] == side:
-            covered += OF[o, OF_QTY] - OF[o, OF_FILLED]
-    left = abs(pos) - covered
+            covered += OI[o, OI_LOTS] - OI[o, OI_FILLED]
+    left = size_of(abs(S[S_POS]) - covered, C)
     now = S[S_NOW]
     sent = 0
     while sent < 100:
@@ -1811,8 +1866,8 @@ def step_warm(S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc, SCR):
     now = S[S_NOW]
     qq = CF[CF_QUOTE_QTY]
     want_buy, bid_px, want_sell, ask_px = registry.quote(
-        C[C_STRATEGY], eng_book, CF[CF_TICK], qq, S[S_LAST_LABEL_NAME], _position(S), _target(S, SF, CF, now),
-        CF[CF_MAX_POSITION], CF[CF_PARAMS:],
+        C[C_STRATEGY], eng_book, CF[CF_TICK], qq, S[S_LAST_LABEL_NAME], position(S, C),
+        _target(S, SF, CF, now), CF[CF_MAX_POSITION], CF[CF_PARAMS:],
     )  # fmt: skip
     checks = 0
     for side in range(2):
@@ -1864,30 +1919,30 @@ def pf_enter(PI, PF, i, S, SF):
 
 
 @njit
-def pf_mark(PF, i, S, eng_book):
+def pf_mark(PF, i, S, C, eng_book):
     """Instrument ``i``'s row of PF from its core: its mark (the mid of its last usable book) and its
     net delta, gross exposure and PnL at that mark."""
     bid = eng_book[0]
     ask = eng_book[30]
     if S[S_ENG_BOOK] != 0 and bid > 0 and ask > bid and math.isfinite(ask):
         PF[i, PF_MARK] = (bid + ask) / 2.0
-    pos = S[S_POS] / 1e12
+    pos = position(S, C)
     m = PF[i, PF_MARK]
     delta = 0.0 if pos == 0 else pos * m  # no mark yet (NaN) and a position: the rules fail closed
     PF[i, PF_DELTA] = delta
     PF[i, PF_GROSS] = abs(delta)
-    PF[i, PF_PNL] = S[S_CASH] / 1e12 + delta
+    PF[i, PF_PNL] = usdt(S[S_CASH_HI], S[S_CASH_LO]) + delta
 
 
 @njit
-def pf_leave(PI, PF, i, S, eng_book):
+def pf_leave(PI, PF, i, S, C, eng_book):
     """After a step of instrument ``i``: the counters it moved, and its row of PF."""
     PI[PI_OID] = S[S_OID]
     PI[PI_RID] = S[S_RID]
     PI[PI_CMD_ID] = S[S_CMD_ID]
     PI[PI_SEQ] = S[S_HEAP_SEQ]
     PI[PI_LAG_USED] = S[S_LAG_USED]
-    pf_mark(PF, i, S, eng_book)
+    pf_mark(PF, i, S, C, eng_book)
 
 
 @njit

@@ -26,7 +26,7 @@ from typing import Final
 import numpy as np
 
 from engine.book import LEVELS, SIDE_BUY, SIDE_SELL, WIDTH, as_levels, tradable_top, walk_levels, walked_avg
-from engine.contract import ContractConfig, lots_of
+from engine.contract import ContractConfig, at_units, lots_of
 from engine.errors import DualhubError
 from engine.events import BookSnapshot, Nanos
 from engine.exact import pmin
@@ -277,11 +277,14 @@ def limits_array(limits: RiskLimits) -> np.ndarray:
 
 
 @njit
-def well_formed(side, otype, px, qty) -> bool:
-    """A known side and type, a finite positive size, and for a limit order a finite positive price."""
+def well_formed(side, otype, px, qty, step) -> bool:
+    """A known side and type; a size of whole lots of the contract's size step ``step`` (exactly the
+    double :func:`engine.contract.at_units` gives for them, as a decimal string of it parses: the
+    exchange refuses any other size); for a limit order a finite positive price."""
     if not ((side == BUY or side == SELL) and (otype == LIMIT or otype == MARKET)):
         return False
-    if not (qty > 0 and math.isfinite(qty)):
+    lots = lots_of(qty, step)
+    if not (1.0 <= lots < 2.0**52 and at_units(lots, step) == qty):
         return False
     return otype != LIMIT or (px > 0 and math.isfinite(px))
 
@@ -512,7 +515,7 @@ def verdict(
         if r == R_OK:
             continue
         if r == R_BAD_ORDER:
-            ok = well_formed(side, otype, px, qty)
+            ok = well_formed(side, otype, px, qty, step)
         elif r == R_KILL:
             ok = kill_switch_ok(kill, reduce_only, source)
         elif r == R_STALE_ADVICE:

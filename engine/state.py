@@ -20,6 +20,8 @@ import pyarrow.compute as pc
 from engine import kernel as K
 from engine.columns import prefixed as _prefixed
 from engine.columns import texts
+from engine.contract import step_parts
+from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, Label
 from engine.fastinit import frozen_maker
@@ -107,6 +109,15 @@ def decimal_parts(d: Decimal) -> tuple[int, int] | None:
     return (-n if sign else n), -exp
 
 
+def fee_parts(rate: Decimal) -> tuple[int, int]:
+    """A fee rate as :func:`decimal_parts`; the core's fee of a fill stays below its notional."""
+    parts = decimal_parts(rate) if rate.is_finite() else None
+    # exact.mul_div_half_even needs |num| x 10**decimals below 2**63
+    if parts is None or abs(rate) >= 1 or abs(parts[0]) * 10 ** parts[1] >= 2**62:
+        raise DualhubError(f"fee rate {rate} is not a short decimal between -1 and 1 (0.0002: 2 bps)")
+    return parts
+
+
 def tick_decimals(tick: float) -> int | None:
     parts = decimal_parts(Decimal(repr(tick)))
     return None if parts is None or parts[1] > 8 else parts[1]
@@ -181,8 +192,9 @@ class CoreState:
         C[K.C_MAX_ADVICE_AGE] = r.max_advice_age_ns
         C[K.C_RISK_RULES : K.C_RISK_RULES + N_RULES] = rule_codes(r)
         C[K.C_PX_DECIMALS] = tick_decimals(c.tick) or 0
-        C[K.C_MAKER_NUM], C[K.C_MAKER_EXP] = decimal_parts(c.maker_fee_rate)  # type: ignore[misc]
-        C[K.C_TAKER_NUM], C[K.C_TAKER_EXP] = decimal_parts(c.taker_fee_rate)  # type: ignore[misc]
+        C[K.C_MAKER_NUM], C[K.C_MAKER_EXP] = fee_parts(c.maker_fee_rate)
+        C[K.C_TAKER_NUM], C[K.C_TAKER_EXP] = fee_parts(c.taker_fee_rate)
+        C[K.C_STEP_NUM], C[K.C_STEP_DEC] = step_parts(c.size_step)
         CF[K.CF_TICK] = c.tick
         CF[K.CF_SIZE_STEP] = c.size_step
         CF[K.CF_MIN_QTY] = c.min_qty

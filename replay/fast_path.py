@@ -428,7 +428,7 @@ class PortfolioRun:
             )  # fmt: skip
             K.forward(S, run.C, run.OI, run.HI, run.HF, run.olat, run.OUTI, NOUT)
             K.tag_rows(run.OUTI, NOUT, before, o)
-            K.pf_leave(PI, PF, o, S, run.eng_book)
+            K.pf_leave(PI, PF, o, S, run.C, run.eng_book)
             if S[K.S_WHY] != K.U_NONE:
                 self.handle(K.ST_UNSUPPORTED)
             if S[K.S_KEV_ASKED]:

@@ -187,10 +187,10 @@ def _enter(j, n, S, SF, NOUT, PI, PF, before):
 
 
 @njit(inline="always")
-def _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before):
+def _leave(j, n, S, C, eng_book, OUTI, NOUT, PI, PF, before):
     if n > 1:
         tag_rows(OUTI, NOUT, before, j)
-        pf_leave(PI, PF, j, S, eng_book)
+        pf_leave(PI, PF, j, S, C, eng_book)
 
 
 @njit(inline="always")
@@ -245,7 +245,7 @@ def _timer_pf(j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tm
         tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
         x_book, BL[j], lags, OUTI, OUTF, NOUT, lpx, lq,
     )  # fmt: skip
-    _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
+    _leave(j, n, S, C, eng_book, OUTI, NOUT, PI, PF, before)
     _top(TOP, j, S, HI)
     if PI[PI_HUB] != 0 and tmpi[3] == T_KEV_DONE and S[S_CMD_ID] != cid:
         PI[PI_FAN] = tmpi[4] + 1  # Kev's reply became a command: the others' parts are next
@@ -310,7 +310,7 @@ def _pf_entry(
     elif k == 1:  # trade at the exchange
         if S[S_NREST] > 0:
             x_on_trade(S, C, CF, OI, OF, HI, HF, olat, rest, TPX[j][r], TSZ[j][r], TSD[j][r])
-    _leave(j, n, S, eng_book, OUTI, NOUT, PI, PF, before)
+    _leave(j, n, S, C, eng_book, OUTI, NOUT, PI, PF, before)
     if k == 2 and PS.shape[0] > 0:  # the pairs with this leg take its new mark
         pf_observe(PF, PS, PP, j, t, half_life_ns)
     _top(TOP, j, S, HI)
@@ -326,7 +326,7 @@ def _pf_entry(
             So[S_NOW] = t
             step_pull(So, Co, OIo, OFo, HIo, HFo, olo, worko, OUTI, OUTF, NOUT)
             forward(So, Co, OIo, HIo, HFo, olo, OUTI, NOUT)
-            _leave(o, n, So, ebo, OUTI, NOUT, PI, PF, before)
+            _leave(o, n, So, Co, ebo, OUTI, NOUT, PI, PF, before)
             _top(TOP, o, So, HIo)
     return st, True
 

@@ -22,7 +22,7 @@ import numpy as np
 from engine import kernel as K
 from engine.book import LEVELS, as_levels
 from engine.clock import ReplayClock
-from engine.contract import at_units
+from engine.contract import lots_of, step_parts
 from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
 from engine.risk import OrderIntent
@@ -65,6 +65,7 @@ class SimExchange:
         self.C[K.C_FILL_MODEL] = fill_model.kind
         self.CF[K.CF_QUEUE_N] = fill_model.n
         self.CF[K.CF_SIZE_STEP] = size_step  # the venue fills in whole lots of it
+        self.C[K.C_STEP_NUM], self.C[K.C_STEP_DEC] = step_parts(size_step)
         self._lpx = np.empty(LEVELS)
         self._lq = np.empty(LEVELS)
         # Orders by slot: a slot is an order's row (the venue finds order N in row N & (rows - 1), so a
@@ -132,7 +133,7 @@ class SimExchange:
     def position(self) -> float:
         """The account's position as the venue knows it (fills as they happen, before any report
         latency): what a reduce-only order is checked against."""
-        return at_units(self.S[K.S_XPOS], self.CF[K.CF_SIZE_STEP])
+        return K.size_of(self.S[K.S_XPOS], self.C)
 
     @property
     def resting(self) -> bool:
@@ -150,8 +151,8 @@ class SimExchange:
                     "client_oid": self._names[i],
                     "side": "buy" if oi[K.OI_SIDE] == K.BUY else "sell",
                     "px": float(of[K.OF_PX]),
-                    "qty": float(of[K.OF_QTY]),
-                    "filled": at_units(oi[K.OI_XFILLED], self.CF[K.CF_SIZE_STEP]),
+                    "qty": K.size_of(oi[K.OI_LOTS], self.C),
+                    "filled": K.size_of(oi[K.OI_XFILLED], self.C),
                     "ahead": float(of[K.OF_AHEAD]),
                     "level_qty": float(of[K.OF_LEVEL]),
                     "traded_at_px": float(of[K.OF_TRADED]),
@@ -178,7 +179,7 @@ class SimExchange:
         self.OI[i, K.OI_TYPE] = _TYPE_CODE[intent.order_type]
         self.OI[i, K.OI_REDUCE] = intent.reduce_only
         self.OF[i, K.OF_PX] = intent.px if intent.order_type == "limit" else math.nan
-        self.OF[i, K.OF_QTY] = intent.qty
+        self.OI[i, K.OI_LOTS] = lots_of(intent.qty, self.CF[K.CF_SIZE_STEP])  # down to whole lots
         self._arriving.add(i)
         at = now_ns + self.entry_latency.sample_ns(now_ns)
         self.clock.schedule(at, PRIO_EXCH_IN, partial(self._arrive, i))

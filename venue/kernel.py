@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.contract import at_units, lots_of
 from engine.jit import njit
 from engine.kernel import (
     C_FILL_MODEL,
@@ -38,15 +37,14 @@ from engine.kernel import (
     OF_AHEAD,
     OF_LEVEL,
     OF_PX,
-    OF_QTY,
     OF_TRADED,
+    OI_LOTS,
     OI_OID,
     OI_REDUCE,
     OI_RESTING,
     OI_SIDE,
     OI_TYPE,
     OI_XFILLED,
-    OI_XLOTS,
     OK_CANCEL,
     OK_NEW,
     OLAT_CANCEL,
@@ -72,6 +70,7 @@ from engine.kernel import (
     U_TABLE,
     _heap_push,
     drop_id,
+    size_of,
 )
 from engine.risk import only_reduces as _reduce_only_ok
 from venue.fills import on_new
@@ -117,7 +116,7 @@ def _report(S, C, OI, HI, HF, olat, method, oid, arg, f1, f2):
 def _report_fill(S, C, CF, OI, HI, HF, olat, oid, px, lots, liq):
     """A fill of ``lots`` reported as its size, the double of the exact decimal, as the exchange's
     string for it parses to."""
-    _report(S, C, OI, HI, HF, olat, M_FILL, oid, liq, px, at_units(lots, CF[CF_SIZE_STEP]))
+    _report(S, C, OI, HI, HF, olat, M_FILL, oid, liq, px, size_of(lots, C))
 
 
 @njit
@@ -125,7 +124,7 @@ def _x_fill(S, C, CF, OI, OF, HI, HF, olat, rest, oid, px, lots):
     """A maker fill of ``lots`` on resting order ``oid``; done when nothing is left of it."""
     i = oid & (OI.shape[0] - 1)
     OI[i, OI_XFILLED], S[S_XPOS], done = maker_fill(
-        OI[i, OI_SIDE], OI[i, OI_XLOTS], OI[i, OI_XFILLED], S[S_XPOS], lots
+        OI[i, OI_SIDE], OI[i, OI_LOTS], OI[i, OI_XFILLED], S[S_XPOS], lots
     )
     _report_fill(S, C, CF, OI, HI, HF, olat, oid, px, lots, LIQ_MAKER)
     if done:
@@ -167,7 +166,7 @@ def x_on_book(S, C, CF, OI, OF, HI, HF, olat, rest, x_book):
     )
     for j in range(k):
         r = rows[j]
-        left = OI[r, OI_XLOTS] - OI[r, OI_XFILLED]
+        left = OI[r, OI_LOTS] - OI[r, OI_XFILLED]
         _x_fill(S, C, CF, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], left)
 
 
@@ -184,7 +183,7 @@ def x_on_trade(S, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside):
         n,
         OI[:, OI_SIDE],
         OF[:, OF_PX],
-        OI[:, OI_XLOTS],
+        OI[:, OI_LOTS],
         OI[:, OI_XFILLED],
         OF[:, OF_AHEAD],
         OF[:, OF_TRADED],
@@ -213,9 +212,7 @@ def x_arrive(S, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, lpx, lq):
     side = OI[i, OI_SIDE]
     otype = OI[i, OI_TYPE]
     step = CF[CF_SIZE_STEP]
-    # the venue takes the order's size in lots once, on arrival
-    lots = np.int64(lots_of(OF[r, OF_QTY], step))
-    OI[i, OI_XLOTS] = lots
+    lots = OI[i, OI_LOTS]
     OI[i, OI_XFILLED] = 0
     if OI[i, OI_REDUCE] != 0 and not _reduce_only_ok(S[S_XPOS], side, lots):
         _report(S, C, OI, HI, HF, olat, M_REJECT, oid, R_REDUCE_REJECTED, 0.0, 0.0)

@@ -533,14 +533,16 @@ class Instrument:
 
 
 # Tick and size step of Bitget's USDT-M perpetuals. BTCUSDT: pricePlace 1 (docs/bitget-v2.md) and the
-# engine's default contract; ETHUSDT and SOLUSDT: 2 and 3 price decimals, as Bitget's product list in
-# ../shared/data/real/bitget-v1/BITGET.0 gives them. BTCUSDT's price is SimConfig's initial_mid_px, so
-# a BTCUSDT leader runs the single-symbol model unchanged.
+# engine's default contract; ETHUSDT and SOLUSDT: 2 and 3 price decimals, DOGEUSDT 6 and whole coins
+# (volumePlace 0), as Bitget's product list in ../shared/data/real/bitget-v1/BITGET.0 gives them.
+# BTCUSDT's price is SimConfig's initial_mid_px, so a BTCUSDT leader runs the single-symbol model
+# unchanged.
 INSTRUMENTS: Final[Mapping[str, Instrument]] = MappingProxyType(
     {
         "BTCUSDT": Instrument(tick="0.1", size_step="0.001", price=90_000.0),
         "ETHUSDT": Instrument(tick="0.01", size_step="0.01", price=3_000.0),
         "SOLUSDT": Instrument(tick="0.001", size_step="0.1", price=150.0),
+        "DOGEUSDT": Instrument(tick="0.000001", size_step="1", price=0.2),
     }
 )
 _SYMBOL_RE: Final = re.compile(r"^[A-Z0-9]{2,40}$")

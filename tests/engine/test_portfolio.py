@@ -1,20 +1,27 @@
-"""Exact accounting in the engine's core: money is integers of 1e-12, a fill's notional and fee rounded
+"""Exact accounting in the engine's core: positions are whole lots of the size step, money integers of
+1e-12 (two words: past what one int64 holds), a fill's notional and fee rounded
 once, half-even, as Decimal.quantize rounds them; the fill events carry them as decimal128(38, 12) and
 the engine's portfolio reads them back as exact Decimals."""
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
 from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
+from engine import kernel as K
 from engine.clock import ReplayClock
-from engine.contract import ContractConfig
+from engine.contract import ContractConfig, step_parts
 from engine.core import Engine, EngineConfig
+from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.risk import RiskLimits
+from engine.strategy import QuoteConfig
 from tests.helpers import make_book
 
 
@@ -31,18 +38,32 @@ class _Orders:
         pass
 
 
-def _engine(tmp_path, maker: str, taker: str) -> tuple[Engine, _Orders, ReplayClock, EventLog]:
+def _engine(
+    tmp_path, maker: str, taker: str, *, contract: ContractConfig | None = None, qty: float = 0.002
+) -> tuple[Engine, _Orders, ReplayClock, EventLog]:
+    """An engine quoting ``qty`` on both sides of a book at ``contract``'s price level (BTCUSDT's,
+    59932.8 / 59932.9, by default)."""
     (tmp_path / "events").mkdir()
     clock, log, orders = ReplayClock(), EventLog(tmp_path / "events"), _Orders()
     hold = (0, np.array([1.0, 0.0, 0.0, 0.0], dtype=np.float32))
+    fees = {"maker_fee_rate": Decimal(maker), "taker_fee_rate": Decimal(taker)}
+    contract = replace(contract or ContractConfig(), **fees)
+    big = 1e4 * qty
     cfg = EngineConfig(
-        contract=ContractConfig(maker_fee_rate=Decimal(maker), taker_fee_rate=Decimal(taker)),
-        risk=RiskLimits(max_position=10.0, max_order_qty=10.0, max_net_delta_usd=1e9),
+        symbol=contract.symbol,
+        contract=contract,
+        risk=RiskLimits(
+            max_position=big, max_order_qty=big, max_net_delta_usd=1e15, daily_loss_stop_usd=1e15
+        ),
+        quotes=QuoteConfig(quote_qty=qty),
     )
     engine = Engine(
         cfg, clock=clock, log=log, labeler=lambda book: hold, kev=None, execution=orders, advisor_name="none"
     )
-    book = make_book(59932.8, 59932.9, ts=1_000_000_000)
+    if contract.tick == 0.1:
+        book = make_book(59932.8, 59932.9, ts=1_000_000_000, size=1e4 * qty)
+    else:
+        book = make_book(0.123456, 0.123457, ts=1_000_000_000, size=1e4 * qty, tick=contract.tick)
     clock.advance_to(book.ts_recv)
     engine.on_book(book)
     clock.run_all()  # the label: the strategy quotes both sides
@@ -51,9 +72,11 @@ def _engine(tmp_path, maker: str, taker: str) -> tuple[Engine, _Orders, ReplayCl
 
 
 def test_notional_with_more_than_12_decimals_is_rounded_half_even_and_stored(tmp_path):
-    """A recorded trade size need not be a size-step multiple: 59932.8 x 0.001911714881 has 13
-    decimals. It is kept to 1e-12."""
-    engine, orders, clock, log = _engine(tmp_path, "0.0002", "0.0006")
+    """59932.8 x 0.001911714881 (a contract of size step 1e-12) has 13 decimals: the notional is kept
+    to 1e-12, rounded once, half-even."""
+    engine, orders, clock, log = _engine(
+        tmp_path, "0.0002", "0.0006", contract=ContractConfig(size_step=1e-12)
+    )
     buy = orders.sent[0].client_oid
     engine.on_fill(buy, 59932.8, 0.001911714881, "maker", clock.now_ns())
     notional, fee = Decimal("114.574425619997"), Decimal("0.022914885124")
@@ -78,3 +101,61 @@ def test_exact_notionals_and_both_fee_rates(tmp_path):
     fees = Decimal("0.0648012") + Decimal("0.02160032")  # 108.002 x 0.0006, 108.0016 x 0.0002
     assert engine.portfolio.position == 0 and engine.portfolio.fees == fees
     assert engine.portfolio.pnl(27000.0) == Decimal("108.002") - Decimal("108.0016") - fees
+
+
+def test_a_fill_of_part_of_a_lot_stops_the_engine_with_one_line(tmp_path):
+    """Positions are whole lots of the size step: a venue that fills 0.0015 of a 0.001-step contract
+    is not the contract the engine was configured with, and the engine says so."""
+    engine, orders, clock, _ = _engine(tmp_path, "0.0002", "0.0006")
+    with pytest.raises(DualhubError, match="not whole lots of the contract's size step"):
+        engine.on_fill(orders.sent[0].client_oid, 59932.8, 0.0015, "maker", clock.now_ns())
+
+
+def test_cash_beyond_an_int64_of_1e12_stays_exact(tmp_path):
+    """Five fills of 40 BTC: 12 million USDT of cash, past the 9.2 million an int64 of 1e-12 holds."""
+    engine, orders, clock, log = _engine(tmp_path, "0.0002", "0.0006", qty=40.0)
+    buy = orders.sent[0]
+    assert buy.qty == 40.0
+    for _ in range(5):
+        engine.on_fill(buy.client_oid, 59932.8, 40.0, "maker", clock.now_ns())
+    notional, fee = Decimal("2397312"), Decimal("479.4624")
+    pf = engine.portfolio
+    assert pf.position == 200 and pf.fees == 5 * fee and pf.cash == -5 * (notional + fee)
+    assert pf.cash < -9_223_372  # 2**63 / 1e12
+    log.write()
+    rows = pq.read_table(tmp_path / "events" / "fill.parquet").to_pylist()
+    assert [(r["notional"], r["fee"], r["position_after"]) for r in rows] == [
+        (notional, fee, 40.0 * k) for k in range(1, 6)
+    ]
+
+
+def test_a_low_priced_contract_trades_in_lots_of_whole_coins(tmp_path):
+    """DOGEUSDT (Bitget: pricePlace 6, volumePlace 0): 250 000 DOGE a quote. Sizes in units of 1e-12
+    would hold no more than 4 503 coins of position."""
+    doge = ContractConfig(symbol="DOGEUSDT", tick=0.000001, size_step=1.0, min_qty=1.0)
+    engine, orders, clock, _ = _engine(tmp_path, "0.0002", "0.0006", contract=doge, qty=250_000.0)
+    buy, sell = orders.sent
+    assert (buy.px, buy.qty, sell.px) == (0.123455, 250_000.0, 0.123458)
+    for _ in range(4):
+        engine.on_fill(buy.client_oid, 0.123455, 250_000.0, "maker", clock.now_ns())
+    engine.on_fill(sell.client_oid, 0.123458, 1.0, "taker", clock.now_ns())
+    pf = engine.portfolio
+    bought, sold = Decimal("123455"), Decimal("0.123458")
+    fees = bought * Decimal("0.0002") + sold * Decimal("0.0006")
+    assert pf.position == 999_999 and pf.fees == fees and pf.cash == sold - bought - fees
+
+
+def test_the_position_reaches_the_risk_rules_as_exact_words_of_1e12():
+    """position_words: lots x step in integers of 1e-12 as hi * 2**32 + lo, past 2**63 too."""
+    rng = random.Random(3)
+    S = np.zeros(K.S_SIZE, dtype=np.int64)
+    C = np.zeros(K.C_SIZE, dtype=np.int64)
+    for step in (0.001, 1.0, 0.01, 1e-12, 5.0, 0.005, 100.0):
+        C[K.C_STEP_NUM], C[K.C_STEP_DEC] = step_parts(step)
+        unit = int(C[K.C_STEP_NUM]) * 10 ** (12 - int(C[K.C_STEP_DEC]))
+        bound = (1 << 52) // int(C[K.C_STEP_NUM])
+        for lots in [0, 1, -1, bound, -bound, *(rng.randint(-bound, bound) for _ in range(300))]:
+            S[K.S_POS] = lots
+            hi, lo = K.position_words(S, C)
+            assert 0 <= lo < 2**32 and (int(hi) << 32) + int(lo) == lots * unit, (step, lots)
+            assert K.size_of(lots, C) == float(Decimal(lots) * Decimal(repr(step)))

@@ -79,7 +79,17 @@ RULE_CASES = [
     (RiskState(cash_units=units(-10.0)), limit(), BOOK, NOW, "loss_stop"),
     (RiskState(), limit(qty=-1), BOOK, NOW, "bad_order"),
     (RiskState(), limit(px=math.nan), BOOK, NOW, "bad_order"),
+    # sizes of whole lots of the 0.001 step only: the exchange refuses any other
+    (RiskState(), limit(qty=0.0015), BOOK, NOW, "bad_order"),
+    (RiskState(), limit(qty=0.0005), BOOK, NOW, "bad_order"),
+    (RiskState(), limit(qty=0.1 + 0.2), BOOK, NOW, "bad_order"),  # 0.30000000000000004
 ]
+
+
+def test_a_size_of_whole_lots_of_the_contracts_step_passes():
+    assert check(LIMITS, RiskState(), limit(qty=0.003), BOOK, NOW) == (True, "ok")
+    assert check(LIMITS, RiskState(), limit(qty=0.0015), BOOK, NOW, size_step=0.0005) == (True, "ok")
+    assert check(LIMITS, RiskState(), limit(qty=0.003), BOOK, NOW, size_step=0.002) == (False, "bad_order")
 
 
 @pytest.mark.parametrize("state, intent, book, now, reason", RULE_CASES)

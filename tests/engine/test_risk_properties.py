@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.book import tradable
-from engine.contract import ContractConfig
+from engine.contract import ContractConfig, step_parts
 from engine.events import BookSnapshot
 from engine.kev.command import (
     HEDGE_RATIO_RANGE,
@@ -243,16 +243,20 @@ def _kernel_check(limits: RiskLimits, state: RiskState, it: OrderIntent, book: B
     SF[K.SF_OTHERS_GROSS] = state.others_gross_usd
     SF[K.SF_OTHERS_PNL] = state.others_pnl_usd
     S[K.S_KILL], S[K.S_ENG_BOOK], S[K.S_ENG_ROW] = int(state.kill_switch), 1, 0
-    if abs(state.cash_units) > 1 << 61 or abs(state.position_units) > 1 << 52:
-        return None  # the kernel's money bounds (_on_fill): beyond them the Python engine runs
-    S[K.S_POS], S[K.S_CASH] = state.position_units, state.cash_units
+    cash_hi, cash_lo = divmod(state.cash_units, 1 << 32)
+    if abs(cash_hi) > 1 << 53:
+        return None  # the kernel's money bound (_on_fill): no run of it holds such cash
+    C[K.C_STEP_NUM], C[K.C_STEP_DEC] = step_parts(ContractConfig().size_step)
+    lot = 10**12 // 1000  # the default contract's lot in 1e-12 base units (cases() draws whole lots)
+    assert state.position_units % lot == 0
+    S[K.S_POS], S[K.S_CASH_HI], S[K.S_CASH_LO] = state.position_units // lot, cash_hi, cash_lo
     OI = np.zeros((16, K.OI_COLS), dtype=np.int64)
     OF = np.zeros((16, K.OF_COLS), dtype=np.float64)
     work = np.zeros(3 * K.WORK_CAP, dtype=np.int64)
     n = 0
     for oid, side, qty in ((1, K.BUY, state.open_buy_qty), (2, K.SELL, state.open_sell_qty)):
         if qty > 0:
-            OI[oid, K.OI_SIDE], OF[oid, K.OF_QTY] = side, qty
+            OI[oid, K.OI_SIDE], OI[oid, K.OI_LOTS] = side, round(qty * 1000)
             work[n] = oid
             n += 1
     S[K.S_NWORK] = n

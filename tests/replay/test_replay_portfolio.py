@@ -397,8 +397,7 @@ def test_the_eight_symbol_bitget_capture_replays_as_one_portfolio(tmp_path):
     m = import_bitget_v1(REAL / "bitget-v1" / "BITGET.ws.1.0", tmp_path / "s")
     assert len(m["symbols"]) == 8
     # Quotes at the touch, filled by any trade at their price: 30 s of a spot capture is short. Sizes
-    # are AVAXUSDT's (83 USDT) and scale to the others' notional: CULTUSDT (3.5e-5 USDT) quotes 470,
-    # within the 1000 base units the core's sizes hold exactly.
+    # are AVAXUSDT's (83 USDT) and scale to the others' notional: CULTUSDT (3.5e-5 USDT) quotes 470.
     cfg = ReplayConfig(
         symbols=tuple(m["symbols"]),
         fill_model="touch",
@@ -416,6 +415,35 @@ def test_the_eight_symbol_bitget_capture_replays_as_one_portfolio(tmp_path):
     # each symbol quotes on the tick its recorded prices show (CULTUSDT trades at 1e-5 USDT)
     cult = _q(run, "select min(px) from 'EV/order.parquet' where symbol = 'CULTUSDT' and kind = 'new'")
     assert cult[0][0] is None or 0 < cult[0][0] < 0.001
+
+
+def test_a_low_priced_coin_and_large_sizes_trade_in_whole_lots(tmp_path):
+    """DOGEUSDT (whole coins, 6 price decimals) beside BTCUSDT quoting 10 BTC (900 000 USDT): positions
+    of millions of coins and cash past the 9.2 million USDT an int64 of 1e-12 holds, kept exactly; the
+    compiled loop and the per-event engine agree."""
+    s = simulate_session(tmp_path / "s", symbols=("BTCUSDT", "DOGEUSDT"), minutes=1.0, seed=23)
+    cfg = ReplayConfig(
+        symbols=("BTCUSDT", "DOGEUSDT"),
+        quotes=QuoteConfig(quote_qty=10.0),
+        risk=RiskLimits(
+            max_position=500.0, max_order_qty=50.0, max_net_delta_usd=1e12, daily_loss_stop_usd=1e12
+        ),
+    )
+    r = run_replay(s, cfg, out_dir=tmp_path / "k")
+    assert r.path.startswith("kernel (a portfolio of 2")
+    assert run_replay(s, cfg, out_dir=tmp_path / "p", kernel=False).digest == r.digest
+    (doge,) = _q(
+        r.run_dir,
+        "select max(abs(position_after)), bool_and(qty = round(qty)) from 'EV/fill.parquet' "
+        "where symbol = 'DOGEUSDT'",
+    )
+    assert doge[0] > 1e6 and doge[1]  # more than the 4 503 coins integers of 1e-12 held
+    (low,) = _q(
+        r.run_dir,
+        "select min(c) from (select sum(if(side = 'buy', -notional, notional)) over "
+        "(partition by symbol order by seq) c from 'EV/fill.parquet')",
+    )
+    assert low[0] < -9_300_000
 
 
 def test_kev_as_the_hub_sets_both_legs_with_the_fitted_hedge_ratio(pair, tmp_path):

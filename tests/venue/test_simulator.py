@@ -522,7 +522,7 @@ def test_simulate_command_writes_several_symbols(tmp_path: Path, capsys: pytest.
         (["--symbols", "BTCUSDT,ETHUSDT,BTCUSDT"], "symbol BTCUSDT is given twice"),
         (["--symbols", "BTCUSDT,,ETHUSDT"], "bad symbol ''"),
         (["--symbols", "BTCUSDT,ethusdt"], "bad symbol 'ethusdt'"),
-        (["--symbols", "BTCUSDT,DOGEUSDT"], "no simulated contract for DOGEUSDT"),
+        (["--symbols", "BTCUSDT,XRPUSDT"], "no simulated contract for XRPUSDT"),
         (["--symbol", "BTCUSDT", "--symbols", "BTCUSDT,ETHUSDT"], "not both"),
         (["--symbols", "BTCUSDT,ETHUSDT", "--minutes", "0"], "--minutes must be > 0"),
     ],
