@@ -8,6 +8,7 @@ digests do not depend on which drove the core.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -118,9 +119,13 @@ def fee_parts(rate: Decimal) -> tuple[int, int]:
     return parts
 
 
-def tick_decimals(tick: float) -> int | None:
-    parts = decimal_parts(Decimal(repr(tick)))
-    return None if parts is None or parts[1] > 8 else parts[1]
+def tick_decimals(tick: float) -> int:
+    """A tick's decimals (of its shortest decimal): the core reads a fill price as an integer of
+    10**-that (``_px_units``)."""
+    parts = decimal_parts(Decimal(repr(tick))) if math.isfinite(tick) and tick > 0 else None
+    if parts is None:
+        raise DualhubError(f"tick {tick!r} is not a positive decimal of at most 12 decimals")
+    return parts[1]
 
 
 def _no_seq(stream: str) -> pa.Schema:
@@ -191,7 +196,7 @@ class CoreState:
         C[K.C_STALE_BOOK] = r.stale_book_ns
         C[K.C_MAX_ADVICE_AGE] = r.max_advice_age_ns
         C[K.C_RISK_RULES : K.C_RISK_RULES + N_RULES] = rule_codes(r)
-        C[K.C_PX_DECIMALS] = tick_decimals(c.tick) or 0
+        C[K.C_PX_DECIMALS] = tick_decimals(c.tick)
         C[K.C_MAKER_NUM], C[K.C_MAKER_EXP] = fee_parts(c.maker_fee_rate)
         C[K.C_TAKER_NUM], C[K.C_TAKER_EXP] = fee_parts(c.taker_fee_rate)
         C[K.C_STEP_NUM], C[K.C_STEP_DEC] = step_parts(c.size_step)

@@ -23,7 +23,7 @@ from engine.kev.command import ACTIONS, CommandV2
 from engine.kev.failures import breaker_rows
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
-from engine.state import CoreState, decimal_parts, tick_decimals
+from engine.state import CoreState
 from replay import kernel as K
 from replay.walk import StreamedWalk, readonly
 from venue.batch_latency import RecordedTable, recorded_table, sample_many
@@ -115,11 +115,8 @@ def unsupported(cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_wa
         if rng is not None and any(rng is r for r in streams):
             return f"order latencies drawn from one random stream ({name} and another)"
         streams.append(rng)
-    c = engine.cfg.contract
-    if type(c) is not ContractConfig or tick_decimals(c.tick) is None:
-        return "a contract whose tick is not a short decimal"
-    if decimal_parts(c.maker_fee_rate) is None or decimal_parts(c.taker_fee_rate) is None:
-        return "fee rates with more than 12 decimals"
+    if type(engine.cfg.contract) is not ContractConfig:
+        return "a contract of a class of its own"
     return ""
 
 

@@ -23,15 +23,16 @@ def make_book(
 ) -> BookSnapshot:
     nan = math.nan
     pad = (nan,) * (15 - levels)
+    nd = max(10, 2 - math.floor(math.log10(tick)))  # float noise off, a tick of 1e-12 kept
     return BookSnapshot(
         ts_event=ts,
         ts_recv=ts,
         seq=seq,
         symbol=symbol,
         exch_seq=seq,
-        bid_px=tuple(round(bid - i * tick, 10) for i in range(levels)) + pad,
+        bid_px=tuple(round(bid - i * tick, nd) for i in range(levels)) + pad,
         bid_sz=(size,) * levels + pad,
-        ask_px=tuple(round(ask + i * tick, 10) for i in range(levels)) + pad,
+        ask_px=tuple(round(ask + i * tick, nd) for i in range(levels)) + pad,
         ask_sz=(size,) * levels + pad,
     )
 

@@ -39,10 +39,15 @@ class _Orders:
 
 
 def _engine(
-    tmp_path, maker: str, taker: str, *, contract: ContractConfig | None = None, qty: float = 0.002
+    tmp_path,
+    maker: str,
+    taker: str,
+    *,
+    contract: ContractConfig | None = None,
+    qty: float = 0.002,
+    touch: tuple[float, float] = (59932.8, 59932.9),
 ) -> tuple[Engine, _Orders, ReplayClock, EventLog]:
-    """An engine quoting ``qty`` on both sides of a book at ``contract``'s price level (BTCUSDT's,
-    59932.8 / 59932.9, by default)."""
+    """An engine quoting ``qty`` on both sides of a book whose best bid and ask are ``touch``."""
     (tmp_path / "events").mkdir()
     clock, log, orders = ReplayClock(), EventLog(tmp_path / "events"), _Orders()
     hold = (0, np.array([1.0, 0.0, 0.0, 0.0], dtype=np.float32))
@@ -60,10 +65,7 @@ def _engine(
     engine = Engine(
         cfg, clock=clock, log=log, labeler=lambda book: hold, kev=None, execution=orders, advisor_name="none"
     )
-    if contract.tick == 0.1:
-        book = make_book(59932.8, 59932.9, ts=1_000_000_000, size=1e4 * qty)
-    else:
-        book = make_book(0.123456, 0.123457, ts=1_000_000_000, size=1e4 * qty, tick=contract.tick)
+    book = make_book(*touch, ts=1_000_000_000, size=1e4 * qty, tick=contract.tick)
     clock.advance_to(book.ts_recv)
     engine.on_book(book)
     clock.run_all()  # the label: the strategy quotes both sides
@@ -133,7 +135,9 @@ def test_a_low_priced_contract_trades_in_lots_of_whole_coins(tmp_path):
     """DOGEUSDT (Bitget: pricePlace 6, volumePlace 0): 250 000 DOGE a quote. Sizes in units of 1e-12
     would hold no more than 4 503 coins of position."""
     doge = ContractConfig(symbol="DOGEUSDT", tick=0.000001, size_step=1.0, min_qty=1.0)
-    engine, orders, clock, _ = _engine(tmp_path, "0.0002", "0.0006", contract=doge, qty=250_000.0)
+    engine, orders, clock, _ = _engine(
+        tmp_path, "0.0002", "0.0006", contract=doge, qty=250_000.0, touch=(0.123456, 0.123457)
+    )
     buy, sell = orders.sent
     assert (buy.px, buy.qty, sell.px) == (0.123455, 250_000.0, 0.123458)
     for _ in range(4):
@@ -159,3 +163,23 @@ def test_the_position_reaches_the_risk_rules_as_exact_words_of_1e12():
             hi, lo = K.position_words(S, C)
             assert 0 <= lo < 2**32 and (int(hi) << 32) + int(lo) == lots * unit, (step, lots)
             assert K.size_of(lots, C) == float(Decimal(lots) * Decimal(repr(step)))
+
+
+def test_a_contract_priced_in_12_decimals_fills_exactly(tmp_path):
+    """A tick of 1e-12 (BABYDOGEUSDT's priceScale in Bitget's product list, ../shared/data/real): a
+    fill price is an integer of 1e-12: 1.5 billion coins at 0.000001234567 USDT (or a tick below) are
+    about 1 852 USDT."""
+    baby = ContractConfig(symbol="BABYDOGEUSDT", tick=1e-12, size_step=1e8, min_qty=1e8)
+    engine, orders, clock, _ = _engine(
+        tmp_path, "0.0002", "0.0006", contract=baby, qty=1.5e9, touch=(1.234567e-6, 1.234568e-6)
+    )
+    buy = orders.sent[0]
+    engine.on_fill(buy.client_oid, buy.px, 1.5e9, "maker", clock.now_ns())
+    notional = Decimal(repr(buy.px)) * 1_500_000_000
+    assert engine.portfolio.position == 1_500_000_000
+    assert engine.portfolio.cash == -(notional + (notional * Decimal("0.0002")).quantize(Decimal("1e-12")))
+
+
+def test_a_tick_of_more_than_12_decimals_is_one_error_line(tmp_path):
+    with pytest.raises(DualhubError, match="tick 1e-13 is not a positive decimal of at most 12"):
+        _engine(tmp_path, "0.0002", "0.0006", contract=ContractConfig(tick=1e-13), touch=(1e-9, 1.1e-9))
