@@ -1711,7 +1711,7 @@ def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, OUTI, OUTF, NOUT):
     _add_words(S, S_CASH_HI, S_CASH_LO, -fee)
     _add_words(S, S_FEES_HI, S_FEES_LO, fee)
     # the risk rules read high words up to 2**53; position_words needs |lots x C_STEP_NUM| < 2**52
-    if abs(S[S_CASH_HI]) > 1 << 53 or S[S_FEES_HI] > 1 << 53 or abs(S[S_POS]) > (1 << 52) // C[C_STEP_NUM]:
+    if max(abs(S[S_CASH_HI]), abs(S[S_FEES_HI])) > 1 << 53 or abs(S[S_POS]) > (1 << 52) // C[C_STEP_NUM]:
         S[S_WHY] = U_OVERFLOW
         return
     OI[oid & (OI.shape[0] - 1), OI_FILLED] += lots
