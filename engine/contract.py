@@ -56,15 +56,32 @@ def lots_of(q: float, step: float) -> float:
     return np.floor(q / step + 1e-9)
 
 
+def decimal_parts(d: Decimal) -> tuple[int, int] | None:
+    """``d`` as (integer, decimals) with d == integer * 10**-decimals, decimals in 0..12; None for
+    more decimals (or no number)."""
+    sign, digits, exp = d.as_tuple()
+    if not isinstance(exp, int) or exp < -12:
+        return None
+    n = int("".join(map(str, digits)) or "0")
+    n = -n if sign else n
+    return (n * 10**exp, 0) if exp > 0 else (n, -exp)
+
+
+def unit_parts(unit: float, what: str) -> tuple[int, int]:
+    """A tick or size step as the :func:`decimal_parts` of its shortest decimal (as :func:`grid`
+    reads it): the core counts prices and sizes in integers of it. One error line for a unit that is
+    not a positive decimal of at most 12 decimals."""
+    ok = math.isfinite(unit) and unit > 0
+    parts = decimal_parts(Decimal(repr(unit)).normalize()) if ok else None
+    if parts is None:
+        raise DualhubError(f"{what} {unit!r} is not a positive decimal of at most 12 decimals")
+    return parts
+
+
 def step_parts(step: float) -> tuple[int, int]:
-    """A size step as ``(num, decimals)``, ``step == num * 10**-decimals`` (its shortest decimal, as
-    :func:`grid` reads it): the core counts sizes in whole lots of it (engine.kernel.size_of)."""
-    d = Decimal(repr(step)) if math.isfinite(step) and step > 0 else Decimal(0)
-    sign, digits, exp = d.normalize().as_tuple()
-    if d <= 0 or not isinstance(exp, int) or exp < -12:
-        raise DualhubError(f"size step {step!r} is not a positive decimal of at most 12 decimals")
-    num = int("".join(map(str, digits)))
-    return (num * 10**exp, 0) if exp > 0 else (num, -exp)
+    """A size step as ``(num, decimals)``: the core counts sizes in whole lots of it
+    (engine.kernel.size_of)."""
+    return unit_parts(step, "size step")
 
 
 @njit

@@ -243,14 +243,13 @@ class Engine:
 
     @property
     def portfolio(self) -> PortfolioView:
-        S, C = self.core.S, self.core.C
-        lot_units = int(C[K.C_STEP_NUM]) * 10 ** (12 - int(C[K.C_STEP_DEC]))  # one lot in 1e-12 base units
-        units = (
-            int(S[K.S_POS]) * lot_units,
-            (int(S[K.S_CASH_HI]) << 32) + int(S[K.S_CASH_LO]),
-            (int(S[K.S_FEES_HI]) << 32) + int(S[K.S_FEES_LO]),
+        S = self.core.S
+        words = (
+            K.position_words(S, self.core.C),
+            (S[K.S_CASH_HI], S[K.S_CASH_LO]),
+            (S[K.S_FEES_HI], S[K.S_FEES_LO]),
         )
-        return PortfolioView(*(Decimal(u).scaleb(-12) for u in units))
+        return PortfolioView(*(Decimal((int(hi) << 32) + int(lo)).scaleb(-12) for hi, lo in words))
 
     @property
     def kill_switch(self) -> bool:

@@ -8,7 +8,6 @@ digests do not depend on which drove the core.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,7 @@ import pyarrow.compute as pc
 from engine import kernel as K
 from engine.columns import prefixed as _prefixed
 from engine.columns import texts
-from engine.contract import step_parts
+from engine.contract import decimal_parts, step_parts, unit_parts
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, Label
@@ -101,15 +100,6 @@ def _text(values: tuple[str, ...], codes: np.ndarray) -> pa.Array:
     return texts(tuple(values), codes)
 
 
-def decimal_parts(d: Decimal) -> tuple[int, int] | None:
-    """``d`` as (integer, decimals) with d == integer * 10**-decimals, decimals in 0..12."""
-    sign, digits, exp = d.as_tuple()
-    if not isinstance(exp, int) or exp > 0 or exp < -12:
-        return None
-    n = int("".join(map(str, digits)) or "0")
-    return (-n if sign else n), -exp
-
-
 def fee_parts(rate: Decimal) -> tuple[int, int]:
     """A fee rate as :func:`decimal_parts`; the core's fee of a fill stays below its notional."""
     parts = decimal_parts(rate) if rate.is_finite() else None
@@ -122,10 +112,7 @@ def fee_parts(rate: Decimal) -> tuple[int, int]:
 def tick_decimals(tick: float) -> int:
     """A tick's decimals (of its shortest decimal): the core reads a fill price as an integer of
     10**-that (``_px_units``)."""
-    parts = decimal_parts(Decimal(repr(tick))) if math.isfinite(tick) and tick > 0 else None
-    if parts is None:
-        raise DualhubError(f"tick {tick!r} is not a positive decimal of at most 12 decimals")
-    return parts[1]
+    return unit_parts(tick, "tick")[1]
 
 
 def _no_seq(stream: str) -> pa.Schema:

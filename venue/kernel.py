@@ -113,23 +113,23 @@ def _report(S, C, OI, HI, HF, olat, method, oid, arg, f1, f2):
 
 
 @njit
-def _report_fill(S, C, CF, OI, HI, HF, olat, oid, px, lots, liq):
+def _report_fill(S, C, OI, HI, HF, olat, oid, px, lots, liq):
     """A fill of ``lots`` reported as its size, the double of the exact decimal, as the exchange's
     string for it parses to."""
     _report(S, C, OI, HI, HF, olat, M_FILL, oid, liq, px, size_of(lots, C))
 
 
 @njit
-def _x_fill(S, C, CF, OI, OF, HI, HF, olat, rest, oid, px, lots):
+def _x_fill(S, C, OI, HI, HF, olat, rest, oid, px, lots):
     """A maker fill of ``lots`` on resting order ``oid``; done when nothing is left of it."""
     i = oid & (OI.shape[0] - 1)
     OI[i, OI_XFILLED], S[S_XPOS], done = maker_fill(
         OI[i, OI_SIDE], OI[i, OI_LOTS], OI[i, OI_XFILLED], S[S_XPOS], lots
     )
-    _report_fill(S, C, CF, OI, HI, HF, olat, oid, px, lots, LIQ_MAKER)
+    _report_fill(S, C, OI, HI, HF, olat, oid, px, lots, LIQ_MAKER)
     if done:
         if drop_id(S, S_NREST, rest, oid):
-            OI[oid & (OI.shape[0] - 1), OI_RESTING] = 0
+            OI[i, OI_RESTING] = 0
         _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED, 0.0, 0.0)
 
 
@@ -167,7 +167,7 @@ def x_on_book(S, C, CF, OI, OF, HI, HF, olat, rest, x_book):
     for j in range(k):
         r = rows[j]
         left = OI[r, OI_LOTS] - OI[r, OI_XFILLED]
-        _x_fill(S, C, CF, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], left)
+        _x_fill(S, C, OI, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], left)
 
 
 @njit(nrt=True)
@@ -195,7 +195,7 @@ def x_on_trade(S, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside):
     )
     for j in range(k):
         r = rows[j]
-        _x_fill(S, C, CF, OI, OF, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], fq[j])
+        _x_fill(S, C, OI, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], fq[j])
 
 
 @njit
@@ -223,7 +223,7 @@ def x_arrive(S, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, lpx, lq):
         x_book, side, lots, step, limit, otype == MARKET, S[S_XPOS], lpx, lq
     )
     for j in range(n):
-        _report_fill(S, C, CF, OI, HI, HF, olat, oid, lpx[j], lq[j], LIQ_TAKER)
+        _report_fill(S, C, OI, HI, HF, olat, oid, lpx[j], lq[j], LIQ_TAKER)
     if outcome != AR_REST:
         _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED if outcome == AR_FILLED else R_IOC, 0.0, 0.0)
         return
