@@ -8,8 +8,11 @@ Laya labelling every snapshot, the Kev queue, the risk gateway and the queue-awa
 reports peak RSS. Pass ``--hbt-python`` (a venv with hftbacktest 2.4.4) to run the reference in the
 same script, alternating, and print the ratio of medians. ``--peer REV`` runs the same replay with
 the code of git revision REV (a worktree of its own) after each of ours: this tree against that one.
+hftbacktest's warm figure is the median of its ``--runs`` in one process; ``--runs-per-process 3``
+measures dualhub the same way (without it each replay is a fresh process that also loads the
+compiled core from numba's cache).
 
-    python bench/bench_replay_1m.py --data /tmp/gb1m --repeat 3 \
+    python bench/bench_replay_1m.py --data /tmp/gb1m --repeat 3 --runs-per-process 3 \
         --hbt-python ~/.cache/dualhub/hbt-venv/bin/python
 """
 
@@ -98,22 +101,29 @@ def run_dualhub(
     kernel: bool = True,
     one_core: bool = False,
     cwd: Path | None = None,
-) -> tuple[float, float, int, str, str]:
-    """One replay in a fresh process, so peak RSS is this run's: (wall, rate, rss, events, digest, path).
-    ``cwd``: the tree whose code runs (this one by default)."""
+    runs: int = 1,
+) -> tuple[list[float], list[float], float, int, str, str]:
+    """``runs`` replays in one fresh process: ([wall], [rate], peak rss, events, digest, path), one wall
+    and rate per run. ``runs`` = 1: a process of its own per replay, so peak RSS is this run's and the
+    run loads the compiled core from numba's cache (and pages its memory in) inside its wall. ``runs``
+    > 1: runs 1.. are warm in the sense of hftbacktest's ``--runs`` (code loaded, memory paged in);
+    peak RSS is then the process's over all of them. ``cwd``: the tree whose code runs."""
     risk = "" if loss_stop_usd is None else f", risk=RiskLimits(daily_loss_stop_usd={loss_stop_usd!r})"
     code = (
         "import re, sys\n"
         "from engine.risk import RiskLimits\n"
         "from replay.driver import ReplayConfig, run_replay\n"
         f"cfg = ReplayConfig(fill_model={fill_model!r}{risk})\n"
-        f"r = run_replay({str(session)!r}, cfg, out_dir={str(out)!r}, overwrite=True, kernel={kernel!r})\n"
+        f"for _ in range({runs}):\n"
+        f"    r = run_replay({str(session)!r}, cfg, out_dir={str(out)!r}, overwrite=True,\n"
+        f"                   kernel={kernel!r})\n"
+        "    print('run', r.wall_s, r.snapshots_per_s, flush=True)\n"
         # VmHWM is this process's peak (ru_maxrss would carry the parent's peak across exec).
         "rss = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"
         "import replay.driver\n"
         "print(replay.driver.__file__)\n"
         "print(r.path)\n"
-        "print(r.wall_s, r.snapshots_per_s, rss, sum(r.counts.values()), r.digest)\n"
+        "print(rss, sum(r.counts.values()), r.digest)\n"
     )
     cmd = [sys.executable, "-c", code]
     if one_core:  # the whole process, its writer thread included, on CPU 0
@@ -123,8 +133,10 @@ def run_dualhub(
     p = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=cwd or ROOT)
     lines = p.stdout.strip().splitlines()
     assert lines[-3].startswith(str(cwd or ROOT)), (lines[-3], cwd)  # the tree meant ran
-    wall, rate, rss, events, digest = lines[-1].split()
-    return float(wall), float(rate), float(rss), int(events), digest, lines[-2]
+    each = [ln.split()[1:] for ln in lines if ln.startswith("run ")]
+    rss, events, digest = lines[-1].split()
+    walls, rates = [float(w) for w, _ in each], [float(r) for _, r in each]
+    return walls, rates, float(rss), int(events), digest, lines[-2]
 
 
 def workload(run: Path) -> str:
@@ -192,7 +204,15 @@ def main() -> None:
         type=int,
         default=3,
         help="hftbacktest's own --runs: its medians of that many runs in one process (warm); 1 = a cold "
-        "single run (default 3, the fair comparison; each dualhub run is a fresh process)",
+        "single run (default 3, the fair comparison with --runs-per-process 3)",
+    )
+    ap.add_argument(
+        "--runs-per-process",
+        type=int,
+        default=1,
+        help="dualhub replays per process, as hftbacktest's --runs: > 1 takes the median of runs 1.. of "
+        "each process (warm: compiled core loaded, memory paged in); 1 = a fresh process per replay, "
+        "whose wall includes loading the compiled core from numba's cache",
     )
     ap.add_argument(
         "--loss-stop-usd",
@@ -221,33 +241,39 @@ def _bench(args: argparse.Namespace, peer: Path | None) -> None:
         session = session_from_gen_books(args.data, Path(td) / "s", args.n or None, args.tile)
         ours, theirs, theirs_orders, digests, peers = [], [], [], set(), []
         hbt_kind = f"warm, median of its {args.hbt_runs} runs" if args.hbt_runs > 1 else "cold single run"
+        k = args.runs_per_process
+        kind = f"median of runs 1..{k - 1} of one process" if k > 1 else "a fresh process"
         for i in range(args.repeat):
-            wall, rate, rss, events, digest, path = run_dualhub(
+            walls, rates, rss, events, digest, path = run_dualhub(
                 session,
                 Path(td) / "run",
                 args.fill_model,
                 args.loss_stop_usd,
                 kernel=not args.python_engine,
                 one_core=args.one_core,
+                runs=k,
             )
+            rate = statistics.median(rates[1:]) if k > 1 else rates[0]
             ours.append(rate)
             digests.add(digest)
             print(
-                f"dualhub run {i}: {wall:.1f} s, {rate:,.0f} snapshots/s, "
+                f"dualhub run {i} ({kind}): {rate:,.0f} snapshots/s (each run: "
+                f"{', '.join(f'{w:.1f} s' for w in walls)}), "
                 f"peak RSS {rss:,.0f} MB, {events:,} events out; engine: {path}"
             )
             if i == 0:
                 print(workload(Path(td) / "run"))
             if peer is not None:
-                wall, rate, rss, events, digest, path = run_dualhub(
+                walls, rates, rss, events, digest, path = run_dualhub(
                     session, Path(td) / "run", args.fill_model, args.loss_stop_usd,
-                    kernel=not args.python_engine, one_core=args.one_core, cwd=peer,
+                    kernel=not args.python_engine, one_core=args.one_core, cwd=peer, runs=k,
                 )  # fmt: skip
+                rate = statistics.median(rates[1:]) if k > 1 else rates[0]
                 peers.append(rate)
                 print(
-                    f"  {args.peer} run {i}{' (cold)' if i == 0 else ''}: {wall:.1f} s, "
-                    f"{rate:,.0f} snapshots/s, peak RSS {rss:,.0f} MB, {events:,} events out; "
-                    f"same digest: {digest in digests}"
+                    f"  {args.peer} run {i}{' (cold)' if i == 0 and k == 1 else ''}: {rate:,.0f} snapshots/s "
+                    f"(each run: {', '.join(f'{w:.1f} s' for w in walls)}), peak RSS {rss:,.0f} MB, "
+                    f"{events:,} events out; same digest: {digest in digests}"
                 )
             if args.hbt_python:
                 r = run_hbt(args.hbt_python, args.data, args.one_core, args.hbt_runs)
@@ -264,18 +290,21 @@ def _bench(args: argparse.Namespace, peer: Path | None) -> None:
             f"{', one core' if args.one_core else ''}); "
             f"digests identical: {len(digests) == 1}"
         )
+
+        # With one replay per process, our run 0 compiles whatever its tree's cache lacks (cold after an
+        # edit to the core): it is set aside. With several per process every figure is already warm.
+        def warm(v: list[float]) -> list[float]:
+            return v if k > 1 else (v[1:] or v)
+
         if peers:
-            warm = peers[1:] or peers
-            mine = statistics.median(ours[1:] or ours)
+            mine = statistics.median(warm(ours))
             print(
-                f"warm medians (runs 1..): this tree {mine:,.0f}, {args.peer} {statistics.median(warm):,.0f} "
-                f"snapshots/s; ratio {mine / statistics.median(warm):.3f}"
+                f"warm medians: this tree {mine:,.0f}, {args.peer} {statistics.median(warm(peers)):,.0f} "
+                f"snapshots/s; ratio {mine / statistics.median(warm(peers)):.3f}"
             )
-        # Our run 0 compiles whatever its tree's cache lacks (cold after an edit to the core); with
-        # hftbacktest's warm medians it is set aside, as the peer comparison does.
         if theirs and args.hbt_runs > 1:
-            med = statistics.median(ours[1:] or ours)
-            print(f"dualhub warm median (runs 1..): {med:,.0f} snapshots/s")
+            med = statistics.median(warm(ours))
+            print(f"dualhub warm median ({kind}): {med:,.0f} snapshots/s")
         if theirs:
             ref = statistics.median(theirs)
             print(
