@@ -198,7 +198,7 @@ class Engine:
         c = CoreState.__new__(CoreState)
         c.__dict__.update({k: v.copy() if isinstance(v, np.ndarray) else v for k, v in vars(core).items()})
         lv, b_loc = self.levels.copy(), self.b_loc.copy()
-        K.headroom(c.S, c.OI, c.RI, c.HI, c.NOUT, c.OUTI.shape[1], c.lags, c.olat, c.work, c.inflight)
+        K.headroom(c.S, c.OI, c.RI, c.HI, c.NOUT, c.OUTI.shape[2], c.lags, c.olat, c.work, c.inflight)
         K.step_label(
             0, 0.5, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.HI, c.HF, c.olat, c.work, c.rest, c.kq,
             c.inflight, c.recent, c.eng_book, c.x_book, b_loc, lv, c.lags, c.OUTI, c.OUTF, c.NOUT, c.SCR,
@@ -485,7 +485,7 @@ class Engine:
             K.pf_enter(pf.PI, pf.PF, self.inst, c.S, c.SF)
         while True:
             st = int(
-                K.headroom(c.S, c.OI, c.RI, c.HI, c.NOUT, c.OUTI.shape[1], c.lags, c.olat, c.work, c.inflight)
+                K.headroom(c.S, c.OI, c.RI, c.HI, c.NOUT, c.OUTI.shape[2], c.lags, c.olat, c.work, c.inflight)
             )
             if st == K.ST_DONE:
                 break
@@ -516,8 +516,8 @@ class Engine:
         if n > self._sent:
             OUTI, symbol = c.OUTI, self.cfg.symbol
             for k in range(self._sent, n):
-                kind = int(OUTI[K.O_ORDER, k, 3])
-                oid = int(OUTI[K.O_ORDER, k, 2])
+                kind = int(OUTI[K.O_ORDER, 3, k])
+                oid = int(OUTI[K.O_ORDER, 2, k])
                 if kind == K.OK_NEW:
                     sent.append(oid)
                     self.execution.submit(self._intent(oid), now)

@@ -221,8 +221,8 @@ class CoreState:
         self.x_book = np.full(60, np.nan)
         self.SCR = np.zeros(K.SCRATCH_F)  # a step's scratch (the core makes no arrays: engine.jit)
         self.SCRI = np.zeros(K.HI_COLS, dtype=np.int64)
-        self.OUTI = np.zeros((8, out_cap, K.OUT_MAXI), dtype=np.int64)
-        self.OUTF = np.zeros((8, out_cap, K.OUT_MAXF), dtype=np.float64)
+        self.OUTI = np.zeros((8, K.OUT_MAXI, out_cap), dtype=np.int64)
+        self.OUTF = np.zeros((8, K.OUT_MAXF, out_cap), dtype=np.float64)
         self.NOUT = np.zeros(8, dtype=np.int64)
         self.lags = np.zeros(0, dtype=np.int64)
         # the symbols of the instruments whose rows the output buffer holds, by OUT_INST code
@@ -369,7 +369,7 @@ class CoreState:
             n = int(NOUT[s])
             if not n:
                 continue
-            ints, floats = OUTI[s, :n], OUTF[s, :n]
+            ints, floats = OUTI[s, :, :n], OUTF[s, :, :n]
             self.streams[stream].add(
                 pa.Table.from_arrays(self._columns(s, n, ints, floats), schema=_no_seq(stream))
             )
@@ -383,7 +383,7 @@ class CoreState:
         dropped with it). A valid command's texts stay for its command row, drained with it."""
         timeout = (self.timeout_text, "timeout", self.advisor_name, "", "", 0.0, 0.0, 0, 0, "")
         recs = []
-        for rid, timed_out in zip(ints[:, 1].tolist(), ints[:, 4].tolist(), strict=True):
+        for rid, timed_out in zip(ints[1].tolist(), ints[4].tolist(), strict=True):
             rec = self._replies.pop(rid, None)
             if timed_out:
                 rec = timeout
@@ -393,14 +393,14 @@ class CoreState:
                     self._texts[rid] = (rec[3], rec[4], rec[9])
             recs.append(rec)
         cols = list(zip(*recs, strict=True))
-        ts = pa.array(ints[:, 0].copy())
+        ts = pa.array(ints[0].copy())
         return [
             ts,
             ts,
-            pa.array(ints[:, 1].copy()),
-            pa.array(ints[:, 2].astype(bool)),
+            pa.array(ints[1].copy()),
+            pa.array(ints[2].astype(bool)),
             *(pa.array(c, pa.string()) for c in cols[:2]),  # error, failure
-            pa.array(ints[:, 3].copy()),  # lag
+            pa.array(ints[3].copy()),  # lag
             *(pa.array(c, pa.string()) for c in cols[2:5]),  # advisor, key, raw
             pa.array(cols[5], pa.float64()),
             pa.array(cols[6], pa.float64()),
@@ -409,41 +409,41 @@ class CoreState:
         ]
 
     def _sym(self, ints: np.ndarray) -> pa.Array:
-        return texts(tuple(self.symbols), ints[:, K.OUT_INST])
+        return texts(tuple(self.symbols), ints[K.OUT_INST])
 
     def _columns(self, s: int, n: int, ints: np.ndarray, floats: np.ndarray) -> list[pa.Array]:
         side = ("buy", "sell")
         otype = ("limit", "market")
         if s == K.O_KEV_QUEUE:
-            ts = pa.array(ints[:, 0].copy())
+            ts = pa.array(ints[0].copy())
             return [
                 ts,
                 ts,
-                pa.array(ints[:, 1].copy()),
-                _text(K.QUEUE_KINDS, ints[:, 2]),
-                pa.array(ints[:, 3].copy()),
+                pa.array(ints[1].copy()),
+                _text(K.QUEUE_KINDS, ints[2]),
+                pa.array(ints[3].copy()),
             ]
         if s == K.O_KEV_REQUEST:
             return [
-                pa.array(ints[:, 0].copy()),
-                pa.array(ints[:, 1].copy()),
-                pa.array(ints[:, 2].copy()),
+                pa.array(ints[0].copy()),
+                pa.array(ints[1].copy()),
+                pa.array(ints[2].copy()),
                 self._sym(ints),
-                _text(LABEL_NAMES, ints[:, 3]),
-                pa.array(ints[:, 4].copy()),
-                *(pa.array(floats[:, k].copy()) for k in range(4)),
-                pa.array(ints[:, 5].copy()),
+                _text(LABEL_NAMES, ints[3]),
+                pa.array(ints[4].copy()),
+                *(pa.array(floats[k].copy()) for k in range(4)),
+                pa.array(ints[5].copy()),
             ]
         if s == K.O_KEV_RESPONSE and self.ask:
             return self._response_columns(n, ints)
         if s == K.O_KEV_RESPONSE:
-            ok = ints[:, 2].astype(bool)
+            ok = ints[2].astype(bool)
             keys, raws, errors, failures = [], [], [], []
-            insts = ints[:, K.OUT_INST].tolist()
-            answered = ints[:, 4] == 0
-            self._make_texts(ints[answered, 1].tolist(), ints[answered, K.OUT_INST].tolist())
+            insts = ints[K.OUT_INST].tolist()
+            answered = ints[4] == 0
+            self._make_texts(ints[1, answered].tolist(), ints[K.OUT_INST, answered].tolist())
             for rid, good, timed_out, inst in zip(
-                ints[:, 1].tolist(), ok.tolist(), ints[:, 4].tolist(), insts, strict=True
+                ints[1].tolist(), ok.tolist(), ints[4].tolist(), insts, strict=True
             ):
                 key = raw = error = failure = ""
                 if timed_out:
@@ -456,17 +456,17 @@ class CoreState:
                 raws.append(raw)
                 errors.append(error)
                 failures.append(failure)
-            ts = pa.array(ints[:, 0].copy())
+            ts = pa.array(ints[0].copy())
             zero_f = pa.array(np.zeros(n))
             zero_i = pa.array(np.zeros(n, dtype=np.int64))
             return [
                 ts,
                 ts,
-                pa.array(ints[:, 1].copy()),
+                pa.array(ints[1].copy()),
                 pa.array(ok),
                 pa.array(errors, pa.string()),
                 pa.array(failures, pa.string()),
-                pa.array(ints[:, 3].copy()),
+                pa.array(ints[3].copy()),
                 pa.array([self.advisor.name], pa.string()).take(zero_i),
                 pa.array(keys, pa.string()),
                 pa.array(raws, pa.string()),
@@ -476,75 +476,75 @@ class CoreState:
                 zero_i,
             ]
         if s == K.O_COMMAND:
-            self._make_texts(ints[:, 3].tolist(), ints[:, K.OUT_INST].tolist())
+            self._make_texts(ints[3].tolist(), ints[K.OUT_INST].tolist())
             reasons = [
                 self._kev_texts(rid, inst)[2]
-                for rid, inst in zip(ints[:, 3].tolist(), ints[:, K.OUT_INST].tolist(), strict=True)
+                for rid, inst in zip(ints[3].tolist(), ints[K.OUT_INST].tolist(), strict=True)
             ]
             return [
-                pa.array(ints[:, 0].copy()),
-                pa.array(ints[:, 1].copy()),
-                pa.array(ints[:, 2].copy()),
-                pa.array(ints[:, 3].copy()),
+                pa.array(ints[0].copy()),
+                pa.array(ints[1].copy()),
+                pa.array(ints[2].copy()),
+                pa.array(ints[3].copy()),
                 self._sym(ints),
-                _text(ACTIONS, ints[:, 4]),
-                *(pa.array(floats[:, k].copy()) for k in range(3)),
+                _text(ACTIONS, ints[4]),
+                *(pa.array(floats[k].copy()) for k in range(3)),
                 pa.array(reasons, pa.string()),
-                pa.array(ints[:, 5].copy()),
+                pa.array(ints[5].copy()),
             ]
         if s == K.O_RISK:
-            ts = pa.array(ints[:, 0].copy())
+            ts = pa.array(ints[0].copy())
             return [
                 ts,
                 ts,
-                _prefixed("dh-", ints[:, 1].copy()),
+                _prefixed("dh-", ints[1].copy()),
                 self._sym(ints),
-                _text(("new", "cancel"), ints[:, 2]),
-                _text(side, ints[:, 3]),
-                _text(otype, ints[:, 4]),
-                pa.array(floats[:, 0].copy()),
-                pa.array(floats[:, 1].copy()),
-                _text(("quote", "kev", "flatten", "cancel"), ints[:, 5]),
-                pa.array(ints[:, 6].copy()),
-                pa.array(ints[:, 7].astype(bool)),
-                _text(self.reason_texts, ints[:, 8]),
+                _text(("new", "cancel"), ints[2]),
+                _text(side, ints[3]),
+                _text(otype, ints[4]),
+                pa.array(floats[0].copy()),
+                pa.array(floats[1].copy()),
+                _text(("quote", "kev", "flatten", "cancel"), ints[5]),
+                pa.array(ints[6].copy()),
+                pa.array(ints[7].astype(bool)),
+                _text(self.reason_texts, ints[8]),
             ]
         if s == K.O_ORDER:
             return [
-                pa.array(ints[:, 0].copy()),
-                pa.array(ints[:, 1].copy()),
-                _prefixed("dh-", ints[:, 2].copy()),
+                pa.array(ints[0].copy()),
+                pa.array(ints[1].copy()),
+                _prefixed("dh-", ints[2].copy()),
                 self._sym(ints),
-                _text(K.ORDER_KINDS, ints[:, 3]),
-                _text(side, ints[:, 4]),
-                _text(otype, ints[:, 5]),
-                pa.array(floats[:, 0].copy()),
-                pa.array(floats[:, 1].copy()),
-                _text(self.reason_texts, ints[:, 6]),
+                _text(K.ORDER_KINDS, ints[3]),
+                _text(side, ints[4]),
+                _text(otype, ints[5]),
+                pa.array(floats[0].copy()),
+                pa.array(floats[1].copy()),
+                _text(self.reason_texts, ints[6]),
             ]
         if s == K.O_FILL:
             return [
-                pa.array(ints[:, 0].copy()),
-                pa.array(ints[:, 1].copy()),
-                _prefixed("dh-", ints[:, 2].copy()),
+                pa.array(ints[0].copy()),
+                pa.array(ints[1].copy()),
+                _prefixed("dh-", ints[2].copy()),
                 self._sym(ints),
-                _text(side, ints[:, 3]),
-                pa.array(floats[:, 0].copy()),
-                pa.array(floats[:, 1].copy()),
-                _text(("maker", "taker"), ints[:, 4]),
-                _decimal_array(ints[:, 5].copy()),
-                _decimal_array(ints[:, 6].copy()),
-                pa.array(floats[:, 2].copy()),
+                _text(side, ints[3]),
+                pa.array(floats[0].copy()),
+                pa.array(floats[1].copy()),
+                _text(("maker", "taker"), ints[4]),
+                _decimal_array(ints[5].copy()),
+                _decimal_array(ints[6].copy()),
+                pa.array(floats[2].copy()),
             ]
         # latency
-        start, end = ints[:, 0].copy(), ints[:, 1].copy()
-        ref_n = ints[:, 4]
-        is_kev = ints[:, 3] == K.REF_KEV
+        start, end = ints[0].copy(), ints[1].copy()
+        ref_n = ints[4]
+        is_kev = ints[3] == K.REF_KEV
         refs = pc.if_else(pa.array(is_kev), _prefixed("kev:", ref_n.copy()), _prefixed("dh-", ref_n.copy()))
         return [
             pa.array(start),
             pa.array(end),
-            _text(K.SPAN_NAMES, ints[:, 2]),
+            _text(K.SPAN_NAMES, ints[2]),
             refs,
             pa.array(start),
             pa.array(end),

@@ -255,9 +255,9 @@ def forward(S, C, OI, HI, HF, olat, OUTI, NOUT):
     S[S_SENT] on) to the simulated exchange: each arrives after its drawn latency."""
     n = NOUT[O_ORDER]
     for k in range(S[S_SENT], n):
-        kind = OUTI[O_ORDER, k, 3]
-        oid = OUTI[O_ORDER, k, 2]
-        now = OUTI[O_ORDER, k, 1]
+        kind = OUTI[O_ORDER, 3, k]
+        oid = OUTI[O_ORDER, 2, k]
+        now = OUTI[O_ORDER, 1, k]
         if kind == OK_NEW:
             at = now + _draw(S, C, olat, OLAT_ENTRY)
             _heap_push(S, HI, HF, OI, at, PRIO_EXCH_IN, T_ARRIVE, oid, 0, 0, 0.0, 0.0)
