@@ -4,7 +4,8 @@
 Data: ``../shared/bench/gen_books.py -n N --out DIR``. The session holds gen_books' first ``n / 2``
 snapshots (and their trades) twice: as BTCUSDT, and as ETHUSDT with every price shifted by
 ``--shift`` (same tick) and every time by 1 ms, so the two books interleave: ``n`` snapshots in all.
-Each run is a fresh process (peak RSS is its own), alternating the portfolio on the compiled loop with
+Each run is a fresh process (peak RSS is its own; ``--runs-per-process K``: K replays in it, the median
+of runs 1.. reported, warm as hftbacktest's ``--runs``), alternating the portfolio on the compiled loop with
 its peers: the same portfolio with the engine driven per event, the single-instrument replay of
 the ``n`` BTCUSDT snapshots on the compiled loop, and with ``--peer REV`` the portfolio on the
 compiled loop of the repository at git revision REV (a worktree of its own). Medians of the warm
@@ -65,19 +66,31 @@ def pair_session(data: Path, out: Path, n: int, shift: float) -> Path:
 
 
 def run(
-    session: Path, out: Path, cfg: str, kernel: bool, one_core: bool, cwd: Path | None = None
+    session: Path,
+    out: Path,
+    cfg: str,
+    kernel: bool,
+    one_core: bool,
+    cwd: Path | None = None,
+    runs: int = 1,
 ) -> tuple[float, float, str]:
-    """One replay in a fresh process (``cwd``: the tree whose code runs; this one by default)."""
+    """``runs`` replays in one fresh process (``cwd``: the tree whose code runs; this one by default):
+    (rate, peak RSS, engine). One: the replay's own process, which loads the compiled core from numba's
+    cache inside its wall. More: the median rate of runs 1.. (warm, as hftbacktest's ``--runs``), and the
+    process's peak RSS over all of them."""
     code = (
-        "import re\n"
+        "import re, statistics\n"
         "from replay.driver import ReplayConfig, run_replay\n"
-        f"r = run_replay({str(session)!r}, ReplayConfig({cfg}), out_dir={str(out)!r}, overwrite=True, "
-        f"kernel={kernel!r})\n"
+        "rates = []\n"
+        f"for _ in range({runs}):\n"
+        f"    r = run_replay({str(session)!r}, ReplayConfig({cfg}), out_dir={str(out)!r}, overwrite=True,\n"
+        f"                   kernel={kernel!r})\n"
+        "    rates.append(r.snapshots_per_s)\n"
         "rss = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"
         "import replay.driver\n"
         "print(replay.driver.__file__)\n"
         "print(r.path)\n"
-        "print(r.snapshots_per_s, rss)\n"
+        "print(statistics.median(rates[1:] or rates), rss)\n"
     )
     cmd = [sys.executable, "-c", code]
     if one_core:
@@ -96,6 +109,13 @@ def main() -> None:
     ap.add_argument("--shift", type=float, default=1000.0, help="ETHUSDT's price offset (a tick multiple)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--one-core", action="store_true")
+    ap.add_argument(
+        "--runs-per-process",
+        type=int,
+        default=1,
+        help="replays per process: > 1 reports the median of runs 1.. of each (warm: core loaded, memory "
+        "paged in); 1 = a fresh process per replay, whose wall includes loading the compiled core",
+    )
     ap.add_argument("--peer", help="git revision whose compiled portfolio loop runs alternated with this one")
     a = ap.parse_args()
     with peer_tree(a.peer) as peer:
@@ -117,16 +137,21 @@ def _bench(a: argparse.Namespace, peer: Path | None) -> None:
         got: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
         for i in range(a.repeat):
             for name, (session, cfg, kernel, cwd) in runs.items():
-                rate, rss, path = run(session, Path(tmp) / "run", cfg, kernel, a.one_core, cwd)
+                rate, rss, path = run(
+                    session, Path(tmp) / "run", cfg, kernel, a.one_core, cwd, a.runs_per_process
+                )
                 got[name].append((rate, rss))
-                print(f"run {i}{' (cold)' if i == 0 else ''} {name}: {rate:,.0f} snapshots/s, "
+                cold = i == 0 and a.runs_per_process == 1
+                print(f"run {i}{' (cold)' if cold else ''} {name}: {rate:,.0f} snapshots/s, "
                       f"peak RSS {rss / 1024:.2f} GB [{path}]", flush=True)  # fmt: skip
-        print(f"\n{a.n:,} snapshots in all; medians of the warm runs (runs 1..{a.repeat - 1})")
+        k = a.runs_per_process
+        kind = f"each the median of runs 1..{k - 1} of a process" if k > 1 else f"runs 1..{a.repeat - 1}"
+        print(f"\n{a.n:,} snapshots in all; medians of the warm runs ({kind})")
         for name, vals in got.items():
-            warm = vals[1:] or vals
+            warm = vals if k > 1 else (vals[1:] or vals)
             rate = statistics.median(r for r, _ in warm)
             rss = max(m for _, m in warm)  # a cold run compiles in the measured process: its own figure
-            cold = f" (cold run {vals[0][1] / 1024:.2f} GB)" if len(vals) > 1 else ""
+            cold = f" (cold run {vals[0][1] / 1024:.2f} GB)" if len(vals) > 1 and k == 1 else ""
             print(f"  {name:52s} {rate:>10,.0f} snapshots/s   peak RSS {rss / 1024:.2f} GB{cold}")
 
 
