@@ -84,13 +84,33 @@ def step_parts(step: float) -> tuple[int, int]:
     return unit_parts(step, "size step")
 
 
+NO_PX = -(1 << 62)  # the price of an order that has none (a market order), in ticks
+
+
+@njit(inline="always")
+def tick_index(px: float, tick: float) -> float:
+    """``px`` in whole ticks, to the nearest (half-even): an integer held as a double, exact below
+    2**53; NaN and infinities stay as they are, so a comparison with them reads as it does in prices.
+    The core keeps order prices in ticks (engine.kernel.OI_PX) and the venue matches them against
+    book and trade prices through this, so an equal price is an equal integer, not a tolerance."""
+    return np.rint(px / tick) + 0.0
+
+
+@njit
+def on_tick_grid(px: float, tick: float) -> bool:
+    """``px`` is a positive whole number of ticks below 2**52, exactly the double :func:`at_units`
+    gives for them (as a decimal string of it parses): the only prices the exchange takes."""
+    k = tick_index(px, tick)
+    return 1.0 <= k < 2.0**52 and at_units(k, tick) == px
+
+
 @njit
 def round_to_tick(px: float, tick: float) -> float:
     """``px`` to the nearest tick (half-even), as :func:`at_units` gives that tick; a NaN or infinite
     ``px`` comes back as it is. ``+ 0.0``: a price has no -0."""
     if not math.isfinite(px):
         return float(px)
-    return at_units(np.rint(px / tick) + 0.0, tick)
+    return at_units(tick_index(px, tick), tick)
 
 
 @njit

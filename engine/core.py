@@ -540,7 +540,7 @@ class Engine:
             "new",
             "buy" if oi[K.OI_SIDE] == K.BUY else "sell",
             "limit" if oi[K.OI_TYPE] == K.LIMIT else "market",
-            float(of[K.OF_PX]),
+            K.price_of(oi[K.OI_PX], c.C),
             K.size_of(oi[K.OI_LOTS], c.C),
             bool(oi[K.OI_REDUCE]),
             None if math.isnan(slip) else slip,

@@ -11,7 +11,8 @@ Kev's target and rebalancing (``engine/strategy.py``), the rule advisor (``engin
 Kev queue policy (``engine/kev/queue.py``) and the book rules (``engine/book.py``). What this file holds
 is the bookkeeping around them: the order, request and timer tables, the Kev request flow, money.
 
-Money: position, cash and fees are integers of 1e-12 (prices of ``px_decimals`` digits, checked to
+Units: sizes and positions are whole lots of the size step, order prices whole ticks (OI_PX). Money:
+position, cash and fees are integers of 1e-12 (prices of ``px_decimals`` digits, checked to
 be their own shortest repr, as ``Decimal(repr(px))`` reads them), quantized half-even as
 ``Decimal.quantize`` does. The loss stop is decided exactly on them (``engine.risk.loss_ok``).
 
@@ -30,7 +31,7 @@ import math
 import numpy as np
 
 from engine.book import imbalance_levels
-from engine.contract import round_exact, round_to_step
+from engine.contract import NO_PX, round_exact, round_to_step, tick_index
 from engine.exact import POW10, div_half_even, mul_div_half_even, pmin, pyround  # noqa: F401 - tests call K.pyround
 from engine.jit import njit
 from engine.kev.command import TARGET_POSITION_ABS_MAX, within
@@ -210,7 +211,8 @@ SF_SIZE = 6
     C_TAKER_EXP,
     C_STEP_NUM,  # the size step as the exact fraction C_STEP_NUM / 10**C_STEP_DEC (its shortest decimal):
     C_STEP_DEC,  # the core counts sizes and the position in whole lots of it (engine.state sets them)
-) = range(22)
+    C_TICK_NUM,  # the tick as C_TICK_NUM / 10**C_PX_DECIMALS: order prices are whole ticks (OI_PX)
+) = range(23)
 # 1: the caller owns the clock (engine/core.py: live mode, the per-event replay): Kev timeouts are its
 # timers (step_timer), the heap holds nothing. 0: the replay loop, whose heap holds every timer.
 C_EXTERNAL = 27
@@ -249,10 +251,14 @@ OI_AGE = 9  # the age of the Kev advice the order acts on (its risk row's advice
 # engine has been told is filled of it, and what the simulated venue has filled (venue/matching.py: the
 # reports of that reach the engine a response latency later)
 OI_LOTS, OI_FILLED, OI_XFILLED = 10, 11, 12
-OI_COLS = 13
+# The order's limit price in whole ticks (NO_PX: a market order). The risk gateway passes only prices
+# on the tick grid, so the engine's requote and the venue's matching compare integers; the price
+# reported (order and risk rows, intents, fills) is price_of this, the double of the exact decimal.
+OI_PX = 13
+OI_COLS = 14
 # OF_AHEAD .. OF_TRADED: the venue's queue-model state of a resting order (venue/fills.py)
-OF_PX, OF_SLIP, OF_AHEAD, OF_LEVEL, OF_TRADED = 0, 1, 2, 3, 4
-OF_COLS = 5
+OF_SLIP, OF_AHEAD, OF_LEVEL, OF_TRADED = 0, 1, 2, 3
+OF_COLS = 4
 # Per-request table (row = request id): RI / RF
 RI_TS, RI_LABEL, RI_LABEL_SEQ, RI_ACTION, RI_WHY, RI_STARTED = 0, 1, 2, 3, 4, 5
 # RI_OK: the reply is a valid command (1), is not (0), is not there yet (-1); RI_DONE_SEQ: its timer's seq
@@ -436,6 +442,15 @@ def size_of(lots, C):
     return float(lots * C[C_STEP_NUM]) / POW10[C[C_STEP_DEC]]
 
 
+@njit(inline="always")
+def price_of(ticks, C):
+    """The price of ``ticks`` whole ticks (OI_PX): the double nearest the exact decimal, as size_of
+    gives a size (and engine.contract.at_units either); NaN for NO_PX, a market order's."""
+    if ticks == NO_PX:
+        return NAN
+    return float(ticks * C[C_TICK_NUM]) / POW10[C[C_PX_DECIMALS]]
+
+
 @njit
 def _lots(q, C):
     """The size ``q`` as whole lots of the size step, or -1 << 62 when it is not exactly the size of
@@ -518,7 +533,7 @@ def _order_event(OUTI, OUTF, NOUT, C, OI, OF, oid, kind, ts_event, ts_recv, reas
     OUTI[O_ORDER, 4, k] = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     OUTI[O_ORDER, 5, k] = OI[oid & (OI.shape[0] - 1), OI_TYPE]
     OUTI[O_ORDER, 6, k] = reason
-    OUTF[O_ORDER, 0, k] = OF[oid & (OF.shape[0] - 1), OF_PX]
+    OUTF[O_ORDER, 0, k] = price_of(OI[oid & (OI.shape[0] - 1), OI_PX], C)
     OUTF[O_ORDER, 1, k] = size_of(OI[oid & (OI.shape[0] - 1), OI_LOTS], C)
 
 
@@ -653,6 +668,7 @@ def _check_new(
         eng_book[45],
         eng_book,
         CF[CF_SIZE_STEP],
+        CF[CF_TICK],
         book_ts,
         now,
         lpx,
@@ -745,7 +761,7 @@ def _send_new(
     OI[oid & (OI.shape[0] - 1), OI_REDUCE] = 1 if reduce_only else 0
     OI[oid & (OI.shape[0] - 1), OI_SOURCE] = source
     OI[oid & (OI.shape[0] - 1), OI_AGE] = age
-    OF[oid & (OF.shape[0] - 1), OF_PX] = px
+    OI[oid & (OI.shape[0] - 1), OI_PX] = np.int64(tick_index(px, CF[CF_TICK])) if otype == LIMIT else NO_PX
     OI[oid & (OI.shape[0] - 1), OI_LOTS] = lots
     OI[oid & (OI.shape[0] - 1), OI_FILLED] = 0
     OF[oid & (OF.shape[0] - 1), OF_SLIP] = slip
@@ -775,7 +791,7 @@ def _send_cancel(S, C, OI, OF, HI, HF, olat, oid, OUTI, OUTF, NOUT):
         -1,
         True,
         R_OK,
-        OF[oid & (OF.shape[0] - 1), OF_PX],
+        price_of(OI[oid & (OI.shape[0] - 1), OI_PX], C),
         size_of(OI[oid & (OI.shape[0] - 1), OI_LOTS] - OI[oid & (OI.shape[0] - 1), OI_FILLED], C),
     )
     OI[oid & (OI.shape[0] - 1), OI_STATUS] = PENDING_CANCEL
@@ -932,7 +948,6 @@ def _requote(
                 lq,
             )
         return
-    half_tick = tick / 2
     for side in range(2):
         want = want_buy if side == BUY else want_sell
         qpx = bid_px if side == BUY else ask_px
@@ -946,8 +961,9 @@ def _requote(
                 m += 1
         keep = False
         if want:
+            qt = tick_index(qpx, tick)
             for j in range(m):
-                if abs(OF[sel[j] & (OF.shape[0] - 1), OF_PX] - qpx) < half_tick:
+                if OI[sel[j] & (OI.shape[0] - 1), OI_PX] == qt:
                     keep = True
                     break
         for j in range(m):

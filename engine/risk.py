@@ -26,7 +26,7 @@ from typing import Final
 import numpy as np
 
 from engine.book import LEVELS, SIDE_BUY, SIDE_SELL, WIDTH, as_levels, tradable_top, walk_levels, walked_avg
-from engine.contract import ContractConfig, at_units, lots_of
+from engine.contract import ContractConfig, at_units, lots_of, on_tick_grid
 from engine.errors import DualhubError
 from engine.events import BookSnapshot, Nanos
 from engine.exact import pmin
@@ -277,16 +277,17 @@ def limits_array(limits: RiskLimits) -> np.ndarray:
 
 
 @njit
-def well_formed(side, otype, px, qty, step) -> bool:
+def well_formed(side, otype, px, qty, step, tick) -> bool:
     """A known side and type; a size of whole lots of the contract's size step ``step`` (exactly the
     double :func:`engine.contract.at_units` gives for them, as a decimal string of it parses: the
-    exchange refuses any other size); for a limit order a finite positive price."""
+    exchange refuses any other size); for a limit order a price of whole ticks of ``tick``, likewise
+    (:func:`engine.contract.on_tick_grid`): the core holds it as that many ticks."""
     if not ((side == BUY or side == SELL) and (otype == LIMIT or otype == MARKET)):
         return False
     lots = lots_of(qty, step)
     if not (1.0 <= lots < 2.0**52 and at_units(lots, step) == qty):
         return False
-    return otype != LIMIT or (px > 0 and math.isfinite(px))
+    return otype != LIMIT or on_tick_grid(px, tick)
 
 
 @njit
@@ -487,6 +488,7 @@ def verdict(
     ask_sz,
     bk,
     step,
+    tick,
     book_ts,
     now,
     lpx,
@@ -495,15 +497,15 @@ def verdict(
     others_gross,
     others_pnl,
 ) -> int:
-    """The reason code (R_OK: accepted) for a new order: the code of the first rule of ``rules`` that
-    fails. ``lim``: :func:`limits_array`; ``rules``: :func:`rule_codes` (R_OK entries are skipped);
-    position and cash: integers of 1e-12 as two words each (:func:`loss_ok`); ``recent_n``: accepted
-    new orders in the rate window; ``side``/``otype``/``source``: codes; ``slip``: the order's slippage
-    cap, NaN for none; the book (read only when ``has_book``): its top, received at ``book_ts``, and for
-    the walk of a market order ``bk``, laid out as :func:`engine.book.as_levels` does, walked in lots of
-    the contract's size step ``step``; ``lpx``/``lq``: scratch for the walk; ``others_*``: the rest of
-    the portfolio, every other instrument the engine trades: the sum of their net deltas (USD, position
-    times mid), of their gross exposures and of their PnL (0 when there are none)."""
+    """The reason code (R_OK: accepted) for a new order: the code of the first rule of ``rules`` that fails.
+    ``lim``: :func:`limits_array`; ``rules``: :func:`rule_codes` (R_OK entries are skipped); position and
+    cash: integers of 1e-12 as two words each (:func:`loss_ok`); ``recent_n``: accepted new orders in the rate
+    window; ``side``/``otype``/``source``: codes; ``slip``: the order's slippage cap, NaN for none; the book
+    (read only when ``has_book``): its top, received at ``book_ts``, and for the walk of a market order
+    ``bk``, laid out as :func:`engine.book.as_levels` does, walked in lots of the contract's size step
+    ``step`` (its price tick: ``tick``); ``lpx``/``lq``: scratch for the walk; ``others_*``: the rest of the
+    portfolio, every other instrument the engine trades: the sum of their net deltas (USD, position times
+    mid), of their gross exposures and of their PnL (0 when there are none)."""
     position = (pos_hi * _WORD + pos_lo) / 1e12
     # Worst case: every resting order on the same side fills too. An order "reduces" only when even
     # then the position shrinks; only such an order may pass the position and loss limits.
@@ -515,7 +517,7 @@ def verdict(
         if r == R_OK:
             continue
         if r == R_BAD_ORDER:
-            ok = well_formed(side, otype, px, qty, step)
+            ok = well_formed(side, otype, px, qty, step, tick)
         elif r == R_KILL:
             ok = kill_switch_ok(kill, reduce_only, source)
         elif r == R_STALE_ADVICE:
@@ -559,6 +561,7 @@ def verdict(
 
 _NO_LEVELS = np.full(WIDTH, math.nan)
 _STEP = ContractConfig().size_step  # the default contract's, for callers that name none
+_TICK = ContractConfig().tick
 _LPX = np.empty(LEVELS)  # walk scratch: compiled calls hold the GIL (no nogil): one pair serves all
 _LQ = np.empty(LEVELS)
 # check()'s last limits and their arrays, replaced in one store: a thread never reads half of another's
@@ -586,9 +589,10 @@ def verdict_of(
     book: BookSnapshot | None,
     now_ns: Nanos,
     size_step: float = _STEP,
+    tick: float = _TICK,
 ) -> int:
     """:func:`verdict` for a new (or malformed) intent; ``lim``/``rules``: :func:`limits_array` and
-    :func:`rule_codes` of the limits; ``size_step``: the contract's."""
+    :func:`rule_codes` of the limits; ``size_step``, ``tick``: the contract's."""
     otype = _TYPES.get(intent.order_type, -1) if intent.intent == "new" else -1  # other intents: malformed
     if book is None:
         has_book, bid, bid_sz, ask, ask_sz, bk, book_ts = False, 0.0, 0.0, 0.0, 0.0, _NO_LEVELS, 0
@@ -631,6 +635,7 @@ def verdict_of(
         ask_sz,
         bk,
         size_step,
+        tick,
         book_ts,
         now_ns,
         _LPX,
@@ -648,9 +653,10 @@ def check(
     book: BookSnapshot | None,
     now_ns: Nanos,
     size_step: float = _STEP,
+    tick: float = _TICK,
 ) -> tuple[bool, str]:
-    """Accept or reject one intent (of a contract whose size step is ``size_step``). Cancels are always
-    allowed: they only ever reduce risk.
+    """Accept or reject one intent (of a contract whose size step is ``size_step`` and tick ``tick``).
+    Cancels are always allowed: they only ever reduce risk.
 
     RiskLimits is frozen: a check with the same limits as the one before reuses their arrays."""
     global _last_limits
@@ -659,7 +665,7 @@ def check(
     lims = _last_limits
     if lims[0] is not limits:
         lims = _last_limits = (limits, limits_array(limits), rule_codes(limits))
-    code = verdict_of(lims[1], lims[2], state, intent, book, now_ns, size_step)
+    code = verdict_of(lims[1], lims[2], state, intent, book, now_ns, size_step, tick)
     return code == R_OK, REASONS[code]
 
 

@@ -109,10 +109,10 @@ def fee_parts(rate: Decimal) -> tuple[int, int]:
     return parts
 
 
-def tick_decimals(tick: float) -> int:
-    """A tick's decimals (of its shortest decimal): the core reads a fill price as an integer of
-    10**-that (``_px_units``)."""
-    return unit_parts(tick, "tick")[1]
+def tick_parts(tick: float) -> tuple[int, int]:
+    """A tick as ``(num, decimals)`` of its shortest decimal: the core holds order prices in whole ticks
+    (engine.kernel.price_of) and reads a fill price as an integer of 10**-decimals (``_px_units``)."""
+    return unit_parts(tick, "tick")
 
 
 def _no_seq(stream: str) -> pa.Schema:
@@ -183,7 +183,7 @@ class CoreState:
         C[K.C_STALE_BOOK] = r.stale_book_ns
         C[K.C_MAX_ADVICE_AGE] = r.max_advice_age_ns
         C[K.C_RISK_RULES : K.C_RISK_RULES + N_RULES] = rule_codes(r)
-        C[K.C_PX_DECIMALS] = tick_decimals(c.tick)
+        C[K.C_TICK_NUM], C[K.C_PX_DECIMALS] = tick_parts(c.tick)
         C[K.C_MAKER_NUM], C[K.C_MAKER_EXP] = fee_parts(c.maker_fee_rate)
         C[K.C_TAKER_NUM], C[K.C_TAKER_EXP] = fee_parts(c.taker_fee_rate)
         C[K.C_STEP_NUM], C[K.C_STEP_DEC] = step_parts(c.size_step)

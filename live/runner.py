@@ -869,6 +869,7 @@ class LiveRunner:
                         parse_latency(cfg.latency_cancel, cancel), "cancel", sink
                     ),
                     size_step=contract.size_step,
+                    tick=contract.tick,
                 )
                 execution = paper
             engine = Engine(

@@ -694,10 +694,10 @@ def _sim_exchange(
     rng_order: np.random.Generator,
     rng_response: np.random.Generator,
     rng_cancel: np.random.Generator,
-    size_step: float,
+    contract: ContractConfig,
 ) -> SimExchange:
-    """The simulated exchange of a replay (of one instrument of a portfolio, whose contract's size step
-    is ``size_step``), its order latencies drawn from the streams given."""
+    """The simulated exchange of a replay (of one instrument of a portfolio, whose contract is
+    ``contract``), its order latencies drawn from the streams given."""
     return SimExchange(
         clock,
         fill_model=FILL_MODELS[cfg.fill_model](),
@@ -706,7 +706,8 @@ def _sim_exchange(
             cfg.latency_order_response, rng_response, cfg.scale_order, "latency_order_response"
         ),
         cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
-        size_step=size_step,
+        size_step=contract.size_step,
+        tick=contract.tick,
     )
 
 
@@ -1006,7 +1007,7 @@ def _run_replay(
     tmp = _start_run_dir(run_dir, overwrite)
     log = EventLog(tmp / "events")
     advisor, kev = _kev_backend(cfg, clock)
-    exchange = _sim_exchange(cfg, clock, latency, rng_order, rng_response, rng_cancel, cfg.contract.size_step)
+    exchange = _sim_exchange(cfg, clock, latency, rng_order, rng_response, rng_cancel, cfg.contract)
     engine = Engine(
         engine_config_from(cfg, symbol=cfg.symbol, contract=cfg.contract),
         clock=clock,

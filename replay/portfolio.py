@@ -346,7 +346,7 @@ def run_portfolio(
             labeler = _BatchLabeler(tape.b_seq, labels, probs, clock)
         else:
             labeler = _tick_labeler(laya)
-        exchange = _exchange(cfg, clock, latency, j, configs[j].contract.size_step)
+        exchange = _exchange(cfg, clock, latency, j, configs[j].contract)
         engine = Engine(
             configs[j],
             clock=clock,
@@ -429,9 +429,11 @@ def _portfolio(session: Any, cfg: ReplayConfig) -> Portfolio:
     )
 
 
-def _exchange(cfg: ReplayConfig, clock: ReplayClock, latency: Any, j: int, size_step: float) -> SimExchange:
+def _exchange(
+    cfg: ReplayConfig, clock: ReplayClock, latency: Any, j: int, contract: ContractConfig
+) -> SimExchange:
     """Instrument ``j``'s simulated exchange, its order latencies drawn from its own streams."""
-    return _sim_exchange(cfg, clock, latency, *(_rng(cfg.seed, c, j) for c in (4, 5, 6)), size_step)
+    return _sim_exchange(cfg, clock, latency, *(_rng(cfg.seed, c, j) for c in (4, 5, 6)), contract)
 
 
 def _instrument_configs(
@@ -484,7 +486,7 @@ def _run_compiled(
             lab, pr = _labels(cfg, laya, tape, *tables[j], clock)
             labels.append(lab)
             probs.append(pr)
-            exchange = _exchange(cfg, clock, latency, j, configs[j].contract.size_step)
+            exchange = _exchange(cfg, clock, latency, j, configs[j].contract)
             engine = Engine(
                 configs[j],
                 clock=clock,

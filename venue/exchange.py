@@ -22,7 +22,7 @@ import numpy as np
 from engine import kernel as K
 from engine.book import LEVELS, as_levels
 from engine.clock import ReplayClock
-from engine.contract import lots_of, step_parts
+from engine.contract import NO_PX, lots_of, step_parts, tick_index, unit_parts
 from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
 from engine.risk import OrderIntent
@@ -51,6 +51,7 @@ class SimExchange:
         response_latency: LatencyModel,
         cancel_latency: LatencyModel | None = None,
         size_step: float,
+        tick: float,
     ) -> None:
         self.clock = clock
         self.fill_model = fill_model
@@ -66,6 +67,8 @@ class SimExchange:
         self.CF[K.CF_QUEUE_N] = fill_model.n
         self.CF[K.CF_SIZE_STEP] = size_step  # the venue fills in whole lots of it
         self.C[K.C_STEP_NUM], self.C[K.C_STEP_DEC] = step_parts(size_step)
+        self.CF[K.CF_TICK] = tick  # and matches prices in whole ticks of this
+        self.C[K.C_TICK_NUM], self.C[K.C_PX_DECIMALS] = unit_parts(tick, "tick")
         self._lpx = np.empty(LEVELS)
         self._lq = np.empty(LEVELS)
         # Orders by slot: a slot is an order's row (the venue finds order N in row N & (rows - 1), so a
@@ -150,7 +153,7 @@ class SimExchange:
                 {
                     "client_oid": self._names[i],
                     "side": "buy" if oi[K.OI_SIDE] == K.BUY else "sell",
-                    "px": float(of[K.OF_PX]),
+                    "px": K.price_of(oi[K.OI_PX], self.C),
                     "qty": K.size_of(oi[K.OI_LOTS], self.C),
                     "filled": K.size_of(oi[K.OI_XFILLED], self.C),
                     "ahead": float(of[K.OF_AHEAD]),
@@ -178,7 +181,10 @@ class SimExchange:
         self.OI[i, K.OI_SIDE] = SIDE_CODE[intent.side]
         self.OI[i, K.OI_TYPE] = _TYPE_CODE[intent.order_type]
         self.OI[i, K.OI_REDUCE] = intent.reduce_only
-        self.OF[i, K.OF_PX] = intent.px if intent.order_type == "limit" else math.nan
+        # Whole ticks: an order reaches the venue through the risk gateway (the engine's) or the local
+        # exchange's checks, both of which refuse a price off the tick grid
+        limit = intent.order_type == "limit"
+        self.OI[i, K.OI_PX] = int(tick_index(intent.px, self.CF[K.CF_TICK])) if limit else NO_PX
         self.OI[i, K.OI_LOTS] = lots_of(intent.qty, self.CF[K.CF_SIZE_STEP])  # down to whole lots
         self._arriving.add(i)
         at = now_ns + self.entry_latency.sample_ns(now_ns)

@@ -2,6 +2,9 @@
 
 Hooks are named for market events (as hftbacktest's ``QueueModel``): ``on_new`` when the order
 reaches the exchange, ``on_trade`` for every public trade, ``on_depth`` for every book snapshot.
+Prices here are whole ticks (:func:`engine.contract.tick_index`): an order's price, the book's levels and
+a trade's price are compared as integers, so "at our price" is equality, not a tolerance.
+
 The models are a closed set of kind codes (``FM_*``) and the rules are written once, compiled: a pure
 :func:`prob` and the small state updates :func:`on_new`, :func:`on_trade`, :func:`on_depth` over a
 per-order state of three floats (ahead, level, traded) passed in and returned. The replay kernel keeps
@@ -24,6 +27,7 @@ from functools import partial
 from typing import Final
 
 from engine.book import ASK_PX, BID_PX, LEVELS, SIDE_BUY, SIDE_SELL, as_levels
+from engine.contract import tick_index
 from engine.events import BookSnapshot, Trade
 from engine.exact import pmax, pmin
 from engine.jit import njit
@@ -34,19 +38,18 @@ FM_TOUCH, FM_THROUGH, FM_QUEUE_POWER, FM_QUEUE_LOG, FM_RISK_AVERSE = 0, 1, 2, 3,
 
 
 @njit
-def level_size(bk, side, px) -> tuple[bool, float]:
-    """(known, displayed size at ``px`` on ``side`` of the 60-float book ``bk``).
+def level_size(bk, side, px, tick) -> tuple[bool, float]:
+    """(known, displayed size at ``px`` (whole ticks of ``tick``) on ``side`` of the 60-float book ``bk``).
 
     Size 0.0 when ``px`` is inside the window but has no level (emptied, or better than the best price);
     not known when ``px`` is beyond the deepest displayed level (it left the window)."""
     off = BID_PX if side == SIDE_BUY else ASK_PX
-    half_tick = 1e-9 * pmax(1.0, abs(px))
     deepest = math.nan
     for i in range(LEVELS):
-        p = bk[off + i]
+        p = tick_index(bk[off + i], tick)
         if p != p:  # NaN: fewer levels than the window holds, the whole side is visible
             return True, 0.0
-        if abs(p - px) <= half_tick:
+        if p == px:
             return True, bk[off + LEVELS + i]
         deepest = p
     beyond = px < deepest if side == SIDE_BUY else px > deepest
@@ -79,12 +82,12 @@ def prob(kind, n, front, back) -> float:
 
 
 @njit
-def on_new(kind, bk, side, px) -> tuple[float, float, float]:
-    """The state (ahead, level, traded) of an order that starts resting at ``px`` on book ``bk``:
-    behind the displayed size for the queue kinds, first in line for touch and through."""
+def on_new(kind, bk, side, px, tick) -> tuple[float, float, float]:
+    """The state (ahead, level, traded) of an order that starts resting at ``px`` (ticks of ``tick``) on
+    book ``bk``: behind the displayed size for the queue kinds, first in line for touch and through."""
     if kind == FM_TOUCH or kind == FM_THROUGH:
         return 0.0, math.nan, 0.0
-    known, q = level_size(bk, side, px)
+    known, q = level_size(bk, side, px, tick)
     if known:
         return q, q, 0.0
     return 0.0, math.nan, 0.0
@@ -92,14 +95,14 @@ def on_new(kind, bk, side, px) -> tuple[float, float, float]:
 
 @njit
 def on_trade(kind, side, px, remaining, ahead, traded, tpx, tsz, tside) -> tuple[float, float, float]:
-    """A public trade (``tpx``, ``tsz``, aggressor ``tside``; any other code is neither side) against
-    our order: (quantity it fills, ahead, traded). Touch fills on a trade at or through our price,
-    through only strictly through it; the queue kinds fill through at once and at our price only
-    what the trade leaves after the queue ahead."""
+    """A public trade (``tpx`` in ticks, ``tsz``, aggressor ``tside``; any other code is neither side)
+    against our order at ``px`` ticks: (quantity it fills, ahead, traded). Touch fills on a trade at or
+    through our price, through only strictly through it; the queue kinds fill through at once and at
+    our price only what the trade leaves after the queue ahead."""
     if not ((side == SIDE_BUY and tside == SIDE_SELL) or (side == SIDE_SELL and tside == SIDE_BUY)):
         return 0.0, ahead, traded
     through = tpx < px if side == SIDE_BUY else tpx > px
-    at = abs(px - tpx) <= 1e-9 * pmax(1.0, abs(px))
+    at = tpx == px
     if kind == FM_TOUCH or kind == FM_THROUGH:
         if through or (at and kind == FM_TOUCH):
             return pmin(remaining, tsz), ahead, traded
@@ -116,13 +119,14 @@ def on_trade(kind, side, px, remaining, ahead, traded, tpx, tsz, tside) -> tuple
 
 
 @njit
-def on_depth(kind, n, bk, side, px, ahead, level, traded) -> tuple[float, float, float]:
-    """A new book snapshot ``bk``: the state (ahead, level, traded) after it. Trades at our price since
+def on_depth(kind, n, bk, side, px, tick, ahead, level, traded) -> tuple[float, float, float]:
+    """A new book snapshot ``bk``: the state (ahead, level, traded) after it of an order at ``px`` ticks
+    of ``tick``. Trades at our price since
     the last snapshot explain that much of a decrease; the rest is split by :func:`prob` (never ahead
     of us for risk averse); growth joins behind us."""
     if kind == FM_TOUCH or kind == FM_THROUGH:
         return ahead, level, traded
-    known, q = level_size(bk, side, px)
+    known, q = level_size(bk, side, px, tick)
     if not known:  # left the window: the queue is still there, we just cannot see it
         return ahead, math.nan, 0.0
     if level != level:  # came back into view: all we know is that at most q is ahead
@@ -145,9 +149,10 @@ def on_depth(kind, n, bk, side, px, ahead, level, traded) -> tuple[float, float,
 SIDE_CODE: Final = {"buy": SIDE_BUY, "sell": SIDE_SELL}
 
 
-def level_qty(book: BookSnapshot, side: str, px: float) -> float | None:
-    """:func:`level_size` on ``book``; None when ``px`` left the window (unknown)."""
-    known, q = level_size(as_levels(book), SIDE_CODE[side], px)
+def level_qty(book: BookSnapshot, side: str, px: float, tick: float) -> float | None:
+    """:func:`level_size` on ``book`` at the price ``px`` of a contract whose tick is ``tick``; None when
+    ``px`` left the window (unknown)."""
+    known, q = level_size(as_levels(book), SIDE_CODE[side], tick_index(px, tick), tick)
     return float(q) if known else None
 
 
@@ -157,6 +162,7 @@ class QueueState:
     side: str  # "buy" | "sell"
     px: float
     qty: float
+    tick: float  # the contract's: the models compare prices in whole ticks of it
     filled: float = 0.0
     ahead: float = 0.0  # displayed quantity estimated ahead of us at our price
     level_qty: float = math.nan  # displayed quantity at our price in the last snapshot (NaN: unknown)
@@ -179,18 +185,18 @@ class FillModel:
 
     def on_new(self, st: QueueState, book: BookSnapshot) -> None:
         st.ahead, st.level_qty, st.traded_at_px = on_new(
-            self.kind, as_levels(book), SIDE_CODE[st.side], st.px
+            self.kind, as_levels(book), SIDE_CODE[st.side], tick_index(st.px, st.tick), st.tick
         )
 
     def on_trade(self, st: QueueState, trade: Trade) -> float:
         filled, st.ahead, st.traded_at_px = on_trade(
             self.kind,
             SIDE_CODE[st.side],
-            st.px,
+            tick_index(st.px, st.tick),
             st.qty - st.filled,
             st.ahead,
             st.traded_at_px,
-            trade.px,
+            tick_index(trade.px, st.tick),
             trade.sz,
             SIDE_CODE.get(trade.side, -1),
         )
@@ -202,7 +208,8 @@ class FillModel:
             self.n,
             as_levels(book),
             SIDE_CODE[st.side],
-            st.px,
+            tick_index(st.px, st.tick),
+            st.tick,
             st.ahead,
             st.level_qty,
             st.traded_at_px,

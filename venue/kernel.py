@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.contract import tick_index
 from engine.jit import njit
 from engine.kernel import (
     C_FILL_MODEL,
     C_OLAT_KEYED,
     CF_QUEUE_N,
     CF_SIZE_STEP,
+    CF_TICK,
     KEY_FALLBACK,
     KEY_HEAD,
     KEY_MISSES,
@@ -36,10 +38,10 @@ from engine.kernel import (
     O_ORDER,
     OF_AHEAD,
     OF_LEVEL,
-    OF_PX,
     OF_TRADED,
     OI_LOTS,
     OI_OID,
+    OI_PX,
     OI_REDUCE,
     OI_RESTING,
     OI_SIDE,
@@ -70,6 +72,7 @@ from engine.kernel import (
     U_TABLE,
     _heap_push,
     drop_id,
+    price_of,
     size_of,
 )
 from engine.risk import only_reduces as _reduce_only_ok
@@ -155,10 +158,11 @@ def x_on_book(S, C, CF, OI, OF, HI, HF, olat, rest, x_book):
         C[C_FILL_MODEL],
         CF[CF_QUEUE_N],
         x_book,
+        CF[CF_TICK],
         rows,
         n,
         OI[:, OI_SIDE],
-        OF[:, OF_PX],
+        OI[:, OI_PX],
         OF[:, OF_AHEAD],
         OF[:, OF_LEVEL],
         OF[:, OF_TRADED],
@@ -167,7 +171,7 @@ def x_on_book(S, C, CF, OI, OF, HI, HF, olat, rest, x_book):
     for j in range(k):
         r = rows[j]
         left = OI[r, OI_LOTS] - OI[r, OI_XFILLED]
-        _x_fill(S, C, OI, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], left)
+        _x_fill(S, C, OI, HI, HF, olat, rest, OI[r, OI_OID], price_of(OI[r, OI_PX], C), left)
 
 
 @njit(nrt=True)
@@ -182,12 +186,12 @@ def x_on_trade(S, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside):
         rows,
         n,
         OI[:, OI_SIDE],
-        OF[:, OF_PX],
+        OI[:, OI_PX],
         OI[:, OI_LOTS],
         OI[:, OI_XFILLED],
         OF[:, OF_AHEAD],
         OF[:, OF_TRADED],
-        px,
+        tick_index(px, CF[CF_TICK]),
         sz,
         tside,
         rows,
@@ -195,7 +199,7 @@ def x_on_trade(S, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside):
     )
     for j in range(k):
         r = rows[j]
-        _x_fill(S, C, OI, HI, HF, olat, rest, OI[r, OI_OID], OF[r, OF_PX], fq[j])
+        _x_fill(S, C, OI, HI, HF, olat, rest, OI[r, OI_OID], price_of(OI[r, OI_PX], C), fq[j])
 
 
 @njit
@@ -218,9 +222,10 @@ def x_arrive(S, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, lpx, lq):
         _report(S, C, OI, HI, HF, olat, M_REJECT, oid, R_REDUCE_REJECTED, 0.0, 0.0)
         return
     _report(S, C, OI, HI, HF, olat, M_ACK, oid, 0, 0.0, 0.0)
-    limit = OF[r, OF_PX] if otype == LIMIT else NAN
+    tick = CF[CF_TICK]
+    limit = float(OI[i, OI_PX]) if otype == LIMIT else NAN
     n, filled, S[S_XPOS], outcome = match_arrival(
-        x_book, side, lots, step, limit, otype == MARKET, S[S_XPOS], lpx, lq
+        x_book, side, lots, step, limit, tick, otype == MARKET, S[S_XPOS], lpx, lq
     )
     for j in range(n):
         _report_fill(S, C, OI, HI, HF, olat, oid, lpx[j], lq[j], LIQ_TAKER)
@@ -228,7 +233,9 @@ def x_arrive(S, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, lpx, lq):
         _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED if outcome == AR_FILLED else R_IOC, 0.0, 0.0)
         return
     OI[i, OI_XFILLED] = filled
-    OF[r, OF_AHEAD], OF[r, OF_LEVEL], OF[r, OF_TRADED] = on_new(C[C_FILL_MODEL], x_book, side, OF[r, OF_PX])
+    OF[r, OF_AHEAD], OF[r, OF_LEVEL], OF[r, OF_TRADED] = on_new(
+        C[C_FILL_MODEL], x_book, side, OI[i, OI_PX], tick
+    )
     nr = S[S_NREST]
     if nr >= rest.shape[0] >> 1:
         S[S_WHY] = U_TABLE

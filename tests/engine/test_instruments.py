@@ -64,6 +64,7 @@ class _Run:
                 response_latency=ConstantLatency(1_000_000),
                 cancel_latency=ConstantLatency(1_000_000),
                 size_step=step,
+                tick=tick,
             )
             cfg = EngineConfig(
                 symbol=sym,

@@ -92,6 +92,20 @@ def test_a_size_of_whole_lots_of_the_contracts_step_passes():
     assert check(LIMITS, RiskState(), limit(qty=0.003), BOOK, NOW, size_step=0.002) == (False, "bad_order")
 
 
+def test_a_limit_price_must_be_whole_ticks_of_the_contracts_tick():
+    """The core holds an order's price as whole ticks: a price off the grid (or the float noise of a
+    sum, which no exchange string parses to) is refused before it gets there, as the exchange would."""
+    assert check(LIMITS, RiskState(), limit(px=100.1), BOOK, NOW) == (True, "ok")
+    assert check(LIMITS, RiskState(), limit(px=100.05), BOOK, NOW) == (False, "bad_order")
+    assert check(LIMITS, RiskState(), limit(px=100.05), BOOK, NOW, tick=0.01) == (True, "ok")
+    assert check(LIMITS, RiskState(), limit(px=100.1), BOOK, NOW, tick=0.5) == (False, "bad_order")
+    assert check(LIMITS, RiskState(), limit(px=99.9 + 0.2), BOOK, NOW) == (
+        False,
+        "bad_order",
+    )  # 100.10000000000001
+    assert check(LIMITS, RiskState(), market(), BOOK, NOW) == (True, "ok")  # a market order has no price
+
+
 @pytest.mark.parametrize("state, intent, book, now, reason", RULE_CASES)
 def test_each_rule_rejects_with_its_reason(state, intent, book, now, reason):
     assert check(LIMITS, state, intent, book, now) == (False, reason)

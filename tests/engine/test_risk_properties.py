@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.book import tradable
-from engine.contract import ContractConfig, step_parts
+from engine.contract import ContractConfig, round_to_tick, step_parts
 from engine.events import BookSnapshot
 from engine.kev.command import (
     HEDGE_RATIO_RANGE,
@@ -113,12 +113,14 @@ intents = st.builds(
 
 @st.composite
 def cases(draw: st.DrawFn) -> tuple[RiskState, OrderIntent, BookSnapshot]:
-    """A state, an intent and a book; the intent's price is often near the book's mid, so that orders
-    get as far as the price band, the slippage and the loss stop."""
+    """A state, an intent and a book; the intent's price is often near the book's mid, mostly on the
+    tick grid, so that orders get as far as the price band, the slippage and the loss stop."""
     book, intent = draw(books()), draw(intents)
     if draw(st.booleans()):
         mid = (book.bid_px[0] + book.ask_px[0]) / 2
-        intent = replace(intent, px=mid * (1 + draw(st.integers(-80, 80)) / 1e4))
+        px = mid * (1 + draw(st.integers(-80, 80)) / 1e4)
+        on_grid = draw(st.integers(0, 3)) > 0
+        intent = replace(intent, px=round_to_tick(px, ContractConfig().tick) if on_grid else px)
     return draw(states), intent, book
 
 
@@ -236,6 +238,7 @@ def _kernel_check(limits: RiskLimits, state: RiskState, it: OrderIntent, book: B
         (K.CF_PF_MAX_GROSS, limits.portfolio_max_gross_usd),
         (K.CF_PF_LOSS_STOP, limits.portfolio_loss_stop_usd),
         (K.CF_SIZE_STEP, ContractConfig().size_step),  # the step check() walks the book in
+        (K.CF_TICK, ContractConfig().tick),  # and the tick it reads prices in
     ):
         CF[i] = v
     SF = np.zeros(K.SF_SIZE, dtype=np.float64)

@@ -41,6 +41,7 @@ class _Sim:
             entry_latency=zero,
             response_latency=zero,
             size_step=0.001,
+            tick=0.1,
         )
         self.ex.engine = _Sink()
 

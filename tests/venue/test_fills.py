@@ -16,6 +16,8 @@ from venue.fills import FILL_MODELS, FM_QUEUE_LOG, FM_QUEUE_POWER, QueueState, l
 from venue.latency import ConstantLatency
 from venue.matching import AR_FILLED, AR_IOC_EXPIRED, AR_REST, maker_fill, match_arrival
 
+TICK = 0.01  # the contract's tick: the books below are on its grid (100.05 is a price inside the spread)
+
 
 def trade(px, sz, side="sell", ts=1):
     return Trade(ts_event=ts, ts_recv=ts, seq=0, symbol="BTCUSDT", trade_id="t", px=px, sz=sz, side=side)
@@ -29,16 +31,16 @@ def book_with(bid_sizes, bid=100.0, ask=100.1, levels=15):
 
 def test_level_qty_tells_left_window_from_emptied():
     b = make_book(100.0, 100.1, size=2.0)  # bids 100.0 .. 98.6
-    assert level_qty(b, "buy", 99.5) == 2.0
-    assert level_qty(b, "buy", 100.05) == 0.0  # inside the spread: nothing ahead
-    assert level_qty(b, "buy", 98.0) is None  # beyond the 15th level: left the window, unknown
+    assert level_qty(b, "buy", 99.5, TICK) == 2.0
+    assert level_qty(b, "buy", 100.05, TICK) == 0.0  # inside the spread: nothing ahead
+    assert level_qty(b, "buy", 98.0, TICK) is None  # beyond the 15th level: left the window, unknown
     short = make_book(100.0, 100.1, size=2.0, levels=3)
-    assert level_qty(short, "buy", 98.0) == 0.0  # the whole side is visible: really empty
+    assert level_qty(short, "buy", 98.0, TICK) == 0.0  # the whole side is visible: really empty
 
 
 def test_order_joins_behind_displayed_size_and_trades_eat_the_queue_first():
     m = FILL_MODELS["queue_power2"]()
-    st = QueueState("o", "buy", 99.9, 0.5)
+    st = QueueState("o", "buy", 99.9, 0.5, TICK)
     m.on_new(st, book_with([1.0, 3.0]))  # 3.0 displayed at 99.9
     assert st.ahead == 3.0
     assert m.on_trade(st, trade(99.9, 2.0)) == 0.0 and st.ahead == pytest.approx(1.0)
@@ -49,14 +51,14 @@ def test_order_joins_behind_displayed_size_and_trades_eat_the_queue_first():
 
 def test_trade_through_our_price_fills_at_once():
     m = FILL_MODELS["queue_power2"]()
-    st = QueueState("o", "buy", 99.9, 0.5)
+    st = QueueState("o", "buy", 99.9, 0.5, TICK)
     m.on_new(st, book_with([1.0, 3.0]))
     assert m.on_trade(st, trade(99.8, 0.2)) == pytest.approx(0.2)
 
 
 def test_unexplained_decrease_is_split_by_the_probability_model():
     m = FILL_MODELS["queue_power2"]()
-    st = QueueState("o", "buy", 99.9, 0.5)
+    st = QueueState("o", "buy", 99.9, 0.5, TICK)
     m.on_new(st, book_with([1.0, 4.0]))
     st.ahead = 1.0  # earlier trades moved us up: 1 ahead, 3 behind
     m.on_depth(st, book_with([1.0, 2.0]))  # 4 -> 2 with no trade: 2 cancelled somewhere
@@ -68,7 +70,7 @@ def test_unexplained_decrease_is_split_by_the_probability_model():
     m.on_depth(st, book_with([1.0, 1.5]))  # 2 -> 1.5, all explained by the trade
     assert st.ahead == pytest.approx(0.5)
     conservative = FILL_MODELS["risk_averse"]()
-    st2 = QueueState("o", "buy", 99.9, 0.5)
+    st2 = QueueState("o", "buy", 99.9, 0.5, TICK)
     conservative.on_new(st2, book_with([1.0, 4.0]))
     st2.ahead = 1.0
     conservative.on_depth(st2, book_with([1.0, 2.0]))
@@ -77,7 +79,7 @@ def test_unexplained_decrease_is_split_by_the_probability_model():
 
 def test_growth_joins_behind_and_leaving_the_window_keeps_the_estimate():
     m = FILL_MODELS["queue_log"]()
-    st = QueueState("o", "buy", 99.9, 0.5)
+    st = QueueState("o", "buy", 99.9, 0.5, TICK)
     m.on_new(st, book_with([1.0, 2.0]))
     m.on_depth(st, book_with([1.0, 5.0]))
     assert st.ahead == 2.0
@@ -99,7 +101,7 @@ def test_probability_curves():
 
 
 def test_touch_and_through_baselines():
-    st = QueueState("o", "buy", 99.9, 0.5)
+    st = QueueState("o", "buy", 99.9, 0.5, TICK)
     assert FILL_MODELS["touch"]().on_trade(st, trade(99.9, 0.2)) == 0.2
     assert FILL_MODELS["through"]().on_trade(st, trade(99.9, 0.2)) == 0.0
     assert FILL_MODELS["through"]().on_trade(st, trade(99.8, 0.9)) == 0.5
@@ -109,7 +111,7 @@ def test_touch_and_through_baselines():
 
 def test_trades_elsewhere_leave_the_queue_alone_and_a_trade_through_clears_it():
     m = FILL_MODELS["queue_power2"]()
-    st = QueueState("o", "buy", 99.9, 0.5)
+    st = QueueState("o", "buy", 99.9, 0.5, TICK)
     m.on_new(st, book_with([1.0, 3.0]))
     assert m.on_trade(st, trade(100.0, 2.0)) == 0.0  # above our bid: someone else's level
     assert m.on_trade(st, trade(99.9, 2.0, side="buy")) == 0.0  # a buyer took the asks
@@ -135,7 +137,7 @@ def test_trades_elsewhere_leave_the_queue_alone_and_a_trade_through_clears_it():
 )
 def test_cancels_move_us_forward_as_the_model_splits_them(model, ahead):
     m = FILL_MODELS[model]()
-    st = QueueState("o", "buy", 99.9, 0.5)
+    st = QueueState("o", "buy", 99.9, 0.5, TICK)
     m.on_new(st, book_with([1.0, 4.0]))
     assert m.on_trade(st, trade(99.9, 3.0)) == 0.0 and st.ahead == 1.0 and st.traded_at_px == 3.0
     m.on_depth(st, book_with([1.0, 6.0]))  # 4 - 3 traded + 5 new: growth, behind us
@@ -147,7 +149,7 @@ def test_cancels_move_us_forward_as_the_model_splits_them(model, ahead):
 
 
 def test_touch_ignores_the_book_and_queue_kinds_start_unknown_when_the_price_left_the_window():
-    st = QueueState("o", "buy", 98.0, 0.5)
+    st = QueueState("o", "buy", 98.0, 0.5, TICK)
     FILL_MODELS["touch"]().on_new(st, make_book(100.0, 100.1))
     FILL_MODELS["touch"]().on_depth(st, make_book(100.0, 100.1, levels=3))
     assert (st.ahead, math.isnan(st.level_qty), st.traded_at_px) == (0.0, True, 0.0)
@@ -158,25 +160,46 @@ def test_touch_ignores_the_book_and_queue_kinds_start_unknown_when_the_price_lef
     assert (st.ahead, st.level_qty) == (0.0, 2.0)
 
 
+def test_prices_match_as_whole_ticks_not_within_a_tolerance():
+    """A fine tick on a high price: neighbouring levels are 1e-5 apart at 20 000, closer than a relative
+    tolerance of 1e-9 would tell apart. In ticks each level is its own integer."""
+    tick = 1e-5
+    b = make_book(20_000.00003, 20_000.00004, tick=tick, size=2.0)
+    b = b.__class__(**{**{f: getattr(b, f) for f in b.__slots__}, "bid_sz": (1.0, 2.0, 3.0) + b.bid_sz[3:]})
+    assert [level_qty(b, "buy", px, tick) for px in (20_000.00003, 20_000.00002, 20_000.00001)] == [
+        1.0,
+        2.0,
+        3.0,
+    ]
+    st = QueueState("o", "buy", 20_000.00002, 0.5, tick)
+    m = FILL_MODELS["queue_power2"]()
+    m.on_new(st, b)
+    assert st.ahead == 2.0
+    assert m.on_trade(st, trade(20_000.00003, 5.0)) == 0.0  # one tick above our bid: not at our price
+    assert st.ahead == 2.0 and st.traded_at_px == 0.0
+    assert m.on_trade(st, trade(20_000.00001, 0.1)) == 0.1  # one tick through it: filled
+
+
 def test_the_compiled_level_lookup_reads_the_kernel_layout():
     b = book_with([1.0, 3.0])
-    known, q = level_qty(b, "buy", 99.9), level_qty(b, "sell", 100.2)
+    known, q = level_qty(b, "buy", 99.9, TICK), level_qty(b, "sell", 100.2, TICK)
     assert (known, q) == (3.0, 1.0)
-    assert level_qty(b, "sell", 100.05) == 0.0 and level_qty(b, "sell", 102.0) is None
+    assert level_qty(b, "sell", 100.05, TICK) == 0.0 and level_qty(b, "sell", 102.0, TICK) is None
 
 
 def test_marketable_limit_takes_up_to_its_price_and_rests_the_rest():
     bk = as_levels(make_book(100.0, 100.1, size=0.01))
     lpx, lq = np.empty(15), np.empty(15)
     # sizes in lots of 0.001: the book shows 10 at each level
-    n, filled, pos, out = match_arrival(bk, SIDE_BUY, 50, 0.001, 100.2, False, 1000, lpx, lq)
+    n, filled, pos, out = match_arrival(bk, SIDE_BUY, 50, 0.001, 1002.0, 0.1, False, 1000, lpx, lq)
     got = (n, list(lpx[:n]), list(lq[:n]), filled, pos, out)
     assert got == (2, [100.1, 100.2], [10, 10], 20, 1020, AR_REST)
-    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 50, 0.001, math.nan, True, 0, lpx, lq)
+    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 50, 0.001, math.nan, 0.1, True, 0, lpx, lq)
     assert (n, filled, pos, out) == (5, 50, -50, AR_FILLED)
-    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 500, 0.001, math.nan, True, 0, lpx, lq)
+    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 500, 0.001, math.nan, 0.1, True, 0, lpx, lq)
     assert (n, filled, pos, out) == (15, 150, -150, AR_IOC_EXPIRED)
-    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 500, 0.001, 100.5, False, 0, lpx, lq)  # not marketable
+    # not marketable
+    n, filled, pos, out = match_arrival(bk, SIDE_SELL, 500, 0.001, 1005.0, 0.1, False, 0, lpx, lq)
     assert (n, filled, pos, out) == (0, 0, 0, AR_REST)
 
 
@@ -202,6 +225,7 @@ def _exchange(model="queue_power2"):
         response_latency=ConstantLatency(10),
         cancel_latency=ConstantLatency(30),
         size_step=0.001,
+        tick=TICK,
     )
     ex.engine = _Sink()
     return clock, ex

@@ -302,6 +302,7 @@ class LocalExchange:
             response_latency=ConstantLatency(0),
             cancel_latency=ConstantLatency(0),
             size_step=float(spec.size_step),
+            tick=float(spec.tick),
         )
         sim.engine = _Reports(self, spec.symbol)
         return _Venue(spec.symbol, spec, clock, sim)
