@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pyarrow.parquet as pq
 import pytest
 
 from dualhub.cli import main
@@ -102,6 +103,30 @@ def test_the_baseline_in_python_gives_its_golden_digests_on_both_engines(session
     kind, _ = registry.resolve(spec, {})
     calls = sys.modules[plugin._loaded[kind - plugin.FIRST_KIND][1].__module__].CALLS
     assert len(calls) > 100 and set(calls) <= {-1, 0, 1, 2, 3}  # it was asked, with label codes
+
+
+OFF_GRID = """
+def quote(book, tick, qty, label, position, target, max_position, params):
+    return True, book[0] - tick / 2, True, book[30] + tick / 2  # half a tick off the grid
+"""
+
+
+def test_quotes_off_the_tick_grid_are_refused_and_never_reach_the_venue(session, module_file, tmp_path):
+    """The core holds an order's price as whole ticks: the risk gateway refuses a price between two
+    (bad_order), on both engines alike, and no limit order is sent (Kev's market orders still are)."""
+    spec = f"{module_file(OFF_GRID, 'offgrid.py')}:quote"
+    runs = [
+        run_replay(session, ReplayConfig(strategy=spec), out_dir=tmp_path / name, kernel=kernel)
+        for name, kernel in (("k", True), ("p", False))
+    ]
+    assert runs[0].digest == runs[1].digest
+    for run in runs:
+        risk = pq.read_table(run.run_dir / "events" / "risk.parquet").to_pylist()
+        quotes = [r for r in risk if r["source"] == "quote"]
+        assert len(quotes) > 100 and all(r["order_type"] == "limit" for r in quotes)
+        assert {(r["accepted"], r["reason"]) for r in quotes} == {(False, "bad_order")}
+        orders = pq.read_table(run.run_dir / "events" / "order.parquet").to_pylist()
+        assert all(o["order_type"] == "market" for o in orders)
 
 
 @pytest.mark.slow
