@@ -3,8 +3,9 @@
 The walk needs a book's 60 level values (bid/ask prices and sizes) when the exchange or the engine
 receives it, and Laya's label shortly after. :class:`StreamedBooks` reads the Parquet row groups that
 cover one block of :data:`BLOCK` rows when the walk first needs it, computes the block's features and
-labels in one batch (the same 65 536-row batches as ``replay.driver._batch_v0``, so the labels are
-bit-identical to a whole-session batch), keeps the levels of the last two blocks and drops the rest.
+labels a slice of :data:`LABEL_ROWS` at a time (Laya's inference runs in chunks of
+``BATCH_CHUNK_ROWS`` whatever the batch, so the labels are bit-identical to ``replay.driver._batch_v0``'s
+whole-session batches), keeps the levels of the last two blocks and drops the rest.
 The levels' memory is then two blocks whatever the session's length, provided its files were written
 in row groups of a block or less (``engine.store`` writes 65 536). The per-row labels and
 probabilities (and the other per-row columns) are streamed by ``replay.tape_stream`` where the
@@ -22,12 +23,15 @@ import pyarrow.parquet as pq
 
 from engine.jit import njit
 from engine.laya.features import N_FEATURES, features_v0_rows
-from engine.laya.model import Laya
+from engine.laya.model import BATCH_CHUNK_ROWS, Laya
 from engine.store import SessionError, first_line, open_parquet
 from engine.validate import LEVEL_COLUMNS, REASONS, book_codes
 from replay.walk import readonly
 
-BLOCK = 65_536  # rows per label batch: replay.driver._batch_v0's chunk
+BLOCK = 65_536  # rows per block of levels: engine.store's row group
+# Rows labelled at once: the features buffer is this many rows (4 MB), not a block's (32 MB of peak
+# RSS). A multiple of Laya's chunk, so its chunks start where a whole block's would.
+LABEL_ROWS = 8 * BATCH_CHUNK_ROWS
 SMALL_COLUMNS = ["ts_event", "ts_recv", "seq", "symbol", "exch_seq"]
 
 
@@ -172,11 +176,13 @@ class StreamedBooks:
                 i = int(np.flatnonzero(codes)[0])
                 raise InvalidRows(f"books15 row {lo + i} is invalid ({REASONS[codes[i]]})")
             # the per-tick feature kernel on each row, as features_v0_table runs it: the same bits
-            x = self._features(hi - lo)
-            features_v0_rows(levels, x)
-            lab, pr = self._laya.predict_batch(x)
-            self.labels[lo:hi] = lab.astype(np.int8)
-            self.probs[lo:hi] = pr.astype(np.float32)
+            for s in range(0, hi - lo, LABEL_ROWS):
+                e = min(hi - lo, s + LABEL_ROWS)
+                x = self._features(e - s)
+                features_v0_rows(levels[s:e], x)
+                lab, pr = self._laya.predict_batch(x)
+                self.labels[lo + s : lo + e] = lab
+                self.probs[lo + s : lo + e] = pr
             self._labelled[b] = True
         return levels
 
@@ -185,7 +191,7 @@ class StreamedBooks:
         symbols (a block is labelled before the next is read, so one buffer serves them all)."""
         holder = self if self._cache is None else self._cache
         if len(holder._x) < n:
-            holder._x = np.empty((max(n, self.block), N_FEATURES), dtype=np.float32)  # all overwritten
+            holder._x = np.empty((max(n, LABEL_ROWS), N_FEATURES), dtype=np.float32)  # all overwritten
         return holder._x[:n]
 
     def levels(self, r0: int, r1: int) -> np.ndarray:
