@@ -84,6 +84,12 @@ def step_parts(step: float) -> tuple[int, int]:
     return unit_parts(step, "size step")
 
 
+def tick_parts(tick: float) -> tuple[int, int]:
+    """A tick as ``(num, decimals)``: the core holds order prices in whole ticks of it
+    (engine.kernel.price_of) and reads a fill price as an integer of 10**-decimals (``_px_units``)."""
+    return unit_parts(tick, "tick")
+
+
 NO_PX = -(1 << 62)  # the price of an order that has none (a market order), in ticks
 
 

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from engine import kernel as K
 from engine.columns import prefixed as _prefixed
 from engine.columns import texts
-from engine.contract import decimal_parts, step_parts, unit_parts
+from engine.contract import decimal_parts, step_parts, tick_parts
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, Label
@@ -107,12 +107,6 @@ def fee_parts(rate: Decimal) -> tuple[int, int]:
     if parts is None or abs(rate) >= 1 or abs(parts[0]) * 10 ** parts[1] >= 2**62:
         raise DualhubError(f"fee rate {rate} is not a short decimal between -1 and 1 (0.0002: 2 bps)")
     return parts
-
-
-def tick_parts(tick: float) -> tuple[int, int]:
-    """A tick as ``(num, decimals)`` of its shortest decimal: the core holds order prices in whole ticks
-    (engine.kernel.price_of) and reads a fill price as an integer of 10**-decimals (``_px_units``)."""
-    return unit_parts(tick, "tick")
 
 
 def _no_seq(stream: str) -> pa.Schema:

@@ -22,7 +22,7 @@ import numpy as np
 from engine import kernel as K
 from engine.book import LEVELS, as_levels
 from engine.clock import ReplayClock
-from engine.contract import NO_PX, lots_of, step_parts, tick_index, unit_parts
+from engine.contract import NO_PX, lots_of, step_parts, tick_index, tick_parts
 from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
 from engine.risk import OrderIntent
@@ -68,7 +68,7 @@ class SimExchange:
         self.CF[K.CF_SIZE_STEP] = size_step  # the venue fills in whole lots of it
         self.C[K.C_STEP_NUM], self.C[K.C_STEP_DEC] = step_parts(size_step)
         self.CF[K.CF_TICK] = tick  # and matches prices in whole ticks of this
-        self.C[K.C_TICK_NUM], self.C[K.C_PX_DECIMALS] = unit_parts(tick, "tick")
+        self.C[K.C_TICK_NUM], self.C[K.C_PX_DECIMALS] = tick_parts(tick)
         self._lpx = np.empty(LEVELS)
         self._lq = np.empty(LEVELS)
         # Orders by slot: a slot is an order's row (the venue finds order N in row N & (rows - 1), so a

@@ -121,9 +121,8 @@ def on_trade(kind, side, px, remaining, ahead, traded, tpx, tsz, tside) -> tuple
 @njit
 def on_depth(kind, n, bk, side, px, tick, ahead, level, traded) -> tuple[float, float, float]:
     """A new book snapshot ``bk``: the state (ahead, level, traded) after it of an order at ``px`` ticks
-    of ``tick``. Trades at our price since
-    the last snapshot explain that much of a decrease; the rest is split by :func:`prob` (never ahead
-    of us for risk averse); growth joins behind us."""
+    of ``tick``. Trades at our price since the last snapshot explain that much of a decrease; the rest
+    is split by :func:`prob` (never ahead of us for risk averse); growth joins behind us."""
     if kind == FM_TOUCH or kind == FM_THROUGH:
         return ahead, level, traded
     known, q = level_size(bk, side, px, tick)
