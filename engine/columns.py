@@ -13,7 +13,7 @@ from engine.jit import njit
 
 def prefixed(prefix: str, n: np.ndarray) -> pa.Array:
     """``prefix`` + each of ``n`` in decimal as an Arrow string array, its buffers written in one
-    compiled pass (casting to strings and joining took 7% of a trading replay's main thread)."""
+    compiled pass (casting to strings and joining was a visible share of a trading replay's main thread)."""
     n = np.ascontiguousarray(n, dtype=np.int64)
     p = np.frombuffer(prefix.encode(), dtype=np.uint8)
     offsets = np.empty(len(n) + 1, dtype=np.int32)

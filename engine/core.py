@@ -374,7 +374,7 @@ class Engine:
     def keep_warm(self) -> int:
         """Run the order decision path on the current book, results discarded (the core's
         ``step_warm``), and build the venue's intent of the latest order again (the Python that hands
-        an order over: 24 us the first time after ~100 frames, 4 us the next), so the next decision
+        an order over runs several times slower cold than warm), so the next decision
         finds its code and data in the CPU caches: in live mode a decision runs every ~100 ms, cold.
         Live mode calls it between frames, replay never does. Returns the risk checks it ran."""
         c = self.core

@@ -61,17 +61,14 @@ _ROW_FIELDS: Final = {
 }
 
 
-# zstd, and dictionary pages for string columns only: numbers (probabilities, prices, times) are nearly
-# all distinct, and dictionary-encoding them cost the 1M-label stream 0.57 s of writing instead of
-# 0.27 s and left its file larger (51 MB instead of 36). Ids that name one order each (client_oid,
-# a latency span's ref) get no dictionary either: it overflows to plain pages after paying for the
-# hashing. Integers (times, seqs, ids: rising, close together) are delta-encoded, and floats are
-# byte-stream-split, so zstd sees their similar exponent bytes together. Min/max statistics are kept
-# for numbers (a time range still skips row groups), not for strings, where comparing every value cost
-# 16% of the writing. Measured on the 1M-snapshot runs' event files, one core:
-# - default limits: writing 0.50 -> 0.38 s of CPU, files 50 -> 34 MB;
-# - trading (2M order events): writing 1.24 -> 0.96 s, files 71 -> 66 MB.
-# DuckDB, polars and pyarrow read all of it.
+# zstd at level 1 (on these files as small as the default level, and faster to write), and dictionary
+# pages for string columns only: numbers (probabilities, prices, times) are nearly all distinct, and
+# dictionary-encoding them makes the writing slower and the file larger. Ids that name one order each
+# (client_oid, a latency span's ref) get no dictionary either: it overflows to plain pages after paying
+# for the hashing. Integers (times, seqs, ids: rising, close together) are delta-encoded, and floats
+# are byte-stream-split, so zstd sees their similar exponent bytes together. Min/max statistics are
+# kept for numbers (a time range still skips row groups), not for strings, where comparing every value
+# is a large share of the writing (figures: bench/HISTORY.md). DuckDB, polars and pyarrow read it all.
 _ID_COLUMNS: Final = frozenset({"client_oid", "ref"})
 
 
@@ -85,6 +82,7 @@ def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
     strings = [f.name for f in schema if pa.types.is_string(f.type)]
     return {
         "compression": "zstd",
+        "compression_level": 1,
         "use_dictionary": [c for c in strings if c not in _ID_COLUMNS],
         "column_encoding": encoding,
         "write_statistics": [f.name for f in schema if f.name not in strings],

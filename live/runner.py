@@ -127,8 +127,8 @@ class LiveConfig:
     model_path: str = str(DEFAULT_MODEL)
     laya_provider: str = "auto"
     # after each frame's work, re-run the label path on it (results discarded) so the next frame finds
-    # it in the CPU caches: frame -> label ~4x faster here (live/tick.py, bench/bench_tick_path.py);
-    # the order decision path too (Engine.keep_warm: frame -> order p50 ~158 -> ~104 us)
+    # it in the CPU caches (live/tick.py); the order decision path too (Engine.keep_warm). Figures:
+    # bench/bench_tick_path.py and bench/HISTORY.md
     tick_keep_warm: bool = True
     # the cyclic GC runs between frames (CPython's thresholds), never inside a label (live/gc_policy.py)
     gc_at_idle: bool = True
@@ -893,7 +893,7 @@ class LiveRunner:
         self.portfolio = portfolio
         # Everything built so far (models, sessions, modules) lives for the whole run: move it out of
         # the cyclic collector's reach, so a full collection during trading scans only what the run
-        # allocates instead of stalling the loop for tens of ms (measured p99 of order latency).
+        # allocates instead of stalling the loop mid-trade (it showed in the order latency's p99).
         gc.freeze()
         if self._gc is not None:
             self._gc.start()

@@ -1,7 +1,7 @@
 """Laya on the live tick path: a books15 frame is labelled from its bytes before its event exists.
 
-Why: on this CPU the general path (``decode`` -> ``BookSnapshot`` -> ``features_v0`` -> ONNX) took
-~60 us from frame to label, mostly CPython parsing 60 decimal strings. Here a canonical books15 frame
+Why: the general path (``decode`` -> ``BookSnapshot`` -> ``features_v0`` -> ONNX) spends most of its
+time from frame to label in CPython, parsing 60 decimal strings. Here a canonical books15 frame
 is scanned by the compiled codec fast path (:mod:`engine.venues.bitget_v2_fast`), its features are
 computed by the features v0 kernel (``features_v0_levels``) straight into Laya's input row, and ONNX
 Runtime runs at once; only then is the ``BookSnapshot`` built and handed to the engine.
@@ -72,7 +72,7 @@ class TickLaya:
     def keep_warm(self) -> None:
         """Run the label path once more on the last frame, results discarded, so the next frame finds
         its code and data in the CPU caches. Why: after a frame the engine's Python work evicts ONNX
-        Runtime's working set, and a cold inference measured ~36 us here against ~8 us warm. Called
+        Runtime's working set, and a cold inference takes several times a warm one. Called
         after a frame's work is done (off its critical path); it changes no state anyone reads."""
         raw = self._last_raw
         if not raw:

@@ -130,7 +130,7 @@ class StreamedBooks:
         self.probs: np.ndarray = np.zeros((row, 4), dtype=np.float32)
         self._blocks: dict[int, np.ndarray] = {}  # block number -> (rows x 60) levels
         # Buffers of dropped blocks are refilled rather than freed: a fresh 31 MB array per block
-        # costs its page faults again (~15 ms a block, measured), and three are enough for a walk.
+        # costs its page faults again, and three are enough for a walk.
         self._spare: list[np.ndarray] = []
         self._x = np.zeros((0, N_FEATURES), dtype=np.float32)  # features, reused block to block
         self._labelled = np.zeros((row + self.block - 1) // self.block, dtype=bool)
@@ -171,7 +171,7 @@ class StreamedBooks:
         assert at == hi - lo, (at, lo, hi)
         self.blocks_read += 1
         if not self._labelled[b]:
-            codes = book_codes(levels)  # checked once, when first read (compiled, ~0.1 us a row)
+            codes = book_codes(levels)  # checked once, when first read (compiled)
             if codes.any():
                 i = int(np.flatnonzero(codes)[0])
                 raise InvalidRows(f"books15 row {lo + i} is invalid ({REASONS[codes[i]]})")
@@ -222,7 +222,7 @@ def rows_of(cols, out, pick):
     """``out[i, c] = cols[c][pick[i]]`` (the rows ``pick`` of the columns; all of them in order when
     ``pick`` is empty): columns into rows, a tile of rows at a time. np.stack writes each column down
     the whole block, a cache line per value; a tile's rows stay in the cache while every column is
-    written into them (measured 2.5-3x faster on a block of 64k rows)."""
+    written into them."""
     n = out.shape[0]
     picked = pick.shape[0] > 0
     for i0 in range(0, n, 64):

@@ -791,8 +791,8 @@ def run_replay(
     run_dir = _run_dir(session_dir, cfg, out_dir)
     _check_run_dir(run_dir, overwrite)  # before any work: a bad --out fails now, not after the run
     # A replay allocates millions of short-lived, acyclic objects (books, trades, event rows): the
-    # cyclic collector's passes over the buffered rows cost ~15% and find next to nothing (~1.6k
-    # cyclic objects per 100k books), so it is paused for the run and restored after.
+    # cyclic collector's passes over the buffered rows cost a visible share of the run and find
+    # next to nothing, so it is paused for the run and restored after.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:

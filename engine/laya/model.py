@@ -262,22 +262,22 @@ class Laya:
         # CPU GEMM takes a different kernel for a single row, whose results differ from a batch's
         # in the last bits; with two rows (and batches cut at BATCH_CHUNK_ROWS), predict() is
         # bit-identical to predict_batch() on CPU (checked in tests/engine/laya/test_laya.py), so tick and
-        # batch replays agree. Costs ~0.6 us per tick.
+        # batch replays agree. The second row adds little to a run.
         self._x = np.zeros((2, self.n_features), dtype=np.float32)
         self._feeds = {self._input_name: self._x}
         self._run = self._session.run
         # The tick path calls the compiled session directly when this onnxruntime has one: the public
-        # run() re-validates feed names and ownership on every call (~1.5 us of ~7 here; our feeds are
-        # fixed and checked at load) and would silently retry on another provider after an EP failure,
-        # which Laya must never do (the error is raised and reported instead).
+        # run() re-validates feed names and ownership on every call (our feeds are fixed and checked at
+        # load, so on the tick path that is pure cost) and would silently retry on another provider
+        # after an EP failure, which Laya must never do (the error is raised and reported instead).
         inner = getattr(self._session, "_sess", None)
         self._run_tick = (
             (lambda names, feeds: inner.run(names, feeds, None)) if inner is not None else self._run
         )
         self.warmup_first_ms, self.warmup_steady_ms = self._warm_up(config.warmup_runs)
         # On CPU the tick path runs on an IO binding: the input row and both outputs are bound once
-        # to arrays this object owns, so a tick allocates nothing and converts nothing (~3.5 us
-        # against ~6.4 us per inference here, same bits: tests/engine/laya/test_laya.py). Other providers keep
+        # to arrays this object owns, so a tick allocates nothing and converts nothing (same
+        # bits: tests/engine/laya/test_laya.py; bench/bench_tick_stages.py times it). Other providers keep
         # run(): their outputs would be copied back from the device anyway.
         self._tick_label = np.zeros(2, dtype=np.int64)
         self._tick_probs = np.zeros((2, N_CLASSES), dtype=np.float32)

@@ -274,7 +274,7 @@ def fit_export(
     pipe = make_classifier(y, seed=seed, class_weighting=class_weighting)
     clf = pipe.named_steps["clf"]
     # One BLAS/OpenMP thread: the fit's float results (and lbfgs's iteration count) depend on the
-    # thread count, and several threads on a busy 2-core machine were ~100x slower.
+    # thread count, and several threads on a busy machine contend for its cores.
     with threadpool_limits(limits=1):
         pipe.fit(X.astype(np.float64), y)
         sk_labels = pipe.predict(X.astype(np.float64))
