@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from engine.bounds import S_MAX, check_count, check_seed
 from engine.errors import DualhubError
 from engine.venues.bitget_v2 import INST_TYPE, WS_PUBLIC_URL
 
@@ -149,6 +151,15 @@ def cmd_serve(a: argparse.Namespace) -> int:
         faults = [Fault.parse(s) for s in a.fault]
     except ValueError as e:
         raise DualhubError(f"bad --fault: {e}") from None
+    check_seed(a.seed, "--seed")
+    if not (a.speed >= 0 and math.isfinite(a.speed)):
+        raise DualhubError(f"--speed must be a finite number >= 0, got {a.speed}")
+    if not 0 <= a.port <= 65535:
+        raise DualhubError(f"--port must be from 0 to 65535, got {a.port}")
+    if a.simulate and not 0 < a.minutes <= S_MAX / 60:
+        raise DualhubError(f"--minutes must be > 0 and at most {S_MAX / 60:g}, got {a.minutes}")
+    if a.toy is not None:
+        check_count(a.toy, "--toy")
     symbols: set[str] | None = set(a.symbols)
     if a.session:
         source: Any = session_frames(a.session)

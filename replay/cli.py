@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from engine.bounds import S_MAX, check_seed
 from engine.errors import DualhubError, check_output_path
 from engine.risk import add_risk_args, risk_fields
 from engine.strategies.registry import add_strategy_args, strategy_fields
@@ -186,6 +187,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         symbols = check_symbols([args.symbol or "BTCUSDT"])
     if not args.minutes > 0:
         raise DualhubError(f"--minutes must be > 0, got {args.minutes}")
+    if not args.minutes <= S_MAX / 60:  # inf too: the session's nanosecond times must fit an int64
+        raise DualhubError(f"--minutes must be at most {S_MAX / 60:g}, got {args.minutes}")
+    check_seed(args.seed, "--seed")
     if (args.out / "manifest.json").exists():
         raise DualhubError(f"{args.out} already holds a session; choose another --out")
     simulate_session(args.out, symbols=symbols, minutes=args.minutes, seed=args.seed, progress=True)

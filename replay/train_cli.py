@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from engine.bounds import check_count, check_ms, check_seed
 from engine.errors import DualhubError
 
 MS = 1_000_000
@@ -177,6 +178,12 @@ def train(
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.laya.labels import LabelConfig
 
+    check_ms(args.horizon_ms, "--horizon-ms")
+    check_ms(args.burst_lookback_ms, "--burst-lookback-ms")
+    if args.embargo_ms is not None:
+        check_ms(args.embargo_ms, "--embargo-ms", zero=True)
+    check_seed(args.seed, "--seed")
+    check_count(args.folds, "--folds")
     try:
         labels = LabelConfig(
             horizon_ns=round(args.horizon_ms * MS),

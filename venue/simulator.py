@@ -47,6 +47,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from engine.bounds import check_seed
 from engine.errors import DualhubError
 from engine.events import BOOK_LEVELS
 from engine.store import SessionWriter
@@ -940,8 +941,8 @@ class _SymbolSim:
 
 
 def _end_ms(start_ms: int, minutes: float) -> int:
-    if not minutes > 0:
-        raise ValueError(f"minutes must be > 0, got {minutes}")
+    if not (minutes > 0 and math.isfinite(minutes)):
+        raise ValueError(f"minutes must be a finite number > 0, got {minutes}")
     return start_ms + round(minutes * 60_000)
 
 
@@ -1013,6 +1014,7 @@ class MultiSim:
         instruments: Mapping[str, Instrument] | None = None,
     ) -> None:
         self.symbols = check_symbols(symbols, instruments)
+        check_seed(seed)
         table = INSTRUMENTS if instruments is None else instruments
         cfg = config or SimConfig()
         self.seed, self.minutes, self.start_ms = seed, minutes, start_ms

@@ -24,6 +24,7 @@ horizon_ns``), its mid is finite, and no excluded instant (a recorded gap) falls
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Final
 
@@ -51,12 +52,12 @@ class LabelConfig:
     def __post_init__(self) -> None:
         if self.horizon_ns <= 0:
             raise ValueError(f"horizon_ns must be > 0, got {self.horizon_ns}")
-        if not 0.0 < self.lean_bps < self.emergency_bps:
+        if not 0.0 < self.lean_bps < self.emergency_bps < math.inf:
             raise ValueError(
                 f"need 0 < lean_bps < emergency_bps, got lean_bps={self.lean_bps}, "
                 f"emergency_bps={self.emergency_bps}"
             )
-        if self.burst_ratio < 0.0:
+        if not self.burst_ratio >= 0.0:  # NaN too
             raise ValueError(f"burst_ratio must be >= 0, got {self.burst_ratio}")
         if self.burst_lookback_ns <= 0:
             raise ValueError(f"burst_lookback_ns must be > 0, got {self.burst_lookback_ns}")

@@ -345,3 +345,42 @@ def test_record_and_recover_on_a_full_disk(small_disk, tmp_path):
     s = open_session(out)
     s.verify()
     assert s.manifest["streams"]["books15"]["rows"] > 0 and s.manifest["recorder"]["recovered"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["replay", "SESSION", "--seed", "-1"], "seed"),
+        (["replay", "SESSION", "--seed", "99999999999999999999999"], "seed"),
+        (["replay", "SESSION", "--kev-lag-p95-ms", "inf"], "kev_lag_p95_ms"),
+        (["replay", "SESSION", "--kev-lag-p5-ms", "nan"], "kev_lag_p5_ms"),
+        (["replay", "SESSION", "--kev-lag-p5-ms", "400", "--kev-lag-p95-ms", "300"], "kev_lag_p5_ms"),
+        (["replay", "SESSION", "--kev-min-interval-ms", "-5"], "kev_min_interval_ms"),
+        (["replay", "SESSION", "--kev-timeout-ms", "99999999999999999999999"], "kev_timeout_ms"),
+        (["simulate", "--out", "OUT", "--seed", "-1"], "--seed"),
+        (["simulate", "--out", "OUT", "--minutes", "inf"], "--minutes"),
+        (["serve", "--simulate", "--seed", "-1"], "--seed"),
+        (["serve", "--simulate", "--speed", "nan"], "--speed"),
+        (["serve", "--simulate", "--port", "70000"], "--port"),
+        (["serve", "--simulate", "--minutes", "inf"], "--minutes"),
+        (["serve", "--toy", "0"], "--toy"),
+        (["live", "--duration", "nan"], "duration_s"),
+        (["live", "--duration", "1", "--seed", "-1"], "seed"),
+        (["live", "--duration", "1", "--venue-lost", "1e400"], "venue_lost_s"),
+        (["live", "--duration", "1", "--kev-timeout-ms", "99999999999999999999999"], "kev_timeout_ms"),
+        (["train", "SESSION", "--out", "OUT", "--embargo-ms", "nan"], "--embargo-ms"),
+        (["train", "SESSION", "--out", "OUT", "--horizon-ms", "inf"], "--horizon-ms"),
+        (["train", "SESSION", "--out", "OUT", "--burst-ratio", "nan"], "burst_ratio"),
+        (["train", "SESSION", "--out", "OUT", "--seed", "-2"], "--seed"),
+    ],
+)
+def test_numbers_out_of_range_are_one_line_before_anything_runs(argv, named, session, tmp_path, capsys):
+    """A negative or huge seed, a NaN or infinite duration, an impossible port: each named in one
+    line. Before, numpy, numba or int64 conversions raised them deep in the run (a traceback), or the
+    run went on (a negative request interval, a NaN duration)."""
+    argv = [str(session) if a == "SESSION" else str(tmp_path / "o") if a == "OUT" else a for a in argv]
+    if argv[0] == "live":
+        argv += ["--exchange-url", f"http://127.0.0.1:{dead_port()}", "--out", str(tmp_path / "live")]
+    rc, err = cli(capsys, *argv)
+    assert rc == 2 and named in one_error(err, argv[0])
+    assert not list(tmp_path.iterdir()) and not (session / "runs").exists()
