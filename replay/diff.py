@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from engine.errors import DualhubError
 from engine.events import NON_DECISION_COLUMNS, STREAMS
-from engine.store import sha256_file
+from engine.store import first_line, sha256_file
 
 DECISION_STREAMS: Final = ("command", "risk", "order", "fill")
 # Streams shown around the divergence (what the engine saw), whether or not they are compared.
@@ -197,7 +197,10 @@ def _read_stream(run: Path, stream: str, *, required: bool) -> pa.Table | None:
         if required:
             raise DualhubError(f"{run} has no events/{stream}.parquet")
         return None
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DualhubError(f"{path}: cannot read it ({first_line(e)})") from None
     missing = [n for n in ("ts_recv", "seq") if n not in table.column_names]
     if missing:
         raise DualhubError(f"{path} lacks columns {missing}: not a dualhub event file")

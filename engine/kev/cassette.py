@@ -39,7 +39,7 @@ from engine.errors import DualhubError
 from engine.events import KevResponse, Nanos, table_to_events
 from engine.kev.advisor import KevAdvisor, KevContext, KevReply
 from engine.kev.failures import classify
-from engine.store import atomic_write_parquet
+from engine.store import atomic_write_parquet, first_line
 
 CASSETTE_FILE: Final = "kev_cassette.parquet"
 CASSETTE_VERSION: Final = "1"
@@ -204,7 +204,10 @@ class Cassette:
             raise CassetteError(f"cassette version {version!r} != supported {CASSETTE_VERSION}")
         base = set(CASSETTE_SCHEMA.metadata or {})
         meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items() if k not in base}
-        table = _with_failure(table).select(CASSETTE_SCHEMA.names).cast(CASSETTE_SCHEMA.remove_metadata())
+        try:
+            table = _with_failure(table).select(CASSETTE_SCHEMA.names).cast(CASSETTE_SCHEMA.remove_metadata())
+        except (KeyError, pa.ArrowException) as e:
+            raise CassetteError(f"a Kev cassette without its columns ({first_line(e)})") from None
         table = table.sort_by([("key", "ascending"), ("occurrence", "ascending")])
         cas = cls(meta=meta)
         names = CASSETTE_SCHEMA.names
@@ -229,7 +232,11 @@ class Cassette:
             path = path / CASSETTE_FILE
         if not path.exists():
             raise CassetteError(f"no cassette at {path}")
-        return cls.from_table(pq.read_table(path))
+        table = _read(path)
+        try:
+            return cls.from_table(table)
+        except CassetteError as e:
+            raise CassetteError(f"{path}: {e}") from None
 
     # -- from a run's event log ----------------------------------------------------------------------
 
@@ -261,8 +268,19 @@ class Cassette:
         path = Path(run_dir) / "events" / "kev_response.parquet"
         if not path.exists():
             raise CassetteError(f"{run_dir} has no events/kev_response.parquet")
-        events = table_to_events(_with_failure(pq.read_table(path)), "kev_response")
+        try:
+            events = table_to_events(_with_failure(_read(path)), "kev_response")
+        except (KeyError, pa.ArrowException) as e:
+            raise CassetteError(f"{path}: not a run's Kev responses ({first_line(e)})") from None
         return cls.from_events(events, meta={"source_run": str(run_dir)})
+
+
+def _read(path: Path) -> pa.Table:
+    """A cassette's (or a run's responses') Parquet file; a damaged one is one CassetteError naming it."""
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise CassetteError(f"{path}: cannot read it ({first_line(e)})") from None
 
 
 class CassetteAdvisor:

@@ -124,6 +124,18 @@ def test_user_errors(runs, tmp_path):
         diff_runs(runs["a"], runs["a2"], context=-1)
 
 
+def test_a_truncated_event_file_is_one_error_naming_it(runs, tmp_path):
+    """diff compares an edited run (with a warning) but cannot read a truncated file: one DualhubError
+    naming it, not pyarrow's traceback."""
+    bad = tmp_path / "bad"
+    shutil.copytree(runs["a"], bad)
+    order = bad / "events" / "order.parquet"
+    order.write_bytes(order.read_bytes()[:100])
+    for a, b in ((runs["a"], bad), (bad, runs["a"])):
+        with pytest.raises(DualhubError, match=r"order\.parquet: cannot read it"):
+            diff_runs(a, b)
+
+
 def test_cli_exit_codes_and_json(runs, tmp_path, capsys):
     assert main(["diff", str(runs["a"]), str(runs["a2"])]) == 0
     assert "no divergence" in capsys.readouterr().out

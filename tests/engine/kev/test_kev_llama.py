@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import orjson
+import pyarrow as pa
 import pytest
 
 from dualhub.cli import main as dualhub_main
@@ -619,6 +620,26 @@ def test_cassette_file_round_trip_and_refuses_other_files(tmp_path):
     atomic_write_parquet(events_to_table([], "kev_request"), tmp_path / "other.parquet")
     with pytest.raises(CassetteError, match="not a Kev cassette"):
         Cassette.read(tmp_path / "other.parquet")
+
+
+def test_a_damaged_cassette_or_run_is_one_cassette_error_naming_the_file(tmp_path):
+    """Truncated bytes, or the cassette's marks on a table without its columns: a CassetteError (the CLI's
+    one line) naming the file, never pyarrow's traceback."""
+    good = Cassette()
+    good.add(CassetteEntry.from_reply("k", KevReply(raw=None, error="timeout"), lag_ns=1))
+    path = good.write(tmp_path / "c.parquet")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CassetteError, match=r"c\.parquet: cannot read it"):
+        Cassette.read(path)
+    marks = good.to_table().schema.metadata
+    atomic_write_parquet(pa.table({"key": ["k"]}).replace_schema_metadata(marks), tmp_path / "cols.parquet")
+    with pytest.raises(CassetteError, match=r"cols\.parquet: a Kev cassette without its columns"):
+        Cassette.read(tmp_path / "cols.parquet")
+    (tmp_path / "run" / "events").mkdir(parents=True)
+    (tmp_path / "run" / "events" / "kev_response.parquet").write_bytes(b"PAR1")
+    with pytest.raises(CassetteError, match=r"kev_response\.parquet: cannot read it"):
+        Cassette.from_run(tmp_path / "run")
 
 
 def test_empirical_lag_interpolates_and_is_seeded():
