@@ -24,9 +24,9 @@ def check_seed(value: object, name: str = "seed") -> None:
         raise DualhubError(f"{name} must be an integer from 0 to 2**63 - 1, got {value!r}")
 
 
-def check_count(value: object, name: str, low: int = 1) -> None:
-    if not _integer(value) or not low <= value <= COUNT_MAX:  # type: ignore[operator]
-        raise DualhubError(f"{name} must be an integer from {low} to {COUNT_MAX}, got {value!r}")
+def check_count(value: object, name: str, low: int = 1, high: int = COUNT_MAX) -> None:
+    if not _integer(value) or not low <= value <= high:  # type: ignore[operator]
+        raise DualhubError(f"{name} must be an integer from {low} to {high}, got {value!r}")
 
 
 def check_ms(value: object, name: str, *, zero: bool = False) -> None:

@@ -103,6 +103,8 @@ def cmd_record(a: argparse.Namespace) -> int:
 
     check_url(a.url, "--url", WS)
     check_output_path(a.out, directory=True)
+    if not 0 < a.rotate_mb <= 1 << 20:  # NaN and infinity too
+        raise DualhubError(f"--rotate-mb must be > 0 and at most {1 << 20}, got {a.rotate_mb}")
     try:
         cfg = RecordConfig(
             out=a.out,

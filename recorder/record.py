@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from engine.bounds import check_count, check_ms, check_seconds, check_seed
 from engine.errors import DualhubError, os_error_text
 from engine.store import MANIFEST, SessionWriter, write_json
 from engine.venues.bitget_v2 import INST_TYPE, WS_PUBLIC_URL, arg
@@ -81,12 +82,21 @@ class RecordConfig:
         bad = [c for c in self.channels if c not in CHANNELS]
         if bad:
             raise RecordError(f"unknown channel(s) {bad}; Bitget v2 public channels are {CHANNELS}")
+        if not self.channels:
+            raise RecordError(f"no channels to record; Bitget v2 public channels are {CHANNELS}")
         if self.flush_interval_ms <= 0:
             raise RecordError("flush_interval_ms must be > 0")
         if self.duration_s is not None and self.duration_s <= 0:
             raise RecordError("duration_s must be > 0")
         if not 1 <= self.max_channels_per_conn <= MAX_CHANNELS_PER_CONNECTION:
             raise RecordError(f"max_channels_per_conn must be in 1..{MAX_CHANNELS_PER_CONNECTION}")
+        if self.duration_s is not None:
+            check_seconds(self.duration_s, "duration_s")
+        check_ms(self.flush_interval_ms, "flush_interval_ms")
+        check_seconds(self.rotate_s, "rotate_s")
+        check_seconds(self.status_interval_s, "status_interval_s")
+        check_count(self.rotate_bytes, "rotate_bytes", low=1 << 10, high=1 << 40)
+        check_seed(self.seed)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import ssl
 import time
@@ -215,15 +216,32 @@ class ConnectionConfig:
     max_queue: int = 4096
 
     def __post_init__(self) -> None:
+        # NaN and infinity too: a NaN timeout never fires, an infinite one overflows the int ns clock
         for name in (
             "ping_interval_s",
             "pong_timeout_s",
             "silence_limit_s",
             "watchdog_tick_s",
             "send_window_s",
+            "open_timeout_s",
+            "close_timeout_s",
+            "backoff_initial_s",
+            "backoff_max_s",
+            "connect_window_s",
+            "silent_after_s",
         ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number > 0, got {v}")
+        if not (self.min_stable_s >= 0 and math.isfinite(self.min_stable_s)):
+            raise ValueError(f"min_stable_s must be a finite number >= 0, got {self.min_stable_s}")
+        if not (1 <= self.backoff_factor and math.isfinite(self.backoff_factor)):
+            raise ValueError(f"backoff_factor must be a finite number >= 1, got {self.backoff_factor}")
+        for name in ("max_msgs_per_s", "max_connect_attempts", "max_subscriptions_per_hour", "max_queue"):
+            if not getattr(self, name) >= 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.max_frame_bytes >= 1 << 10:
+            raise ValueError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
 
 
 @dataclass(slots=True)

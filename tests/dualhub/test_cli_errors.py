@@ -372,6 +372,14 @@ def test_record_and_recover_on_a_full_disk(small_disk, tmp_path):
         (["train", "SESSION", "--out", "OUT", "--horizon-ms", "inf"], "--horizon-ms"),
         (["train", "SESSION", "--out", "OUT", "--burst-ratio", "nan"], "burst_ratio"),
         (["train", "SESSION", "--out", "OUT", "--seed", "-2"], "--seed"),
+        (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--duration", "nan"], "duration_s"),
+        (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--rotate-s", "inf"], "rotate_s"),
+        (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--rotate-mb", "inf"], "--rotate-mb"),
+        (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--ping-s", "nan"], "ping_interval_s"),
+        (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--backoff-s", "inf"], "backoff_initial_s"),
+        (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--silent-after-s", "-1"], "silent_after_s"),
+        (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--seed", "-1"], "seed"),
+        (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--channels", ","], "no channels"),
     ],
 )
 def test_numbers_out_of_range_are_one_line_before_anything_runs(argv, named, session, tmp_path, capsys):
