@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import signal
 import sys
 import time
@@ -242,6 +243,10 @@ def cmd_serve_exchange(args: argparse.Namespace) -> int:
     from venue.bitget.exchange import DEFAULT_ACCOUNTS, LocalExchange
     from venue.bitget.public_server import session_frames
 
+    if args.speed is not None and not (args.speed >= 0 and math.isfinite(args.speed)):
+        raise DualhubError(f"--speed must be a finite number >= 0, got {args.speed}")
+    if not 0 <= args.port <= 65534:  # the WebSockets take port + 1
+        raise DualhubError(f"--port must be from 0 to 65534, got {args.port}")
     session = open_session(args.session)
     want = _symbols(args.symbols) or None
     frames = session_frames(args.session, symbols=want)

@@ -380,6 +380,8 @@ def test_record_and_recover_on_a_full_disk(small_disk, tmp_path):
         (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--silent-after-s", "-1"], "silent_after_s"),
         (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--seed", "-1"], "seed"),
         (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--channels", ","], "no channels"),
+        (["serve-exchange", "SESSION", "--speed", "nan"], "--speed"),
+        (["serve-exchange", "SESSION", "--port", "70000"], "--port"),
     ],
 )
 def test_numbers_out_of_range_are_one_line_before_anything_runs(argv, named, session, tmp_path, capsys):
