@@ -733,9 +733,14 @@ class LiveRunner:
             raise DualhubError(f"{self.root} already holds a finished session")
         if (self.root / RECORD_JSON).exists():
             raise DualhubError(f"{self.root} holds an unfinished recording; `dualhub recover {self.root}` it")
-        self.root.mkdir(parents=True, exist_ok=True)
         if self.kill_file.exists():
             raise DualhubError(f"kill file {self.kill_file} exists: remove it to trade")
+        parent = self.kill_file.parent  # the switch must be reachable (the default's is the run's own)
+        if parent != self.root and not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
+            raise DualhubError(
+                f"kill file {self.kill_file} could never be created: {parent} is not a writable directory"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
         cfg_json = self.cfg.to_json()
         self._asked = {
             "url": self.public_url,

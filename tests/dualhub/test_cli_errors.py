@@ -382,12 +382,14 @@ def test_record_and_recover_on_a_full_disk(small_disk, tmp_path):
         (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--channels", ","], "no channels"),
         (["serve-exchange", "SESSION", "--speed", "nan"], "--speed"),
         (["serve-exchange", "SESSION", "--port", "70000"], "--port"),
+        (["live", "--duration", "1", "--kill-file", "/dev/null/KILL"], "could never be created"),
     ],
 )
-def test_numbers_out_of_range_are_one_line_before_anything_runs(argv, named, session, tmp_path, capsys):
-    """A negative or huge seed, a NaN or infinite duration, an impossible port: each named in one
-    line. Before, numpy, numba or int64 conversions raised them deep in the run (a traceback), or the
-    run went on (a negative request interval, a NaN duration)."""
+def test_settings_out_of_range_are_one_line_before_anything_runs(argv, named, session, tmp_path, capsys):
+    """A negative or huge seed, a NaN or infinite duration, an impossible port, a kill file that could
+    never be created: each named in one line. Before, numpy, numba or int64 conversions raised them
+    deep in the run (a traceback), or the run went on (a negative request interval, a NaN duration, a
+    kill switch nobody could throw)."""
     argv = [str(session) if a == "SESSION" else str(tmp_path / "o") if a == "OUT" else a for a in argv]
     if argv[0] == "live":
         argv += ["--exchange-url", f"http://127.0.0.1:{dead_port()}", "--out", str(tmp_path / "live")]
