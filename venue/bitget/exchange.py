@@ -793,16 +793,20 @@ class LocalExchange:
         if (uid, client_oid) in self._by_client:
             return error("40017", "Duplicate clientOid", t)
         spec = v.spec
-        try:
+        if otype == "limit" and body.get("price") in (None, ""):
+            return error("40019", "Parameter price cannot be empty", t)
+        try:  # NaN, infinity and 1e400 too: Decimal parses them, but comparing or dividing them raises
             size = Decimal(str(body["size"]))
             price = Decimal(str(body["price"])) if otype == "limit" else None
+            if not size.is_finite() or (price is not None and not price.is_finite()):
+                raise ArithmeticError
+            size_off = size <= 0 or size % spec.size_step != 0
+            price_off = price is not None and (price <= 0 or price % spec.tick != 0)
         except ArithmeticError:
             return error("40017", "Parameter verification failed: size/price", t)
-        if otype == "limit" and price is None:
-            return error("40019", "Parameter price cannot be empty", t)
-        if size <= 0 or size % spec.size_step != 0:
+        if size_off:
             return error("40808", f"Parameter verification exception size scale error: {body['size']}", t)
-        if price is not None and (price <= 0 or price % spec.tick != 0):
+        if price_off:
             return error("41103", f"param price scale error: {body.get('price')}", t)
         if size < spec.min_qty:
             return error("43006", f"The order quantity is less than the minimum {spec.min_qty}", t)

@@ -165,6 +165,12 @@ def test_batch_cancel_and_cancel_all(ex):
         ({**_limit(), "productType": "COIN-FUTURES"}, "40017"),
         (_limit(size="0.0001"), "40808"),
         ({**_limit(), "clientOid": "x" * 51}, "40305"),
+        # Decimal parses these, but comparing or dividing them raised inside the handler: the
+        # connection dropped with a traceback on the server's stderr instead of an error code
+        (_limit(size="NaN", coid="n1"), "40017"),
+        (_limit(px="Infinity", coid="n2"), "40017"),
+        (_limit(size="1e400", coid="n3"), "40017"),
+        ({k: v for k, v in _limit(coid="n4").items() if k != "price"}, "40019"),  # a limit with no price
     ],
 )
 def test_param_errors(ex, body, code):
