@@ -69,6 +69,12 @@ DEFAULT_ACCOUNTS: Final = {"local-key": ("local-secret", "local-passphrase")}
 ORDER_ENDPOINTS: Final = ("place-order", "cancel-order", "batch-cancel-orders", "cancel-all-orders")
 
 
+def _same(given: str, want: str) -> bool:
+    """Constant-time equality of a credential as sent and as expected. As bytes: compare_digest refuses
+    str with non-ASCII characters (TypeError), which a client controls."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), want.encode("utf-8", "surrogatepass"))
+
+
 @dataclass
 class _Order:
     order_id: str
@@ -676,7 +682,7 @@ class LocalExchange:
         if acct is None:
             return 30011, "Invalid ACCESS_KEY"
         secret, passphrase, _ = acct
-        if not hmac.compare_digest(str(a.get("passphrase", "")), passphrase):
+        if not _same(str(a.get("passphrase", "")), passphrase):
             return 30012, "Invalid ACCESS_PASSPHRASE"
         ts = str(a.get("timestamp", ""))
         if not ts.isdigit():
@@ -684,7 +690,7 @@ class LocalExchange:
         now_s = self.now_ns() // 1_000_000_000
         if abs(now_s - int(ts)) > LOGIN_WINDOW_S:  # a millisecond timestamp lands here too
             return 30014, "Request timestamp expired"
-        if not hmac.compare_digest(str(a.get("sign", "")), login_sign(secret, ts)):
+        if not _same(str(a.get("sign", "")), login_sign(secret, ts)):
             return 30015, "Invalid signature"
         return 0, ""
 
@@ -722,10 +728,10 @@ class LocalExchange:
         if acct is None:
             return error("40006", "Invalid ACCESS_KEY", req.ts_ms)
         secret, want_pass, uid = acct
-        if not hmac.compare_digest(passphrase, want_pass):
+        if not _same(passphrase, want_pass):
             return error("40012", "apikey/password is incorrect", req.ts_ms)
         want = sign(secret, ts, req.method, req.path, req.query_string, req.body.decode("utf-8", "replace"))
-        if not hmac.compare_digest(sig, want):
+        if not _same(sig, want):
             return error("40009", "sign signature error", req.ts_ms)
         return uid
 

@@ -252,6 +252,11 @@ def test_auth_errors(ex):
         )
         r = c.get(req.target + "&symbol=BTCUSDT", headers=dict(req.headers))
         assert r.json()["code"] == "40009"
+        # credentials with non-ASCII bytes: a wrong passphrase or signature (compare_digest raised on them)
+        for name, code in (("ACCESS-PASSPHRASE", "40012"), ("ACCESS-SIGN", "40009")):
+            headers = {k: v.encode() for k, v in req.headers.items()} | {name: "pässwörd".encode()}
+            r = c.get(req.target, headers=headers)
+            assert r.status_code == 400 and r.json()["code"] == code
 
 
 def test_venue_rate_limit_is_429_and_ours_keeps_under_it():
@@ -328,6 +333,7 @@ def test_private_login_variants(ex):
             ({"ts_s": int(time.time() * 1000)}, 30014),  # milliseconds: expired, as Bitget expects seconds
             ({"creds": Credentials("local-key", "nope", "local-passphrase")}, 30015),
             ({"creds": Credentials("local-key", "local-secret", "nope")}, 30012),
+            ({"creds": Credentials("local-key", "local-secret", "pässwörd")}, 30012),  # non-ASCII
             ({"creds": Credentials("nobody", "local-secret", "local-passphrase")}, 30011),
         ):
             ws, reply = await _private_session(ex, subscribe=False, **kw)
