@@ -203,19 +203,23 @@ class BitgetRestServer:
             def _serve(self) -> None:
                 ts_ms = server.now_ms()
                 parts = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length > 0 else b""
-                query = {k: v[0] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-                req = Request(
-                    method=self.command,
-                    path=parts.path,
-                    query=query,
-                    headers={k: v for k, v in self.headers.items()},
-                    body=body,
-                    ts_ms=ts_ms,
-                    query_string=parts.query,
-                )
-                resp = server.handle(req)
+                length = self.headers.get("Content-Length") or "0"
+                if not (length.isascii() and length.isdigit()):  # a reply, not a dead handler thread
+                    self.close_connection = True
+                    resp = error(CODE_PARAM_INVALID, "Bad Content-Length", ts_ms)
+                else:
+                    body = self.rfile.read(int(length)) if int(length) > 0 else b""
+                    query = {k: v[0] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+                    req = Request(
+                        method=self.command,
+                        path=parts.path,
+                        query=query,
+                        headers={k: v for k, v in self.headers.items()},
+                        body=body,
+                        ts_ms=ts_ms,
+                        query_string=parts.query,
+                    )
+                    resp = server.handle(req)
                 payload = orjson.dumps(resp.body)
                 self.send_response(resp.status)
                 self.send_header("Content-Type", "application/json")

@@ -3,6 +3,7 @@ WebSocket (login, orders, fill, positions), and matching against its own book wi
 model."""
 
 import asyncio
+import socket
 import time
 
 import httpx
@@ -475,3 +476,17 @@ def test_simulated_symbols_get_their_contracts():
             assert e.value.code == "40808"
 
         _run(_with_gw(ex, go))
+
+
+@pytest.mark.parametrize("length", [b"abc", b"-5", b"\xd9\xa1"])
+def test_a_bad_content_length_is_a_400_reply(ex, length):
+    """A request whose Content-Length is not a decimal number gets a 400 envelope. Before, int() raised
+    in the handler thread: no reply, the connection dropped, a traceback on the server's stderr."""
+    host, port = ex.rest_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(b"POST /api/v2/mix/order/place-order HTTP/1.1\r\nContent-Length: " + length + b"\r\n\r\n")
+        reply = b""
+        while chunk := s.recv(65536):  # the server closes the connection after the reply
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and orjson.loads(body)["code"] == "40017"
