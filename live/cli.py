@@ -242,11 +242,14 @@ def cmd_serve_exchange(args: argparse.Namespace) -> int:
     from live.runner import credentials_from_env
     from venue.bitget.exchange import DEFAULT_ACCOUNTS, LocalExchange
     from venue.bitget.public_server import session_frames
+    from venue.fills import FILL_MODELS
 
     if args.speed is not None and not (args.speed >= 0 and math.isfinite(args.speed)):
         raise DualhubError(f"--speed must be a finite number >= 0, got {args.speed}")
     if not 0 <= args.port <= 65534:  # the WebSockets take port + 1
         raise DualhubError(f"--port must be from 0 to 65534, got {args.port}")
+    if args.fill_model not in FILL_MODELS:
+        raise DualhubError(f"unknown fill model {args.fill_model!r}; known: {', '.join(FILL_MODELS)}")
     session = open_session(args.session)
     want = _symbols(args.symbols) or None
     frames = session_frames(args.session, symbols=want)

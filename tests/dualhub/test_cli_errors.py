@@ -382,6 +382,7 @@ def test_record_and_recover_on_a_full_disk(small_disk, tmp_path):
         (["record", "--symbols", "BTCUSDT", "--out", "OUT", "--channels", ","], "no channels"),
         (["serve-exchange", "SESSION", "--speed", "nan"], "--speed"),
         (["serve-exchange", "SESSION", "--port", "70000"], "--port"),
+        (["serve-exchange", "SESSION", "--fill-model", "nosuch"], "unknown fill model"),
         (["live", "--duration", "1", "--kill-file", "/dev/null/KILL"], "could never be created"),
     ],
 )
