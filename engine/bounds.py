@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 from engine.errors import DualhubError
 
@@ -31,15 +32,18 @@ def check_count(value: object, name: str, low: int = 1, high: int = COUNT_MAX) -
 
 def check_ms(value: object, name: str, *, zero: bool = False) -> None:
     """A duration in milliseconds: finite, > 0 (>= 0 with ``zero``), at most :data:`MS_MAX`."""
-    _check_span(value, name, zero, MS_MAX, "ms")
+    check_number(value, name, zero=zero, high=MS_MAX, unit=" ms")
 
 
 def check_seconds(value: object, name: str, *, zero: bool = False) -> None:
     """A duration in seconds: finite, > 0 (>= 0 with ``zero``), at most :data:`S_MAX`."""
-    _check_span(value, name, zero, S_MAX, "s")
+    check_number(value, name, zero=zero, high=S_MAX, unit=" s")
 
 
-def _check_span(value: object, name: str, zero: bool, high: float, unit: str) -> None:
+def check_number(
+    value: object, name: str, *, zero: bool = False, high: float = math.inf, unit: str = ""
+) -> None:
+    """A finite number > 0 (>= 0 with ``zero``), at most ``high``."""
     ok = (
         isinstance(value, numbers.Real)
         and not isinstance(value, bool)
@@ -48,8 +52,26 @@ def _check_span(value: object, name: str, zero: bool, high: float, unit: str) ->
         and value <= high
     )
     if not ok:
-        low = ">= 0" if zero else "> 0"
-        raise DualhubError(f"{name} must be a finite number {low} and at most {high:g} {unit}, got {value!r}")
+        bound = ">= 0" if zero else "> 0"
+        if high < math.inf:
+            bound += f" and at most {high:g}{unit}"
+        raise DualhubError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+def check_port(value: object, name: str = "--port", *, high: int = 65535) -> None:
+    """A TCP port to listen on (0: any free one)."""
+    check_count(value, name, low=0, high=high)
+
+
+def check_engine_settings(cfg: Any) -> None:
+    """What a replay's and a live run's configs share: the seed, Kev's queue and timers, the pairs'
+    half-life (``ReplayConfig`` and ``LiveConfig`` name them alike)."""
+    check_seed(cfg.seed)
+    for name in ("kev_timeout_ms", "kev_stale_after_ms", "kev_advice_ttl_ms", "pair_half_life_ms"):
+        check_ms(getattr(cfg, name), name)
+    check_ms(cfg.kev_min_interval_ms, "kev_min_interval_ms", zero=True)
+    check_count(cfg.kev_queue_max, "kev_queue_max")
+    check_count(cfg.kev_max_in_flight, "kev_max_in_flight")
 
 
 def _integer(value: object) -> bool:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import signal
 import sys
 import time
 from pathlib import Path
 
+from engine.bounds import check_number, check_port
 from engine.errors import DualhubError
 from engine.instruments import instrument_args
 from engine.risk import add_risk_args, risk_fields
@@ -244,10 +244,9 @@ def cmd_serve_exchange(args: argparse.Namespace) -> int:
     from venue.bitget.public_server import session_frames
     from venue.fills import FILL_MODELS
 
-    if args.speed is not None and not (args.speed >= 0 and math.isfinite(args.speed)):
-        raise DualhubError(f"--speed must be a finite number >= 0, got {args.speed}")
-    if not 0 <= args.port <= 65534:  # the WebSockets take port + 1
-        raise DualhubError(f"--port must be from 0 to 65534, got {args.port}")
+    if args.speed is not None:
+        check_number(args.speed, "--speed", zero=True)
+    check_port(args.port, high=65534)  # the WebSockets take port + 1
     if args.fill_model not in FILL_MODELS:
         raise DualhubError(f"unknown fill model {args.fill_model!r}; known: {', '.join(FILL_MODELS)}")
     session = open_session(args.session)

@@ -66,7 +66,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import orjson
 
-from engine.bounds import check_count, check_ms, check_seconds, check_seed
+from engine.bounds import check_count, check_engine_settings, check_ms, check_seconds
 from engine.contract import ContractConfig
 from engine.core import PRIO_KEV, Engine, EngineConfig, KevDone, engine_config_from, engine_identity
 from engine.errors import DualhubError
@@ -196,7 +196,7 @@ class LiveConfig:
             raise DualhubError("duration_s must be > 0")
         if not (self.feed_stale_s > 0 and self.venue_lost_s > 0 and self.status_every_s >= 0):
             raise DualhubError("feed_stale_s and venue_lost_s must be > 0, status_every_s >= 0")
-        check_seed(self.seed)
+        check_engine_settings(self)
         if self.duration_s is not None:
             check_seconds(self.duration_s, "duration_s")
         for name in ("feed_stale_s", "venue_lost_s", "drain_timeout_s", "feed_silence_s"):
@@ -204,13 +204,8 @@ class LiveConfig:
         for name in ("reconcile_every_s", "ping_interval_s"):
             check_seconds(getattr(self, name), name)
         check_seconds(self.status_every_s, "status_every_s", zero=True)
-        for name in ("kev_timeout_ms", "kev_stale_after_ms", "kev_advice_ttl_ms", "flush_interval_ms"):
-            check_ms(getattr(self, name), name)
-        check_ms(self.pair_half_life_ms, "pair_half_life_ms")
-        for name in ("kev_min_interval_ms", "reconcile_settle_ms"):
-            check_ms(getattr(self, name), name, zero=True)
-        check_count(self.kev_queue_max, "kev_queue_max")
-        check_count(self.kev_max_in_flight, "kev_max_in_flight")
+        check_ms(self.flush_interval_ms, "flush_interval_ms")
+        check_ms(self.reconcile_settle_ms, "reconcile_settle_ms", zero=True)
         check_count(self.busy_poll_warm_us, "busy_poll_warm_us")
         rng = np.random.default_rng(0)
         for name in ("latency_order_entry", "latency_order_response", "latency_cancel"):

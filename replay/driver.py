@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine import validate
-from engine.bounds import check_count, check_ms, check_seed
+from engine.bounds import check_engine_settings, check_ms
 from engine.clock import ReplayClock
 from engine.contract import ContractConfig
 from engine.core import PRIO_LABEL, Engine, engine_config_from, engine_identity
@@ -179,17 +179,12 @@ class ReplayConfig:
             raise DualhubError(f"kev_lag_source must be 'measured' or 'model', not {self.kev_lag_source!r}")
         if self.kev_timeout_ms <= 0:
             raise DualhubError(f"kev_timeout_ms must be > 0, got {self.kev_timeout_ms}")
-        check_seed(self.seed)
-        for name in ("kev_lag_p5_ms", "kev_lag_p95_ms", "kev_timeout_ms", "kev_stale_after_ms"):
-            check_ms(getattr(self, name), name)
-        check_ms(self.kev_advice_ttl_ms, "kev_advice_ttl_ms")
-        check_ms(self.pair_half_life_ms, "pair_half_life_ms")
-        check_ms(self.kev_min_interval_ms, "kev_min_interval_ms", zero=True)
+        check_engine_settings(self)
+        check_ms(self.kev_lag_p5_ms, "kev_lag_p5_ms")
+        check_ms(self.kev_lag_p95_ms, "kev_lag_p95_ms")
         if not self.kev_lag_p5_ms < self.kev_lag_p95_ms:
             p5, p95 = self.kev_lag_p5_ms, self.kev_lag_p95_ms
             raise DualhubError(f"kev_lag_p5_ms must be below kev_lag_p95_ms, got {p5} and {p95}")
-        check_count(self.kev_queue_max, "kev_queue_max")
-        check_count(self.kev_max_in_flight, "kev_max_in_flight")
         if self.laya_mode not in ("batch", "tick"):
             raise DualhubError(f"laya_mode must be 'batch' or 'tick', not {self.laya_mode!r}")
         if self.laya_features not in ("auto", *FEATURE_SIZES):
