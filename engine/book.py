@@ -71,20 +71,6 @@ def walk_levels(bk, side, lots, step, lpx, lq) -> int:
 
 
 @njit
-def walked_avg(lpx, lq, n) -> tuple[float, float]:
-    """(filled size, average price) of the first ``n`` walked levels; the price is NaN when none."""
-    q = 0.0
-    for j in range(n):
-        q += lq[j]
-    if not q > 0:
-        return q, math.nan
-    num = 0.0
-    for j in range(n):
-        num += lpx[j] * lq[j]
-    return q, num / q
-
-
-@njit
 def imbalance_levels(bk) -> float:
     """(bid depth - ask depth) / (bid depth + ask depth) over the displayed levels."""
     b = 0.0
@@ -138,13 +124,6 @@ def walk_book(book: BookSnapshot, side: str, qty: float, step: float) -> list[tu
         as_levels(book), SIDE_BUY if side == "buy" else SIDE_SELL, lots_of(qty, step), step, lpx, lq
     )
     return [(float(lpx[j]), at_units(lq[j], step)) for j in range(n)]
-
-
-def avg_price(levels: list[tuple[float, float]]) -> float:
-    n = len(levels)
-    return float(
-        walked_avg(np.array([p for p, _ in levels] or [0.0]), np.array([q for _, q in levels] or [0.0]), n)[1]
-    )
 
 
 def imbalance(book: BookSnapshot) -> float:

@@ -120,6 +120,20 @@ def round_to_tick(px: float, tick: float) -> float:
 
 
 @njit
+def ticks_from(px: float, ticks: float, other: float, tick: float, buy: bool) -> float:
+    """The price ``ticks`` ticks (any real number, rounded half-even to a whole tick) from ``px``, a buy's
+    at least a tick below ``other``, a sell's at least a tick above: a strategy's quote around the touch
+    that never crosses or locks its other side. Taken in ticks, integers, not as ``px + ticks * tick``
+    (whose float noise could tip the rounding of a half tick); the result is :func:`at_units` of them.
+    A NaN anywhere gives NaN."""
+    k = np.rint(tick_index(px, tick) + ticks)
+    b = tick_index(other, tick) + (-1.0 if buy else 1.0)
+    if not math.isfinite(k + b):
+        return math.nan
+    return at_units(min(k, b) if buy else max(k, b), tick)
+
+
+@njit
 def round_to_step(qty: float, step: float) -> float:
     """``qty`` down to the size step, forgiving float noise just under a step (1e-9 of a step), as
     :func:`at_units` gives that size; a NaN or infinite ``qty`` comes back as it is."""

@@ -25,8 +25,8 @@ from typing import Final
 
 import numpy as np
 
-from engine.book import LEVELS, SIDE_BUY, SIDE_SELL, WIDTH, as_levels, tradable_top, walk_levels, walked_avg
-from engine.contract import ContractConfig, at_units, lots_of, on_tick_grid
+from engine.book import LEVELS, SIDE_BUY, SIDE_SELL, WIDTH, as_levels, tradable_top, walk_levels
+from engine.contract import ContractConfig, at_units, lots_of, on_tick_grid, tick_index
 from engine.errors import DualhubError
 from engine.events import BookSnapshot, Nanos
 from engine.exact import pmin
@@ -339,19 +339,40 @@ def net_delta_ok(lim, worst, mid) -> bool:
 
 
 @njit
-def in_price_band(lim, px, mid) -> bool:
-    return abs(px - mid) / mid * 1e4 <= lim[L_PRICE_BAND]
+def mid_ticks2(bid, ask, tick) -> float:
+    """Twice the mid in ticks of ``tick``: the sum of the touch's prices in ticks, an integer (as a
+    double). The band and the slippage are measured on prices in ticks, as the core holds an order's
+    price and the venue matches the book's, so an on-grid price is an exact integer and only the one
+    product with the limit rounds. NaN unless positive and finite (the rules then fail closed, whatever
+    ran before them)."""
+    s = tick_index(bid, tick) + tick_index(ask, tick)
+    return s if 0.0 < s < math.inf else math.nan
 
 
 @njit
-def slippage_ok(lim, bk, step, side, qty, slip, mid, lpx, lq) -> bool:
+def in_price_band(lim, px, bid, ask, tick) -> bool:
+    """The limit price ``px`` within the band around the mid: ``|px - mid| / mid`` in bps, as
+    ``|2 px - (bid + ask)| / (bid + ask)`` in ticks."""
+    s = mid_ticks2(bid, ask, tick)
+    return abs(2.0 * tick_index(px, tick) - s) * 1e4 <= lim[L_PRICE_BAND] * s
+
+
+@njit
+def slippage_ok(lim, bk, step, tick, side, qty, slip, bid, ask, lpx, lq) -> bool:
     """The displayed depth fills all of a market order (in whole lots of the size step ``step``, as
     the simulated venue fills it), at an average price within the gateway's slippage limit or the
-    order's own (``slip``; NaN: none) if tighter. ``lpx``/``lq``: scratch for the walk (LEVELS floats
-    each)."""
+    order's own (``slip``; NaN: none) if tighter. The average is taken in ticks and lots, integers, so
+    their sums are exact: ``|num / q - mid| / mid`` as ``|2 num - q (bid + ask)| / (q (bid + ask))``.
+    ``lpx``/``lq``: scratch for the walk (LEVELS floats each)."""
     lots = lots_of(qty, step)
-    filled, avg = walked_avg(lpx, lq, walk_levels(bk, side, lots, step, lpx, lq))
-    return filled >= lots and abs(avg - mid) / mid * 1e4 <= pmin(lim[L_MAX_SLIPPAGE], slip)
+    n = walk_levels(bk, side, lots, step, lpx, lq)
+    q = 0.0
+    num = 0.0
+    for j in range(n):
+        q += lq[j]
+        num += tick_index(lpx[j], tick) * lq[j]
+    qs = q * mid_ticks2(bid, ask, tick)
+    return q >= lots and abs(2.0 * num - qs) * 1e4 <= pmin(lim[L_MAX_SLIPPAGE], slip) * qs
 
 
 @njit
@@ -537,9 +558,9 @@ def verdict(
         elif r == R_MAX_DELTA:
             ok = reducing or net_delta_ok(lim, worst, mid)
         elif r == R_BAND:
-            ok = otype != LIMIT or in_price_band(lim, px, mid)
+            ok = otype != LIMIT or in_price_band(lim, px, bid, ask, tick)
         elif r == R_SLIP:
-            ok = otype != MARKET or slippage_ok(lim, bk, step, side, qty, slip, mid, lpx, lq)
+            ok = otype != MARKET or slippage_ok(lim, bk, step, tick, side, qty, slip, bid, ask, lpx, lq)
         elif r == R_RATE:
             ok = order_rate_ok(lim, recent_n)
         elif r == R_LOSS:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 from engine.book import ASK_PX, ASK_SZ, BID_PX, BID_SZ, tradable_top
-from engine.contract import round_to_tick
+from engine.contract import ticks_from
 from engine.events import Label
-from engine.exact import pmax, pmin
 from engine.jit import njit
 from engine.strategies import Param
 
@@ -59,8 +58,8 @@ def quote_prices(
     shift = label_signal(label) * label_skew_ticks - inv * inventory_skew_ticks
     want_buy = position + quote_qty <= max_position + 1e-12
     want_sell = position - quote_qty >= -max_position - 1e-12
-    bid_px = round_to_tick(pmin(bid + (shift - offset_ticks) * tick, ask - tick), tick) if want_buy else NAN
-    ask_px = round_to_tick(pmax(ask + (shift + offset_ticks) * tick, bid + tick), tick) if want_sell else NAN
+    bid_px = ticks_from(bid, shift - offset_ticks, ask, tick, True) if want_buy else NAN
+    ask_px = ticks_from(ask, shift + offset_ticks, bid, tick, False) if want_sell else NAN
     return want_buy, bid_px, want_sell, ask_px
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 
 from engine.book import ASK_PX, ASK_SZ, BID_PX, BID_SZ, tradable_top
-from engine.contract import round_to_tick
-from engine.exact import pmax, pmin
+from engine.contract import ticks_from
 from engine.jit import njit
 from engine.strategies import Param
 
@@ -46,6 +45,6 @@ def quote(book, tick, qty, label, position, target, max_position, params):
     shift = imbalance * lean - inv * inv_skew
     want_buy = position + qty <= max_position + 1e-12
     want_sell = position - qty >= -max_position - 1e-12
-    bid_px = round_to_tick(pmin(bid + (shift - offset) * tick, ask - tick), tick) if want_buy else NAN
-    ask_px = round_to_tick(pmax(ask + (shift + offset) * tick, bid + tick), tick) if want_sell else NAN
+    bid_px = ticks_from(bid, shift - offset, ask, tick, True) if want_buy else NAN
+    ask_px = ticks_from(ask, shift + offset, bid, tick, False) if want_sell else NAN
     return want_buy, bid_px, want_sell, ask_px

@@ -20,6 +20,7 @@ from engine.risk import (
     RiskLimits,
     RiskState,
     check,
+    in_price_band,
     limits_array,
     loss_ok,
     rule_codes,
@@ -104,6 +105,37 @@ def test_a_limit_price_must_be_whole_ticks_of_the_contracts_tick():
         "bad_order",
     )  # 100.10000000000001
     assert check(LIMITS, RiskState(), market(), BOOK, NOW) == (True, "ok")  # a market order has no price
+
+
+def test_the_band_and_the_slippage_are_measured_in_ticks_exactly_at_their_edge():
+    """Around a mid of 100.0 (99.9 / 100.1), a limit at 100.2 is exactly 20 bps away and a market buy of
+    two levels (100.1 and 100.2, ten lots each) averages exactly 15 bps above it. In ticks both are
+    integers and the edge passes (the rules hold ``value <= limit``); in prices the subtraction's float
+    noise (100.2 - 100.0 = 0.20000000000000284) had refused both."""
+    book = make_book(99.9, 100.1, ts=NOW, size=0.01)
+    assert check(replace(LIMITS, price_band_bps=20.0), RiskState(), limit(px=100.2), book, NOW) == (
+        True,
+        "ok",
+    )
+    assert check(replace(LIMITS, price_band_bps=19.99), RiskState(), limit(px=100.2), book, NOW) == (
+        False,
+        "price_band",
+    )
+    assert check(replace(LIMITS, price_band_bps=20.0), RiskState(), limit("sell", px=99.8), book, NOW) == (
+        True,
+        "ok",
+    )
+    assert check(LIMITS, RiskState(), market(qty=0.02, max_slippage_bps=15.0), book, NOW) == (True, "ok")
+    assert check(LIMITS, RiskState(), market(qty=0.02, max_slippage_bps=14.99), book, NOW) == (
+        False,
+        "max_slippage",
+    )
+    # bad_book runs before them, but alone they fail closed too on a touch that is no mid in ticks:
+    # below half a tick, or past what doubles hold (an infinite sum would pass any band)
+    lim = limits_array(replace(LIMITS, price_band_bps=math.inf))
+    for bid, ask in ((1e-13, 2e-13), (99.9, 1.7e308), (math.nan, 100.1)):
+        assert not in_price_band(lim, 100.0, bid, ask, 0.1)
+    assert in_price_band(lim, 100.0, 99.9, 100.1, 0.1)
 
 
 @pytest.mark.parametrize("state, intent, book, now, reason", RULE_CASES)
