@@ -338,23 +338,21 @@ class CoreState:
 
     def _texts_of(self, rids: np.ndarray) -> None:
         RI, RF = self.RI[rids & (self.RI.shape[0] - 1)], self.RF[rids & (self.RF.shape[0] - 1)]
-        adv, sym, texts = self.advisor, self.symbol, self._texts
-        fields = zip(
-            rids.tolist(),
+        n = len(rids)
+        contexts = zip(
+            [self.symbol] * n,
             [LABEL_NAMES[x] for x in RI[:, K.RI_LABEL].tolist()],
             *(RF[:, c].tolist() for c in (K.RF_P, K.RF_MID, K.RF_SPREAD, K.RF_IMB, K.RF_POS, K.RF_MAXPOS)),
+            strict=True,
+        )
+        answers = zip(
             RI[:, K.RI_ACTION].tolist(),
             *(RF[:, c].tolist() for c in (K.RF_TARGET, K.RF_HEDGE, K.RF_SLIP)),
             RI[:, K.RI_WHY].tolist(),
             strict=True,
         )
-        for rid, label, p, mid, spread, imb, pos, maxpos, action, target, hedge, slip, why in fields:
-            raw = adv.reply_of(label, p, imb, action, target, hedge, slip, why)
-            texts[rid] = (
-                adv.key_of(sym, label, p, mid, spread, imb, pos, maxpos),
-                orjson.dumps(raw, option=orjson.OPT_SORT_KEYS).decode(),
-                raw["reason"],
-            )
+        made = self.advisor.texts_of(list(contexts), list(answers))
+        self._texts.update(zip(rids.tolist(), made, strict=True))
 
     def drain(self) -> None:
         """Turn the kernel's buffered rows into tables for the log."""

@@ -85,14 +85,41 @@ class RuleKev:
         return self.key_of(*(getattr(ctx, k) for k in CONTEXT_FIELDS))
 
     def key_of(self, *fields: object) -> str:
-        """:meth:`key` of a context with these fields (its ``CONTEXT_FIELDS``, in that order): the
-        replay's drain makes a batch of keys from the kernel's rows without building a context each."""
-        body = {
-            "rules": RULES_VERSION,
-            "params": [self.step_fraction, self.min_prob],
-            **dict(zip(CONTEXT_FIELDS, fields, strict=True)),
-        }
-        return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        """:meth:`key` of a context with these fields (its ``CONTEXT_FIELDS``, in that order)."""
+        return self.texts_of([fields], [])[0][0]
+
+    def texts_of(
+        self, contexts: list[tuple], answers: list[tuple[int, float, float, float, int]]
+    ) -> list[tuple[str, str, str]]:
+        """(key, command JSON, reason) of each row: ``contexts`` the fields of a context each (its
+        ``CONTEXT_FIELDS``, in that order), ``answers`` :func:`rule_decide`'s answer to it (action,
+        target, hedge, slippage, why); with no answers, (key, "", "") each. The replay's drain makes its
+        texts from the kernel's rows this way, a batch without a context or a method call per row."""
+        params = [self.step_fraction, self.min_prob]
+        sha, dumps, reply_of = hashlib.sha256, orjson.dumps, self.reply_of
+        out = []
+        for i, (symbol, label, p, mid, spread, imb, pos, maxpos) in enumerate(contexts):
+            # in the order OPT_SORT_KEYS writes (the key's definition, :meth:`key`): built so, its dump
+            # is those bytes without sorting each one
+            body = {
+                "imbalance": imb,
+                "label": label,
+                "max_position": maxpos,
+                "mid": mid,
+                "p_label": p,
+                "params": params,
+                "position": pos,
+                "rules": RULES_VERSION,
+                "spread": spread,
+                "symbol": symbol,
+            }
+            key = sha(dumps(body)).hexdigest()
+            if not answers:
+                out.append((key, "", ""))
+                continue
+            raw = reply_of(label, p, imb, *answers[i])
+            out.append((key, dumps(raw).decode(), raw["reason"]))
+        return out
 
     def decide(self, ctx: KevContext) -> dict[str, object]:
         action, target, hedge, slip, why = rule_decide(
@@ -127,10 +154,10 @@ class RuleKev:
         slip: float,
         why: int,
     ) -> dict[str, object]:
-        return {
+        return {  # keys in sorted order: a plain dump is the sorted one (texts_of)
             "action": ACTIONS[action],
-            "target_position": target,
             "hedge_ratio": hedge,
             "max_slippage_bps": slip,
             "reason": WHY_TEXT[why].format(label=label, p=p_label, imb=imbalance)[:120],
+            "target_position": target,
         }
