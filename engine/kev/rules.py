@@ -64,6 +64,25 @@ def rule_decide(
     return (A_LEAN_BUY if sign > 0 else A_LEAN_SELL), round_exact(target, 6), 0.0, slip, WHY_LEAN
 
 
+def _key(params: list[float], symbol, label, p_label, mid, spread, imbalance, position, max_position) -> str:
+    """A request key: sha256 of the rule version, its parameters and the context's fields as JSON with
+    sorted keys. The dict is built in the order OPT_SORT_KEYS writes, so its plain dump is those bytes
+    without a sort per request."""
+    body = {
+        "imbalance": imbalance,
+        "label": label,
+        "max_position": max_position,
+        "mid": mid,
+        "p_label": p_label,
+        "params": params,
+        "position": position,
+        "rules": RULES_VERSION,
+        "spread": spread,
+        "symbol": symbol,
+    }
+    return hashlib.sha256(orjson.dumps(body)).hexdigest()
+
+
 class RuleKev:
     """Turns a label context into a portfolio command with :func:`rule_decide`'s fixed, readable rules."""
 
@@ -86,39 +105,20 @@ class RuleKev:
 
     def key_of(self, *fields: object) -> str:
         """:meth:`key` of a context with these fields (its ``CONTEXT_FIELDS``, in that order)."""
-        return self.texts_of([fields], [])[0][0]
+        return _key([self.step_fraction, self.min_prob], *fields)
 
     def texts_of(
         self, contexts: list[tuple], answers: list[tuple[int, float, float, float, int]]
     ) -> list[tuple[str, str, str]]:
         """(key, command JSON, reason) of each row: ``contexts`` the fields of a context each (its
         ``CONTEXT_FIELDS``, in that order), ``answers`` :func:`rule_decide`'s answer to it (action,
-        target, hedge, slippage, why); with no answers, (key, "", "") each. The replay's drain makes its
-        texts from the kernel's rows this way, a batch without a context or a method call per row."""
+        target, hedge, slippage, why). The replay's drain makes its texts from the kernel's rows this
+        way, a batch without a context per row."""
         params = [self.step_fraction, self.min_prob]
-        sha, dumps, reply_of = hashlib.sha256, orjson.dumps, self.reply_of
         out = []
-        for i, (symbol, label, p, mid, spread, imb, pos, maxpos) in enumerate(contexts):
-            # in the order OPT_SORT_KEYS writes (the key's definition, :meth:`key`): built so, its dump
-            # is those bytes without sorting each one
-            body = {
-                "imbalance": imb,
-                "label": label,
-                "max_position": maxpos,
-                "mid": mid,
-                "p_label": p,
-                "params": params,
-                "position": pos,
-                "rules": RULES_VERSION,
-                "spread": spread,
-                "symbol": symbol,
-            }
-            key = sha(dumps(body)).hexdigest()
-            if not answers:
-                out.append((key, "", ""))
-                continue
-            raw = reply_of(label, p, imb, *answers[i])
-            out.append((key, dumps(raw).decode(), raw["reason"]))
+        for ctx, answer in zip(contexts, answers, strict=True):
+            raw = self.reply_of(ctx[1], ctx[2], ctx[5], *answer)  # label, p_label, imbalance
+            out.append((_key(params, *ctx), orjson.dumps(raw).decode(), raw["reason"]))
         return out
 
     def decide(self, ctx: KevContext) -> dict[str, object]:
