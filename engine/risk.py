@@ -8,8 +8,9 @@ engine through :func:`check`, the pure ``(limits, state, intent, book, now_ns) -
 adapter (or :func:`verdict_of` with arrays it keeps); the caller turns the verdict into a
 ``RiskDecision`` event, so every decision is on the record. A rule holds when its comparison does
 (``value <= limit``) and the verdict rejects on ``not rule``, so a NaN anywhere rejects instead of
-passing. The loss stop reads position and cash as the integers of 1e-12 both engines keep, and is
-decided exactly (:func:`loss_ok`). With ``NUMBA_DISABLE_JIT=1`` the rules run as plain Python: the
+passing. Sizes reach the rules in whole lots of the size step and prices are compared in ticks, so the
+size, band and slippage rules are exact integers at their edge; the loss stop reads position and cash
+as the integers of 1e-12 the engine keeps, and is decided exactly (:func:`loss_ok`). With ``NUMBA_DISABLE_JIT=1`` the rules run as plain Python: the
 readable reference of the compiled code.
 
 To add a rule: a compiled function here, a reason in :data:`REASONS` (its code and name), a branch in
@@ -26,7 +27,7 @@ from typing import Final
 import numpy as np
 
 from engine.book import LEVELS, SIDE_BUY, SIDE_SELL, WIDTH, as_levels, tradable_top, walk_levels
-from engine.contract import ContractConfig, at_units, lots_of, on_tick_grid, tick_index
+from engine.contract import ContractConfig, at_units, grid, lots_of, on_tick_grid, tick_index
 from engine.errors import DualhubError
 from engine.events import BookSnapshot, Nanos
 from engine.exact import pmin
@@ -308,34 +309,43 @@ def book_fresh(lim, book_ts, now) -> bool:
 
 
 @njit
-def order_qty_ok(lim, qty) -> bool:
-    return qty <= lim[L_MAX_ORDER_QTY] + 1e-12
+def lots_within(limit, step) -> float:
+    """The most whole lots of ``step`` a size limit allows: ``floor(limit / step)``, forgiving float
+    noise just under a lot as engine.contract.lots_of does (a limit of 0.003 is 3 lots of 0.001, not
+    2.9999999999999996); inf stays inf, NaN stays NaN (the comparison then refuses)."""
+    return np.floor(limit / step + 1e-9)
 
 
 @njit
-def only_reduces(position, side, qty) -> bool:
-    """Whether a reduce-only order can only shrink ``position``: opposite side, no bigger than it. The
-    gateway asks it of the engine's position, the venues (simulated and local exchange) of theirs."""
-    signed = qty if side == BUY else -qty
-    return position * signed < 0 and qty <= abs(position) + 1e-12
+def order_qty_ok(lim, lots, step) -> bool:
+    return lots <= lots_within(lim[L_MAX_ORDER_QTY], step)
 
 
 @njit
-def worst_position(position, open_buy, open_sell, side, qty) -> float:
-    """The position if every resting order on the order's side fills too."""
-    signed = qty if side == BUY else -qty
+def only_reduces(position, side, lots) -> bool:
+    """Whether a reduce-only order of ``lots`` can only shrink ``position`` (lots too): opposite side,
+    no bigger than it. The gateway asks it of the engine's position, the venues (simulated and local
+    exchange) of theirs."""
+    signed = lots if side == BUY else -lots
+    return position * signed < 0 and lots <= abs(position)
+
+
+@njit
+def worst_position(position, open_buy, open_sell, side, lots) -> float:
+    """The position if every resting order on the order's side fills too; all in lots."""
+    signed = lots if side == BUY else -lots
     open_same = open_buy if side == BUY else -open_sell
     return position + open_same + signed
 
 
 @njit
-def position_ok(lim, worst) -> bool:
-    return abs(worst) <= lim[L_MAX_POSITION] + 1e-12
+def position_ok(lim, worst, step) -> bool:
+    return abs(worst) <= lots_within(lim[L_MAX_POSITION], step)
 
 
 @njit
-def net_delta_ok(lim, worst, mid) -> bool:
-    return abs(worst) * mid <= lim[L_MAX_NET_DELTA]
+def net_delta_ok(lim, worst_qty, mid) -> bool:
+    return abs(worst_qty) * mid <= lim[L_MAX_NET_DELTA]
 
 
 @njit
@@ -381,18 +391,18 @@ def order_rate_ok(lim, recent_n) -> bool:
 
 
 @njit
-def portfolio_delta_ok(lim, worst, position, mid, others_delta) -> bool:
+def portfolio_delta_ok(lim, worst_qty, position, mid, others_delta) -> bool:
     """The portfolio's net delta in USD, this instrument at its worst case plus the others' (each its
     position times its mid), within the limit; or the order moves it towards zero (a hedge leg)."""
-    after = worst * mid + others_delta
+    after = worst_qty * mid + others_delta
     return abs(after) <= lim[L_PF_MAX_DELTA] or abs(after) < abs(position * mid + others_delta)
 
 
 @njit
-def portfolio_gross_ok(lim, worst, mid, others_gross) -> bool:
+def portfolio_gross_ok(lim, worst_qty, mid, others_gross) -> bool:
     """The portfolio's gross exposure in USD (the sum of every instrument's ``|position| * mid``, this
     one at its worst case) within the limit."""
-    return abs(worst) * mid + others_gross <= lim[L_PF_MAX_GROSS]
+    return abs(worst_qty) * mid + others_gross <= lim[L_PF_MAX_GROSS]
 
 
 @njit
@@ -490,6 +500,7 @@ def verdict(
     pos_lo,
     cash_hi,
     cash_lo,
+    pos_lots,
     open_buy,
     open_sell,
     recent_n,
@@ -520,18 +531,24 @@ def verdict(
 ) -> int:
     """The reason code (R_OK: accepted) for a new order: the code of the first rule of ``rules`` that fails.
     ``lim``: :func:`limits_array`; ``rules``: :func:`rule_codes` (R_OK entries are skipped); position and
-    cash: integers of 1e-12 as two words each (:func:`loss_ok`); ``recent_n``: accepted new orders in the rate
-    window; ``side``/``otype``/``source``: codes; ``slip``: the order's slippage cap, NaN for none; the book
-    (read only when ``has_book``): its top, received at ``book_ts``, and for the walk of a market order
-    ``bk``, laid out as :func:`engine.book.as_levels` does, walked in lots of the contract's size step
-    ``step`` (its price tick: ``tick``); ``lpx``/``lq``: scratch for the walk; ``others_*``: the rest of the
-    portfolio, every other instrument the engine trades: the sum of their net deltas (USD, position times
-    mid), of their gross exposures and of their PnL (0 when there are none)."""
-    position = (pos_hi * _WORD + pos_lo) / 1e12
+    cash: integers of 1e-12 as two words each (:func:`loss_ok`); ``pos_lots``, ``open_buy``, ``open_sell``:
+    the position and the sizes resting orders still have open, in whole lots of ``step``; ``recent_n``:
+    accepted new orders in the rate window; ``side``/``otype``/``source``: codes; ``slip``: the order's
+    slippage cap, NaN for none; the book (read only when ``has_book``): its top, received at ``book_ts``, and
+    for the walk of a market order ``bk``, laid out as :func:`engine.book.as_levels` does, walked in lots of
+    the contract's size step ``step`` (its price tick: ``tick``); ``lpx``/``lq``: scratch for the walk;
+    ``others_*``: the rest of the portfolio, every other instrument the engine trades: the sum of their net
+    deltas (USD, position times mid), of their gross exposures and of their PnL (0 when there are none)."""
+    # Sizes are taken in whole lots, integers, so every size rule is exact: bad_order comes first and
+    # refuses any size that is not exactly the size of some lots, so ``lots`` is exact once it passed.
+    lots = lots_of(qty, step)
     # Worst case: every resting order on the same side fills too. An order "reduces" only when even
     # then the position shrinks; only such an order may pass the position and loss limits.
-    worst = worst_position(position, open_buy, open_sell, side, qty)
-    reducing = abs(worst) < abs(position) - 1e-12
+    worst = worst_position(pos_lots, open_buy, open_sell, side, lots)
+    reducing = abs(worst) < abs(pos_lots)
+    # the USD rules price sizes: each the double nearest its exact decimal (as the venue's string reads)
+    worst_qty = at_units(worst, step)
+    position = at_units(pos_lots, step)
     mid = (bid + ask) / 2.0
     for i in range(rules.shape[0]):
         r = rules[i]
@@ -550,13 +567,13 @@ def verdict(
         elif r == R_STALE_BOOK:
             ok = book_fresh(lim, book_ts, now)
         elif r == R_MAX_QTY:
-            ok = order_qty_ok(lim, qty)
+            ok = order_qty_ok(lim, lots, step)
         elif r == R_REDUCE_ONLY:
-            ok = not reduce_only or only_reduces(position, side, qty)
+            ok = not reduce_only or only_reduces(pos_lots, side, lots)
         elif r == R_MAX_POS:
-            ok = reducing or position_ok(lim, worst)
+            ok = reducing or position_ok(lim, worst, step)
         elif r == R_MAX_DELTA:
-            ok = reducing or net_delta_ok(lim, worst, mid)
+            ok = reducing or net_delta_ok(lim, worst_qty, mid)
         elif r == R_BAND:
             ok = otype != LIMIT or in_price_band(lim, px, bid, ask, tick)
         elif r == R_SLIP:
@@ -566,9 +583,9 @@ def verdict(
         elif r == R_LOSS:
             ok = reducing or loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid)
         elif r == R_PF_DELTA:
-            ok = portfolio_delta_ok(lim, worst, position, mid, others_delta)
+            ok = portfolio_delta_ok(lim, worst_qty, position, mid, others_delta)
         elif r == R_PF_GROSS:
-            ok = reducing or portfolio_gross_ok(lim, worst, mid, others_gross)
+            ok = reducing or portfolio_gross_ok(lim, worst_qty, mid, others_gross)
         elif r == R_PF_LOSS:
             ok = reducing or portfolio_loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid, others_pnl)
         else:
@@ -588,6 +605,7 @@ _LQ = np.empty(LEVELS)
 # check()'s last limits and their arrays, replaced in one store: a thread never reads half of another's
 _last_limits: tuple = (None, None, None)
 _WORD_MAX = 1 << 62  # words beyond int64 are clamped here; loss_ok refuses any beyond 2**53
+_LOTS_MAX = 1 << 62
 
 
 def units_words(units: int) -> tuple[int, int]:
@@ -597,9 +615,30 @@ def units_words(units: int) -> tuple[int, int]:
     return max(-_WORD_MAX, min(_WORD_MAX, hi)), units & 0xFFFFFFFF
 
 
-def reduce_only_ok(position: float, side: str, qty: float) -> bool:
-    """:func:`only_reduces` for a side named ``"buy"``/``"sell"``."""
-    return only_reduces(float(position), BUY if side == "buy" else SELL, float(qty))
+def size_lots(qty: float, step: float) -> int:
+    """A size kept as a float that should be whole lots of ``step`` (an open size), as the nearest whole
+    number of lots: the rules take sizes in lots. An unknown (NaN) size counts as the largest there is,
+    so no size rule passes on it."""
+    lots = np.rint(qty / step)
+    return int(max(-_LOTS_MAX, min(_LOTS_MAX, lots))) if not math.isnan(lots) else _LOTS_MAX
+
+
+def units_lots(units: int, step: float) -> int:
+    """A size in integers of 1e-12 (:class:`RiskState` ``position_units``) in whole lots of ``step``, to
+    the nearest (exact integers: the position is whole lots)."""
+    num, den = grid(step)
+    per_lot = int(num) * 10**12 // int(den)
+    lots = (2 * units + per_lot) // (2 * per_lot)
+    return max(-_LOTS_MAX, min(_LOTS_MAX, lots))  # an int64 for the compiled rules; far past any limit
+
+
+def reduce_only_ok(position: float, side: str, qty: float, step: float) -> bool:
+    """:func:`only_reduces` for a side named ``"buy"``/``"sell"``, position and size in base units of a
+    contract whose size step is ``step``; a size that is not whole lots only reduces if its lots do."""
+    lots = lots_of(float(qty), step)
+    if not (lots >= 1.0 and math.isfinite(position)):
+        return False
+    return only_reduces(size_lots(position, step), BUY if side == "buy" else SELL, lots)
 
 
 def verdict_of(
@@ -637,8 +676,9 @@ def verdict_of(
         pos_lo,
         cash_hi,
         cash_lo,
-        state.open_buy_qty,
-        state.open_sell_qty,
+        units_lots(state.position_units, size_step),
+        size_lots(state.open_buy_qty, size_step),
+        size_lots(state.open_sell_qty, size_step),
         recent_n,
         state.kill_switch,
         _SIDES.get(intent.side, -1),

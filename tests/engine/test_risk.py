@@ -138,6 +138,29 @@ def test_the_band_and_the_slippage_are_measured_in_ticks_exactly_at_their_edge()
     assert in_price_band(lim, 100.0, 99.9, 100.1, 0.1)
 
 
+def test_sizes_are_taken_in_lots_exactly_at_the_position_limit():
+    """A position of 100780.964 and a buy of 7.994 (lots of 0.001) reach a limit of 100788.958 exactly:
+    in lots the sum is that integer and the edge passes; in floats it is 100788.95800000001, past the
+    limit by more than any tolerance below the double's own spacing there (1.5e-11)."""
+    big = replace(LIMITS, max_position=100788.958, max_order_qty=10.0, max_net_delta_usd=1e12)
+    held = RiskState(position_units=100780964 * 10**9)
+    assert check(big, held, limit(qty=7.994), BOOK, NOW) == (True, "ok")
+    assert check(big, held, limit(qty=7.995), BOOK, NOW) == (False, "max_position")
+    # resting buys count at their lots too, as an unknown (NaN) open size counts as the largest
+    assert check(big, replace(held, open_buy_qty=0.001), limit(qty=7.994), BOOK, NOW) == (
+        False,
+        "max_position",
+    )
+    assert check(big, RiskState(open_buy_qty=math.nan), limit(qty=0.001), BOOK, NOW) == (
+        False,
+        "max_position",
+    )
+    # the order limit is whole lots: 0.0025 allows two of 0.001
+    half = replace(LIMITS, max_order_qty=0.0025)
+    assert check(half, RiskState(), limit(qty=0.002), BOOK, NOW) == (True, "ok")
+    assert check(half, RiskState(), limit(qty=0.003), BOOK, NOW) == (False, "max_order_qty")
+
+
 @pytest.mark.parametrize("state, intent, book, now, reason", RULE_CASES)
 def test_each_rule_rejects_with_its_reason(state, intent, book, now, reason):
     assert check(LIMITS, state, intent, book, now) == (False, reason)

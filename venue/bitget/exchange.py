@@ -827,7 +827,8 @@ class LocalExchange:
             return error("40762", "The order amount exceeds the balance", t)
         reduce_only = str(body.get("reduceOnly", "NO")).upper() == "YES"
         pos = self.positions.get((uid, symbol))
-        if reduce_only and not reduce_only_ok(pos.qty if pos else 0.0, side, float(size)):
+        held = pos.qty if pos else 0.0
+        if reduce_only and not reduce_only_ok(held, side, float(size), float(spec.size_step)):
             return error(
                 "40017",
                 "Parameter verification failed: reduceOnly order would open or increase a position",
