@@ -10,8 +10,8 @@ adapter (or :func:`verdict_of` with arrays it keeps); the caller turns the verdi
 (``value <= limit``) and the verdict rejects on ``not rule``, so a NaN anywhere rejects instead of
 passing. Sizes reach the rules in whole lots of the size step and prices are compared in ticks, so the
 size, band and slippage rules are exact integers at their edge; the loss stop reads position and cash
-as the integers of 1e-12 the engine keeps, and is decided exactly (:func:`loss_ok`). With ``NUMBA_DISABLE_JIT=1`` the rules run as plain Python: the
-readable reference of the compiled code.
+as the integers of 1e-12 the engine keeps, and is decided exactly (:func:`loss_ok`). With
+``NUMBA_DISABLE_JIT=1`` the rules run as plain Python: the readable reference of the compiled code.
 
 To add a rule: a compiled function here, a reason in :data:`REASONS` (its code and name), a branch in
 :func:`verdict`, and, if it should run by default, a place in :data:`DEFAULT_RULES`.
