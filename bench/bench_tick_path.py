@@ -52,6 +52,7 @@ from engine.laya.features import (
     features_v0,  # noqa: E402
     features_v0_levels,  # noqa: E402
 )
+from engine.strategy import QuoteConfig  # noqa: E402
 from engine.venues.bitget_v2 import StreamCounters, decode  # noqa: E402
 from engine.venues.bitget_v2_fast import Books15Scanner  # noqa: E402
 from live.runner import LiveConfig, LiveRunner  # noqa: E402
@@ -123,6 +124,7 @@ async def _round(
     spin: bool = False,
     keep_warm: bool = True,
     kev_process: bool = True,
+    requote_min_ms: float | None = None,
 ) -> dict[str, Any]:
     runner = paper_runner(
         laya_provider=provider,
@@ -133,6 +135,9 @@ async def _round(
         tick_keep_warm=keep_warm,
         busy_poll=spin,
         kev_process=kev_process,
+        quotes=QuoteConfig()
+        if requote_min_ms is None
+        else QuoteConfig(requote_min_ns=round(requote_min_ms * 1e6)),
     )
     st = runner.syms["BTCUSDT"]
     orders: list[int] = []
@@ -266,6 +271,13 @@ def main(argv: list[str] | None = None) -> int:
         help="Kev's HTTP client on the tick path's event loop (live mode's kev_process off)",
     )
     ap.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu", help="Laya's provider")
+    ap.add_argument(
+        "--requote-min-ms",
+        type=float,
+        default=QuoteConfig().requote_min_ns / 1e6,
+        help="the strategy's least time between requotes (default: the engine's); less gives more orders "
+        "to measure per round",
+    )
     ap.add_argument("--out", help="write the figures as JSON")
     args = ap.parse_args(argv)
 
@@ -304,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                         spin=args.spin,
                         keep_warm=not args.no_keep_warm,
                         kev_process=not args.kev_in_loop,
+                        requote_min_ms=args.requote_min_ms,
                     )
                 )
                 res[mode]["labels"] += r["labels"]
@@ -328,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "books_per_round": args.books,
         "gap_ms": args.gap_ms,
         "spin": args.spin,
+        "requote_min_ms": args.requote_min_ms,
         "keep_warm": not args.no_keep_warm,
         "kev_process": not args.kev_in_loop,
         "rounds": args.rounds,
@@ -341,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     how = ("busy-polling" if args.spin else "sleeping") + (", keep-warm off" if args.no_keep_warm else "")
     how += ", Kev client on the loop" if args.kev_in_loop else ", Kev client in its own process"
+    how += f", requotes >= {args.requote_min_ms:g} ms apart"
     print(
         f"tick path, {args.rounds} x {args.books} books per mode, {args.gap_ms} ms between frames "
         f"({how}), {os.cpu_count()} cores"
