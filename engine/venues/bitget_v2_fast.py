@@ -434,8 +434,8 @@ class TradeScanner:
         """The events of the frame just scanned (``k`` trades), equal to what :func:`decode` builds."""
         trade_order(self.ts_ms, k, self.order)
         symbol = raw[self.meta[T_SYM_START] : self.meta[T_SYM_END]].decode("ascii")
-        # the first k rows only: the buffers hold MAX_TRADES_PER_FRAME, and listing all of them cost
-        # ~250 us a frame on the live tick path
+        # the first k rows only: the buffers hold MAX_TRADES_PER_FRAME, and listing all of them would
+        # cost the live event loop far more than the frame itself
         ts, px, sz, side, tid = (a[:k].tolist() for a in (self.ts_ms, self.px, self.sz, self.side, self.tid))
         out = []
         for w in self.order[:k].tolist():
