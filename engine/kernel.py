@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 from engine.book import imbalance_levels
-from engine.contract import NO_PX, round_exact, round_to_step, tick_index
+from engine.contract import NO_PX, round_exact, tick_index
 from engine.exact import POW10, div_half_even, mul_div_half_even, pmin, pyround  # noqa: F401 - tests call K.pyround
 from engine.jit import njit
 from engine.kev.command import TARGET_POSITION_ABS_MAX, within
@@ -79,6 +79,7 @@ from engine.risk import (  # noqa: F401 - the gateway's codes, kernel names (BUY
     SRC_FLATTEN,
     SRC_KEV,
     SRC_QUOTE,
+    lots_within,
     verdict,
 )
 from engine.strategies import registry
@@ -1019,7 +1020,7 @@ def _rebalance(
         return
     side, qty = rebalance_order(
         _target(S, SF, CF, now),
-        position(S, C),
+        S[S_POS],
         CF[CF_QUOTE_QTY],
         CF[CF_MAX_ORDER_QTY],
         CF[CF_SIZE_STEP],
@@ -1847,19 +1848,20 @@ def step_flatten(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_l
     caller leaves room for 100 orders in the working list first."""
     lpx, lq, _ = _scratch_f(SCR)
     mask = OI.shape[0] - 1
-    pos = position(S, C)
-    side = SELL if pos > 0 else BUY
+    side = SELL if S[S_POS] > 0 else BUY
     covered = 0  # lots
     for w in range(S[S_NWORK]):
         o = work[w] & mask
         if OI[o, OI_TYPE] == MARKET and OI[o, OI_SIDE] == side:
             covered += OI[o, OI_LOTS] - OI[o, OI_FILLED]
-    left = size_of(abs(S[S_POS]) - covered, C)
+    left = abs(S[S_POS]) - covered  # lots, counted down exactly (a float size would drift)
+    cap = lots_within(CF[CF_MAX_ORDER_QTY], CF[CF_SIZE_STEP])
     now = S[S_NOW]
     sent = 0
     while sent < 100:
-        qty = round_to_step(pmin(left, CF[CF_MAX_ORDER_QTY]), CF[CF_SIZE_STEP])
-        if qty < CF[CF_MIN_QTY]:
+        lots = left if cap >= left else np.int64(cap)
+        qty = size_of(lots, C)
+        if lots <= 0 or qty < CF[CF_MIN_QTY]:
             return sent, False
         oid = S[S_OID] + 1
         _send_new(
@@ -1869,7 +1871,7 @@ def step_flatten(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_l
         if OI[oid & mask, OI_OID] != oid or OI[oid & mask, OI_STATUS] != PENDING_NEW:
             return sent, True
         sent += 1
-        left -= qty
+        left -= lots
     return sent, False
 
 

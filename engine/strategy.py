@@ -9,12 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from engine.book import SIDE_BUY, SIDE_SELL, as_levels
-from engine.contract import ContractConfig, round_to_step
+from engine.contract import ContractConfig, at_units
 from engine.events import BookSnapshot, Label, Nanos
 from engine.exact import pmax, pmin
 from engine.fastinit import frozen_maker
 from engine.jit import njit
+from engine.risk import lots_within
 from engine.strategies import registry
 from engine.strategies.baseline import label_signal, quote_prices  # noqa: F401 - the baseline's rules
 
@@ -55,17 +58,22 @@ def kev_target(
 
 @njit
 def rebalance_order(
-    target: float, position: float, quote_qty: float, max_order_qty: float, size_step: float, min_qty: float
+    target: float, pos_lots: float, quote_qty: float, max_order_qty: float, size_step: float, min_qty: float
 ) -> tuple[int, float]:
-    """(side, qty) of the market order towards ``target``: the gap, at most ``max_order_qty``, down to
-    the size step; ``NO_ORDER`` while the gap is under one quote or rounds below ``min_qty``."""
-    diff = target - position
-    if abs(diff) < quote_qty - 1e-12:
+    """(side, qty) of the market order from a position of ``pos_lots`` whole lots of ``size_step``
+    towards ``target`` (base units): the gap's whole lots, at most those ``max_order_qty`` allows;
+    ``NO_ORDER`` while the gap is under one quote or its whole lots under ``min_qty`` (or NaN).
+
+    Counted in lots: the gap in base units, a difference of two large doubles, carries their rounding
+    (100788.958 - 100780.964 is not 7.994), which no fixed tolerance absorbs at every size; in lots
+    the noise is a billionth of a lot, forgiven as engine.contract.lots_of forgives it."""
+    gap = target / size_step - pos_lots
+    if not abs(gap) + 1e-9 >= quote_qty / size_step:
         return NO_ORDER, 0.0
-    qty = round_to_step(pmin(abs(diff), max_order_qty), size_step)
-    if qty < min_qty:
+    lots = pmin(np.floor(abs(gap) + 1e-9), lots_within(max_order_qty, size_step))
+    if not (lots > 0 and lots + 1e-9 >= min_qty / size_step):
         return NO_ORDER, 0.0
-    return (BUY if diff > 0 else SELL), qty
+    return (BUY if gap > 0 else SELL), at_units(lots, size_step)
 
 
 class Quoter:

@@ -106,11 +106,25 @@ def test_kevs_target_while_fresh_within_max_position():
 
 def test_rebalance_order_towards_the_target():
     args = (0.002, 0.01, 0.001, 0.001)  # quote_qty, max_order_qty, size_step, min_qty
-    assert rebalance_order(0.0299, 0.0, *args) == (BUY, 0.01)  # capped at max_order_qty
-    assert rebalance_order(-0.0047, 0.0, *args) == (SELL, 0.004)  # down to the size step
-    assert rebalance_order(0.0, 0.003, *args) == (SELL, 0.003)
-    assert rebalance_order(0.0019, 0.0, *args)[0] == NO_ORDER  # under one quote
-    assert rebalance_order(0.0025, 0.0, 0.002, 0.01, 0.001, 0.003)[0] == NO_ORDER  # rounds below min_qty
+    assert rebalance_order(0.0299, 0, *args) == (BUY, 0.01)  # capped at max_order_qty
+    assert rebalance_order(-0.0047, 0, *args) == (SELL, 0.004)  # down to the size step
+    assert rebalance_order(0.0, 3, *args) == (SELL, 0.003)  # the position in lots
+    assert rebalance_order(0.0053, 2, *args) == (BUY, 0.003)
+    assert rebalance_order(0.0019, 0, *args)[0] == NO_ORDER  # under one quote
+    assert rebalance_order(0.0025, 0, 0.002, 0.01, 0.001, 0.003)[0] == NO_ORDER  # rounds below min_qty
+    assert rebalance_order(0.05, 0, 0.002, math.inf, 0.001, 0.001) == (BUY, 0.05)  # no order limit
+    assert rebalance_order(math.nan, 0, *args)[0] == NO_ORDER
+
+
+def test_rebalance_gap_is_counted_in_lots_at_any_size():
+    # a gap of exactly one quote (7.994) from a position of 100780.964: in base units the difference
+    # of the two doubles is 7.993999999991502, under the quote and under 7.994's lots; in lots it is
+    # the 7994 lots it is
+    pos_lots, target, quote = 100_780_964, 100788.958, 7.994
+    assert target - 100780.964 < quote - 1e-12  # what the float rule compared
+    assert rebalance_order(target, pos_lots, quote, 10.0, 0.001, 0.001) == (BUY, 7.994)
+    assert rebalance_order(-target, -pos_lots, quote, 10.0, 0.001, 0.001) == (SELL, 7.994)
+    assert rebalance_order(target - 0.001, pos_lots, quote, 10.0, 0.001, 0.001)[0] == NO_ORDER
 
 
 @pytest.mark.parametrize("nd", [0, 2, 6, 10, 12, 22])
