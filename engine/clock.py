@@ -32,6 +32,8 @@ class Clock(Protocol):
 
     def pop_due(self, until: tuple[int, ...] | None = None) -> list[tuple[TimerKey, Any]]: ...
 
+    def take_next(self, ts_ns: Nanos, priority: int) -> bool: ...
+
 
 _new_key = tuple.__new__  # TimerKey without NamedTuple.__new__'s keyword handling (hot path)
 
@@ -122,6 +124,11 @@ class ReplayClock:
             self.advance_to(t)
             heapq.heappop(heap)[3]()
 
+    def take_next(self, ts_ns: Nanos, priority: int) -> bool:
+        """Never: a replay's driver schedules its inputs as it reaches them, so an entry that nothing
+        on the heap precedes may still have inputs before it (live mode's clock answers otherwise)."""
+        return False
+
     def pop_next(self) -> tuple[TimerKey, Any]:
         """Pop the earliest timer and advance time to it."""
         key, payload = self._timers.pop()
@@ -166,6 +173,10 @@ class RealtimeClock:
         while (k := self._timers.peek()) is not None and tuple(k) <= tuple(bound) and k.ts_ns <= now:
             out.append(self._timers.pop())
         return out
+
+    def take_next(self, ts_ns: Nanos, priority: int) -> bool:
+        """Never here; :class:`live.clock.LiveClock`, which stamps every input, can answer yes."""
+        return False
 
     def seconds_until_next(self) -> float | None:
         k = self._timers.peek()

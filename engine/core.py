@@ -277,7 +277,10 @@ class Engine:
     def on_book(self, book: BookSnapshot) -> None:
         label_id, probs = self.receive_book(book)
         due = book.ts_recv + self.laya_latency.sample_ns(book.ts_recv)
-        self.clock.schedule(due, PRIO_LABEL, partial(self.on_label, book, label_id, probs))
+        if self.clock.take_next(due, PRIO_LABEL):  # live: the label is next and due; it runs now
+            self.on_label(book, label_id, probs)
+        else:
+            self.clock.schedule(due, PRIO_LABEL, partial(self.on_label, book, label_id, probs))
 
     def receive_book(self, book: BookSnapshot) -> tuple[int, np.ndarray]:
         """:meth:`on_book` without scheduling the label: for a driver that delivers each label itself

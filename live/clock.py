@@ -48,12 +48,31 @@ class LiveClock(RealtimeClock):
     def pop_next_due(self, *, force: bool = False) -> tuple[TimerKey, Any] | None:
         """The earliest entry if it is due on the wall clock (or any entry with ``force``: the final
         drain), advancing engine time to it; None otherwise."""
-        k = self._timers.peek()
-        if k is None or (not force and k.ts_ns > self._wall()):
+        heap = self._timers._heap  # its head read in place: no key built for a look (the tick path)
+        if not heap or (not force and heap[0][0] > self._wall()):
             return None
         item = self._timers.pop()
-        self._engine_ns = max(self._engine_ns, k.ts_ns)
+        self._engine_ns = max(self._engine_ns, item[0].ts_ns)
         return item
+
+    def take_next(self, ts_ns: Nanos, priority: int) -> bool:
+        """Whether an entry ``(ts_ns, priority)`` scheduled now would be the next one popped, and is
+        due: nothing on the heap goes before it (a tie goes to the entry already there) and its time
+        has come. Then engine time moves to it and the caller runs it at once, as the heap would have.
+
+        Exact because every live input is stamped on arrival, strictly after all that was processed:
+        whatever goes before ``ts_ns`` is on the heap already. The round trip through the heap it
+        saves is ~3 us warm per step of the tick path (the frame's book, the paper venue's, the label).
+        """
+        heap = self._timers._heap
+        if heap:
+            h = heap[0]
+            if h[0] < ts_ns or (h[0] == ts_ns and h[1] <= priority):
+                return False
+        if ts_ns < self._engine_ns or ts_ns > self._wall():
+            return False
+        self._engine_ns = ts_ns
+        return True
 
     def pop_due(self, until: tuple[int, ...] | None = None) -> list[tuple[TimerKey, Any]]:
         out = []

@@ -476,11 +476,12 @@ class LiveRunner:
         self.dispatch()
         return t
 
-    def dispatch(self) -> None:
+    def dispatch(self, ran: bool = False) -> None:
+        """Run every entry due, in clock order. ``ran``: the caller has just run one itself
+        (:meth:`deliver`), which counts as work done for keep-warm."""
         if self._dispatching:
             return
         self._dispatching = True
-        ran = False
         try:
             while (item := self.clock.pop_next_due()) is not None:
                 item[1]()
@@ -515,9 +516,14 @@ class LiveRunner:
             return
         self.frames += 1
         self._last_frame_ns = ts
-        sched = self.clock.schedule
-        any_event = False
-        for ev in self.tick.decode(raw, ts, self.counters):
+        clock = self.clock
+        sched = clock.schedule
+        any_event = ran = False
+        evs = self.tick.decode(raw, ts, self.counters)
+        # one event (a books15 frame): each step runs at once when nothing on the clock goes before it
+        # (LiveClock.take_next); several keep the clock's order (all paper steps first, as in replay)
+        direct = len(evs) == 1 and not self._dispatching
+        for ev in evs:
             is_book = isinstance(ev, BookSnapshot)
             if not (is_book or isinstance(ev, Trade)):
                 continue
@@ -534,12 +540,35 @@ class LiveRunner:
             # The paper exchange sees the event before the engine does (same order as in replay).
             if st.paper is not None:
                 paper = st.paper.on_book if is_book else st.paper.on_trade
-                sched(ts, PRIO_EXCH_BOOK if is_book else PRIO_EXCH_TRADE, partial(paper, ev))
+                prio = PRIO_EXCH_BOOK if is_book else PRIO_EXCH_TRADE
+                if direct and clock.take_next(ts, prio):
+                    ran = True
+                    direct = self._run_now(paper, ev)  # after a failure the rest waits its turn
+                else:
+                    sched(ts, prio, partial(paper, ev))
             on_event = st.engine.on_book if is_book else st.engine.on_trade
-            sched(ts, PRIO_BOOK if is_book else PRIO_TRADE, partial(on_event, ev))
+            prio = PRIO_BOOK if is_book else PRIO_TRADE
+            if direct and clock.take_next(ts, prio):
+                ran = True
+                self._run_now(on_event, ev)
+            else:
+                sched(ts, prio, partial(on_event, ev))
             any_event = True
         if any_event:
-            self.dispatch()
+            self.dispatch(ran)
+
+    def _run_now(self, fn: Callable[[Any], None], ev: Any) -> bool:
+        """``fn(ev)`` as :meth:`dispatch` runs an entry (an engine bug stops trading); whether it ran
+        without one."""
+        self._dispatching = True
+        try:
+            fn(ev)
+        except Exception as e:
+            self._fail(e)
+            return False
+        finally:
+            self._dispatching = False
+        return True
 
     def _quarantine(self, ev: BookSnapshot | Trade, is_book: bool) -> None:
         """A decoded event the engine must not see (the codec checks levels; this is the last guard)."""

@@ -727,6 +727,20 @@ def test_live_clock_runs_entries_at_their_own_time_in_key_order():
         clock.schedule(1_999, 5, None)
 
 
+def test_live_clock_takes_an_entry_at_once_only_when_nothing_goes_before_it():
+    wall = [1_000]
+    clock = LiveClock(wall_ns=lambda: wall[0])
+    assert clock.take_next(1_000, 10) and clock.now_ns() == 1_000  # nothing waits, it is due: now
+    assert not clock.take_next(1_001, 10) and clock.now_ns() == 1_000  # not due on the wall clock yet
+    clock.schedule(1_200, 40, "label")
+    wall[0] = 2_000
+    assert not clock.take_next(1_500, 10)  # the label at 1_200 goes first
+    assert not clock.take_next(1_200, 40)  # a tie: the entry already on the heap goes first
+    assert clock.take_next(1_200, 39) and clock.now_ns() == 1_200  # a higher priority goes before it
+    assert clock.pop_next_due()[1] == "label" and clock.now_ns() == 1_200
+    assert not clock.take_next(1_100, 10)  # behind engine time: schedule would refuse it too
+
+
 def test_busy_poll_run_replays_identically_and_gives_the_collector_back(frames, tmp_path):
     """--busy-poll (the loop never sleeps, the label path kept warm) and the collector run between
     frames change when work happens, not what is decided: the replay of the run shows no divergence."""
