@@ -23,6 +23,7 @@ from typing import Final
 import numpy as np
 
 from engine.events import BOOK_LEVELS, BookSnapshot, Nanos, Quarantined, Trade
+from engine.fastinit import frozen_maker
 from engine.jit import njit
 from engine.venues.bitget_v2 import MS, Control, StreamCounters, decode
 
@@ -211,6 +212,7 @@ def scan_books15(buf, levels, meta):  # pragma: no cover - compiled
     return True
 
 
+_book = frozen_maker(BookSnapshot)  # without the frozen __init__'s keyword handling: one per frame
 _PAD: Final = tuple((math.nan,) * (BOOK_LEVELS - k) for k in range(BOOK_LEVELS + 1))
 
 
@@ -235,20 +237,20 @@ class Books15Scanner:
     def book(self, raw: bytes, ts_recv: Nanos, counters: StreamCounters) -> BookSnapshot:
         """The event of the frame just scanned, equal to what :func:`decode` builds."""
         lv = self.levels.tolist()
-        m = self.meta
+        m = self.meta.tolist()  # Python ints at once: the tick path reads five of them
         # padding is math.nan itself, as in decode, so events compare equal (NaN == NaN only by identity)
-        nb, na = int(m[M_NBID]), int(m[M_NASK])
+        nb, na = m[M_NBID], m[M_NASK]
         pb, pa = _PAD[nb], _PAD[na]
-        return BookSnapshot(
-            ts_event=int(m[M_TS_MS]) * MS,
-            ts_recv=ts_recv,
-            seq=counters.take("books15"),
-            symbol=self.symbol(raw),
-            exch_seq=int(m[M_SEQ]),
-            bid_px=tuple(lv[0][:nb]) + pb,
-            bid_sz=tuple(lv[1][:nb]) + pb,
-            ask_px=tuple(lv[2][:na]) + pa,
-            ask_sz=tuple(lv[3][:na]) + pa,
+        return _book(  # BookSnapshot's fields in order
+            m[M_TS_MS] * MS,
+            ts_recv,
+            counters.take("books15"),
+            raw[m[M_SYM_START] : m[M_SYM_END]].decode("ascii"),
+            m[M_SEQ],
+            tuple(lv[0][:nb]) + pb,
+            tuple(lv[1][:nb]) + pb,
+            tuple(lv[2][:na]) + pa,
+            tuple(lv[3][:na]) + pa,
         )
 
 
