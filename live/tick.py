@@ -46,7 +46,6 @@ class TickLaya:
         self._last_raw = b""
         self._warm_scanner = Books15Scanner()
         self._warm_row = np.zeros(laya.n_features, dtype=np.float32)
-        self._warm_counters = StreamCounters()  # the warm-up's events take no seq from the stream's
         self.fast = 0  # frames labelled on the compiled path
         warm_codec()
         warm_features()
@@ -81,8 +80,6 @@ class TickLaya:
         sc = self._warm_scanner
         if sc.scan(raw):
             features_v0_levels(sc.levels, self._warm_row)
-            # the book event too: built after the label, its Python ran cold (~4x its warm time)
-            sc.book(raw, 0, self._warm_counters)
         self.laya.predict_row()  # the input row still holds the last frame's features
 
     def __call__(self, book: BookSnapshot) -> tuple[int, np.ndarray]:
