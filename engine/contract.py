@@ -56,6 +56,18 @@ def lots_of(q: float, step: float) -> float:
     return np.floor(q / step + 1e-9)
 
 
+@njit(inline="always")
+def room_for(position: float, qty: float, limit: float) -> tuple[bool, bool]:
+    """(a buy of ``qty`` keeps ``position`` within +-``limit``, a sell of it does), as the decimals
+    the three doubles stand for compare. Each double is its decimal rounded once (half a unit in its
+    last place) and the sum rounds once more, so the test forgives 2e-15 of their scale, a few such
+    units: a fixed margin is too wide for small sizes and too narrow for large ones (100780.964 +
+    7.994 is 100788.95800000001, past a limit of 100788.958). A real shortfall is a whole size step,
+    far above it. NaN anywhere: neither."""
+    tol = 2e-15 * (abs(position) + qty + limit)
+    return position + qty <= limit + tol, position - qty >= -limit - tol
+
+
 def decimal_parts(d: Decimal) -> tuple[int, int] | None:
     """``d`` as (integer, decimals) with d == integer * 10**-decimals, decimals in 0..12; None for
     more decimals (or no number)."""

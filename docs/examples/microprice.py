@@ -9,7 +9,7 @@ either side of it, shifted against the inventory away from Kev's target.
 import math
 
 from engine.book import ASK_PX, ASK_SZ, BID_PX, BID_SZ, tradable_top
-from engine.contract import round_to_tick
+from engine.contract import room_for, round_to_tick
 from engine.strategies import Param
 
 PARAMS = (
@@ -27,6 +27,5 @@ def quote(book, tick, qty, label, position, target, max_position, params):
     fair = micro - inventory * params[1] * tick
     bid_px = round_to_tick(min(fair - params[0] * tick, ask - tick), tick)  # never crossing the touch
     ask_px = round_to_tick(max(fair + params[0] * tick, bid + tick), tick)
-    want_buy = position + qty <= max_position + 1e-12  # a fill must not take the position past the limit
-    want_sell = position - qty >= -max_position - 1e-12
+    want_buy, want_sell = room_for(position, qty, max_position)  # a fill stays within the limit
     return want_buy, bid_px, want_sell, ask_px

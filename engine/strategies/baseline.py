@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from engine.book import ASK_PX, ASK_SZ, BID_PX, BID_SZ, tradable_top
-from engine.contract import ticks_from
+from engine.contract import room_for, ticks_from
 from engine.events import Label
 from engine.jit import njit
 from engine.strategies import Param
@@ -56,8 +56,7 @@ def quote_prices(
         return False, NAN, False, NAN
     inv = (position - target) / max_position if max_position > 0 else 0.0
     shift = label_signal(label) * label_skew_ticks - inv * inventory_skew_ticks
-    want_buy = position + quote_qty <= max_position + 1e-12
-    want_sell = position - quote_qty >= -max_position - 1e-12
+    want_buy, want_sell = room_for(position, quote_qty, max_position)
     bid_px = ticks_from(bid, shift - offset_ticks, ask, tick, True) if want_buy else NAN
     ask_px = ticks_from(ask, shift + offset_ticks, bid, tick, False) if want_sell else NAN
     return want_buy, bid_px, want_sell, ask_px

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from engine.book import ASK_PX, ASK_SZ, BID_PX, BID_SZ, tradable_top
-from engine.contract import ticks_from
+from engine.contract import room_for, ticks_from
 from engine.jit import njit
 from engine.strategies import Param
 
@@ -43,8 +43,7 @@ def quote(book, tick, qty, label, position, target, max_position, params):
     imbalance = (bids - asks) / (bids + asks)  # in [-1, 1]: the top's sizes are > 0
     inv = (position - target) / max_position if max_position > 0 else 0.0
     shift = imbalance * lean - inv * inv_skew
-    want_buy = position + qty <= max_position + 1e-12
-    want_sell = position - qty >= -max_position - 1e-12
+    want_buy, want_sell = room_for(position, qty, max_position)
     bid_px = ticks_from(bid, shift - offset, ask, tick, True) if want_buy else NAN
     ask_px = ticks_from(ask, shift + offset, bid, tick, False) if want_sell else NAN
     return want_buy, bid_px, want_sell, ask_px

@@ -11,7 +11,15 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from engine.contract import ContractConfig, round_exact, round_to_step, round_to_tick, ticks_from
+from engine.contract import (
+    ContractConfig,
+    at_units,
+    room_for,
+    round_exact,
+    round_to_step,
+    round_to_tick,
+    ticks_from,
+)
 from engine.strategy import (
     BUY,
     NO_ORDER,
@@ -62,6 +70,42 @@ def test_a_side_that_would_breach_max_position_is_not_quoted():
     assert set(quotes(position=0.049)) == {"sell"}
     assert set(quotes(position=-0.049)) == {"buy"}
     assert set(quotes(position=0.048)) == {"buy", "sell"}  # exactly at the limit after a fill is fine
+
+
+def test_a_fill_exactly_to_a_large_limit_is_quoted():
+    # 100780.964 + 7.994 is 100788.95800000001 in doubles: past the limit by their rounding alone
+    for position, limit, sides in (
+        (100780.964, 100788.958, {"buy", "sell"}),
+        (100780.965, 100788.958, {"sell"}),  # one size step short of room for a buy
+        (-100780.964, 100788.958, {"buy", "sell"}),
+        (-100780.965, 100788.958, {"buy"}),
+    ):
+        b = make_book(bid=100.0, ask=100.5)
+        cfg = QuoteConfig(quote_qty=7.994)
+        for strategy in ("baseline", "imbalance_lean"):
+            got = desired_quotes(
+                cfg, CONTRACT, b, label="HOLD", position=position, target=0.0, max_position=limit,
+                strategy=strategy,
+            )  # fmt: skip
+            assert {q.side for q in got} == sides, (strategy, position)
+
+
+@pytest.mark.parametrize("step", [0.001, 0.01, 1e-5, 1.0])
+def test_room_for_compares_sizes_as_the_decimals_they_stand_for(step):
+    # sizes of whole steps, as the core hands them to a strategy (at_units), from small to ~1e6: the
+    # answer is the lots' comparison, at the edge (exactly at the limit, one step past) too
+    rng = np.random.default_rng(7)
+    refused_by_floats = 0
+    for _ in range(4000):
+        scale = 10 ** rng.integers(0, 10)
+        m = int(rng.integers(1, 10 * scale))
+        q = int(rng.integers(1, scale + 1))
+        pos = int(m - q + rng.integers(-1, 2)) * int(rng.choice([1, -1]))  # |pos| + q around m
+        p, qq, lim = at_units(pos, step), at_units(q, step), at_units(m, step)
+        assert room_for(p, qq, lim) == (pos + q <= m, pos - q >= -m), (pos, q, m)
+        refused_by_floats += pos + q <= m and not p + qq <= lim + 1e-12
+    # the sweep reaches sizes where a fixed margin gets a fractional step wrong (whole units are exact)
+    assert (refused_by_floats > 0) == (step < 1)
 
 
 @pytest.mark.parametrize(
