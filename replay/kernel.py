@@ -12,7 +12,12 @@ This module also names the core's layout and codes for the loop's driver and tes
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
+import numba as nb
 import numpy as np
+from numba.extending import overload
 
 from engine.jit import njit
 from engine.kernel import *  # noqa: F403 - the core's layout and codes, under the loop's name too
@@ -126,13 +131,53 @@ def _timer(
 # instrument's entries (walk_inst names each one's instrument), a core per instrument, one output
 # buffer, and the portfolio's shared counters and risk view (PI, PF: engine/kernel.py). CORES[j] holds
 # instrument j's arrays as one tuple (S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight,
-# recent, eng_book, x_book, olat): a tuple of equal tuples indexes in a few ns, where a numba typed
-# list hands out each array in tens. The loop is compiled without reference counting, its steps
-# inlined: unpacking a core then costs no reference per array, and a step no call with the ~300
-# scalar arguments a core's arrays flatten to. Around
+# recent, eng_book, x_book, olat), where a numba typed list hands out each array in tens of ns. A step
+# reaches its core through a constant index (:func:`on_core`): ``CORES[j]`` with j a variable makes
+# LLVM copy the whole tuple (~160 words) through the stack at every step. The loop is compiled
+# without reference counting, its steps inlined: unpacking a core then costs no reference per array,
+# and a step no call with the ~300 scalar arguments a core's arrays flatten to. Around
 # every step of instrument j: pf_enter, the step, its rows tagged j, pf_leave, as the per-event engine
 # does (engine/core.py). The timers of every core run in one order: the least (time, priority, seq)
 # first, the seq shared (PI_SEQ), as on one clock.
+
+
+# Portfolios of up to this many instruments reach a core by a constant index (a pair, the common
+# portfolio); larger ones by a variable one: each instrument's copy of the inlined steps costs ~30 s
+# of compiling (a portfolio of 8 took ~5 min to compile), and the copy a variable index makes ~0.2 us
+# an entry.
+STATIC_CORES = 2
+
+
+def on_core(body: Any) -> Any:
+    """``f(..., j, ..., CORES, ...)`` that runs the compiled ``body(CORES[j], ...)`` (``body``'s other
+    parameters, which name ``j`` and ``CORES``). Compiled for a tuple of at most :data:`STATIC_CORES`,
+    ``CORES[j]`` is taken by constant indices: a chain ``if j == 0: body(CORES[0], ...)`` and so on,
+    one inlined copy of ``body`` per instrument. Read as plain Python (``NUMBA_DISABLE_JIT``), and
+    compiled for a longer tuple, it is that call with ``CORES[j]``."""
+    params = list(inspect.signature(getattr(body, "py_func", body)).parameters)[1:]
+    args = ", ".join(params)
+    ns: dict[str, Any] = {"body": body}
+    exec(f"def f({args}):\n    return body(CORES[j], {args})\n", ns)  # noqa: S102 - our own source
+    f = ns["f"]
+    f.__doc__ = body.__doc__
+    if nb.config.DISABLE_JIT:
+        return f
+
+    def chain(n: int) -> Any:
+        lines = [f"def impl({args}):"]
+        if n > STATIC_CORES:
+            lines.append(f"    return body(CORES[j], {args})")
+        for i in range(n if n <= STATIC_CORES else 0):
+            last = i == n - 1  # j is one of 0 .. n-1
+            lines.append(f"    {'' if last else f'if j == {i}: '}return body(CORES[{i}], {args})")
+        code: dict[str, Any] = {"body": body}
+        exec("\n".join(lines), code)  # noqa: S102 - our own source
+        return code["impl"]
+
+    ns["chain"] = chain
+    exec(f"def typer({args}):\n    return chain(CORES.count)\n", ns)  # noqa: S102 - our own source
+    overload(f, inline="always")(ns["typer"])
+    return f
 
 
 @njit(inline="always")
@@ -231,9 +276,11 @@ def _room(o, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, 
 
 
 @njit(inline="always")
-def _timer_pf(j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP):
-    """The next timer of instrument j's heap. Inlined, as :func:`_pf_entry`."""
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = CORES[j]
+def _timer_pf_at(
+    core, j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
+):  # fmt: skip
+    """The next timer of instrument j's heap (``core`` is CORES[j]). Inlined, as :func:`_pf_entry`."""
+    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
     st = _room(j, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags)
     if st != ST_DONE:
         return st
@@ -255,16 +302,19 @@ def _timer_pf(j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tm
     return st
 
 
+_timer_pf = on_core(_timer_pf_at)
+
+
 @njit(inline="always")
-def _pf_entry(
-    t, k, j, r, n, CORES, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags, PI, PF, PS, PP, LR, half_life_ns,
+def _pf_entry_at(
+    core, t, k, j, r, n, CORES, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags, PI, PF, PS, PP, LR, half_life_ns,
     OUTI, OUTF, NOUT, out_cap, lpx, lq, before, TOP,
 ):  # fmt: skip
-    """Walk entry (t, kind k, row r) of instrument j: (status, whether the entry is done). Inlined
-    into the loop, which is compiled without reference counting: a portfolio's instruments take turns
-    nearly every entry, and each switch unpacks a core's 18 arrays (with reference counting, an incref
-    and a decref each; as a call of its own, ~300 scalar arguments)."""
-    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = CORES[j]
+    """Walk entry (t, kind k, row r) of instrument j (``core`` is CORES[j]): (status, whether the entry
+    is done). Inlined into the loop, which is compiled without reference counting: a portfolio's
+    instruments take turns nearly every entry, and each switch unpacks a core's 18 arrays (with
+    reference counting, an incref and a decref each; as a call of its own, ~300 scalar arguments)."""
+    S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
     st = _room(j, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags)
     if st != ST_DONE:
         return st, False
@@ -329,6 +379,9 @@ def _pf_entry(
             _leave(o, n, So, Co, ebo, OUTI, NOUT, PI, PF, before)
             _top(TOP, o, So, HIo)
     return st, True
+
+
+_pf_entry = on_core(_pf_entry_at)
 
 
 @njit

@@ -14,6 +14,7 @@ import pytest
 import replay.fast_path as fast_path
 from engine.contract import ContractConfig
 from engine.eventlog import OUTPUT_STREAMS
+from engine.jit import njit
 from engine.risk import RiskLimits
 from replay import kernel as K
 from replay.driver import LookAheadError, ReplayConfig, run_replay
@@ -823,3 +824,39 @@ def test_the_kernels_codes_name_the_engines_texts():
     assert [ACTIONS[c] for c in (K.A_HOLD, K.A_LEAN_BUY, K.A_LEAN_SELL, K.A_FLATTEN)] == list(ACTIONS)
     policies = (K.POLICY_DROP_OLDEST, K.POLICY_FIFO, K.POLICY_CONFLATE)
     assert [POLICIES[c] for c in policies] == ["drop_oldest", "fifo", "conflate"]
+
+
+@njit(inline="always")
+def _core_sum(core, j, scale, CORES):
+    a, b = core
+    a[0] += 1
+    return (a[0] + b[1]) * scale + j + len(CORES)
+
+
+_core_sum_of = K.on_core(_core_sum)
+
+
+@njit
+def _sum_over(CORES, walk):
+    s = 0.0
+    for i in range(walk.shape[0]):
+        s = s * 0.5 + _core_sum_of(walk[i], 3.0, CORES)
+    return s
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_step_reaches_instrument_js_core_by_constant_or_variable_index(n):
+    # a pair takes each core by a constant index (one inlined copy of the step each), a longer
+    # portfolio by a variable one: both reach CORES[j], as the plain call does
+    def cores():
+        return tuple((np.zeros(2, np.int64), np.arange(2.0) + 10 * j) for j in range(n))
+
+    walk = np.array([0, n - 1, 0, n // 2, n - 1], dtype=np.int64)
+    want, got = cores(), cores()
+    s = 0.0
+    for j in walk:
+        s = s * 0.5 + _core_sum.py_func(want[j], int(j), 3.0, want)
+    assert _sum_over(got, walk) == s
+    assert (
+        [int(a[0]) for a, _ in got] == [int(a[0]) for a, _ in want] == np.bincount(walk, minlength=n).tolist()
+    )
