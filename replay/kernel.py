@@ -142,9 +142,8 @@ def _timer(
 
 
 # Portfolios of up to this many instruments reach a core by a constant index (a pair, the common
-# portfolio); larger ones by a variable one: each instrument's copy of the inlined steps costs ~30 s
-# of compiling (a portfolio of 8 took ~5 min to compile), and the copy a variable index makes ~0.2 us
-# an entry.
+# portfolio); larger ones by a variable one: each constant index inlines another copy of the steps,
+# and compiling those copies outweighs the tuple copy a variable index makes at every step.
 STATIC_CORES = 2
 
 
@@ -164,12 +163,12 @@ def on_core(body: Any) -> Any:
         return f
 
     def chain(n: int) -> Any:
-        lines = [f"def impl({args}):"]
         if n > STATIC_CORES:
-            lines.append(f"    return body(CORES[j], {args})")
-        for i in range(n if n <= STATIC_CORES else 0):
-            last = i == n - 1  # j is one of 0 .. n-1
-            lines.append(f"    {'' if last else f'if j == {i}: '}return body(CORES[{i}], {args})")
+            cases = [f"return body(CORES[j], {args})"]
+        else:  # j is one of 0 .. n-1: the last needs no test
+            cases = [f"if j == {i}: return body(CORES[{i}], {args})" for i in range(n - 1)]
+            cases.append(f"return body(CORES[{n - 1}], {args})")
+        lines = [f"def impl({args}):", *(f"    {c}" for c in cases)]
         code: dict[str, Any] = {"body": body}
         exec("\n".join(lines), code)  # noqa: S102 - our own source
         return code["impl"]
