@@ -7,7 +7,7 @@ is out of sample), written to a temporary directory that is removed afterwards. 
 reproducible: running this twice gives a byte-identical file (``engine.laya.training``). The
 metadata names the simulator seeds and the training data's sha256 (of features and labels, not of
 Parquet bytes, which depend on the pyarrow version).
-Needs the ``train`` extra (scikit-learn, skl2onnx, onnx).
+Needs the ``train`` extra (scikit-learn, onnx).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Training Laya: labels from future mid moves, a small deterministic sklearn model, ONNX export.
 
-scikit-learn, skl2onnx and onnx are the ``train`` extra, so they are imported inside the functions
-that need them; importing this module (for :func:`make_labels`) needs numpy and pyarrow only.
+scikit-learn and onnx are the ``train`` extra, so they are imported inside the functions that need
+them; importing this module (for :func:`make_labels`) needs numpy and pyarrow only.
 
 Determinism: the same tables, seed and metadata give a byte-identical ONNX file (the pipeline is
 StandardScaler + lbfgs LogisticRegression with a fixed ``random_state``, fitted on one BLAS thread;
-the converter's opsets are pinned, the graph name is fixed and nothing time- or path-dependent goes
-into the metadata).
+the graph's opset is pinned, its name is fixed and nothing time- or path-dependent goes into the
+metadata).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ DEFAULT_HORIZON_NS: Final = 2_000_000_000
 DEFAULT_LEAN_BPS: Final = 1.5
 DEFAULT_EMERGENCY_BPS: Final = 8.0
 INPUT_NAME: Final = "features"
-TARGET_OPSET: Final = {"": 17, "ai.onnx.ml": 3}
+TARGET_OPSET: Final = 17
+IR_VERSION: Final = 8  # what opset 17 needs: every onnxruntime the project supports reads it
 GRAPH_NAME: Final = "laya_v0"
 LABEL_MAP: Final = {str(int(lab)): lab.name for lab in Label}
 # Metadata keys train_model writes itself; callers' ``metadata`` may not override them.
@@ -230,6 +231,51 @@ def make_classifier(y: np.ndarray, *, seed: int, class_weighting: str = "sqrt_ba
     return Pipeline([("scaler", StandardScaler()), ("clf", clf)])
 
 
+def linear_graph(
+    mean: np.ndarray, scale: np.ndarray, coef: np.ndarray, intercept: np.ndarray, *, name: str
+) -> Any:
+    """The fitted StandardScaler + multinomial LogisticRegression as an ONNX model of standard
+    operators: Sub of the scaler's means, one Gemm for the classes' scores (the scaler's scale folded
+    into the weights), Softmax for the probabilities and ArgMax for the label. The means stay a node of
+    their own, as the Scaler's were: folded into the bias, the centring would rest on float32
+    cancellation between ``x . w`` and ``mean . w``, which loses digits for features far from zero.
+
+    Why not skl2onnx's graph (Scaler, LinearClassifier, Normalizer of the ai.onnx.ml domain): onnxruntime
+    runs those with a loop of its own per row, on the CPU only. A Gemm runs on its BLAS kernels, and on
+    the CUDA provider too, where the ai.onnx.ml nodes would fall back to the CPU."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    coef = np.asarray(coef, dtype=np.float64)
+    n_classes, n_features = coef.shape
+    if n_classes != len(Label):
+        raise ValueError(f"the classifier has {n_classes} classes' weights, not {len(Label)}")
+    weights = coef / np.asarray(scale, dtype=np.float64)  # (x - mean) / scale . coef = (x - mean) . w
+    graph = helper.make_graph(
+        [
+            helper.make_node("Sub", [INPUT_NAME, "mean"], ["centred"]),
+            helper.make_node("Gemm", ["centred", "weights", "bias"], ["scores"], transB=1),
+            helper.make_node("Softmax", ["scores"], ["probabilities"], axis=1),
+            helper.make_node("ArgMax", ["scores"], ["label"], axis=1, keepdims=0),
+        ],
+        name,
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [None, n_features])],
+        [
+            helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
+            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, n_classes]),
+        ],
+        [
+            numpy_helper.from_array(np.asarray(mean, dtype=np.float32), "mean"),
+            numpy_helper.from_array(weights.astype(np.float32), "weights"),
+            numpy_helper.from_array(np.asarray(intercept, dtype=np.float32), "bias"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", TARGET_OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
 def fit_export(
     X: np.ndarray,
     y: np.ndarray,
@@ -248,10 +294,7 @@ def fit_export(
     write ``out_path`` atomically. Returns in-sample metrics measured on the exported model."""
     import onnx
     import onnxruntime as ort
-    import skl2onnx
     import sklearn
-    from skl2onnx import convert_sklearn
-    from skl2onnx.common.data_types import FloatTensorType
     from threadpoolctl import threadpool_limits
 
     clash = RESERVED_METADATA & set(metadata)
@@ -280,13 +323,8 @@ def fit_export(
         sk_labels = pipe.predict(X.astype(np.float64))
 
     n_features = int(X.shape[1])
-    onx = convert_sklearn(
-        pipe,
-        name=f"laya_{feature_version}",
-        initial_types=[(INPUT_NAME, FloatTensorType([None, n_features]))],
-        target_opset=TARGET_OPSET,
-        options={id(clf): {"zipmap": False}},
-    )
+    scaler = pipe.named_steps["scaler"]
+    onx = linear_graph(scaler.mean_, scaler.scale_, clf.coef_, clf.intercept_, name=f"laya_{feature_version}")
     data_sha = training_data_sha256(X, y)
     props = {k: _meta_str(v) for k, v in sorted(metadata.items())}
     props.setdefault("producer", "engine.laya.training")
@@ -301,7 +339,7 @@ def fit_export(
             "seed": str(int(seed)),
             "class_weighting": class_weighting,
             "n_train_rows": str(int(len(y))),
-            "trainer": f"scikit-learn {sklearn.__version__}, skl2onnx {skl2onnx.__version__}",
+            "trainer": f"scikit-learn {sklearn.__version__}, onnx {onnx.__version__}",
         }
     )
     onnx.helper.set_model_props(onx, dict(sorted(props.items())))

@@ -21,18 +21,18 @@ GOLDEN = {
     # name: (config, decisions digest, full run digest)
     "default": (
         ReplayConfig(),
-        "e63812fc640bd8afcbcbcb1e040e7fac1731bd2937924bb711355356aa38946e",
-        "ac684809994784095f0d340b4fcf2cf2f8da752e88d544545f7b6344916512f3",
+        "b6987428e09d3d2971a9188941331ce719a81cf09cea5231fd658f10b47ab378",
+        "420d47b235a74b0ef2c07d36405a54ff261e55ca78c6a663b77565f9a9444eed",
     ),
     "touch_lognormal_entry": (
         ReplayConfig(fill_model="touch", latency_order_entry="lognormal:p5=1ms,p95=8ms"),
-        "90ae6a0bba47b856b506d47ebfce4a020dbc01d43636a00f3746197fedd8cf9c",
-        "a110bb11dbee7c542d544cf9c3fa9dfb4e60da086d28fc61aa2337d47c9ab160",
+        "85c5934a1efffaf6365b8f10f278faba573c4adbd57ef0c870fe54ae9cbe3441",
+        "7a58463efd63c96b9a755677489b6c44aad08f577f19e00c8da3196e9b33627a",
     ),
     "conflating_kev_queue": (
         ReplayConfig(kev_queue_policy="conflate", kev_queue_max=1, seed=5),
-        "7acd917d2aca1cd2bac063f60c9d9aac2c1323ea018bcb1b1a7d92a376e2cd19",
-        "ea8baea3ba194780afe7ef9e2b2e705f7c36c8c9f9e8f384e23172e4aa3934f6",
+        "6a6c1cc53bb22951078b399a106d372bea5aaaa6f42fed7ed4848430b10621fd",
+        "9b096d68c0f7bb7be74a6d06b8bb8e603662b5c80f7d050dba2b7ccc6c81abfb",
     ),
 }
 
