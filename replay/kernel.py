@@ -155,8 +155,9 @@ def on_core(body: Any) -> Any:
     compiled for a longer tuple, it is that call with ``CORES[j]``."""
     params = list(inspect.signature(getattr(body, "py_func", body)).parameters)[1:]
     args = ", ".join(params)
+    by_variable = f"return body(CORES[j], {args})"
     ns: dict[str, Any] = {"body": body}
-    exec(f"def f({args}):\n    return body(CORES[j], {args})\n", ns)  # noqa: S102 - our own source
+    exec(f"def f({args}):\n    {by_variable}\n", ns)  # noqa: S102 - our own source
     f = ns["f"]
     f.__doc__ = body.__doc__
     if nb.config.DISABLE_JIT:
@@ -164,7 +165,7 @@ def on_core(body: Any) -> Any:
 
     def chain(n: int) -> Any:
         if n > STATIC_CORES:
-            cases = [f"return body(CORES[j], {args})"]
+            cases = [by_variable]
         else:  # j is one of 0 .. n-1: the last needs no test
             cases = [f"if j == {i}: return body(CORES[{i}], {args})" for i in range(n - 1)]
             cases.append(f"return body(CORES[{n - 1}], {args})")

@@ -30,7 +30,6 @@ DEFAULT_EMERGENCY_BPS: Final = 8.0
 INPUT_NAME: Final = "features"
 TARGET_OPSET: Final = 17
 IR_VERSION: Final = 8  # what opset 17 needs: every onnxruntime the project supports reads it
-GRAPH_NAME: Final = "laya_v0"
 LABEL_MAP: Final = {str(int(lab)): lab.name for lab in Label}
 # Metadata keys train_model writes itself; callers' ``metadata`` may not override them.
 RESERVED_METADATA: Final = frozenset(
