@@ -57,15 +57,11 @@ def lots_of(q: float, step: float) -> float:
 
 
 @njit(inline="always")
-def room_for(position: float, qty: float, limit: float) -> tuple[bool, bool]:
-    """(a buy of ``qty`` keeps ``position`` within +-``limit``, a sell of it does), as the decimals
-    the three doubles stand for compare. Each double is its decimal rounded once (half a unit in its
-    last place) and the sum rounds once more, so the test forgives 2e-15 of their scale, a few such
-    units: a fixed margin is too wide for small sizes and too narrow for large ones (100780.964 +
-    7.994 is 100788.95800000001, past a limit of 100788.958). A real shortfall is a whole size step,
-    far above it. NaN anywhere: neither."""
-    tol = 2e-15 * (abs(position) + qty + limit)
-    return position + qty <= limit + tol, position - qty >= -limit - tol
+def room_for(position: int, qty: int, limit: int) -> tuple[bool, bool]:
+    """(a buy of ``qty`` lots keeps ``position`` lots within +-``limit`` lots, a sell of it does):
+    whole lots, so the comparison is exact at every size (as doubles, 100780.964 + 7.994 is
+    100788.95800000001, past a limit of 100788.958)."""
+    return position + qty <= limit, position - qty >= -limit
 
 
 def decimal_parts(d: Decimal) -> tuple[int, int] | None:
@@ -102,6 +98,25 @@ def tick_parts(tick: float) -> tuple[int, int]:
     return unit_parts(tick, "tick")
 
 
+def whole_lots(qty: float, step: float, what: str, hint: str = "") -> int:
+    """``qty`` as a whole number (>= 1) of lots of ``step``, exactly as the decimals they stand for;
+    one error line (``what``, then ``hint``) for a size between two lots (the exchange would refuse
+    every order of it)."""
+    num, dec = step_parts(step)
+    lots = Decimal(repr(qty)) * 10**dec / num if math.isfinite(qty) else Decimal(0)
+    if lots < 1 or lots != lots.to_integral_value():
+        raise DualhubError(f"{what} {qty!r} is not a whole number of size steps ({step!r}){hint}")
+    return int(lots)
+
+
+def lots_below(qty: float, step: float) -> int:
+    """The whole lots of ``step`` in a limit ``qty`` (down; 2**62 for no limit, an infinite one)."""
+    if not qty < 2.0**62 * step:
+        return 1 << 62
+    num, dec = step_parts(step)
+    return max(0, int(Decimal(repr(qty)) * 10**dec // num))
+
+
 NO_PX = -(1 << 62)  # the price of an order that has none (a market order), in ticks
 
 
@@ -132,17 +147,18 @@ def round_to_tick(px: float, tick: float) -> float:
 
 
 @njit
-def ticks_from(px: float, ticks: float, other: float, tick: float, buy: bool) -> float:
+def ticks_from(px: float, ticks: float, other: float, tick: float, buy: bool) -> int:
     """The price ``ticks`` ticks (any real number, rounded half-even to a whole tick) from ``px``, a buy's
-    at least a tick below ``other``, a sell's at least a tick above: a strategy's quote around the touch
-    that never crosses or locks its other side. Taken in ticks, integers, not as ``px + ticks * tick``
-    (whose float noise could tip the rounding of a half tick); the result is :func:`at_units` of them.
-    A NaN anywhere gives NaN."""
+    at least a tick below ``other``, a sell's at least a tick above, in whole ticks: a strategy's quote
+    around the touch that never crosses or locks its other side. Counted in ticks, integers, not as
+    ``px + ticks * tick`` (whose float noise could tip the rounding of a half tick). 0, no price, where
+    anything is NaN or the result is past 2**62 ticks."""
     k = np.rint(tick_index(px, tick) + ticks)
     b = tick_index(other, tick) + (-1.0 if buy else 1.0)
-    if not math.isfinite(k + b):
-        return math.nan
-    return at_units(min(k, b) if buy else max(k, b), tick)
+    t = min(k, b) if buy else max(k, b)
+    if not abs(k + b) < 4.611686018427388e18:  # NaN, infinite, or past 2**62 ticks
+        return 0
+    return int(t)
 
 
 @njit

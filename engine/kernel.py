@@ -214,6 +214,9 @@ SF_SIZE = 6
     C_STEP_DEC,  # the core counts sizes and the position in whole lots of it (engine.state sets them)
     C_TICK_NUM,  # the tick as C_TICK_NUM / 10**C_PX_DECIMALS: order prices are whole ticks (OI_PX)
 ) = range(23)
+# the strategy's sizes in whole lots (engine.state sets them): the quote size, and the position limit
+# (RiskLimits.max_position) down to whole lots
+C_QUOTE_LOTS, C_MAX_POS_LOTS = 23, 24
 # 1: the caller owns the clock (engine/core.py: live mode, the per-event replay): Kev timeouts are its
 # timers (step_timer), the heap holds nothing. 0: the replay loop, whose heap holds every timer.
 C_EXTERNAL = 27
@@ -843,6 +846,24 @@ def _target(S, SF, CF, now):
     return kev_target(S[S_CMD] != 0, now, S[S_CMD_VALID_UNTIL], flatten, SF[SF_CMD_TARGET], m)
 
 
+@njit(inline="always")
+def _strategy(S, SF, C, CF, eng_book, now):
+    """The configured strategy on the engine's book, in the core's units (engine.strategies): the
+    quote size, position and limit in whole lots, Kev's target in lots; (bid lots, bid ticks, ask
+    lots, ask ticks) back."""
+    return registry.quote(
+        C[C_STRATEGY], eng_book, CF[CF_TICK], C[C_QUOTE_LOTS], S[S_LAST_LABEL_NAME], S[S_POS],
+        _target(S, SF, CF, now) / CF[CF_SIZE_STEP], C[C_MAX_POS_LOTS], CF[CF_PARAMS:],
+    )  # fmt: skip
+
+
+@njit(inline="always")
+def _quote_px(ticks, C):
+    """The price of a strategy's ``ticks``; NaN (which the gateway refuses) for none the exchange
+    takes: below one tick, or from 2**52 on, where prices are no longer whole ticks."""
+    return price_of(ticks, C) if 1 <= ticks < 4503599627370496 else NAN
+
+
 @njit
 def _requote(
     S,
@@ -873,19 +894,9 @@ def _requote(
     if now < S[S_EMERGENCY_UNTIL] or S[S_KILL] != 0:
         _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)
         return
-    qq = CF[CF_QUOTE_QTY]
-    tick = CF[CF_TICK]
-    want_buy, bid_px, want_sell, ask_px = registry.quote(
-        C[C_STRATEGY],
-        eng_book,
-        tick,
-        qq,
-        S[S_LAST_LABEL_NAME],
-        position(S, C),
-        _target(S, SF, CF, now),
-        CF[CF_MAX_POSITION],
-        CF[CF_PARAMS:],
-    )
+    bid_lots, bid_t, ask_lots, ask_t = _strategy(S, SF, C, CF, eng_book, now)
+    want_buy, want_sell = bid_lots > 0, ask_lots > 0
+    bid_px, ask_px = _quote_px(bid_t, C), _quote_px(ask_t, C)
     if S[S_NWORK] == 0:
         if want_buy:
             _send_new(
@@ -905,7 +916,7 @@ def _requote(
                 BUY,
                 LIMIT,
                 bid_px,
-                qq,
+                size_of(bid_lots, C),
                 origin,
                 NAN,
                 False,
@@ -937,7 +948,7 @@ def _requote(
                 SELL,
                 LIMIT,
                 ask_px,
-                qq,
+                size_of(ask_lots, C),
                 origin,
                 NAN,
                 False,
@@ -953,6 +964,8 @@ def _requote(
     for side in range(2):
         want = want_buy if side == BUY else want_sell
         qpx = bid_px if side == BUY else ask_px
+        qt = bid_t if side == BUY else ask_t
+        ql = bid_lots if side == BUY else ask_lots
         n = S[S_NWORK]
         sel = work[2 * (work.shape[0] // 3) :]  # scratch: this side's working limit orders
         m = 0
@@ -963,9 +976,9 @@ def _requote(
                 m += 1
         keep = False
         if want:
-            qt = tick_index(qpx, tick)
             for j in range(m):
-                if OI[sel[j] & (OI.shape[0] - 1), OI_PX] == qt:
+                o = sel[j] & (OI.shape[0] - 1)
+                if OI[o, OI_PX] == qt and OI[o, OI_LOTS] == ql:
                     keep = True
                     break
         for j in range(m):
@@ -993,7 +1006,7 @@ def _requote(
                 side,
                 LIMIT,
                 qpx,
-                qq,
+                size_of(ql, C),
                 origin,
                 NAN,
                 False,
@@ -1885,18 +1898,15 @@ def step_warm(S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc, SCR):
         return 0
     lpx, lq, _ = _scratch_f(SCR)
     now = S[S_NOW]
-    qq = CF[CF_QUOTE_QTY]
-    want_buy, bid_px, want_sell, ask_px = registry.quote(
-        C[C_STRATEGY], eng_book, CF[CF_TICK], qq, S[S_LAST_LABEL_NAME], position(S, C),
-        _target(S, SF, CF, now), CF[CF_MAX_POSITION], CF[CF_PARAMS:],
-    )  # fmt: skip
+    bid_lots, bid_t, ask_lots, ask_t = _strategy(S, SF, C, CF, eng_book, now)
     checks = 0
     for side in range(2):
-        if want_buy if side == BUY else want_sell:
-            px = bid_px if side == BUY else ask_px
+        lots = bid_lots if side == BUY else ask_lots
+        if lots > 0:
+            px = _quote_px(bid_t if side == BUY else ask_t, C)
             _check_new(
-                S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc, side, LIMIT, px, qq, False, NAN,
-                SRC_QUOTE, -1, now, lpx, lq,
+                S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc, side, LIMIT, px, size_of(lots, C),
+                False, NAN, SRC_QUOTE, -1, now, lpx, lq,
             )  # fmt: skip
             checks += 1
     return checks

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from engine import kernel as K
 from engine.columns import prefixed as _prefixed
 from engine.columns import texts
-from engine.contract import decimal_parts, step_parts, tick_parts
+from engine.contract import decimal_parts, lots_below, step_parts, tick_parts
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, Label
@@ -29,6 +29,7 @@ from engine.kev.advisor import KevContext
 from engine.kev.command import ACTIONS, validate_command
 from engine.kev.queue import POLICIES
 from engine.risk import N_RULES, rule_codes
+from engine.strategy import quote_lots
 
 if TYPE_CHECKING:
     from engine.core import EngineConfig
@@ -181,6 +182,8 @@ class CoreState:
         C[K.C_MAKER_NUM], C[K.C_MAKER_EXP] = fee_parts(c.maker_fee_rate)
         C[K.C_TAKER_NUM], C[K.C_TAKER_EXP] = fee_parts(c.taker_fee_rate)
         C[K.C_STEP_NUM], C[K.C_STEP_DEC] = step_parts(c.size_step)
+        C[K.C_QUOTE_LOTS] = quote_lots(q, c)
+        C[K.C_MAX_POS_LOTS] = lots_below(r.max_position, c.size_step)
         CF[K.CF_TICK] = c.tick
         CF[K.CF_SIZE_STEP] = c.size_step
         CF[K.CF_MIN_QTY] = c.min_qty

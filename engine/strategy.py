@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.book import SIDE_BUY, SIDE_SELL, as_levels
-from engine.contract import ContractConfig, at_units
+from engine.contract import ContractConfig, at_units, lots_below, whole_lots
 from engine.events import BookSnapshot, Label, Nanos
 from engine.exact import pmax, pmin
 from engine.fastinit import frozen_maker
@@ -76,12 +76,21 @@ def rebalance_order(
     return (BUY if gap > 0 else SELL), at_units(lots, size_step)
 
 
+def quote_lots(cfg: QuoteConfig, contract: ContractConfig) -> int:
+    """The quote size in whole lots of the contract's size step, or one error line for a size between
+    two (every order of it would be refused)."""
+    sym = contract.symbol
+    hint = f": give the instrument its own (--instrument {sym}:quote_qty=Q)"
+    return whole_lots(cfg.quote_qty, contract.size_step, f"{sym}: quote_qty", hint)
+
+
 class Quoter:
     """The configured strategy over a BookSnapshot: a Python caller's adapter to
-    :func:`engine.strategies.registry.quote` (the core calls that with its own book); the engine reads
-    its kind code and parameters from it."""
+    :func:`engine.strategies.registry.quote` (the core calls that with its own book, in its units);
+    sizes and prices in and out as the exchange's decimals. The engine reads its kind code and
+    parameters from it."""
 
-    __slots__ = ("kind", "params", "qty", "tick")
+    __slots__ = ("kind", "params", "lots", "tick", "step")
 
     def __init__(
         self,
@@ -91,28 +100,30 @@ class Quoter:
         params: Mapping[str, float] | None = None,
     ) -> None:
         self.kind, self.params = registry.resolve(strategy, params or {}, cfg)
-        self.qty, self.tick = cfg.quote_qty, contract.tick
+        self.tick, self.step = contract.tick, contract.size_step
+        self.lots = quote_lots(cfg, contract)
 
     def __call__(
         self, book: BookSnapshot, *, label: str, position: float, target: float, max_position: float
     ) -> list[Quote]:
-        """The bid and ask the strategy wants resting now, buy first."""
-        buy, bid_px, sell, ask_px = registry.quote(
+        """The bid and ask the strategy wants resting now, buy first; sizes in base units, as the
+        engine reports them (the strategy gets them in lots)."""
+        bid_lots, bid_t, ask_lots, ask_t = registry.quote(
             self.kind,
             as_levels(book),
             self.tick,
-            self.qty,
+            self.lots,
             LABEL_CODE.get(label, -1),
-            position,
-            target,
-            max_position,
+            int(np.rint(position / self.step)),
+            target / self.step,
+            lots_below(max_position, self.step),
             self.params,
         )
         out = []
-        if buy:
-            out.append(_quote("buy", bid_px, self.qty))
-        if sell:
-            out.append(_quote("sell", ask_px, self.qty))
+        if bid_lots > 0:
+            out.append(_quote("buy", at_units(bid_t, self.tick), at_units(bid_lots, self.step)))
+        if ask_lots > 0:
+            out.append(_quote("sell", at_units(ask_t, self.tick), at_units(ask_lots, self.step)))
         return out
 
 

@@ -71,9 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--instrument",
         action="append",
         metavar="SYMBOL:FIELD=V,...",
-        help="with --symbols: an instrument's own settings (tick, size_step, min_qty, quote_qty, "
-        "max_position, max_order_qty; default: the session's contract and the config's sizes at the first "
-        "symbol's notional), e.g. ETHUSDT:quote_qty=0.06; repeatable",
+        help="an instrument's own settings (tick, size_step, min_qty, quote_qty, max_position, "
+        "max_order_qty; default: the session's contract and the config's sizes, with --symbols at the "
+        "first symbol's notional), e.g. ETHUSDT:quote_qty=0.06; repeatable",
     )
     p.add_argument(
         "--kev-hub",

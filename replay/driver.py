@@ -32,7 +32,7 @@ from engine.errors import DualhubError, check_output_path
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
 from engine.events import STREAMS, BookSnapshot, Trade
 from engine.fastinit import frozen_maker
-from engine.instruments import checked_instruments
+from engine.instruments import checked_instruments, instrument_config
 from engine.kev.cassette import Cassette, CassetteAdvisor, answered_by
 from engine.kev.health import run_health
 from engine.kev.lag import EmpiricalLag
@@ -1014,9 +1014,13 @@ def _run_replay(
     tmp = _start_run_dir(run_dir, overwrite)
     log = EventLog(tmp / "events")
     advisor, kev = _kev_backend(cfg, clock)
-    exchange = _sim_exchange(cfg, clock, latency, rng_order, rng_response, rng_cancel, cfg.contract)
+    # the instrument's own settings over the config, as live mode's engine_config puts them
+    ec = instrument_config(
+        engine_config_from(cfg, symbol=cfg.symbol, contract=cfg.contract), cfg.instruments.get(cfg.symbol, {})
+    )
+    exchange = _sim_exchange(cfg, clock, latency, rng_order, rng_response, rng_cancel, ec.contract)
     engine = Engine(
-        engine_config_from(cfg, symbol=cfg.symbol, contract=cfg.contract),
+        ec,
         clock=clock,
         log=log,
         labeler=labeler,

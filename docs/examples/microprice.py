@@ -3,13 +3,14 @@
 Run it with ``dualhub replay SESSION --strategy docs/examples/microprice.py:quote`` (or ``dualhub live``);
 docs/STRATEGY.md explains the signature. The microprice weighs each side of the touch by the size on
 the other side, so it sits nearer the side about to be taken; the quotes keep ``half_spread_ticks``
-either side of it, shifted against the inventory away from Kev's target.
+either side of it, shifted against the inventory away from Kev's target. Prices are whole ticks and
+sizes whole lots, as the engine counts them.
 """
 
 import math
 
 from engine.book import ASK_PX, ASK_SZ, BID_PX, BID_SZ, tradable_top
-from engine.contract import room_for, round_to_tick
+from engine.contract import tick_index
 from engine.strategies import Param
 
 PARAMS = (
@@ -19,13 +20,15 @@ PARAMS = (
 
 
 def quote(book, tick, qty, label, position, target, max_position, params):
-    bid, bid_sz, ask, ask_sz = book[BID_PX], book[BID_SZ], book[ASK_PX], book[ASK_SZ]
-    if not tradable_top(bid, bid_sz, ask, ask_sz):  # NaN, one-sided, crossed: nothing to quote around
-        return False, math.nan, False, math.nan
+    bid_sz, ask_sz = book[BID_SZ], book[ASK_SZ]
+    if not tradable_top(book[BID_PX], bid_sz, book[ASK_PX], ask_sz):  # NaN, one-sided, crossed
+        return 0, 0, 0, 0
+    bid, ask = int(tick_index(book[BID_PX], tick)), int(tick_index(book[ASK_PX], tick))  # in ticks
     micro = (bid * ask_sz + ask * bid_sz) / (bid_sz + ask_sz)
     inventory = (position - target) / max_position if max_position > 0 else 0.0
-    fair = micro - inventory * params[1] * tick
-    bid_px = round_to_tick(min(fair - params[0] * tick, ask - tick), tick)  # never crossing the touch
-    ask_px = round_to_tick(max(fair + params[0] * tick, bid + tick), tick)
-    want_buy, want_sell = room_for(position, qty, max_position)  # a fill stays within the limit
-    return want_buy, bid_px, want_sell, ask_px
+    fair = micro - inventory * params[1]
+    bid_t = min(math.floor(fair - params[0]), ask - 1)  # never at or through the other side's touch
+    ask_t = max(math.ceil(fair + params[0]), bid + 1)
+    bid_lots = qty if position + qty <= max_position else 0  # a fill stays within the limit
+    ask_lots = qty if position - qty >= -max_position else 0
+    return bid_lots, bid_t, ask_lots, ask_t

@@ -4,16 +4,18 @@ Every strategy is a module here with a ``NAME``, its parameters ``PARAMS`` (:cla
 
     @njit
     def quote(book, tick, qty, label, position, target, max_position, params):
-        return want_buy, bid_px, want_sell, ask_px
+        return bid_lots, bid_ticks, ask_lots, ask_ticks
 
-``book``: the 60-float book of :mod:`engine.book` (bid px 0..14, bid sz 15..29, ask px 30..44, ask sz
-45..59, NaN where a level is missing); ``tick``: the contract's price step; ``qty``: the quote size;
-``label``: Laya's label as its class index (``engine.events.Label``); ``position``: the engine's
-position; ``target``: Kev's target position (0 without fresh advice); ``max_position``: the risk
-limit; ``params``: float64, the strategy's parameters in ``PARAMS`` order (then zeros). It returns
-whether it wants a bid and at what price, and the same for the ask (a price is NaN where no quote is
-wanted). The engine keeps or replaces its resting orders to match, and every order still passes the
-risk gateway.
+In the core's integer units: prices in whole ticks of the contract's ``tick``, sizes in whole lots of
+its size step. ``book``: the 60-float book of :mod:`engine.book` (bid px 0..14, bid sz 15..29, ask px
+30..44, ask sz 45..59, NaN where a level is missing), the exchange's prices and sizes
+(``engine.contract.tick_index`` gives a price's ticks); ``tick``: the contract's price step; ``qty``:
+the configured quote size, lots; ``label``: Laya's label as its class index (``engine.events.Label``);
+``position``: the engine's position, lots; ``target``: Kev's target position in lots (0 without fresh
+advice; it may fall between two lots); ``max_position``: the risk limit, whole lots; ``params``:
+float64, the strategy's parameters in ``PARAMS`` order (then zeros). It returns the size and price of
+the bid it wants resting, and of the ask (lots 0: no quote on that side). The engine keeps or replaces
+its resting orders to match, and every order still passes the risk gateway.
 
 :mod:`engine.strategies.registry` compiles every strategy into the core and dispatches by a kind code,
 so the replay kernel, the per-event replay and live mode run the same function (docs/STRATEGY.md).

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from engine.book import ASK_PX, ASK_SZ, BID_PX, BID_SZ, tradable_top
 from engine.contract import room_for, ticks_from
 from engine.events import Label
@@ -17,7 +15,6 @@ PARAMS = (
     Param("inventory_skew_ticks", 4.0, -1e6, 1e6, "shift per max_position of (position - target)"),
 )
 
-NAN = math.nan
 MAX_TICKS = 4503599627370496.0  # 2**52
 _LEAN_BUY, _LEAN_SELL = int(Label.LEAN_BUY), int(Label.LEAN_SELL)
 
@@ -36,16 +33,17 @@ def quote_prices(
     ask_sz: float,
     tick: float,
     label: int,
-    position: float,
+    position: int,
     target: float,
-    max_position: float,
-    quote_qty: float,
+    max_position: int,
+    quote_qty: int,
     offset_ticks: float,
     label_skew_ticks: float,
     inventory_skew_ticks: float,
-) -> tuple[bool, float, bool, float]:
-    """(want a bid, its price, want an ask, its price) around the top of book ``bid``/``ask``; a price
-    is NaN where no quote is wanted.
+) -> tuple[int, int, int, int]:
+    """(bid lots, bid ticks, ask lots, ask ticks) around the top of book ``bid``/``ask``; a side's lots
+    are 0 where no quote is wanted. ``position``, ``quote_qty``, ``max_position``: whole lots;
+    ``target``: lots.
 
     A quote sits ``offset_ticks`` behind the touch, shifted towards the label's side and against the
     inventory away from Kev's ``target`` (in ``max_position`` units), never crossing the touch; a side
@@ -53,13 +51,13 @@ def quote_prices(
     not tradable (NaN, infinite, one-sided, crossed: quoting around nothing), nor past ``2**52`` ticks,
     where a price is no longer a multiple of the tick."""
     if not (tradable_top(bid, bid_sz, ask, ask_sz) and ask < MAX_TICKS * tick):
-        return False, NAN, False, NAN
+        return 0, 0, 0, 0
     inv = (position - target) / max_position if max_position > 0 else 0.0
     shift = label_signal(label) * label_skew_ticks - inv * inventory_skew_ticks
     want_buy, want_sell = room_for(position, quote_qty, max_position)
-    bid_px = ticks_from(bid, shift - offset_ticks, ask, tick, True) if want_buy else NAN
-    ask_px = ticks_from(ask, shift + offset_ticks, bid, tick, False) if want_sell else NAN
-    return want_buy, bid_px, want_sell, ask_px
+    bid_t = ticks_from(bid, shift - offset_ticks, ask, tick, True) if want_buy else 0
+    ask_t = ticks_from(ask, shift + offset_ticks, bid, tick, False) if want_sell else 0
+    return (quote_qty if want_buy else 0), bid_t, (quote_qty if want_sell else 0), ask_t
 
 
 @njit

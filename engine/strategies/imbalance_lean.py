@@ -21,7 +21,6 @@ PARAMS = (
     Param("inventory_skew_ticks", 4.0, -1e6, 1e6, "shift per max_position of (position - target)"),
 )
 
-NAN = math.nan
 MAX_TICKS = 4503599627370496.0  # 2**52: past it a price is no longer a multiple of the tick
 
 
@@ -30,7 +29,7 @@ def quote(book, tick, qty, label, position, target, max_position, params):
     offset, lean, depth, inv_skew = params[0], params[1], int(params[2]), params[3]
     bid, ask = book[BID_PX], book[ASK_PX]
     if not (tradable_top(bid, book[BID_SZ], ask, book[ASK_SZ]) and ask < MAX_TICKS * tick):
-        return False, NAN, False, NAN
+        return 0, 0, 0, 0
     bids = 0.0
     asks = 0.0
     for i in range(depth):
@@ -44,6 +43,6 @@ def quote(book, tick, qty, label, position, target, max_position, params):
     inv = (position - target) / max_position if max_position > 0 else 0.0
     shift = imbalance * lean - inv * inv_skew
     want_buy, want_sell = room_for(position, qty, max_position)
-    bid_px = ticks_from(bid, shift - offset, ask, tick, True) if want_buy else NAN
-    ask_px = ticks_from(ask, shift + offset, bid, tick, False) if want_sell else NAN
-    return want_buy, bid_px, want_sell, ask_px
+    bid_t = ticks_from(bid, shift - offset, ask, tick, True) if want_buy else 0
+    ask_t = ticks_from(ask, shift + offset, bid, tick, False) if want_sell else 0
+    return (qty if want_buy else 0), bid_t, (qty if want_sell else 0), ask_t

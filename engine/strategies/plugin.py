@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from engine.errors import DualhubError
 from engine.strategies import Param
 
@@ -103,9 +105,14 @@ def _import(spec: str, module_name: str) -> Any:
         raise DualhubError(f"strategy {spec!r}: cannot import {module_name}: {e}") from e
 
 
+_WANT = "want (bid_lots, bid_ticks, ask_lots, ask_ticks): integers, lots >= 0"
+_LIMIT = 1 << 62
+
+
 def call(kind, book, tick, qty, label, position, target, max_position, params):
     """Run the Python strategy of ``kind`` on the strategy signature (``engine.strategies``) and check
-    what it returns: ``(want_buy, bid_px, want_sell, ask_px)``."""
+    what it returns: ``(bid_lots, bid_ticks, ask_lots, ask_ticks)``, integers (a float price is the
+    old signature's, or a price between two ticks: refused, not rounded), lots never negative."""
     spec, fn, _ = _loaded[kind - FIRST_KIND]
     view = book.view()  # the engine's own book: readable, not writable
     view.flags.writeable = False
@@ -114,10 +121,15 @@ def call(kind, book, tick, qty, label, position, target, max_position, params):
     except Exception as e:  # the user's code: whatever it raises ends the run with one line naming it
         raise DualhubError(f"strategy {spec!r} raised {type(e).__name__}: {e}") from e
     try:
-        buy, bid_px, sell, ask_px = out
-        buy, sell, bid_px, ask_px = bool(buy), bool(sell), float(bid_px), float(ask_px)
-    except (TypeError, ValueError) as e:
-        raise DualhubError(
-            f"strategy {spec!r} returned {out!r}: want (want_buy, bid_px, want_sell, ask_px)"
-        ) from e
-    return buy, bid_px, sell, ask_px
+        values = tuple(out)
+    except TypeError:
+        values = ()
+    if not (
+        len(values) == 4
+        and all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in values)
+        and all(-_LIMIT < int(v) < _LIMIT for v in values)
+        and values[0] >= 0
+        and values[2] >= 0
+    ):
+        raise DualhubError(f"strategy {spec!r} returned {out!r}: {_WANT}")
+    return int(values[0]), int(values[1]), int(values[2]), int(values[3])

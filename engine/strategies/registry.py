@@ -35,11 +35,11 @@ assert len(STRATEGIES) <= plugin.FIRST_KIND
 def quote(kind, book, tick, qty, label, position, target, max_position, params):
     """The strategy of ``kind`` (:data:`KINDS`) on the signature of :mod:`engine.strategies`."""
     if kind >= plugin.FIRST_KIND:  # a Python function: the interpreter runs it, the result comes back
-        with nb.objmode(buy="boolean", bid_px="float64", sell="boolean", ask_px="float64"):
-            buy, bid_px, sell, ask_px = plugin.call(
+        with nb.objmode(bid_lots="int64", bid_t="int64", ask_lots="int64", ask_t="int64"):
+            bid_lots, bid_t, ask_lots, ask_t = plugin.call(
                 kind, book, tick, qty, label, position, target, max_position, params
             )
-        return buy, bid_px, sell, ask_px
+        return bid_lots, bid_t, ask_lots, ask_t
     if kind == 1:
         return imbalance_lean.quote(book, tick, qty, label, position, target, max_position, params)
     return baseline.quote(book, tick, qty, label, position, target, max_position, params)

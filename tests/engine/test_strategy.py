@@ -14,12 +14,15 @@ import pytest
 from engine.contract import (
     ContractConfig,
     at_units,
+    lots_below,
     room_for,
     round_exact,
     round_to_step,
     round_to_tick,
     ticks_from,
+    whole_lots,
 )
+from engine.errors import DualhubError
 from engine.strategy import (
     BUY,
     NO_ORDER,
@@ -90,22 +93,27 @@ def test_a_fill_exactly_to_a_large_limit_is_quoted():
             assert {q.side for q in got} == sides, (strategy, position)
 
 
-@pytest.mark.parametrize("step", [0.001, 0.01, 1e-5, 1.0])
-def test_room_for_compares_sizes_as_the_decimals_they_stand_for(step):
-    # sizes of whole steps, as the core hands them to a strategy (at_units), from small to ~1e6: the
-    # answer is the lots' comparison, at the edge (exactly at the limit, one step past) too
-    rng = np.random.default_rng(7)
-    refused_by_floats = 0
-    for _ in range(4000):
-        scale = 10 ** rng.integers(0, 10)
-        m = int(rng.integers(1, 10 * scale))
-        q = int(rng.integers(1, scale + 1))
-        pos = int(m - q + rng.integers(-1, 2)) * int(rng.choice([1, -1]))  # |pos| + q around m
-        p, qq, lim = at_units(pos, step), at_units(q, step), at_units(m, step)
-        assert room_for(p, qq, lim) == (pos + q <= m, pos - q >= -m), (pos, q, m)
-        refused_by_floats += pos + q <= m and not p + qq <= lim + 1e-12
-    # the sweep reaches sizes where a fixed margin gets a fractional step wrong (whole units are exact)
-    assert (refused_by_floats > 0) == (step < 1)
+def test_room_for_counts_whole_lots_exactly_at_any_size():
+    # the limit exactly reached after a fill is room; one lot past it is not; sizes far past what
+    # doubles hold to a lot's precision (2**53 of 1e-3 steps) stay exact
+    big = 2**60
+    assert room_for(100_780_964, 7_994, 100_788_958) == (True, True)
+    assert room_for(100_780_965, 7_994, 100_788_958) == (False, True)
+    assert room_for(-100_780_965, 7_994, 100_788_958) == (True, False)
+    assert room_for(big - 1, 1, big) == (True, True) and room_for(big, 1, big) == (False, True)
+
+
+def test_sizes_between_two_lots_are_refused_and_limits_count_whole_lots():
+    assert whole_lots(7.994, 0.001, "quote_qty") == 7994
+    assert whole_lots(10.0, 1.0, "quote_qty") == 10
+    for bad in (0.0025, 0.0, -0.002, math.nan, math.inf):
+        with pytest.raises(
+            DualhubError, match=r"^quote_qty .* is not a whole number of size steps \(0.001\)$"
+        ):
+            whole_lots(bad, 0.001, "quote_qty")
+    assert lots_below(0.0505, 0.001) == 50 and lots_below(0.05, 0.001) == 50
+    assert lots_below(100788.958, 0.001) == 100_788_958  # 100788.958 / 0.001 is 100788957.99999999
+    assert lots_below(math.inf, 0.001) == 1 << 62 and lots_below(-1.0, 0.001) == 0
 
 
 @pytest.mark.parametrize(
@@ -125,10 +133,10 @@ def test_no_quotes_around_a_book_that_is_not_tradable(bid, ask, size):
 def test_no_quotes_past_2_52_ticks():
     tick = CONTRACT.tick
     top = 2.0**52 * tick
-    below = quote_prices(top / 2 - 1e3, 1.0, top / 2, 1.0, tick, 0, 0.0, 0.0, 0.05, 0.002, 1, 2, 4.0)
-    beyond = quote_prices(top - 1e3, 1.0, top, 1.0, tick, 0, 0.0, 0.0, 0.05, 0.002, 1, 2, 4.0)
-    assert below[0] and below[2] and math.isfinite(below[1])
-    assert not beyond[0] and not beyond[2] and math.isnan(beyond[1])
+    below = quote_prices(top / 2 - 1e3, 1.0, top / 2, 1.0, tick, 0, 0, 0.0, 50, 2, 1, 2, 4.0)
+    beyond = quote_prices(top - 1e3, 1.0, top, 1.0, tick, 0, 0, 0.0, 50, 2, 1, 2, 4.0)
+    assert below[0] == below[2] == 2 and 0 < below[1] < below[3] == 2**51 + 1
+    assert beyond == (0, 0, 0, 0)
 
 
 def test_quote_prices_are_on_the_tick_even_where_round_is_wide():
@@ -209,7 +217,7 @@ def test_contract_rounding_lands_on_the_exact_decimal_grid(tick):
 def test_a_quote_some_ticks_from_the_touch_is_taken_in_ticks():
     """A shift of a half tick rounds half-even in ticks, exactly; taken as ``bid + shift * tick`` the
     float noise tipped about one in seventeen of them the other way (9412.87 - 2.5 ticks of 0.01:
-    9412.85). The quote stays a tick inside the other side; NaN in, NaN out."""
+    9412.85). The quote stays a tick inside the other side; NaN in, no price (0 ticks) out."""
     rng = np.random.default_rng(3)
     for _ in range(3000):
         tick = float(rng.choice([0.1, 0.01, 0.5, 1e-4, 0.25]))
@@ -219,14 +227,14 @@ def test_a_quote_some_ticks_from_the_touch_is_taken_in_ticks():
         shift = float(rng.integers(-20, 20)) + float(rng.choice([0.0, 0.5, 0.25]))
         want_bid = min(round(Decimal(k) + Decimal(shift)), k + spread - 1)  # Decimal rounds half-even
         want_ask = max(round(Decimal(k + spread) + Decimal(-shift)), k + 1)
-        assert ticks_from(bid, shift, ask, tick, True) == float(want_bid * unit), (bid, shift, tick)
-        assert ticks_from(ask, -shift, bid, tick, False) == float(want_ask * unit), (ask, shift, tick)
-    assert ticks_from(9412.87, -2.5, 9412.9, 0.01, True) == 9412.84
+        assert ticks_from(bid, shift, ask, tick, True) == want_bid, (bid, shift, tick)
+        assert ticks_from(ask, -shift, bid, tick, False) == want_ask, (ask, shift, tick)
+    assert at_units(ticks_from(9412.87, -2.5, 9412.9, 0.01, True), 0.01) == 9412.84
     assert round_to_tick(9412.87 + -2.5 * 0.01, 0.01) == 9412.85  # the float path's answer
-    assert ticks_from(100.0, 5.0, 100.1, 0.1, True) == 100.0  # never at or through the ask
-    assert ticks_from(100.1, -5.0, 100.0, 0.1, False) == 100.1
+    assert ticks_from(100.0, 5.0, 100.1, 0.1, True) == 1000  # never at or through the ask
+    assert ticks_from(100.1, -5.0, 100.0, 0.1, False) == 1001
     for args in ((math.nan, 1.0, 100.1), (100.0, math.nan, 100.1), (100.0, -1.0, math.nan)):
-        assert math.isnan(ticks_from(*args, 0.1, True))
+        assert ticks_from(*args, 0.1, True) == 0  # no price
 
 
 def test_large_prices_are_not_off_grid():

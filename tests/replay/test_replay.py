@@ -221,7 +221,10 @@ def test_a_multi_symbol_session_replays_the_symbol_asked_each_a_run_of_its_own(t
     books = pq.read_table(two_symbols / "books15").column("symbol").to_pylist()
     runs = {}
     for symbol in ("BTCUSDT", "ETHUSDT"):
-        rc, out, err = _cli(capsys, "replay", str(two_symbols), "--provider", "cpu", "--symbol", symbol)
+        sized = ["--instrument", "ETHUSDT:quote_qty=0.01"] if symbol == "ETHUSDT" else []  # its 0.01 lots
+        rc, out, err = _cli(
+            capsys, "replay", str(two_symbols), "--provider", "cpu", "--symbol", symbol, *sized
+        )
         assert rc == 0, err
         runs[symbol] = run = _run_dir(out)
         m = orjson.loads((run / "manifest.json").read_bytes())

@@ -35,14 +35,17 @@ def _q(run: Path, sql: str) -> list[tuple]:
 
 def test_a_portfolio_of_one_instrument_replays_to_the_single_instrument_run(pair, tmp_path):
     eth = session_contract(json.loads((pair / "manifest.json").read_text()), "ETHUSDT")
+    q = QuoteConfig(quote_qty=0.01)  # whole lots of ETHUSDT's 0.01
     single = run_replay(
-        pair, ReplayConfig(symbol="ETHUSDT", contract=eth), out_dir=tmp_path / "a", kernel=False
+        pair, ReplayConfig(symbol="ETHUSDT", contract=eth, quotes=q), out_dir=tmp_path / "a", kernel=False
     )
-    one = run_replay(pair, ReplayConfig(symbols=("ETHUSDT",)), out_dir=tmp_path / "b")
+    one = run_replay(pair, ReplayConfig(symbols=("ETHUSDT",), quotes=q), out_dir=tmp_path / "b")
     assert one.path.startswith("kernel (a portfolio of 1, books streamed")
     assert one.counts["fill"] > 0 and one.counts["command"] > 0
     assert one.digest == single.digest
-    per_event = run_replay(pair, ReplayConfig(symbols=("ETHUSDT",)), out_dir=tmp_path / "c", kernel=False)
+    per_event = run_replay(
+        pair, ReplayConfig(symbols=("ETHUSDT",), quotes=q), out_dir=tmp_path / "c", kernel=False
+    )
     assert per_event.path.startswith("python (a portfolio of 1")
     assert per_event.digest == single.digest
 

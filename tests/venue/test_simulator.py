@@ -544,6 +544,7 @@ def test_simulate_command_refuses_bad_symbol_lists(
 
 def test_a_multi_symbol_session_replays_each_symbol(tmp_path: Path) -> None:
     """`dualhub replay` has no --symbol: ReplayConfig.symbol picks the instrument, each on its contract."""
+    from engine.strategy import QuoteConfig
     from replay.driver import ReplayConfig, run_replay
 
     session = simulate_session(tmp_path / "s", symbols=PAIR, minutes=2.0, seed=3)
@@ -552,7 +553,8 @@ def test_a_multi_symbol_session_replays_each_symbol(tmp_path: Path) -> None:
         inst = INSTRUMENTS[sym]
         step = float(inst.size_step)
         contract = ContractConfig(symbol=sym, tick=float(inst.tick), size_step=step, min_qty=step)
-        r = run_replay(session, ReplayConfig(seed=1, symbol=sym, contract=contract), out_dir=tmp_path / sym)
+        cfg = ReplayConfig(seed=1, symbol=sym, contract=contract, quotes=QuoteConfig(quote_qty=step))
+        r = run_replay(session, cfg, out_dir=tmp_path / sym)
         assert r.counts["label"] == books[sym]  # only its own books
         assert r.counts["fill"] > 0 and r.counts["command"] > 0
         px = pq.read_table(tmp_path / sym / "events" / "fill.parquet").column("px").to_numpy()

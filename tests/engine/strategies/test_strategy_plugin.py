@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pyarrow.parquet as pq
 import pytest
 
 from dualhub.cli import main
@@ -50,7 +51,8 @@ def test_every_kind_dispatches_to_its_own_strategy():
     differs = 0
     for _ in range(300):
         bk = _random_book(rng)
-        args = (0.1, 0.002, int(rng.integers(-1, 4)), float(rng.uniform(-0.05, 0.05)), 0.01, 0.05)
+        # tick, quote lots, label, position lots, Kev's target (lots), max position lots
+        args = (0.1, 2, int(rng.integers(-1, 4)), int(rng.integers(-50, 51)), 10.0, 50)
         got = {}
         for kind, module in enumerate(registry.STRATEGIES):
             params = registry.resolve(module.NAME, {})[1]
@@ -61,7 +63,7 @@ def test_every_kind_dispatches_to_its_own_strategy():
 
 
 def _same(a, b) -> bool:
-    return all(x == y or (x != x and y != y) for x, y in zip(a, b, strict=True))
+    return tuple(map(int, a)) == tuple(map(int, b))
 
 
 def test_parameters_over_defaults_and_the_quote_config():
@@ -139,6 +141,26 @@ def test_bad_strategy_on_the_command_line_is_one_error_line(session, tmp_path, c
             assert "Traceback" not in err and len(lines) == 1, err
             assert lines[0].startswith(f"dualhub {cmd}: error: ") and message in lines[0], lines
             assert not out.exists()
+
+
+def test_a_quote_size_between_two_lots_is_one_error_line(session, tmp_path, capsys):
+    """The strategy counts the quote size in whole lots: a size between two is refused before the run,
+    not rounded (each of its orders would have been refused by the gateway)."""
+    out = tmp_path / "never"
+    cmd = ["replay", str(session), "--out", str(out), "--symbols", "BTCUSDT"]
+    assert main([*cmd, "--instrument", "BTCUSDT:quote_qty=0.0025"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "dualhub replay: error: BTCUSDT: quote_qty 0.0025 is not a whole number of size steps (0.001): "
+        "give the instrument its own (--instrument BTCUSDT:quote_qty=Q)\n"
+    )
+    assert not out.exists()
+    # as the hint says: on one symbol (without --symbols) too, as live mode takes it
+    assert main(["replay", str(session), "--out", str(out), "--instrument", "BTCUSDT:quote_qty=0.003"]) == 0
+    assert _manifest(out)["config"]["instruments"] == {"BTCUSDT": {"quote_qty": 0.003}}
+    orders = pq.read_table(out / "events" / "order.parquet").to_pylist()
+    quotes = {o["qty"] for o in orders if o["kind"] == "new" and o["order_type"] == "limit"}
+    assert quotes == {0.003}
 
 
 @pytest.mark.slow

@@ -72,23 +72,21 @@ def test_the_registry_hands_a_python_function_the_strategy_inputs_and_returns_it
     differs = 0
     for _ in range(300):
         book = _random_book(rng)
-        pos, target = float(rng.uniform(-1, 1)), float(rng.uniform(-1, 1))
-        args = (book, 0.1, 0.01, int(rng.integers(-1, 4)), pos, target, 1.0, params)
+        pos, target = int(rng.integers(-100, 101)), float(rng.uniform(-100, 100))
+        args = (book, 0.1, 10, int(rng.integers(-1, 4)), pos, target, 100, params)
         got = registry.quote(kind, *args)
-        want = example.quote(*args)
-        assert got[0] == want[0] and got[2] == want[2]
-        assert np.array_equal(np.array(got[1::2]), np.array(want[1::2]), equal_nan=True)
+        assert got == example.quote(*args) and all(type(x) is int for x in got)
         differs += got != registry.quote(0, *args[:-1], registry.resolve("baseline", {})[1])
     assert differs > 100  # and it is its own strategy, not the baseline's
 
 
 def test_the_function_cannot_write_into_the_engines_book(module_file):
-    path = module_file("def quote(book, *rest):\n    book[0] = 1.0\n    return False, 0.0, False, 0.0\n")
+    path = module_file("def quote(book, *rest):\n    book[0] = 1.0\n    return 0, 0, 0, 0\n")
     kind, params = registry.resolve(f"{path}:quote", {})
     book = _random_book(np.random.default_rng(1))
     before = book.copy()
     with pytest.raises(DualhubError, match="raised ValueError: assignment destination is read-only"):
-        registry.quote(kind, book, 0.1, 0.01, 0, 0.0, 0.0, 1.0, params)
+        registry.quote(kind, book, 0.1, 10, 0, 0, 0.0, 100, params)
     assert np.array_equal(book, before, equal_nan=True)
 
 
@@ -105,28 +103,53 @@ def test_the_baseline_in_python_gives_its_golden_digests_on_both_engines(session
     assert len(calls) > 100 and set(calls) <= {-1, 0, 1, 2, 3}  # it was asked, with label codes
 
 
-OFF_GRID = """
+SIZED = """
+from engine.contract import tick_index
+
 def quote(book, tick, qty, label, position, target, max_position, params):
-    return True, book[0] - tick / 2, True, book[30] + tick / 2  # half a tick off the grid
+    bid, ask = int(tick_index(book[0], tick)), int(tick_index(book[30], tick))
+    if not 0 < bid < ask:
+        return 0, 0, 0, 0
+    # three quote sizes on the bid, one on the ask, each a tick behind its touch, while within the limit
+    buy = 3 * qty if position + 3 * qty <= max_position else 0
+    sell = qty if position - qty >= -max_position else 0
+    return buy, bid - 1, sell, ask + 1
 """
 
 
-def test_quotes_off_the_tick_grid_are_refused_and_never_reach_the_venue(session, module_file, tmp_path):
-    """The core holds an order's price as whole ticks: the risk gateway refuses a price between two
-    (bad_order), on both engines alike, and no limit order is sent (Kev's market orders still are)."""
-    spec = f"{module_file(OFF_GRID, 'offgrid.py')}:quote"
+def test_the_strategy_sets_each_sides_size_in_lots_and_price_in_ticks(session, module_file, tmp_path):
+    """The strategy answers in the core's integers: the orders carry exactly its lots and ticks, on
+    both engines alike."""
+    spec = f"{module_file(SIZED, 'sized.py')}:quote"
     runs = [
         run_replay(session, ReplayConfig(strategy=spec), out_dir=tmp_path / name, kernel=kernel)
         for name, kernel in (("k", True), ("p", False))
     ]
     assert runs[0].digest == runs[1].digest
-    for run in runs:
-        risk = pq.read_table(run.run_dir / "events" / "risk.parquet").to_pylist()
-        quotes = [r for r in risk if r["source"] == "quote"]
-        assert len(quotes) > 100 and all(r["order_type"] == "limit" for r in quotes)
-        assert {(r["accepted"], r["reason"]) for r in quotes} == {(False, "bad_order")}
-        orders = pq.read_table(run.run_dir / "events" / "order.parquet").to_pylist()
-        assert all(o["order_type"] == "market" for o in orders)
+    orders = pq.read_table(runs[0].run_dir / "events" / "order.parquet").to_pylist()
+    quotes = [o for o in orders if o["kind"] == "new" and o["order_type"] == "limit"]
+    assert {(o["side"], o["qty"]) for o in quotes} == {("buy", 0.006), ("sell", 0.002)}
+    assert all(round(o["px"] * 10) == o["px"] * 10 for o in quotes)  # whole ticks of 0.1
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("return True, book[0] - tick / 2, True, book[30]", "returned (True, "),  # the float signature
+        ("return 2, 1000.5, 2, 1003", "returned (2, 1000.5, 2, 1003)"),  # a price between two ticks
+        ("return -2, 1000, 2, 1003", "returned (-2, 1000, 2, 1003)"),
+        ("return 2, 1 << 70, 2, 1003", "returned (2, 1180591620717411303424, 2, 1003)"),
+    ],
+)
+def test_an_answer_not_in_whole_lots_and_ticks_is_one_error_line(body, message, session, tmp_path, capsys):
+    path = tmp_path / "floaty.py"
+    path.write_text(f"def quote(book, tick, *rest):\n    {body}\n")
+    out = tmp_path / "run"
+    assert main(["replay", str(session), "--out", str(out), "--strategy", f"{path}:quote"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dualhub replay: error: strategy "), lines
+    assert message in lines[0] and lines[0].endswith("integers, lots >= 0"), lines
+    assert not out.exists()
 
 
 @pytest.mark.slow
@@ -190,8 +213,8 @@ def test_a_strategy_that_cannot_load_is_refused_by_both_configs(text, fn, messag
     "body, message",
     [
         ("return 1 / 0", "raised ZeroDivisionError: division by zero"),
-        ("return None", "returned None: want (want_buy, bid_px, want_sell, ask_px)"),
-        ("return True, 'x', False, 0.0", "returned (True, 'x', False, 0.0)"),
+        ("return None", "returned None: want (bid_lots, bid_ticks, ask_lots, ask_ticks)"),
+        ("return 1, 'x', 0, 0", "returned (1, 'x', 0, 0)"),
     ],
 )
 def test_a_strategy_that_breaks_during_the_replay_is_one_error_line_and_no_run(
