@@ -118,3 +118,21 @@ def test_kev_as_the_hub_live_and_its_replay(tmp_path):
     d = diff_runs(run, rr.run_dir, streams=COMPARABLE_STREAMS)
     assert not d.diverged, d.to_json()["divergence"]
     assert rr.counts["command"] == len(cmds)
+
+
+def test_a_quote_size_between_two_of_a_symbols_lots_is_one_error_line(tmp_path, capsys):
+    """The exchange's contract sets ETHUSDT's lot (0.01): the default quote size (0.002) is no whole
+    number of them, so the run stops at its start with one line naming the fix."""
+    from dualhub.cli import main
+
+    frames = list(simulator_frames(list(SYMBOLS), minutes=1, seed=3))
+    with LocalExchangeThread(LocalExchange(frames, speed=SPEED, symbols=SYMBOLS)) as ex:
+        rc = main(
+            ["live", "--paper", "--symbols", ",".join(SYMBOLS), "--exchange-url", ex.rest_url,
+             "--ws-url", ex.ws_url, "--out", str(tmp_path / "paper"), "--duration", "2", "--provider", "cpu"]
+        )  # fmt: skip
+    assert rc == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "dualhub live: error: ETHUSDT: quote_qty 0.002 is not a whole number of size steps (0.01): "
+        "give the instrument its own (--instrument ETHUSDT:quote_qty=Q)"
+    )
