@@ -132,6 +132,25 @@ def test_the_strategy_sets_each_sides_size_in_lots_and_price_in_ticks(session, m
     assert all(round(o["px"] * 10) == o["px"] * 10 for o in quotes)  # whole ticks of 0.1
 
 
+UNDER_ONE_TICK = "def quote(*args):\n    return 1, 0, 1, -3  # a lot at 0 ticks, a lot at -3\n"
+
+
+def test_a_price_under_one_tick_is_refused_by_the_gateway_on_both_engines(session, module_file, tmp_path):
+    """Integers the exchange takes no price for (0 ticks, or fewer) reach the gateway as no price:
+    it refuses them (bad_order) and no limit order is sent."""
+    spec = f"{module_file(UNDER_ONE_TICK, 'zero.py')}:quote"
+    runs = [
+        run_replay(session, ReplayConfig(strategy=spec), out_dir=tmp_path / name, kernel=kernel)
+        for name, kernel in (("k", True), ("p", False))
+    ]
+    assert runs[0].digest == runs[1].digest
+    risk = pq.read_table(runs[0].run_dir / "events" / "risk.parquet").to_pylist()
+    quotes = [r for r in risk if r["source"] == "quote"]
+    assert len(quotes) > 100 and {(r["accepted"], r["reason"]) for r in quotes} == {(False, "bad_order")}
+    orders = pq.read_table(runs[0].run_dir / "events" / "order.parquet").to_pylist()
+    assert all(o["order_type"] == "market" for o in orders)
+
+
 @pytest.mark.parametrize(
     "body, message",
     [
