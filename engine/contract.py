@@ -102,8 +102,7 @@ def whole_lots(qty: float, step: float, what: str, hint: str = "") -> int:
     """``qty`` as a whole number (>= 1) of lots of ``step``, exactly as the decimals they stand for;
     one error line (``what``, then ``hint``) for a size between two lots (the exchange would refuse
     every order of it)."""
-    num, dec = step_parts(step)
-    lots = Decimal(repr(qty)) * 10**dec / num if math.isfinite(qty) else Decimal(0)
+    lots = _decimal_lots(qty, step) if math.isfinite(qty) else Decimal(0)
     if lots < 1 or lots != lots.to_integral_value():
         raise DualhubError(f"{what} {qty!r} is not a whole number of size steps ({step!r}){hint}")
     return int(lots)
@@ -113,8 +112,13 @@ def lots_below(qty: float, step: float) -> int:
     """The whole lots of ``step`` in a limit ``qty`` (down; 2**62 for no limit, an infinite one)."""
     if not qty < 2.0**62 * step:
         return 1 << 62
+    return max(0, int(_decimal_lots(qty, step) // 1))
+
+
+def _decimal_lots(qty: float, step: float) -> Decimal:
+    """``qty / step`` as the decimals the two doubles stand for divide (a finite ``qty``)."""
     num, dec = step_parts(step)
-    return max(0, int(Decimal(repr(qty)) * 10**dec // num))
+    return Decimal(repr(qty)) * 10**dec / num
 
 
 NO_PX = -(1 << 62)  # the price of an order that has none (a market order), in ticks

@@ -861,7 +861,7 @@ def _strategy(S, SF, C, CF, eng_book, now):
 def _quote_px(ticks, C):
     """The price of a strategy's ``ticks``; NaN (which the gateway refuses) for none the exchange
     takes: below one tick, or from 2**52 on, where prices are no longer whole ticks."""
-    return price_of(ticks, C) if 1 <= ticks < 4503599627370496 else NAN
+    return price_of(ticks, C) if 1 <= ticks < 1 << 52 else NAN
 
 
 @njit

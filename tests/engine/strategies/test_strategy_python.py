@@ -103,6 +103,17 @@ def test_the_baseline_in_python_gives_its_golden_digests_on_both_engines(session
     assert len(calls) > 100 and set(calls) <= {-1, 0, 1, 2, 3}  # it was asked, with label codes
 
 
+def _on_both_engines(session: Path, spec: str, tmp_path: Path) -> Path:
+    """The run directory of ``spec`` replayed on the compiled loop, after checking that the per-event
+    engine gives the same digest."""
+    runs = [
+        run_replay(session, ReplayConfig(strategy=spec), out_dir=tmp_path / name, kernel=kernel)
+        for name, kernel in (("k", True), ("p", False))
+    ]
+    assert runs[0].digest == runs[1].digest
+    return runs[0].run_dir
+
+
 SIZED = """
 from engine.contract import tick_index
 
@@ -120,13 +131,8 @@ def quote(book, tick, qty, label, position, target, max_position, params):
 def test_the_strategy_sets_each_sides_size_in_lots_and_price_in_ticks(session, module_file, tmp_path):
     """The strategy answers in the core's integers: the orders carry exactly its lots and ticks, on
     both engines alike."""
-    spec = f"{module_file(SIZED, 'sized.py')}:quote"
-    runs = [
-        run_replay(session, ReplayConfig(strategy=spec), out_dir=tmp_path / name, kernel=kernel)
-        for name, kernel in (("k", True), ("p", False))
-    ]
-    assert runs[0].digest == runs[1].digest
-    orders = pq.read_table(runs[0].run_dir / "events" / "order.parquet").to_pylist()
+    run = _on_both_engines(session, f"{module_file(SIZED, 'sized.py')}:quote", tmp_path)
+    orders = pq.read_table(run / "events" / "order.parquet").to_pylist()
     quotes = [o for o in orders if o["kind"] == "new" and o["order_type"] == "limit"]
     assert {(o["side"], o["qty"]) for o in quotes} == {("buy", 0.006), ("sell", 0.002)}
     assert all(round(o["px"] * 10) == o["px"] * 10 for o in quotes)  # whole ticks of 0.1
@@ -138,16 +144,11 @@ UNDER_ONE_TICK = "def quote(*args):\n    return 1, 0, 1, -3  # a lot at 0 ticks,
 def test_a_price_under_one_tick_is_refused_by_the_gateway_on_both_engines(session, module_file, tmp_path):
     """Integers the exchange takes no price for (0 ticks, or fewer) reach the gateway as no price:
     it refuses them (bad_order) and no limit order is sent."""
-    spec = f"{module_file(UNDER_ONE_TICK, 'zero.py')}:quote"
-    runs = [
-        run_replay(session, ReplayConfig(strategy=spec), out_dir=tmp_path / name, kernel=kernel)
-        for name, kernel in (("k", True), ("p", False))
-    ]
-    assert runs[0].digest == runs[1].digest
-    risk = pq.read_table(runs[0].run_dir / "events" / "risk.parquet").to_pylist()
+    run = _on_both_engines(session, f"{module_file(UNDER_ONE_TICK, 'zero.py')}:quote", tmp_path)
+    risk = pq.read_table(run / "events" / "risk.parquet").to_pylist()
     quotes = [r for r in risk if r["source"] == "quote"]
     assert len(quotes) > 100 and {(r["accepted"], r["reason"]) for r in quotes} == {(False, "bad_order")}
-    orders = pq.read_table(runs[0].run_dir / "events" / "order.parquet").to_pylist()
+    orders = pq.read_table(run / "events" / "order.parquet").to_pylist()
     assert all(o["order_type"] == "market" for o in orders)
 
 
