@@ -154,19 +154,23 @@ class StreamedBooks:
         for (pf, g, first, n, path), pick in zip(self.groups, self._pick, strict=True):
             if first + n <= lo or first >= hi:
                 continue
-            t = (
-                read_group(path, pf, g, LEVEL_COLUMNS)
-                if self._cache is None
-                else self._cache.read(path, pf, g)
-            )
             a, z = max(lo, first) - first, min(hi, first + n) - first
-            # a row group's columns are single chunks: these are views of Arrow's buffers, gathered
-            # into the block's rows once (an Arrow take of the symbol's rows copied all 60 columns)
-            cols = tuple(_column(t, c) for c in LEVEL_COLUMNS)
-            if pick is None:
-                rows_of(tuple(c[a:z] for c in cols), levels[at : at + z - a], _ALL)
-            else:
-                rows_of(cols, levels[at : at + z - a], pick[a:z])
+            # Alone, a symbol reads its group a quarter of the columns at a time: Arrow's pool reuses
+            # one quarter's pages for the next, where a whole group's table (31 MB) stayed resident
+            # beside the block. A portfolio's symbols share whole groups through the cache.
+            parts = _PARTS if self._cache is None else ((0, LEVEL_COLUMNS),)
+            for c0, names in parts:
+                t = read_group(path, pf, g, names) if self._cache is None else self._cache.read(path, pf, g)
+                # a row group's columns are single chunks: these are views of Arrow's buffers,
+                # gathered into the block's rows once (an Arrow take of the symbol's rows copied all
+                # 60 columns)
+                cols = tuple(_column(t, c) for c in names)
+                out = levels[at : at + z - a, c0 : c0 + len(names)]
+                if pick is None:
+                    rows_of(tuple(c[a:z] for c in cols), out, _ALL)
+                else:
+                    rows_of(cols, out, pick[a:z])
+                del t, cols
             at += z - a
         assert at == hi - lo, (at, lo, hi)
         self.blocks_read += 1
@@ -238,6 +242,8 @@ def rows_of(cols, out, pick):
 
 
 _ALL = np.zeros(0, dtype=np.int64)  # rows_of: every row, in order
+_SIDE = len(LEVEL_COLUMNS) // 4  # one of bid_px, bid_sz, ask_px, ask_sz
+_PARTS = tuple((c0, LEVEL_COLUMNS[c0 : c0 + _SIDE]) for c0 in range(0, len(LEVEL_COLUMNS), _SIDE))
 
 
 _SYMBOL = pa.schema([pa.field("symbol", pa.string())])  # nulls: not one symbol (below), no error
