@@ -453,6 +453,8 @@ class LiveRunner:
         self.started_ns = 0
         self._kill_tasks: set[asyncio.Task[Any]] = set()
         self._prepared = False
+        self._made_root = False  # the session directory was made by this run (a refused start removes it)
+        self._tmp_runs: list[Path] = []  # run directories in the making
         self._norm_task: asyncio.Future[Any] | None = None
         self.feed_failed = ""
         self.stopping = False
@@ -764,6 +766,7 @@ class LiveRunner:
             raise DualhubError(
                 f"kill file {self.kill_file} could never be created: {parent} is not a writable directory"
             )
+        self._made_root = not self.root.exists()
         self.root.mkdir(parents=True, exist_ok=True)
         cfg_json = self.cfg.to_json()
         self._asked = {
@@ -885,6 +888,7 @@ class LiveRunner:
                 run_dir = self.root / "runs" / (PORTFOLIO_RUN if portfolio else f"live-{symbol}")
                 tmp = run_dir.with_name(run_dir.name + ".tmp")
                 shutil.rmtree(tmp, ignore_errors=True)
+                self._tmp_runs.append(tmp)
                 (tmp / "events").mkdir(parents=True)
                 sink = LatencySink()
                 evlog = EventLog(tmp / "events")
@@ -1299,10 +1303,15 @@ class LiveRunner:
     def _finish_files(self) -> None:
         session_manifest: dict[str, Any] | None = None
         if self._journal is None:  # never started (refused at setup): leave nothing half-made behind
-            (self.root / RECORD_JSON).unlink(missing_ok=True)
-            for st in self.syms.values():
-                shutil.rmtree(st.tmp, ignore_errors=True)
+            for tmp in self._tmp_runs:  # an instrument refused mid-build has a directory, no engine
+                shutil.rmtree(tmp, ignore_errors=True)
             self.syms.clear()
+            for made in (self.root / RECORD_JSON, self.root / LIVE_JSON):
+                made.unlink(missing_ok=True)
+            _rmdir_if_empty(self.root / "runs")
+            if self._made_root:
+                _rmdir_if_empty(self.root)
+            return
         else:
             j = self._journal.inner
             end = time.time_ns()
@@ -1469,6 +1478,13 @@ class LiveRunner:
             counts={s: st.log.counts() for s, st in self.syms.items()},
             summary=self._summary(),
         )
+
+
+def _rmdir_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:  # not there, or holds what this run did not make
+        pass
 
 
 def engine_config(cfg: LiveConfig, symbol: str, contract: ContractConfig) -> EngineConfig:

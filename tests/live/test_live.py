@@ -324,8 +324,8 @@ def test_refused_keys_leave_no_secret_anywhere(tmp_path):
             _live_cmd(ex, out, "5"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
         )
     assert p.returncode == 2 and "40012" in p.stderr, p.stderr[-2000:]
-    assert not (out / "record.json").exists()  # refused at startup: nothing half-made left behind
-    assert _grep_everything(out, [p.stdout, p.stderr], _needles(secret, passphrase)) == []
+    assert not out.exists()  # refused at startup: nothing half-made left behind (it made the directory)
+    assert _grep_everything(tmp_path, [p.stdout, p.stderr], _needles(secret, passphrase)) == []
 
 
 def test_serve_exchange_and_live_paper_through_the_cli(paper_run, tmp_path):

@@ -136,3 +136,4 @@ def test_a_quote_size_between_two_of_a_symbols_lots_is_one_error_line(tmp_path, 
         "dualhub live: error: ETHUSDT: quote_qty 0.002 is not a whole number of size steps (0.01): "
         "give the instrument its own (--instrument ETHUSDT:quote_qty=Q)"
     )
+    assert not (tmp_path / "paper").exists()  # BTCUSDT's run was being made: nothing of it is left
