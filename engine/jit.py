@@ -1,18 +1,24 @@
-"""The compiler of the decision core: ``njit`` is ``numba.njit(cache=True)`` with one cache stamp for
-the whole core.
+"""The compiler of the decision core: ``njit`` is ``numba.njit(cache=True)`` with a cache stamp that
+covers every source the function may compile in.
 
 Numba keys a function's on-disk cache on its own source file only, so a kernel compiled against
 ``engine/risk.py`` would keep running the old rules after an edit to ``engine/risk.py`` (the kernel's
 file did not change). Every function compiled through this module is stamped instead with a hash of
-every source file that uses it: change any rule anywhere in the core and every cached function of
-the core recompiles on its next use.
+its file and of every module that file imports, transitively, outside the interpreter's own
+libraries: whatever it calls, and every constant it reads, comes from one of them (the core reaches
+its functions by import, never through a function passed as an argument). Change a rule and every
+cached function that can reach it recompiles on its next use; an edit elsewhere (the book source, a
+report) leaves the compiled core's cache alone.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import os
+import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +46,7 @@ def core_stamp() -> str:
     return _stamp(tuple((p, st.st_mtime_ns, st.st_size) for p, st in stats))
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=64)
 def _stamp(files: tuple[tuple[Path, int, int], ...]) -> str:
     h = hashlib.sha256()
     for p, _, _ in files:
@@ -48,13 +54,106 @@ def _stamp(files: tuple[tuple[Path, int, int], ...]) -> str:
     return h.hexdigest()
 
 
+def _stat_key(p: Path) -> tuple[Path, int, int]:
+    st = p.stat()
+    return p, st.st_mtime_ns, st.st_size
+
+
+# what the interpreter brings (the standard library, installed packages): never followed
+_OUTSIDE = tuple(
+    {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+
+
+@functools.lru_cache(maxsize=256)
+def _home(top: str, path: tuple[str, ...]) -> Path | None:
+    """The ``sys.path`` entry (``path``) that the top-level module ``top`` is imported from, unless it
+    is one of the interpreter's own libraries."""
+    for entry in path:
+        base = Path(entry or ".").resolve()
+        if (base / top / "__init__.py").is_file() or (base / f"{top}.py").is_file():
+            return None if any(base.is_relative_to(o) for o in _OUTSIDE) else base
+    return None
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of module ``name`` (a package's ``__init__.py``) when it is followed; None for
+    the interpreter's own libraries and for a name imported from a module rather than a module."""
+    parts = name.split(".")
+    home = _home(parts[0], tuple(sys.path))
+    if home is None:
+        return None
+    base = home.joinpath(*parts)
+    for cand in (base.with_suffix(".py"), base / "__init__.py"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def _imports(key: tuple[Path, int, int]) -> tuple[Path, ...]:
+    """The followed modules ``key``'s file imports (keyed on its size and mtime: an edit is seen)."""
+    names: set[str] = set()
+    for stmt in _import_statements(key[0].read_text(encoding="utf-8")):
+        try:
+            nodes = ast.parse(stmt).body
+        except SyntaxError:  # prose that starts like an import (a docstring's "from the ...")
+            continue
+        for node in nodes:
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+    return tuple(sorted({f for f in map(_module_file, names) if f is not None}))
+
+
+def _import_statements(src: str) -> list[str]:
+    """Every statement of ``src`` that starts with ``import`` or ``from``, at any indentation, with its
+    continuation lines: parsing only these takes a tenth of parsing the module, and whatever else
+    they catch only adds to a stamp."""
+    out: list[str] = []
+    open_parens, cont = 0, False
+    for line in src.splitlines():
+        s = line.strip()
+        if open_parens > 0 or cont:
+            out[-1] += "\n" + s
+        elif s.startswith(("import ", "from ")):
+            out.append(s)
+            open_parens = 0
+        else:
+            continue
+        open_parens += s.count("(") - s.count(")")
+        cont = s.endswith("\\")
+    return out
+
+
+def reach(py_file: str | Path) -> tuple[Path, ...]:
+    """``py_file`` and every followed module it imports, transitively, sorted."""
+    seen: set[Path] = set()
+    todo = [Path(py_file).resolve()]
+    while todo:
+        p = todo.pop()
+        if p not in seen:
+            seen.add(p)
+            todo.extend(_imports(_stat_key(p)))
+    return tuple(sorted(seen))
+
+
+def stamp_of(py_file: str | Path) -> str:
+    """sha256 over the sources (paths and bytes) a function of ``py_file`` may compile in."""
+    return _stamp(tuple(_stat_key(p) for p in reach(py_file)))
+
+
 def _in_core(py_file: str) -> bool:
     return Path(py_file).resolve() in core_files()
 
 
 class _CoreStamp:
+    _py_file: str
+
     def get_source_stamp(self) -> str:
-        return core_stamp()
+        return stamp_of(self._py_file)
 
     @classmethod
     def from_function(cls, py_func, py_file):

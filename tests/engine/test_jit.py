@@ -21,9 +21,10 @@ RUN = textwrap.dedent(
     sys.path.insert(0, str(d))
     if sys.argv[2] == "core":
         import engine.jit as J
-        J.core_files = lambda: (d / "rule.py", d / "kern.py")
+        J.core_files = lambda: (d / "rule.py", d / "kern.py", d / "other.py")
     import kern
     print(kern.kern(1.0))
+    print(sum(kern.kern.stats.cache_hits.values()), file=sys.stderr)
     """
 )
 
@@ -35,10 +36,14 @@ def _module_pair(d: Path, decorator_import: str, decorator: str, step: float) ->
     )
 
 
-def _run(d: Path, how: str = "core") -> str:
-    return subprocess.run(
+def _run(d: Path, how: str = "core", loaded: list[bool] | None = None) -> str:
+    """``kern(1.0)`` in a fresh process; ``loaded`` gets whether kern came from the disk cache."""
+    p = subprocess.run(
         [sys.executable, "-c", RUN, str(d), how], capture_output=True, text=True, check=True, timeout=300
-    ).stdout.strip()
+    )
+    if loaded is not None:
+        loaded.append(p.stderr.split()[-1] != "0")
+    return p.stdout.strip()
 
 
 def test_an_edit_to_a_called_rule_recompiles_the_caller(tmp_path):
@@ -48,6 +53,49 @@ def test_an_edit_to_a_called_rule_recompiles_the_caller(tmp_path):
     _module_pair(tmp_path, "from engine.jit import njit", "njit", 2.0)  # only rule.py's text changes
     (tmp_path / "kern.py").touch()
     assert _run(tmp_path) == "30.0"
+
+
+def test_an_edit_to_a_module_the_caller_does_not_import_keeps_its_cache(tmp_path, monkeypatch):
+    """Only what a function can reach invalidates it: the core's kernels are not compiled again (a
+    minute) for an edit to a compiled helper they never call."""
+    _module_pair(tmp_path, "from engine.jit import njit", "njit", 1.0)
+    other = "from engine.jit import njit\n\n@njit\ndef other(x):\n    return x - {}\n"
+    (tmp_path / "other.py").write_text(other.format(1.0))
+    loaded: list[bool] = []
+    assert _run(tmp_path, loaded=loaded) == "20.0"
+    assert _run(tmp_path, loaded=loaded) == "20.0"
+    (tmp_path / "other.py").write_text(other.format(2.0))  # compiled through engine.jit, not imported
+    assert _run(tmp_path, loaded=loaded) == "20.0"
+    _module_pair(tmp_path, "from engine.jit import njit", "njit", 2.0)  # what kern imports
+    assert _run(tmp_path, loaded=loaded) == "30.0"
+    assert loaded == [False, True, True, False]
+    monkeypatch.syspath_prepend(str(tmp_path))  # as the runs had it: rule is found, other is not
+    want = {tmp_path / "kern.py", tmp_path / "rule.py", Path(jit.__file__)}
+    assert set(jit.reach(tmp_path / "kern.py")) == {p.resolve() for p in want}
+
+
+def test_the_compiled_loops_reach_every_rule_they_run():
+    """The replay loop's stamp covers the rules, strategies, fill and latency models it compiles in;
+    a compiled helper it never calls (the book source's row gatherer) is outside it."""
+
+    def reached(loop: str) -> set[str]:
+        return {p.relative_to(jit.ROOT).as_posix() for p in jit.reach(jit.ROOT / loop)}
+
+    replay_rules = {
+        "engine/kernel.py",
+        "engine/risk.py",
+        "engine/strategies/baseline.py",
+        "engine/strategies/imbalance_lean.py",
+        "engine/kev/rules.py",
+        "engine/kev/pairs.py",
+        "venue/fills.py",
+        "venue/matching.py",
+        "venue/kernel.py",
+    }
+    assert replay_rules <= reached("replay/kernel.py"), replay_rules - reached("replay/kernel.py")
+    engine_rules = {"engine/risk.py", "engine/strategy.py", "engine/kev/queue.py", "engine/exact.py"}
+    assert engine_rules <= reached("engine/kernel.py")
+    assert "replay/book_source.py" not in reached("replay/kernel.py")
 
 
 def test_plain_numba_caching_would_serve_the_stale_rule(tmp_path):
