@@ -382,11 +382,24 @@ def test_paper_live_kev_answers_become_commands_with_a_timeout_above_the_latency
             kev_timeout_ms=60_000,
         )
         long = run_live(cfg)
-    # the default timeout (2 s) through the CLI, against a server slower than that
+    # through the CLI, a timeout below any answer the server gives (as the replay test above): the
+    # default 2 s was, until an hour when this machine answered in less
     with LocalExchangeThread(LocalExchange(frames, speed=10.0)) as ex:
         out = tmp_path / "default"
         args = ["live", "--paper", "--exchange-url", ex.rest_url, "--ws-url", ex.ws_url, "--out", str(out)]
-        main([*args, "--duration", "10", "--provider", "cpu", "--kev-url", llama_server.url])
+        main(
+            [
+                *args,
+                "--duration",
+                "10",
+                "--provider",
+                "cpu",
+                "--kev-url",
+                llama_server.url,
+                "--kev-timeout-ms",
+                "300",
+            ]
+        )
     run = long.run_dirs["BTCUSDT"]
     resp = _rows(run, "kev_response")
     assert long.counts["BTCUSDT"]["command"] >= 1 and any(r["ok"] for r in resp)
@@ -407,10 +420,10 @@ def test_paper_live_kev_answers_become_commands_with_a_timeout_above_the_latency
     assert health["warning"] and _manifest(run)["advisor"]["health"] == health
     assert f"WARNING  BTCUSDT {health['warning']}" in err
     # the late answers' real times (on this CPU some are the client's own 10 s timeout: errors,
-    # included here), not the engine's 2 s timeout
+    # included here), not the engine's 300 ms timeout
     answers = answer_times_ns(Cassette.read(run))
     fit = fit_runs([run], include_errors=True)["fit"]
     assert fit["n"] == len(answers) >= 1 and fit["service_ns"]["p50"] == round(
         float(np.percentile(answers, 50))
     )
-    assert fit["service_ns"]["p50"] > 2_000_000_000
+    assert fit["service_ns"]["min"] > 300_000_000
