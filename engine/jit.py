@@ -4,11 +4,11 @@ covers every source the function may compile in.
 Numba keys a function's on-disk cache on its own source file only, so a kernel compiled against
 ``engine/risk.py`` would keep running the old rules after an edit to ``engine/risk.py`` (the kernel's
 file did not change). Every function compiled through this module is stamped instead with a hash of
-its file and of every module that file imports, transitively, outside the interpreter's own
-libraries: whatever it calls, and every constant it reads, comes from one of them (the core reaches
-its functions by import, never through a function passed as an argument). Change a rule and every
-cached function that can reach it recompiles on its next use; an edit elsewhere (the book source, a
-report) leaves the compiled core's cache alone.
+its file and of every module that file imports, transitively (this project's packages wherever
+they are installed; not the interpreter's other libraries): whatever it calls, and every constant it
+reads, comes from one of them (the core reaches its functions by import, never through a function
+passed as an argument). Change a rule and every cached function that can reach it recompiles on its
+next use; an edit elsewhere (the book source, a report) leaves the compiled core's cache alone.
 """
 
 from __future__ import annotations
@@ -59,20 +59,24 @@ def _stat_key(p: Path) -> tuple[Path, int, int]:
     return p, st.st_mtime_ns, st.st_size
 
 
-# what the interpreter brings (the standard library, installed packages): never followed
+# what the interpreter brings (the standard library, installed packages): not followed, except this
+# project's own packages (pyproject's), wherever they are installed: a release installed into
+# site-packages replaces a rule's file under a kernel whose own file did not change
 _OUTSIDE = tuple(
     {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
 )
+OWN = ("engine", "venue", "wire", "recorder", "replay", "live", "dualhub")
 
 
 @functools.lru_cache(maxsize=256)
 def _home(top: str, path: tuple[str, ...]) -> Path | None:
-    """The ``sys.path`` entry (``path``) that the top-level module ``top`` is imported from, unless it
-    is one of the interpreter's own libraries."""
+    """The ``sys.path`` entry (``path``) that the top-level module ``top`` is imported from, when it
+    is followed."""
     for entry in path:
         base = Path(entry or ".").resolve()
         if (base / top / "__init__.py").is_file() or (base / f"{top}.py").is_file():
-            return None if any(base.is_relative_to(o) for o in _OUTSIDE) else base
+            outside = any(base.is_relative_to(o) for o in _OUTSIDE)
+            return None if outside and top not in OWN else base
     return None
 
 

@@ -4,6 +4,7 @@ rule is never served from a cache compiled against its old text."""
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import numba
@@ -96,6 +97,23 @@ def test_the_compiled_loops_reach_every_rule_they_run():
     engine_rules = {"engine/risk.py", "engine/strategy.py", "engine/kev/queue.py", "engine/exact.py"}
     assert engine_rules <= reached("engine/kernel.py")
     assert "replay/book_source.py" not in reached("replay/kernel.py")
+
+
+def test_installed_into_site_packages_the_project_is_still_followed(monkeypatch):
+    """A non-editable install puts the project among the interpreter's libraries, which are not
+    followed: its own packages still are, so a new release's rules reach the cached loop's stamp."""
+    monkeypatch.setattr(jit, "_OUTSIDE", (*jit._OUTSIDE, jit.ROOT))
+    jit._home.cache_clear()
+    jit._imports.cache_clear()
+    try:
+        reached = {p.relative_to(jit.ROOT).as_posix() for p in jit.reach(jit.ROOT / "replay/kernel.py")}
+        assert {"engine/risk.py", "venue/fills.py", "engine/strategies/baseline.py"} <= reached
+    finally:
+        jit._home.cache_clear()
+        jit._imports.cache_clear()
+    pyproject = tomllib.loads((jit.ROOT / "pyproject.toml").read_text())
+    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert set(jit.OWN) == {p.rstrip("*") for p in include}
 
 
 def test_plain_numba_caching_would_serve_the_stale_rule(tmp_path):
