@@ -40,10 +40,15 @@ def core_files() -> tuple[Path, ...]:
 
 
 def core_stamp() -> str:
-    """sha256 over the core's sources (paths and bytes), recomputed when a file's size or mtime moves,
-    so an edit made while a process runs is seen by the functions it compiles next."""
-    stats = ((p, p.stat()) for p in core_files())
-    return _stamp(tuple((p, st.st_mtime_ns, st.st_size) for p, st in stats))
+    """sha256 over the whole core's sources (paths and bytes): the engine's identity in a run's
+    ``runtime.json`` (each function's cache has its own, narrower stamp: :func:`stamp_of`)."""
+    return _stamp(tuple(_stat_key(p) for p in core_files()))
+
+
+def _stat_key(p: Path) -> tuple[Path, int, int]:
+    """A file with its mtime and size: caches keyed on it see an edit made while a process runs."""
+    st = p.stat()
+    return p, st.st_mtime_ns, st.st_size
 
 
 @functools.lru_cache(maxsize=64)
@@ -52,11 +57,6 @@ def _stamp(files: tuple[tuple[Path, int, int], ...]) -> str:
     for p, _, _ in files:
         h.update(os.path.relpath(p, ROOT).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
-
-
-def _stat_key(p: Path) -> tuple[Path, int, int]:
-    st = p.stat()
-    return p, st.st_mtime_ns, st.st_size
 
 
 # what the interpreter brings (the standard library, installed packages): not followed, except this
