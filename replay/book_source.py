@@ -49,15 +49,27 @@ def read_group(path: Path, pf: pq.ParquetFile, group: int, columns: list[str]) -
 
 
 class GroupCache:
-    """The last few row groups' levels read, shared by the :class:`StreamedBooks` of the symbols of one
-    session: a portfolio's instruments walk the same files side by side, so each group is read once,
-    not once per symbol. They share one features buffer too."""
+    """Row groups shared by the :class:`StreamedBooks` of the symbols of one session: a portfolio's
+    instruments walk the same files side by side, so each group is read once, not once per symbol.
 
-    def __init__(self, keep: int = 2) -> None:
-        self.keep = keep
-        self._tables: dict[tuple[Path, int], pa.Table] = {}
+    A group is read a quarter of the level columns at a time, as a symbol alone reads it, and each
+    symbol's rows are pushed into an array of its own as the quarters go by; a symbol drops its array
+    once its blocks have taken every row of it. Why: a whole group's table kept for the symbols still
+    to come (31 MB, one per symbol) stayed resident beside the blocks made from it; what waits here is
+    only rows no block has taken yet. They share one features buffer too."""
+
+    def __init__(self) -> None:
+        self._members: list[StreamedBooks] = []
+        self._rows: dict[tuple[Path, int], dict[int, np.ndarray]] = {}  # group -> member -> its rows
+        self._pushed: set[tuple[Path, int]] = set()  # groups read at least once
         self._symbols: dict[tuple[Path, int], pa.Table] = {}  # symbol columns, while symbols are set up
         self._x = np.zeros((0, N_FEATURES), dtype=np.float32)  # the symbols' features buffer
+        self.groups_read = 0
+
+    def join(self, member: StreamedBooks) -> int:
+        """``member``'s number, by which it asks for its rows."""
+        self._members.append(member)
+        return len(self._members) - 1
 
     def symbols(self, path: Path, pf: pq.ParquetFile, group: int) -> pa.Table:
         """The group's symbol column, read once for all the symbols that pick their rows from it."""
@@ -71,15 +83,41 @@ class GroupCache:
         """Every symbol has its rows' places: the symbol columns go."""
         self._symbols.clear()
 
-    def read(self, path: Path, pf: pq.ParquetFile, group: int) -> pa.Table:
+    def rows(self, me: int, path: Path, pf: pq.ParquetFile, group: int) -> np.ndarray:
+        """Member ``me``'s rows of the group as one (rows x 60) array, read with every other member's
+        the first time any of them asks. Asked again after :meth:`taken` (a walk that reaches back past
+        the blocks it keeps), the group is read again for ``me`` alone."""
         key = (path, group)
-        t = self._tables.pop(key, None)
-        if t is None:
-            t = read_group(path, pf, group, LEVEL_COLUMNS)
-        self._tables[key] = t  # the latest last
-        while len(self._tables) > self.keep:
-            del self._tables[next(iter(self._tables))]
-        return t
+        got = self._rows.setdefault(key, {})
+        if me not in got:
+            takers = [me]
+            if key not in self._pushed:
+                takers += [m for m, b in enumerate(self._members) if m != me and key in b.group_at]
+                self._pushed.add(key)
+            outs = []
+            for m in takers:
+                k = self._members[m].group_at[key]
+                outs.append((k, np.empty((self._members[m].groups[k][3], len(LEVEL_COLUMNS)))))
+            for c0, names in _PARTS:
+                t = read_group(path, pf, group, names)
+                cols = tuple(_column(t, c) for c in names)  # views of Arrow's buffers, gathered once
+                for m, (k, out) in zip(takers, outs, strict=True):
+                    pick = self._members[m].picks[k]
+                    rows_of(cols, out[:, c0 : c0 + len(names)], _ALL if pick is None else pick)
+                del t, cols
+            self.groups_read += 1
+            for m, (_, out) in zip(takers, outs, strict=True):
+                got[m] = out
+        return got[me]
+
+    def taken(self, me: int, path: Path, group: int) -> None:
+        """Member ``me``'s blocks have every row of the group it was given: its array goes."""
+        key = (path, group)
+        got = self._rows.get(key)
+        if got is not None:
+            got.pop(me, None)
+            if not got:
+                del self._rows[key]
 
 
 class StreamedBooks:
@@ -106,7 +144,7 @@ class StreamedBooks:
         self._cache = cache
         # (file, group, first row, rows, path): rows of the symbol, numbered across the groups
         self.groups: list[tuple[pq.ParquetFile, int, int, int, Path]] = []
-        self._pick: list[np.ndarray | None] = []  # per group: the symbol's rows in it (None: all)
+        self.picks: list[np.ndarray | None] = []  # per group: the symbol's rows in it (None: all)
         row = 0
         for f in files:
             pf = open_parquet(f, schema)
@@ -123,9 +161,11 @@ class StreamedBooks:
                         n = len(pick)
                 if n or symbol is None:
                     self.groups.append((pf, g, row, n, f))
-                    self._pick.append(pick)
+                    self.picks.append(pick)
                 row += n
         self.num_rows = row
+        self.group_at = {(path, g): k for k, (_, g, _, _, path) in enumerate(self.groups)}
+        self._member = -1 if cache is None else cache.join(self)
         self.labels: np.ndarray = np.zeros(row, dtype=np.int8)
         self.probs: np.ndarray = np.zeros((row, 4), dtype=np.float32)
         self._blocks: dict[int, np.ndarray] = {}  # block number -> (rows x 60) levels
@@ -151,16 +191,22 @@ class StreamedBooks:
         buf = self._spare.pop() if self._spare else np.empty((block, len(LEVEL_COLUMNS)), dtype=np.float64)
         levels = buf[: hi - lo]
         at = 0
-        for (pf, g, first, n, path), pick in zip(self.groups, self._pick, strict=True):
+        for (pf, g, first, n, path), pick in zip(self.groups, self.picks, strict=True):
             if first + n <= lo or first >= hi:
                 continue
             a, z = max(lo, first) - first, min(hi, first + n) - first
+            if self._cache is not None:  # the symbol's rows of the group, pushed when it was read
+                cache = self._cache
+                levels[at : at + z - a] = cache.rows(self._member, path, pf, g)[a:z]
+                if z == n:
+                    cache.taken(self._member, path, g)
+                at += z - a
+                continue
             # Alone, a symbol reads its group a quarter of the columns at a time: Arrow's pool reuses
             # one quarter's pages for the next, where a whole group's table (31 MB) stayed resident
-            # beside the block. A portfolio's symbols share whole groups through the cache.
-            parts = _PARTS if self._cache is None else ((0, LEVEL_COLUMNS),)
-            for c0, names in parts:
-                t = read_group(path, pf, g, names) if self._cache is None else self._cache.read(path, pf, g)
+            # beside the block.
+            for c0, names in _PARTS:
+                t = read_group(path, pf, g, names)
                 # a row group's columns are single chunks: these are views of Arrow's buffers,
                 # gathered into the block's rows once (an Arrow take of the symbol's rows copied all
                 # 60 columns)

@@ -255,7 +255,7 @@ def run_portfolio(
         # The symbols walk the same files side by side: a group one reads, the next reads too. A walk
         # chunk holds a share of each symbol's rows: blocks of that size keep what is held small (the
         # labels keep their bits: tests compare batches of 16 rows with whole tables).
-        cache = GroupCache(keep=len(symbols))
+        cache = GroupCache()
         schema = STREAMS["books15"].schema
         files = session.files("books15")
         block = max(book_source.BLOCK // 16, book_source.BLOCK // (2 * len(symbols)))
@@ -301,6 +301,8 @@ def run_portfolio(
             else _checked_latency(cfg.latency_feed, _rng(cfg.seed, 2, j), "latency_feed")
         )
         tapes.append(_Tape(books, trades, feed, cfg.scale_feed, cfg.exchange_feed, streamed[j], feed_clock))
+        if streamed[j] is not None:  # the tape has its times and seqs: what the contracts still need
+            books, trades = books.select(["symbol", *_TOP_COLUMNS]), trades.select(["symbol", "px", "sz"])
         tables.append((books, trades))
     del books_of, trades_of, books, trades  # `tables` holds them until the engines are built
 

@@ -160,9 +160,20 @@ def test_streamed_books_of_interleaved_symbols_replay_as_whole_tables(pair, tmp_
     reads = []
     real_read = book_source.read_group
     monkeypatch.setattr(book_source, "read_group", lambda *a: reads.append(a[3]) or real_read(*a))
+    waiting = []  # rows pushed to the symbols and not yet taken by their blocks, after each ask
+    real_rows = book_source.GroupCache.rows
+
+    def rows(self, *a):
+        got = real_rows(self, *a)
+        waiting.append(sum(len(r) for by in self._rows.values() for r in by.values()))
+        return got
+
+    monkeypatch.setattr(book_source.GroupCache, "rows", rows)
     args = dict(out_dir=None, overwrite=False, progress=False)
     streamed = run_portfolio(tmp_path / "s", cfg, laya, **args | {"out_dir": tmp_path / "a"})
-    level_reads = sum(1 for r in reads if r != ["symbol"])
+    level_reads = [r for r in reads if r != ["symbol"]]
+    assert {len(r) for r in level_reads} == {15}  # a quarter of the level columns at a time
+    level_reads = sum(1 for r in level_reads if r[0] == "bid_px_0")
     whole = run_portfolio(tmp_path / "s", cfg, laya, **args | {"out_dir": tmp_path / "b"}, stream_books=False)
     assert whole.path == "kernel (a portfolio of 2)"
     syms = store.open_session(tmp_path / "s").read_table("books15").column("symbol").to_pylist()
@@ -176,6 +187,8 @@ def test_streamed_books_of_interleaved_symbols_replay_as_whole_tables(pair, tmp_
     # the groups are shared: read about once each for the two symbols, not once per symbol
     n_groups = sum(pq.ParquetFile(p).metadata.num_row_groups for p in parts)
     assert n_groups <= level_reads < 1.5 * n_groups
+    # what waits for a symbol is rows of the groups being walked, not every group read so far
+    assert 0 < max(waiting) <= 3 * 97, max(waiting)
 
 
 def test_a_bad_book_row_in_a_streamed_portfolio_reruns_on_whole_tables_and_is_reported(pair, tmp_path):
