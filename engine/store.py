@@ -31,6 +31,23 @@ from engine.events import SCHEMA_VERSION, STREAMS, events_to_table, stream_of, t
 MANIFEST = "manifest.json"
 
 
+def _arrow_pool() -> None:
+    """Arrow's buffers from jemalloc, unless ``ARROW_DEFAULT_MEMORY_POOL`` names a pool. Why: Arrow's
+    default, mimalloc, keeps what a replay frees (its Parquet reads, its event log's columns) beside
+    numpy's own heap, and the next replay in the process does not get it back; jemalloc hands it on,
+    at the same speed (peak RSS: bench/HISTORY.md). Every Arrow read and write of the project comes
+    through this module, so it is set before any of them."""
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        return
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except NotImplementedError:  # a pyarrow built without jemalloc (its Windows wheels): its default
+        pass
+
+
+_arrow_pool()
+
+
 class SessionError(DualhubError):
     """A session directory that is missing, incomplete or fails its hash check."""
 

@@ -109,3 +109,23 @@ def test_a_failed_atomic_write_leaves_neither_the_file_nor_its_tmp(tmp_path, mon
     with pytest.raises(OSError):
         atomic_write_bytes(target, b"{}")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("chosen", [None, "system"])
+def test_arrow_buffers_come_from_jemalloc_unless_a_pool_is_chosen(chosen):
+    """mimalloc, Arrow's default, kept a replay's freed buffers out of reach of the next replay in the
+    process; the session store sets jemalloc for every Arrow reader and writer, and a pool the user names
+    in ARROW_DEFAULT_MEMORY_POOL stands."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if chosen:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = chosen
+    code = (
+        "import pyarrow as pa, engine.store\n"
+        "t = pa.table({'x': list(range(1000))})\n"  # a buffer made after the import: from the pool set
+        "print(pa.default_memory_pool().backend_name, pa.jemalloc_memory_pool().bytes_allocated() > 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == (["system", "False"] if chosen else ["jemalloc", "True"])
