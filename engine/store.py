@@ -32,17 +32,16 @@ MANIFEST = "manifest.json"
 
 
 def _arrow_pool() -> None:
-    """Arrow's buffers from jemalloc, unless ``ARROW_DEFAULT_MEMORY_POOL`` names a pool. Why: Arrow's
-    default, mimalloc, keeps what a replay frees (its Parquet reads, its event log's columns) beside
-    numpy's own heap, and the next replay in the process does not get it back; jemalloc hands it on,
-    at the same speed (peak RSS: bench/HISTORY.md). Every Arrow read and write of the project comes
-    through this module, so it is set before any of them."""
-    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+    """The pool engine/__init__.py names for Arrow, for pyarrow's own calls (reads, compute, tables)
+    where pyarrow was loaded before the project (a notebook's first import): Arrow had chosen its
+    default pool by then."""
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") != "jemalloc":
         return
-    try:
-        pa.set_memory_pool(pa.jemalloc_memory_pool())
-    except NotImplementedError:  # a pyarrow built without jemalloc (its Windows wheels): its default
-        pass
+    if pa.default_memory_pool().backend_name != "jemalloc":
+        try:
+            pa.set_memory_pool(pa.jemalloc_memory_pool())
+        except NotImplementedError:  # a pyarrow built without it: its default
+            pass
 
 
 _arrow_pool()

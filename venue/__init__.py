@@ -7,3 +7,5 @@ import ``engine`` (events, clock, risk's order intents, codecs) but never ``repl
 ``recorder``, ``wire`` or ``dualhub``, which is what lets ``engine`` import its latency models
 (``tests/test_layout.py``).
 """
+
+import engine  # noqa: F401 - first: what engine/__init__.py sets holds before any library loads
