@@ -31,7 +31,7 @@ from engine.store import SessionWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_replay_1m import session_from_gen_books  # noqa: E402
-from peer import ROOT, peer_tree  # noqa: E402
+from peer import ROOT, child_env, peer_tree  # noqa: E402
 
 
 def pair_session(data: Path, out: Path, n: int, shift: float) -> Path:
@@ -95,7 +95,7 @@ def run(
     cmd = [sys.executable, "-c", code]
     if one_core:
         cmd = ["taskset", "-c", "0", *cmd]
-    p = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=cwd or ROOT)
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=cwd or ROOT, env=child_env())
     lines = p.stdout.strip().splitlines()
     assert lines[-3].startswith(str(cwd or ROOT)), (lines[-3], cwd)  # the tree meant ran
     rate, rss = lines[-1].split()

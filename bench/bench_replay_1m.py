@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from engine.store import SessionWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer import ROOT, peer_tree  # noqa: E402
+from peer import ROOT, child_env, peer_tree  # noqa: E402
 
 SHARED_BENCH = Path(__file__).resolve().parents[2] / "shared" / "bench"
 
@@ -130,7 +130,7 @@ def run_dualhub(
         cmd = ["taskset", "-c", "0", *cmd]
     # the previous run's dirty pages (hftbacktest writes ~GB of npz) are not written back during this one
     os.sync()
-    p = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=cwd or ROOT)
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=cwd or ROOT, env=child_env())
     lines = p.stdout.strip().splitlines()
     assert lines[-3].startswith(str(cwd or ROOT)), (lines[-3], cwd)  # the tree meant ran
     each = [ln.split()[1:] for ln in lines if ln.startswith("run ")]

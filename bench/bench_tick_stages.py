@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer import ROOT, peer_tree  # noqa: E402
+from peer import ROOT, child_env, peer_tree  # noqa: E402
 
 MARKS = (
     "decoded",
@@ -133,7 +132,7 @@ def _run(cwd: Path, args: argparse.Namespace) -> dict[str, Any]:
     p = subprocess.run(
         [sys.executable, __file__, *argv],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(cwd)},
+        env={**child_env(), "PYTHONPATH": str(cwd)},
         capture_output=True,
         text=True,
         check=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import subprocess
 import sys
 import tempfile
@@ -12,6 +13,18 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_env() -> dict[str, str]:
+    """The environment the bench was started with, for the processes it runs: without what importing
+    this tree set in it (Arrow's memory pool, engine/__init__.py), which a peer tree would otherwise
+    inherit and be measured with."""
+    import engine
+
+    env = dict(os.environ)
+    if getattr(engine, "ARROW_POOL_SET_HERE", False):
+        env.pop("ARROW_DEFAULT_MEMORY_POOL", None)
+    return env
 
 
 def module_at(rev: str, rel: str) -> ModuleType:

@@ -11,5 +11,8 @@ import sys
 # process (peak RSS: bench/HISTORY.md). Arrow reads the variable once, as pyarrow loads, and then
 # uses the pool for its C++ internals too (Parquet's decoding, the writer's pages); a pool the user
 # names stands. engine.store sets it for pyarrow's own calls where pyarrow was loaded first.
-if sys.platform != "win32":  # pyarrow's Windows wheels are built without jemalloc
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+# Whether it was this module that named the pool (a bench's peer tree, run as a child, must choose its
+# own: bench/peer.py).
+ARROW_POOL_SET_HERE = sys.platform != "win32" and "ARROW_DEFAULT_MEMORY_POOL" not in os.environ
+if ARROW_POOL_SET_HERE:  # pyarrow's Windows wheels are built without jemalloc
+    os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "jemalloc"
