@@ -381,7 +381,13 @@ def test_rotation_writes_parts_while_recording(tmp_path: Path) -> None:
     srv, rec, m = run(record(tmp_path, toy_frames(SYMS, n=120), speed=20, cfg_kw={"rotate_s": 0.15}))
     segs = list_segments(tmp_path / "s" / "journal")
     assert len(segs) >= 4 and all(finished for _, _, finished in segs)
-    assert len(open_session(tmp_path / "s").files("books15")) >= 3
+    # a part for each segment that holds books (on a loaded machine the feed may start a segment late
+    # or end one early: how many segments hold books is the recording's, not the test's)
+    with_books = sum(
+        any(b'"action":"snapshot"' in r.payload and b'"books15"' in r.payload for r in iter_segment(p))
+        for _, p, _ in segs
+    )
+    assert len(open_session(tmp_path / "s").files("books15")) == with_books >= 2
     assert rec.segments_done == len(segs)
     assert check_nothing_lost(srv, tmp_path / "s", m) == []
     assert check_files(tmp_path / "s", m)["books15"] == 240
