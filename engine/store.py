@@ -31,22 +31,6 @@ from engine.events import SCHEMA_VERSION, STREAMS, events_to_table, stream_of, t
 MANIFEST = "manifest.json"
 
 
-def _arrow_pool() -> None:
-    """The pool engine/__init__.py names for Arrow, for pyarrow's own calls (reads, compute, tables)
-    where pyarrow was loaded before the project (a notebook's first import): Arrow had chosen its
-    default pool by then."""
-    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") != "jemalloc":
-        return
-    if pa.default_memory_pool().backend_name != "jemalloc":
-        try:
-            pa.set_memory_pool(pa.jemalloc_memory_pool())
-        except NotImplementedError:  # a pyarrow built without it: its default
-            pass
-
-
-_arrow_pool()
-
-
 class SessionError(DualhubError):
     """A session directory that is missing, incomplete or fails its hash check."""
 
