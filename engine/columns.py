@@ -11,38 +11,16 @@ import pyarrow as pa
 from engine.jit import njit
 
 
-def pool_array(n: int, dtype: type) -> tuple[np.ndarray, pa.Buffer]:
-    """An uninitialised array of ``n`` values in a buffer of Arrow's pool, and the buffer. Why: a column
-    the event log writes and drops goes back to the pool (jemalloc, ``engine/__init__.py``), which hands
-    the same pages to the next drain's; numpy's large arrays are fresh pages from the system each time,
-    faulted in as they are written (a copy of a 512 KB column: ~220 us against ~14 us from the pool)."""
-    dt = np.dtype(dtype)
-    buf = pa.allocate_buffer(n * dt.itemsize)
-    return np.frombuffer(buf, dtype=dt), buf
-
-
-_ARROW = {np.dtype(np.int64): pa.int64(), np.dtype(np.float64): pa.float64()}
-
-
-def owned(a: np.ndarray) -> pa.Array:
-    """``pa.array(a.copy())`` for an int64 or float64 column (the values as they are, NaN a value, no
-    nulls), copied into a buffer of Arrow's pool (:func:`pool_array`): the core's output rows are
-    reused after a drain, so its columns need a copy of their own."""
-    values, buf = pool_array(len(a), a.dtype)
-    values[:] = a
-    return pa.Array.from_buffers(_ARROW[a.dtype], len(a), [None, buf])
-
-
 def prefixed(prefix: str, n: np.ndarray) -> pa.Array:
     """``prefix`` + each of ``n`` in decimal as an Arrow string array, its buffers written in one
     compiled pass (casting to strings and joining was a visible share of a trading replay's main thread)."""
     n = np.ascontiguousarray(n, dtype=np.int64)
     p = np.frombuffer(prefix.encode(), dtype=np.uint8)
-    offsets, obuf = pool_array(len(n) + 1, np.int32)
+    offsets = np.empty(len(n) + 1, dtype=np.int32)
     size = _prefixed_offsets(len(p), n, offsets)
-    data, dbuf = pool_array(size, np.uint8)
+    data = np.empty(size, dtype=np.uint8)
     _prefixed_write(p, n, offsets, data)
-    return pa.Array.from_buffers(pa.string(), len(n), [None, obuf, dbuf])
+    return pa.Array.from_buffers(pa.string(), len(n), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 _POW10_U = np.array([10**k for k in range(20)], dtype=np.uint64)
@@ -109,12 +87,12 @@ def texts(values: tuple[str, ...], codes: np.ndarray) -> pa.Array:
         table = _TABLES[values] = (np.frombuffer(b"".join(encoded) or b"\0", dtype=np.uint8), starts)
     chars, starts = table
     codes = np.ascontiguousarray(codes, dtype=np.int64)
-    offsets, obuf = pool_array(len(codes) + 1, np.int32)
+    offsets = np.empty(len(codes) + 1, dtype=np.int32)
     if _texts_offsets(starts, codes, offsets) < 0:
         raise IndexError(f"a code out of range of {len(values)} texts")
-    data, dbuf = pool_array(int(offsets[-1]), np.uint8)
+    data = np.empty(int(offsets[-1]), dtype=np.uint8)
     _texts_write(chars, starts, codes, offsets, data)
-    return pa.Array.from_buffers(pa.string(), len(codes), [None, obuf, dbuf])
+    return pa.Array.from_buffers(pa.string(), len(codes), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 @njit

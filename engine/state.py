@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine import kernel as K
-from engine.columns import owned, texts
 from engine.columns import prefixed as _prefixed
+from engine.columns import texts
 from engine.contract import decimal_parts, lots_below, step_parts, tick_parts
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
@@ -388,14 +388,14 @@ class CoreState:
                     self._texts[rid] = (rec[3], rec[4], rec[9])
             recs.append(rec)
         cols = list(zip(*recs, strict=True))
-        ts = owned(ints[0])
+        ts = pa.array(ints[0].copy())
         return [
             ts,
             ts,
-            owned(ints[1]),
+            pa.array(ints[1].copy()),
             pa.array(ints[2].astype(bool)),
             *(pa.array(c, pa.string()) for c in cols[:2]),  # error, failure
-            owned(ints[3]),  # lag
+            pa.array(ints[3].copy()),  # lag
             *(pa.array(c, pa.string()) for c in cols[2:5]),  # advisor, key, raw
             pa.array(cols[5], pa.float64()),
             pa.array(cols[6], pa.float64()),
@@ -410,24 +410,24 @@ class CoreState:
         side = ("buy", "sell")
         otype = ("limit", "market")
         if s == K.O_KEV_QUEUE:
-            ts = owned(ints[0])
+            ts = pa.array(ints[0].copy())
             return [
                 ts,
                 ts,
-                owned(ints[1]),
+                pa.array(ints[1].copy()),
                 _text(K.QUEUE_KINDS, ints[2]),
-                owned(ints[3]),
+                pa.array(ints[3].copy()),
             ]
         if s == K.O_KEV_REQUEST:
             return [
-                owned(ints[0]),
-                owned(ints[1]),
-                owned(ints[2]),
+                pa.array(ints[0].copy()),
+                pa.array(ints[1].copy()),
+                pa.array(ints[2].copy()),
                 self._sym(ints),
                 _text(LABEL_NAMES, ints[3]),
-                owned(ints[4]),
-                *(owned(floats[k]) for k in range(4)),
-                owned(ints[5]),
+                pa.array(ints[4].copy()),
+                *(pa.array(floats[k].copy()) for k in range(4)),
+                pa.array(ints[5].copy()),
             ]
         if s == K.O_KEV_RESPONSE and self.ask:
             return self._response_columns(n, ints)
@@ -451,17 +451,17 @@ class CoreState:
                 raws.append(raw)
                 errors.append(error)
                 failures.append(failure)
-            ts = owned(ints[0])
+            ts = pa.array(ints[0].copy())
             zero_f = pa.array(np.zeros(n))
             zero_i = pa.array(np.zeros(n, dtype=np.int64))
             return [
                 ts,
                 ts,
-                owned(ints[1]),
+                pa.array(ints[1].copy()),
                 pa.array(ok),
                 pa.array(errors, pa.string()),
                 pa.array(failures, pa.string()),
-                owned(ints[3]),
+                pa.array(ints[3].copy()),
                 pa.array([self.advisor.name], pa.string()).take(zero_i),
                 pa.array(keys, pa.string()),
                 pa.array(raws, pa.string()),
@@ -477,18 +477,18 @@ class CoreState:
                 for rid, inst in zip(ints[3].tolist(), ints[K.OUT_INST].tolist(), strict=True)
             ]
             return [
-                owned(ints[0]),
-                owned(ints[1]),
-                owned(ints[2]),
-                owned(ints[3]),
+                pa.array(ints[0].copy()),
+                pa.array(ints[1].copy()),
+                pa.array(ints[2].copy()),
+                pa.array(ints[3].copy()),
                 self._sym(ints),
                 _text(ACTIONS, ints[4]),
-                *(owned(floats[k]) for k in range(3)),
+                *(pa.array(floats[k].copy()) for k in range(3)),
                 pa.array(reasons, pa.string()),
-                owned(ints[5]),
+                pa.array(ints[5].copy()),
             ]
         if s == K.O_RISK:
-            ts = owned(ints[0])
+            ts = pa.array(ints[0].copy())
             return [
                 ts,
                 ts,
@@ -497,39 +497,39 @@ class CoreState:
                 _text(("new", "cancel"), ints[2]),
                 _text(side, ints[3]),
                 _text(otype, ints[4]),
-                owned(floats[0]),
-                owned(floats[1]),
+                pa.array(floats[0].copy()),
+                pa.array(floats[1].copy()),
                 _text(("quote", "kev", "flatten", "cancel"), ints[5]),
-                owned(ints[6]),
+                pa.array(ints[6].copy()),
                 pa.array(ints[7].astype(bool)),
                 _text(self.reason_texts, ints[8]),
             ]
         if s == K.O_ORDER:
             return [
-                owned(ints[0]),
-                owned(ints[1]),
+                pa.array(ints[0].copy()),
+                pa.array(ints[1].copy()),
                 _prefixed("dh-", ints[2].copy()),
                 self._sym(ints),
                 _text(K.ORDER_KINDS, ints[3]),
                 _text(side, ints[4]),
                 _text(otype, ints[5]),
-                owned(floats[0]),
-                owned(floats[1]),
+                pa.array(floats[0].copy()),
+                pa.array(floats[1].copy()),
                 _text(self.reason_texts, ints[6]),
             ]
         if s == K.O_FILL:
             return [
-                owned(ints[0]),
-                owned(ints[1]),
+                pa.array(ints[0].copy()),
+                pa.array(ints[1].copy()),
                 _prefixed("dh-", ints[2].copy()),
                 self._sym(ints),
                 _text(side, ints[3]),
-                owned(floats[0]),
-                owned(floats[1]),
+                pa.array(floats[0].copy()),
+                pa.array(floats[1].copy()),
                 _text(("maker", "taker"), ints[4]),
                 _decimal_array(ints[5].copy()),
                 _decimal_array(ints[6].copy()),
-                owned(floats[2]),
+                pa.array(floats[2].copy()),
             ]
         # latency
         start, end = ints[0].copy(), ints[1].copy()

@@ -46,25 +46,3 @@ def test_texts_are_what_take_gives():
         texts(values, np.array([0, 5]))
     with pytest.raises(IndexError):
         texts(values, np.array([-1]))
-
-
-def test_owned_columns_are_copies_in_arrows_pool_equal_to_pa_array():
-    import pyarrow as pa
-
-    from engine.columns import owned
-
-    ints = np.arange(10_000, dtype=np.int64) * (1 << 40)
-    floats = np.linspace(-1e300, 1e300, 10_000)
-    floats[::7] = np.nan
-    kept = []
-    for a in (ints, floats):
-        rows = np.stack([a, a])
-        before = pa.default_memory_pool().bytes_allocated()
-        col = owned(rows[1])
-        kept.append(col)
-        assert pa.default_memory_pool().bytes_allocated() >= before + a.nbytes  # the pool's, not numpy's
-        want = pa.array(rows[1].copy())
-        rows[1] = 7  # the core reuses its output rows after a drain: the column keeps its values
-        assert col.type == want.type and col.null_count == 0
-        assert col.equals(want) or np.array_equal(col.to_numpy(), want.to_numpy(), equal_nan=True)
-    assert len(owned(np.zeros(0, dtype=np.int64))) == 0
