@@ -166,10 +166,41 @@ def cpu_check(threads: int | None) -> Check:
     return Check(area="machine", name="CPUs vs threads", status="ok", evidence=evidence, data=data)
 
 
+def arrow_pool_check(
+    backend: str | None = None, named: str | None = None, by_us: bool | None = None
+) -> Check:
+    """Which allocator Arrow's buffers really come from (engine/__init__.py names jemalloc before pyarrow
+    loads): ``backend`` the pool in use, ``named`` ARROW_DEFAULT_MEMORY_POOL, ``by_us`` whether the
+    project named it (defaults: this process's)."""
+    import engine
+
+    if backend is None:
+        import pyarrow as pa
+
+        backend = pa.default_memory_pool().backend_name
+    named = os.environ.get("ARROW_DEFAULT_MEMORY_POOL") if named is None else named
+    by_us = engine.ARROW_POOL_SET_HERE if by_us is None else by_us
+    who = "set by dualhub" if by_us else "set by you" if named else "not set"
+    evidence = f"Arrow's memory pool: {backend} (ARROW_DEFAULT_MEMORY_POOL={named or ''}, {who})"
+    data = {"backend": backend, "named": named, "named_by_dualhub": by_us}
+    if backend == "jemalloc" or (named and not by_us and backend == named):
+        return Check(area="machine", name="Arrow memory pool", status="ok", evidence=evidence, data=data)
+    return Check(
+        area="machine",
+        name="Arrow memory pool",
+        status="warn",
+        evidence=evidence + ": replays hold more memory (mimalloc keeps what a replay frees beside "
+        "numpy's heap; bench/HISTORY.md)",
+        fix="a pyarrow with jemalloc (Linux and macOS wheels), or ARROW_DEFAULT_MEMORY_POOL=system",
+        data=data,
+    )
+
+
 def machine_checks(cfg: DoctorConfig) -> list[Check]:
     return [
         disk_check(cfg.session_dir, cfg.record_rate_mb_per_h),
         clocksource_check(),
         nofile_check(),
         cpu_check(cfg.threads),
+        arrow_pool_check(),
     ]

@@ -420,6 +420,19 @@ def test_cpus_vs_threads():
     assert machine.cpu_check(None).data["threads"] == ch.default_threads()
 
 
+def test_the_arrow_pool_row_says_which_allocator_arrow_really_uses():
+    import pyarrow as pa
+
+    row = machine.arrow_pool_check()
+    assert row.data["backend"] == pa.default_memory_pool().backend_name in row.evidence
+    assert row.status == "ok"  # this venv's pyarrow has jemalloc, and the project named it
+    assert machine.arrow_pool_check("jemalloc", "jemalloc", True).status == "ok"
+    assert machine.arrow_pool_check("system", "system", False).status == "ok"  # the user's choice stands
+    late = machine.arrow_pool_check("mimalloc", "jemalloc", True)  # named, yet not what Arrow uses
+    assert late.status == "warn" and "mimalloc" in late.evidence and late.fix
+    assert machine.arrow_pool_check("mimalloc", None, False).status == "warn"
+
+
 def test_an_area_that_raises_becomes_a_failed_row():
     def boom():
         raise RuntimeError("kaput")
