@@ -21,3 +21,4 @@ if ARROW_POOL_SET_HERE:  # pyarrow's Windows wheels are built without jemalloc
             _pa.set_memory_pool(_pa.jemalloc_memory_pool())
         except NotImplementedError:  # built without it
             pass
+    del _pa
