@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Two-instrument portfolio replay throughput and peak RSS (issue 18's speed figure).
+"""Portfolio replay throughput and peak RSS: two instruments by default (issue 18's speed figure).
 
-Data: ``../shared/bench/gen_books.py -n N --out DIR``. The session holds gen_books' first ``n / 2``
-snapshots (and their trades) twice: as BTCUSDT, and as ETHUSDT with every price shifted by
-``--shift`` (same tick) and every time by 1 ms, so the two books interleave: ``n`` snapshots in all.
+Data: ``../shared/bench/gen_books.py -n N --out DIR``. The session holds gen_books' first ``n / K``
+snapshots (and their trades) K times (``--instruments K``, default 2): as BTCUSDT, and as ETHUSDT
+(then SOLUSDT, XRPUSDT, ...) with every price shifted by ``--shift`` (same tick) and every time by
+1 ms more each, so the books interleave: ``n`` snapshots in all.
 Each run is a fresh process (peak RSS is its own; ``--runs-per-process K``: K replays in it, the median
 of runs 1.. reported, warm as hftbacktest's ``--runs``), alternating the portfolio on the compiled loop with
 its peers: the same portfolio with the engine driven per event, the single-instrument replay of
@@ -33,30 +34,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_replay_1m import session_from_gen_books  # noqa: E402
 from peer import ROOT, child_env, peer_tree  # noqa: E402
 
+SYMBOLS = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT", "DOGEUSDT", "ADAUSDT", "AVAXUSDT", "LINKUSDT")
 
-def pair_session(data: Path, out: Path, n: int, shift: float) -> Path:
-    """BTCUSDT and a copy of it as ETHUSDT (prices + ``shift``, times + 1 ms), n / 2 snapshots each."""
+
+def pair_session(data: Path, out: Path, n: int, shift: float, k: int = 2) -> Path:
+    """BTCUSDT and k - 1 copies of it as ETHUSDT, SOLUSDT, ... (copy i: prices + i x ``shift``, times
+    + i ms), n / k snapshots each."""
+    symbols = list(SYMBOLS[:k])
     with tempfile.TemporaryDirectory() as tmp:
-        one = session_from_gen_books(data, Path(tmp) / "one", n // 2)
+        one = session_from_gen_books(data, Path(tmp) / "one", n // k)
         books = pq.read_table(sorted((one / "books15").glob("*.parquet")))
         trades = pq.read_table(sorted((one / "trade").glob("*.parquet")))
     ms = 1_000_000
     px_cols = [c for c in books.column_names if "_px_" in c]
 
-    def copy(t: pa.Table, prices: list[str], dseq: int) -> pa.Table:
+    def copy(t: pa.Table, prices: list[str], i: int) -> pa.Table:
         schema = t.schema
         for c in prices:
-            t = t.set_column(t.schema.get_field_index(c), c, pc.add(t.column(c), shift))
+            t = t.set_column(t.schema.get_field_index(c), c, pc.add(t.column(c), i * shift))
         for c in ("ts_event", "ts_recv"):
-            t = t.set_column(t.schema.get_field_index(c), c, pc.add(t.column(c), ms))
-        t = t.set_column(t.schema.get_field_index("seq"), "seq", pc.add(t.column("seq"), dseq))
+            t = t.set_column(t.schema.get_field_index(c), c, pc.add(t.column(c), i * ms))
+        t = t.set_column(t.schema.get_field_index("seq"), "seq", pc.add(t.column("seq"), i * t.num_rows))
         sym = t.schema.get_field_index("symbol")
-        return t.set_column(sym, "symbol", pa.array(["ETHUSDT"] * t.num_rows)).cast(schema)
+        return t.set_column(sym, "symbol", pa.array([symbols[i]] * t.num_rows)).cast(schema)
 
-    w = SessionWriter(out, source=f"gen_books:{data} as a pair", symbols=["BTCUSDT", "ETHUSDT"])
+    w = SessionWriter(out, source=f"gen_books:{data} as {k} instruments", symbols=symbols)
     for name, t in (
-        ("books15", pa.concat_tables([books, copy(books, px_cols, books.num_rows)])),
-        ("trade", pa.concat_tables([trades, copy(trades, ["px"], trades.num_rows)])),
+        ("books15", pa.concat_tables([books, *(copy(books, px_cols, i) for i in range(1, k))])),
+        ("trade", pa.concat_tables([trades, *(copy(trades, ["px"], i) for i in range(1, k))])),
     ):
         t = t.sort_by([("ts_recv", "ascending"), ("seq", "ascending")])  # one stream, in arrival order
         t = t.set_column(t.schema.get_field_index("seq"), "seq", pa.array(range(t.num_rows), pa.int64()))
@@ -105,8 +110,9 @@ def run(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("-n", type=int, default=1_000_000, help="snapshots in all (half per symbol)")
-    ap.add_argument("--shift", type=float, default=1000.0, help="ETHUSDT's price offset (a tick multiple)")
+    ap.add_argument("-n", type=int, default=1_000_000, help="snapshots in all (n / K per symbol)")
+    ap.add_argument("--instruments", type=int, default=2, choices=range(2, len(SYMBOLS) + 1), metavar="K")
+    ap.add_argument("--shift", type=float, default=1000.0, help="each copy's price offset (a tick multiple)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--one-core", action="store_true")
     ap.add_argument(
@@ -117,6 +123,9 @@ def main() -> None:
         "paged in); 1 = a fresh process per replay, whose wall includes loading the compiled core",
     )
     ap.add_argument("--peer", help="git revision whose compiled portfolio loop runs alternated with this one")
+    ap.add_argument(
+        "--compiled-only", action="store_true", help="leave out the per-event and one-instrument runs"
+    )
     a = ap.parse_args()
     with peer_tree(a.peer) as peer:
         _bench(a, peer)
@@ -124,16 +133,16 @@ def main() -> None:
 
 def _bench(a: argparse.Namespace, peer: Path | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        pair = pair_session(a.data, Path(tmp) / "pair", a.n, a.shift)
-        single = session_from_gen_books(a.data, Path(tmp) / "single", a.n)
-        pf = "symbols=('BTCUSDT', 'ETHUSDT')"
-        runs = {
-            "portfolio, 2 instruments, compiled loop": (pair, pf, True, None),
-            "portfolio, 2 instruments, per event": (pair, pf, False, None),
-            "one instrument, compiled loop": (single, "", True, None),
-        }
+        ni = a.instruments
+        pair = pair_session(a.data, Path(tmp) / "pair", a.n, a.shift, ni)
+        pf = f"symbols={SYMBOLS[:ni]!r}"
+        runs = {f"portfolio, {ni} instruments, compiled loop": (pair, pf, True, None)}
+        if not a.compiled_only:
+            single = session_from_gen_books(a.data, Path(tmp) / "single", a.n)
+            runs[f"portfolio, {ni} instruments, per event"] = (pair, pf, False, None)
+            runs["one instrument, compiled loop"] = (single, "", True, None)
         if peer is not None:
-            runs[f"portfolio, 2 instruments, compiled loop at {a.peer}"] = (pair, pf, True, peer)
+            runs[f"portfolio, {ni} instruments, compiled loop at {a.peer}"] = (pair, pf, True, peer)
         got: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
         for i in range(a.repeat):
             for name, (session, cfg, kernel, cwd) in runs.items():

@@ -141,10 +141,11 @@ def _timer(
 # first, the seq shared (PI_SEQ), as on one clock.
 
 
-# Portfolios of up to this many instruments reach a core by a constant index (a pair, the common
-# portfolio); larger ones by a variable one: each constant index inlines another copy of the steps,
-# and compiling those copies outweighs the tuple copy a variable index makes at every step.
-STATIC_CORES = 2
+# Portfolios of up to this many instruments reach a core by a constant index (a pair, two pairs);
+# larger ones by a variable one, which copies the core's tuple at every step. Each constant index
+# inlines another copy of the steps: four instruments compile in ~40 s instead of ~15 s (1.8 GB while
+# compiling) and then replay ~20% faster (bench/HISTORY.md); for eight the compile would outweigh it.
+STATIC_CORES = 4
 
 
 def on_core(body: Any) -> Any:
