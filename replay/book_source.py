@@ -64,7 +64,6 @@ class GroupCache:
         self._pushed: set[tuple[Path, int]] = set()  # groups read at least once
         self._symbols: dict[tuple[Path, int], pa.Table] = {}  # symbol columns, while symbols are set up
         self._x = np.zeros((0, N_FEATURES), dtype=np.float32)  # the symbols' features buffer
-        self.groups_read = 0
 
     def join(self, member: StreamedBooks) -> int:
         """``member``'s number, by which it asks for its rows."""
@@ -94,20 +93,14 @@ class GroupCache:
             if key not in self._pushed:
                 takers += [m for m, b in enumerate(self._members) if m != me and key in b.group_at]
                 self._pushed.add(key)
-            outs = []
+            targets = []
             for m in takers:
-                k = self._members[m].group_at[key]
-                outs.append((k, np.empty((self._members[m].groups[k][3], len(LEVEL_COLUMNS)))))
-            for c0, names in _PARTS:
-                t = read_group(path, pf, group, names)
-                cols = tuple(_column(t, c) for c in names)  # views of Arrow's buffers, gathered once
-                for m, (k, out) in zip(takers, outs, strict=True):
-                    pick = self._members[m].picks[k]
-                    rows_of(cols, out[:, c0 : c0 + len(names)], _ALL if pick is None else pick)
-                del t, cols
-            self.groups_read += 1
-            for m, (_, out) in zip(takers, outs, strict=True):
-                got[m] = out
+                b = self._members[m]
+                k = b.group_at[key]
+                n = b.groups[k][3]
+                targets.append((np.empty((n, len(LEVEL_COLUMNS))), b.picks[k], 0, n))
+            gather(path, pf, group, targets)
+            got.update((m, t[0]) for m, t in zip(takers, targets, strict=True))  # once read whole
         return got[me]
 
     def taken(self, me: int, path: Path, group: int) -> None:
@@ -195,28 +188,12 @@ class StreamedBooks:
             if first + n <= lo or first >= hi:
                 continue
             a, z = max(lo, first) - first, min(hi, first + n) - first
-            if self._cache is not None:  # the symbol's rows of the group, pushed when it was read
-                cache = self._cache
-                levels[at : at + z - a] = cache.rows(self._member, path, pf, g)[a:z]
+            if self._cache is None:
+                gather(path, pf, g, [(levels[at : at + z - a], pick, a, z)])
+            else:  # the symbol's rows of the group, pushed when it was read
+                levels[at : at + z - a] = self._cache.rows(self._member, path, pf, g)[a:z]
                 if z == n:
-                    cache.taken(self._member, path, g)
-                at += z - a
-                continue
-            # Alone, a symbol reads its group a quarter of the columns at a time: Arrow's pool reuses
-            # one quarter's pages for the next, where a whole group's table (31 MB) stayed resident
-            # beside the block.
-            for c0, names in _PARTS:
-                t = read_group(path, pf, g, names)
-                # a row group's columns are single chunks: these are views of Arrow's buffers,
-                # gathered into the block's rows once (an Arrow take of the symbol's rows copied all
-                # 60 columns)
-                cols = tuple(_column(t, c) for c in names)
-                out = levels[at : at + z - a, c0 : c0 + len(names)]
-                if pick is None:
-                    rows_of(tuple(c[a:z] for c in cols), out, _ALL)
-                else:
-                    rows_of(cols, out, pick[a:z])
-                del t, cols
+                    self._cache.taken(self._member, path, g)
             at += z - a
         assert at == hi - lo, (at, lo, hi)
         self.blocks_read += 1
@@ -260,6 +237,27 @@ class StreamedBooks:
             hi = min(r1, (b + 1) * block) - b * block
             parts.append(self._blocks[b][lo:hi])
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def gather(
+    path: Path, pf: pq.ParquetFile, group: int, targets: list[tuple[np.ndarray, np.ndarray | None, int, int]]
+) -> None:
+    """Rows a..z-1 of a symbol's rows of the group (``pick``: their places in it; None: all the group's
+    rows) into ``out``, for each ``(out, pick, a, z)`` of ``targets``. The group is read a quarter of
+    the level columns at a time: Arrow's pool reuses one quarter's pages for the next, where a whole
+    group's table (31 MB) stayed resident beside the rows made from it."""
+    for c0, names in _PARTS:
+        t = read_group(path, pf, group, names)
+        # a row group's columns are single chunks: these are views of Arrow's buffers, gathered into
+        # the rows once (an Arrow take of the symbol's rows copied all 60 columns)
+        cols = tuple(_column(t, c) for c in names)
+        for out, pick, a, z in targets:
+            part = out[:, c0 : c0 + len(names)]
+            if pick is None:
+                rows_of(tuple(c[a:z] for c in cols), part, _ALL)
+            else:
+                rows_of(cols, part, pick[a:z])
+        del t, cols
 
 
 def _column(table: pa.Table, name: str) -> np.ndarray:
