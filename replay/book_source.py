@@ -5,7 +5,8 @@ receives it, and Laya's label shortly after. :class:`StreamedBooks` reads the Pa
 cover one block of :data:`BLOCK` rows when the walk first needs it, computes the block's features and
 labels a slice of :data:`LABEL_ROWS` at a time (Laya's inference runs in chunks of
 ``BATCH_CHUNK_ROWS`` whatever the batch, so the labels are bit-identical to ``replay.driver._batch_v0``'s
-whole-session batches), keeps the levels of the last two blocks and drops the rest.
+whole-session batches; in tick mode each row goes through Laya's tick path instead, as live mode labels
+it), keeps the levels of the last two blocks and drops the rest.
 The levels' memory is then two blocks whatever the session's length, provided its files were written
 in row groups of a block or less (``engine.store`` writes 65 536). The per-row labels and
 probabilities (and the other per-row columns) are streamed by ``replay.tape_stream`` where the
@@ -126,8 +127,11 @@ class StreamedBooks:
         symbol: str | None = None,
         cache: GroupCache | None = None,
         block: int | None = None,
+        tick: bool = False,
     ) -> None:
         self._laya = laya
+        # labels per tick (``--laya-mode tick``): each row through Laya's tick path, as live labels it
+        self._predict = laya.predict_each if tick else laya.predict_batch
         # rows a block (a label batch, two levels buffers kept): a portfolio's symbols share the walk's
         # chunk, so each needs fewer rows at once
         self.block = block or BLOCK
@@ -207,7 +211,7 @@ class StreamedBooks:
                 e = min(hi - lo, s + LABEL_ROWS)
                 x = self._features(e - s)
                 features_v0_rows(levels[s:e], x)
-                lab, pr = self._laya.predict_batch(x)
+                lab, pr = self._predict(x)
                 self.labels[lo + s : lo + e] = lab
                 self.probs[lo + s : lo + e] = pr
             self._labelled[b] = True

@@ -922,21 +922,16 @@ def _run_replay(
     laya_latency = latency(cfg.latency_laya, rng_laya, cfg.scale_laya, "latency_laya")
     # Engine.on_trade is a no-op unless the engine says otherwise: then its walk entries are skipped.
     engine_trades = Engine.uses_trades
-    # The kernel with batch v0 labels streams the book levels a block at a time, and, when the files
+    # The kernel with v0 labels streams the book levels a block at a time, and, when the files
     # hold every stream in order, the per-row columns too (replay/tape_stream.py: flat memory); any
     # other run reads the whole table.
     streamed: StreamedBooks | None = None
     book_files = session.files("books15")
     trade_files = session.files("trade") if "trade" in session.streams else []
     tape: _Tape | StreamedTape
-    if (
-        kernel
-        and stream_books
-        and features == "v0"
-        and cfg.laya_mode == "batch"
-        and one_symbol(book_files, cfg.symbol)
-    ):
-        streamed = StreamedBooks(book_files, laya, STREAMS["books15"].schema)
+    if kernel and stream_books and features == "v0" and one_symbol(book_files, cfg.symbol):
+        tick = cfg.laya_mode == "tick"
+        streamed = StreamedBooks(book_files, laya, STREAMS["books15"].schema, tick=tick)
     if whole_tape:
         why_whole = whole_tape
     elif engine_trades:

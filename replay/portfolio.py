@@ -249,9 +249,9 @@ def run_portfolio(
     feed_clock = FeedClock.of_session(session.manifest)
     why = portfolio_unsupported(cfg) if kernel else "kernel=False"
     streamed: list[StreamedBooks | None] = [None] * len(symbols)
-    # Batch v0 labels are computed block by block as the levels stream; any other labels (per tick,
-    # features v1) are computed before the walk from whole tables, as the per-event engine's.
-    if not why and stream_books and features == "v0" and cfg.laya_mode == "batch":
+    # v0 labels (batch or per tick) are computed block by block as the levels stream; features v1 are
+    # computed before the walk from whole tables, as the per-event engine's.
+    if not why and stream_books and features == "v0":
         # The symbols walk the same files side by side: a group one reads, the next reads too. A walk
         # chunk holds a share of each symbol's rows: blocks of that size keep what is held small (the
         # labels keep their bits: tests compare batches of 16 rows with whole tables).
@@ -259,7 +259,10 @@ def run_portfolio(
         schema = STREAMS["books15"].schema
         files = session.files("books15")
         block = max(book_source.BLOCK // 16, book_source.BLOCK // (2 * len(symbols)))
-        streamed = [StreamedBooks(files, laya, schema, symbol=s, cache=cache, block=block) for s in symbols]
+        tick = cfg.laya_mode == "tick"
+        streamed = [
+            StreamedBooks(files, laya, schema, symbol=s, cache=cache, block=block, tick=tick) for s in symbols
+        ]
         cache.symbols_done()
         # the levels stay in the files; what the tape, the contracts and the first mids need
         books_of = session.read_symbols("books15", symbols, [*SMALL_COLUMNS, *_TOP_COLUMNS])

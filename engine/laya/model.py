@@ -448,6 +448,28 @@ class Laya:
         label, probs = self._run_tick(self._output_names, self._feeds)
         return int(label[0]), probs[0]
 
+    def predict_each(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``(n, n_features)`` -> as :meth:`predict_batch`, but each row run on its own by the tick
+        path (:meth:`predict_row`), as live mode labels it: what a tick-mode replay computes."""
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise ValueError(f"X must have shape (n, {self.n_features}), got {X.shape}")
+        n = X.shape[0]
+        labels = np.empty(n, dtype=np.int64)
+        probs = np.empty((n, N_CLASSES), dtype=np.float32)
+        row, bound = self._x[0], self._tick_bound
+        if bound is not None:  # the bound outputs are read straight from their buffers
+            tick_label, tick_probs = self._tick_label, self._tick_probs[0]
+            for i in range(n):
+                row[:] = X[i]
+                bound()
+                labels[i] = tick_label[0]
+                probs[i] = tick_probs
+        else:
+            for i in range(n):
+                row[:] = X[i]
+                labels[i], probs[i] = self.predict_row()
+        return labels, probs
+
     def predict_batch(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows ``(n, n_features)`` -> (labels int64 ``(n,)``, probabilities ``(n, 4)`` float32)."""
         if X.ndim != 2 or X.shape[1] != self.n_features:

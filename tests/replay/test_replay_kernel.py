@@ -448,20 +448,23 @@ def _recorded_laya(session: Path, tmp: Path) -> tuple[str, set[int]]:
 def test_tick_labels_and_recorded_laya_latencies_are_identical(
     session, tmp_path, monkeypatch, mode, recorded
 ):
-    """The kernel labels every book the tick way in a pass before the walk and draws recorded Laya
-    latencies by key in the order the engine receives the books: the events of the per-event engine,
-    which labels each book as it arrives and schedules its label on the clock."""
-    import replay.driver as driver
+    """The kernel labels every book the tick way, a block at a time as the levels stream (each row on
+    its own through Laya's tick path), and draws recorded Laya latencies by key in the order the engine
+    receives the books: the events of the per-event engine, which labels each book as it arrives and
+    schedules its label on the clock."""
+    from engine.laya.model import Laya
 
     cfg = ReplayConfig(seed=5, laya_mode=mode, risk=RiskLimits(daily_loss_stop_usd=1e9))
     if recorded:
         spec, durations = _recorded_laya(session, tmp_path)
         cfg = replace(cfg, latency_laya=spec)
-    passes = []
-    real = driver._tick_labels
-    monkeypatch.setattr(driver, "_tick_labels", lambda *a: passes.append(1) or real(*a))
+    each: list[int] = []
+    real = Laya.predict_each
+    monkeypatch.setattr(Laya, "predict_each", lambda self, X: each.append(len(X)) or real(self, X))
     py, kn = _same(session, cfg, tmp_path, "x", per_event=True)
-    assert len(passes) == (mode == "tick")  # the kernel's run labelled per tick; the engine's did not pass
+    # the kernel's run labelled every book per tick, streamed; the per-event engine labels as it goes
+    assert sum(each) == (kn.books if mode == "tick" else 0)
+    assert "books" in kn.path and "streamed" in kn.path
     assert py.counts["label"] > 0 and py.counts["order"] > 0
     delay = np.array(_column(py.run_dir, "label", "ts_recv")) - np.array(
         _column(py.run_dir, "label", "book_ts_recv")

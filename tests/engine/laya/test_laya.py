@@ -311,6 +311,24 @@ def test_predict_agrees_with_predict_batch(trained_model: Path, synth_table: pa.
         laya.predict(X[:2])
 
 
+def test_predict_each_is_the_tick_path_row_by_row(trained_model: Path, synth_table: pa.Table) -> None:
+    """A tick-mode replay labels its books a block at a time with predict_each: each row must come out
+    as predict() labels it alone (the live tick path), on the IO binding and on plain run() alike."""
+    laya = _cpu(trained_model)
+    X = features_v0_batch(synth_table)[:700]
+    one = [laya.predict(x) for x in X]
+    for bound in (laya._tick_bound, None):  # None: the path of providers without the binding
+        laya._tick_bound = bound
+        labels, probs = laya.predict_each(X)
+        assert labels.dtype == np.int64 and probs.dtype == np.float32 and probs.shape == (len(X), 4)
+        assert labels.tolist() == [lab for lab, _ in one]
+        assert np.array_equal(probs, np.stack([p for _, p in one]))
+    assert len(set(labels.tolist())) > 1
+    assert laya.predict_each(X[:0])[0].shape == (0,)
+    with pytest.raises(ValueError, match="shape"):
+        laya.predict_each(X[0])
+
+
 def test_default_model_metadata() -> None:
     assert DEFAULT_MODEL.exists(), "build it with `python -m replay.make_default_model`"
     assert DEFAULT_MODEL.stat().st_size < 100_000
