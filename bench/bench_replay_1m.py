@@ -102,18 +102,20 @@ def run_dualhub(
     one_core: bool = False,
     cwd: Path | None = None,
     runs: int = 1,
+    config: str = "",
 ) -> tuple[list[float], list[float], float, int, str, str]:
     """``runs`` replays in one fresh process: ([wall], [rate], peak rss, events, digest, path), one wall
     and rate per run. ``runs`` = 1: a process of its own per replay, so peak RSS is this run's and the
     run loads the compiled core from numba's cache (and pages its memory in) inside its wall. ``runs``
     > 1: runs 1.. are warm in the sense of hftbacktest's ``--runs`` (code loaded, memory paged in);
-    peak RSS is then the process's over all of them. ``cwd``: the tree whose code runs."""
+    peak RSS is then the process's over all of them. ``cwd``: the tree whose code runs. ``config``:
+    more ``ReplayConfig`` arguments, as Python source (``"laya_mode='tick'"``)."""
     risk = "" if loss_stop_usd is None else f", risk=RiskLimits(daily_loss_stop_usd={loss_stop_usd!r})"
     code = (
         "import re, sys\n"
         "from engine.risk import RiskLimits\n"
         "from replay.driver import ReplayConfig, run_replay\n"
-        f"cfg = ReplayConfig(fill_model={fill_model!r}{risk})\n"
+        f"cfg = ReplayConfig(fill_model={fill_model!r}{risk}{', ' + config if config else ''})\n"
         f"for _ in range({runs}):\n"
         f"    r = run_replay({str(session)!r}, cfg, out_dir={str(out)!r}, overwrite=True,\n"
         f"                   kernel={kernel!r})\n"
