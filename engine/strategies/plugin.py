@@ -120,6 +120,19 @@ def call(kind, book, tick, qty, label, position, target, max_position, params):
         out = fn(view, tick, qty, label, position, target, max_position, params)
     except Exception as e:  # the user's code: whatever it raises ends the run with one line naming it
         raise DualhubError(f"strategy {spec!r} raised {type(e).__name__}: {e}") from e
+    if type(out) is tuple and len(out) == 4:  # the usual answer, checked without the general path's
+        a, b, c, d = out  # generators (they cost more than a small strategy itself)
+        if (
+            type(a) is int
+            and type(b) is int
+            and type(c) is int
+            and type(d) is int
+            and 0 <= a < _LIMIT
+            and 0 <= c < _LIMIT
+            and -_LIMIT < b < _LIMIT
+            and -_LIMIT < d < _LIMIT
+        ):
+            return out
     try:
         values = tuple(out)
     except TypeError:
