@@ -159,6 +159,9 @@ def test_a_price_under_one_tick_is_refused_by_the_gateway_on_both_engines(sessio
         ("return 2, 1000.5, 2, 1003", "returned (2, 1000.5, 2, 1003)"),  # a price between two ticks
         ("return -2, 1000, 2, 1003", "returned (-2, 1000, 2, 1003)"),
         ("return 2, 1 << 70, 2, 1003", "returned (2, 1180591620717411303424, 2, 1003)"),
+        ("return 2, 1000, True, 1003", "returned (2, 1000, True, 1003)"),  # a bool is no lot count
+        ("return 2, 1000, 1 << 62, 1003", "returned (2, 1000, 4611686018427387904, 1003)"),
+        ("return [2, 1000, 2, 1003.0]", "returned [2, 1000, 2, 1003.0]"),
     ],
 )
 def test_an_answer_not_in_whole_lots_and_ticks_is_one_error_line(body, message, session, tmp_path, capsys):
