@@ -36,7 +36,8 @@ from engine.kev.failures import breaker_rows, judge
 from engine.portfolio import dec
 from engine.risk import OrderIntent, RiskLimits
 from engine.state import LABEL_NAMES, CoreState
-from engine.strategy import QuoteConfig, Quoter
+from engine.strategies.quoter import Quoter
+from engine.strategy import QuoteConfig
 from venue.latency import ConstantLatency, LatencyModel
 
 if TYPE_CHECKING:

@@ -253,3 +253,9 @@ def _guard(d: Any, nrt: bool, inlined: bool) -> Any:
 
     d.compile, d.add_overload, d.get_call_template = compile, checked_add_overload, checked_get_call_template
     return d
+
+
+def cfunc(signature):
+    """``numba.cfunc(signature, cache=True)`` under the core's stamp: a C entry (a strategy's,
+    ``engine/strategies/call.py``) recompiles when a source it compiles in changes."""
+    return nb.cfunc(signature, cache=True)

@@ -82,7 +82,7 @@ from engine.risk import (  # noqa: F401 - the gateway's codes, kernel names (BUY
     lots_within,
     verdict,
 )
-from engine.strategies import registry
+from engine.strategies import call
 from engine.strategy import NO_ORDER, kev_target, rebalance_order
 
 # ---------------------------------------------------------------- codes (shared with fast_path)
@@ -201,7 +201,7 @@ SF_SIZE = 6
     C_KEV_STALE,
     C_KEV_TTL,
     C_FILL_MODEL,
-    C_STRATEGY,  # the strategy's kind code (engine.strategies.registry.KINDS)
+    C_STRATEGY,  # the strategy's kind code (engine.strategies.registry.KINDS; a Python one's from 64)
     C_MAX_ORDERS_PER_S,
     C_STALE_BOOK,
     C_MAX_ADVICE_AGE,
@@ -217,6 +217,8 @@ SF_SIZE = 6
 # the strategy's sizes in whole lots (engine.state sets them): the quote size, and the position limit
 # (RiskLimits.max_position) down to whole lots
 C_QUOTE_LOTS, C_MAX_POS_LOTS = 23, 24
+# the address of the strategy's compiled entry (engine.strategies.registry.entry; engine/strategies/call.py)
+C_STRATEGY_FN = 25
 # 1: the caller owns the clock (engine/core.py: live mode, the per-event replay): Kev timeouts are its
 # timers (step_timer), the heap holds nothing. 0: the replay loop, whose heap holds every timer.
 C_EXTERNAL = 27
@@ -243,8 +245,8 @@ C_SIZE = C_RISK_RULES + N_RULES
     CF_PF_MAX_GROSS,
     CF_PF_LOSS_STOP,
 ) = range(16)
-CF_PARAMS = 16  # 16..: the strategy's parameters (registry.MAX_PARAMS)
-CF_SIZE = CF_PARAMS + registry.MAX_PARAMS
+CF_PARAMS = 16  # 16..: the strategy's parameters (call.MAX_PARAMS)
+CF_SIZE = CF_PARAMS + call.MAX_PARAMS
 
 # Per-order table: OI (int64) / OF (float64) columns, a ring: order N lives in row N & (rows - 1). A row
 # is taken again only once its order is done, off the book and named by no pending timer (S_OLDEST).
@@ -851,9 +853,9 @@ def _strategy(S, SF, C, CF, eng_book, now):
     """The configured strategy on the engine's book, in the core's units (engine.strategies): the
     quote size, position and limit in whole lots, Kev's target in lots; (bid lots, bid ticks, ask
     lots, ask ticks) back."""
-    return registry.quote(
-        C[C_STRATEGY], eng_book, CF[CF_TICK], C[C_QUOTE_LOTS], S[S_LAST_LABEL_NAME], S[S_POS],
-        _target(S, SF, CF, now) / CF[CF_SIZE_STEP], C[C_MAX_POS_LOTS], CF[CF_PARAMS:],
+    return call.quote(
+        C[C_STRATEGY_FN], C[C_STRATEGY], eng_book, CF[CF_TICK], C[C_QUOTE_LOTS], S[S_LAST_LABEL_NAME],
+        S[S_POS], _target(S, SF, CF, now) / CF[CF_SIZE_STEP], C[C_MAX_POS_LOTS], CF[CF_PARAMS:],
     )  # fmt: skip
 
 

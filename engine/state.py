@@ -29,6 +29,7 @@ from engine.kev.advisor import KevContext
 from engine.kev.command import ACTIONS, validate_command
 from engine.kev.queue import POLICIES
 from engine.risk import N_RULES, rule_codes
+from engine.strategies import registry
 from engine.strategy import quote_lots
 
 if TYPE_CHECKING:
@@ -173,6 +174,7 @@ class CoreState:
             C[K.C_FILL_MODEL], CF[K.CF_QUEUE_N] = fill_model
         C[K.C_EXTERNAL] = fill_model is None
         C[K.C_STRATEGY] = strategy[0]
+        C[K.C_STRATEGY_FN] = registry.entry(strategy[0])
         CF[K.CF_PARAMS :] = strategy[1]
         C[K.C_MAX_ORDERS_PER_S] = r.max_orders_per_s
         C[K.C_STALE_BOOK] = r.stale_book_ns

@@ -1,25 +1,22 @@
-"""What the engine does with a strategy: its quote config, Kev's target, the market order towards it,
-and the adapter that runs the configured strategy (:mod:`engine.strategies`) on a BookSnapshot.
+"""What the engine does with a strategy: its quote config, Kev's target, the market order towards it.
 
 The rules are compiled functions over scalars and arrays, called by the core (``engine/kernel.py``)
-as they are, and by Python callers (tests, the risk fuzzer) through the adapters here."""
+as they are. This module imports no strategy (the core's cache would then depend on them:
+``engine/strategies/call.py``); the adapter that runs the configured strategy on a BookSnapshot is
+``engine/strategies/quoter.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from engine.book import SIDE_BUY, SIDE_SELL, as_levels
-from engine.contract import ContractConfig, at_units, lots_below, whole_lots
-from engine.events import BookSnapshot, Label, Nanos
+from engine.book import SIDE_BUY, SIDE_SELL
+from engine.contract import ContractConfig, at_units, whole_lots
+from engine.events import Label, Nanos
 from engine.exact import pmax, pmin
-from engine.fastinit import frozen_maker
 from engine.jit import njit
 from engine.risk import lots_within
-from engine.strategies import registry
-from engine.strategies.baseline import label_signal, quote_prices  # noqa: F401 - the baseline's rules
 
 BUY, SELL, NO_ORDER = SIDE_BUY, SIDE_SELL, -1
 LABEL_CODE = {x.name: int(x) for x in Label}  # the label's class index, as the replay kernel keeps it
@@ -82,67 +79,3 @@ def quote_lots(cfg: QuoteConfig, contract: ContractConfig) -> int:
     sym = contract.symbol
     hint = f": give the instrument its own (--instrument {sym}:quote_qty=Q)"
     return whole_lots(cfg.quote_qty, contract.size_step, f"{sym}: quote_qty", hint)
-
-
-class Quoter:
-    """The configured strategy over a BookSnapshot: a Python caller's adapter to
-    :func:`engine.strategies.registry.quote` (the core calls that with its own book, in its units);
-    sizes and prices in and out as the exchange's decimals. The engine reads its kind code and
-    parameters from it."""
-
-    __slots__ = ("kind", "params", "lots", "tick", "step")
-
-    def __init__(
-        self,
-        cfg: QuoteConfig,
-        contract: ContractConfig,
-        strategy: str = "baseline",
-        params: Mapping[str, float] | None = None,
-    ) -> None:
-        self.kind, self.params = registry.resolve(strategy, params or {}, cfg)
-        self.tick, self.step = contract.tick, contract.size_step
-        self.lots = quote_lots(cfg, contract)
-
-    def __call__(
-        self, book: BookSnapshot, *, label: str, position: float, target: float, max_position: float
-    ) -> list[Quote]:
-        """The bid and ask the strategy wants resting now, buy first; sizes in base units, as the
-        engine reports them (the strategy gets them in lots)."""
-        bid_lots, bid_t, ask_lots, ask_t = registry.quote(
-            self.kind,
-            as_levels(book),
-            self.tick,
-            self.lots,
-            LABEL_CODE.get(label, -1),
-            int(np.rint(position / self.step)),
-            target / self.step,
-            lots_below(max_position, self.step),
-            self.params,
-        )
-        out = []
-        if bid_lots > 0:
-            out.append(_quote("buy", at_units(bid_t, self.tick), at_units(bid_lots, self.step)))
-        if ask_lots > 0:
-            out.append(_quote("sell", at_units(ask_t, self.tick), at_units(ask_lots, self.step)))
-        return out
-
-
-def desired_quotes(
-    cfg: QuoteConfig,
-    contract: ContractConfig,
-    book: BookSnapshot,
-    *,
-    label: str,
-    position: float,
-    target: float,
-    max_position: float,
-    strategy: str = "baseline",
-    params: Mapping[str, float] | None = None,
-) -> list[Quote]:
-    """The quotes ``strategy`` wants on ``book`` (a one-off :class:`Quoter`)."""
-    return Quoter(cfg, contract, strategy, params)(
-        book, label=label, position=position, target=target, max_position=max_position
-    )
-
-
-_quote = frozen_maker(Quote)  # Quote(side, px, qty) without the frozen __init__ (two per requote)

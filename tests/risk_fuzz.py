@@ -20,7 +20,8 @@ from engine.contract import ContractConfig
 from engine.events import BookSnapshot
 from engine.kev.command import CommandFields, validate_command
 from engine.risk import OrderIntent, RiskLimits, RiskState, check
-from engine.strategy import QuoteConfig, desired_quotes
+from engine.strategies.quoter import desired_quotes
+from engine.strategy import QuoteConfig
 
 NOW = 10_000_000_000
 EPS = 1e-9

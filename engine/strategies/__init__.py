@@ -17,8 +17,9 @@ float64, the strategy's parameters in ``PARAMS`` order (then zeros). It returns 
 the bid it wants resting, and of the ask (lots 0: no quote on that side). The engine keeps or replaces
 its resting orders to match, and every order still passes the risk gateway.
 
-:mod:`engine.strategies.registry` compiles every strategy into the core and dispatches by a kind code,
-so the replay kernel, the per-event replay and live mode run the same function (docs/STRATEGY.md).
+:mod:`engine.strategies.registry` names every strategy by a kind code and compiles its C entry, which the
+core calls by address (:mod:`engine.strategies.call`), so the replay kernel, the per-event replay and
+live mode run the same function, and an edited strategy does not recompile the core (docs/STRATEGY.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """Strategies written as plain Python functions, loaded at run time (``--strategy MODULE:FUNCTION``).
 
-A compiled strategy is a branch of :func:`engine.strategies.registry.quote`. A Python one cannot be:
-numba compiles the core once, cached, with every branch in it. So the registry's dispatch has one
-more branch, for kind codes from :data:`FIRST_KIND` on: it leaves compiled code (``numba.objmode``,
-the interpreter runs the block and hands the result back) and calls :func:`call`, which finds the
-function loaded in this process under that code. The compiled core, and so the cache, are the same
-whatever the user's function is; the replay kernel, the per-event replay and live mode run it at the
-same point with the same inputs as a compiled strategy. It is slower (a few microseconds a call), not
-different.
+A compiled strategy is a C entry the core calls by address (:mod:`engine.strategies.call`). A Python one
+has none: so the core's call has one more branch, for kind codes from :data:`FIRST_KIND` on: it leaves
+compiled code (``numba.objmode``, the interpreter runs the block and hands the result back) and calls
+:func:`call`, which finds the function loaded in this process under that code. The compiled core, and so
+the cache, are the same whatever the user's function is; the replay kernel, the per-event replay and
+live mode run it at the same point with the same inputs as a compiled strategy. It is slower (a few
+microseconds a call), not different.
 
 ``MODULE`` is an importable module (``mypkg.strats``) or the path of a ``.py`` file; it may declare
 ``PARAMS`` (a tuple of :class:`engine.strategies.Param`), which the function then receives as

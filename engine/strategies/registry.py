@@ -1,13 +1,12 @@
-"""The strategies compiled into the core, by name and kind code, and the one dispatch every caller uses.
+"""The strategies compiled for the core, by name and kind code, and the compiled entry of each.
 
-The registry is closed on purpose: the replay kernel calls :func:`quote` with a kind code, so it
-compiles (and caches) once with every strategy in it; a function passed as an argument would make
-numba compile the kernel anew in every process. ``engine/jit.py`` stamps the cache with the core's
-sources, so an edited strategy recompiles on its next use.
+The core calls the configured strategy through the address of its C entry (:func:`entry`, compiled
+and cached once per strategy): ``engine/strategies/call.py`` says why. So the core's cache does not
+depend on any strategy, and an edited strategy recompiles its entry alone on its next use.
 
-Adding a strategy: its module in this package, its entry in :data:`STRATEGIES` and its branch in
-:func:`quote` (docs/STRATEGY.md). A plain Python function (``MODULE:FUNCTION``) needs none of that:
-:mod:`engine.strategies.plugin` loads it and :func:`quote`'s last branch calls it.
+Adding a strategy: its module in this package, its place in :data:`STRATEGIES` and its entry
+function in :data:`_ENTRIES` (docs/STRATEGY.md). A plain Python function (``MODULE:FUNCTION``) needs
+none of that: :mod:`engine.strategies.plugin` loads it and ``call.quote``'s first branch calls it.
 """
 
 from __future__ import annotations
@@ -19,30 +18,53 @@ from typing import Any
 
 import numba as nb
 import numpy as np
+from numba import carray
 
 from engine.errors import DualhubError
-from engine.jit import njit
-from engine.strategies import baseline, imbalance_lean, plugin
+from engine.jit import cfunc
+from engine.strategies import baseline, call, imbalance_lean, plugin
+from engine.strategies.call import BOOK_LEN, ENTRY_SIGNATURE, MAX_PARAMS
 
 STRATEGIES = (baseline, imbalance_lean)  # a strategy's kind code is its place here
 KINDS = {m.NAME: k for k, m in enumerate(STRATEGIES)}
-MAX_PARAMS = 8  # the length of the parameter array every strategy receives
 assert all(len(m.PARAMS) <= MAX_PARAMS for m in STRATEGIES) and len(KINDS) == len(STRATEGIES)
 assert len(STRATEGIES) <= plugin.FIRST_KIND
 
 
-@njit(nrt=True)  # its Python branch hands the book and parameters to the interpreter
+# The C entries (call.ENTRY_SIGNATURE), one per strategy, each a module-level function of its own:
+# numba's cache tells cached functions apart by name and place, so a factory's closures would share one.
+def _entry_baseline(out, book, tick, qty, label, position, target, max_position, params):
+    b, p = carray(book, (BOOK_LEN,)), carray(params, (MAX_PARAMS,))
+    out[0], out[1], out[2], out[3] = baseline.quote(b, tick, qty, label, position, target, max_position, p)
+
+
+def _entry_imbalance_lean(out, book, tick, qty, label, position, target, max_position, params):
+    b, p = carray(book, (BOOK_LEN,)), carray(params, (MAX_PARAMS,))
+    out[0], out[1], out[2], out[3] = imbalance_lean.quote(
+        b, tick, qty, label, position, target, max_position, p
+    )
+
+
+_ENTRIES = (_entry_baseline, _entry_imbalance_lean)  # by kind code
+assert len(_ENTRIES) == len(STRATEGIES)
+_compiled: dict[int, Any] = {}
+
+
+def entry(kind: int) -> int:
+    """The address of the compiled entry of strategy ``kind``, compiled (or loaded from the cache) on
+    first use; 0 for a Python strategy, and with the JIT off (``call.quote`` needs none then)."""
+    if kind >= plugin.FIRST_KIND or nb.config.DISABLE_JIT:
+        return 0
+    cf = _compiled.get(kind)
+    if cf is None:
+        cf = _compiled[kind] = cfunc(ENTRY_SIGNATURE)(_ENTRIES[kind])
+    return int(cf.address)
+
+
 def quote(kind, book, tick, qty, label, position, target, max_position, params):
-    """The strategy of ``kind`` (:data:`KINDS`) on the signature of :mod:`engine.strategies`."""
-    if kind >= plugin.FIRST_KIND:  # a Python function: the interpreter runs it, the result comes back
-        with nb.objmode(bid_lots="int64", bid_t="int64", ask_lots="int64", ask_t="int64"):
-            bid_lots, bid_t, ask_lots, ask_t = plugin.call(
-                kind, book, tick, qty, label, position, target, max_position, params
-            )
-        return bid_lots, bid_t, ask_lots, ask_t
-    if kind == 1:
-        return imbalance_lean.quote(book, tick, qty, label, position, target, max_position, params)
-    return baseline.quote(book, tick, qty, label, position, target, max_position, params)
+    """The strategy of ``kind`` (:data:`KINDS`) on the signature of :mod:`engine.strategies`, as the
+    core calls it (``call.quote``), for Python callers."""
+    return call.quote(entry(kind), kind, book, tick, qty, label, position, target, max_position, params)
 
 
 def resolve(name: str, params: Mapping[str, float], defaults: Any = None) -> tuple[int, np.ndarray]:

@@ -75,18 +75,62 @@ def test_an_edit_to_a_module_the_caller_does_not_import_keeps_its_cache(tmp_path
     assert set(jit.reach(tmp_path / "kern.py")) == {p.resolve() for p in want}
 
 
+ENTRY_RUN = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    d = Path(sys.argv[1])
+    sys.path.insert(0, str(d))
+    import engine.jit as J
+    J.core_files = lambda: (d / "strat.py", d / "entry.py")
+    import entry
+    e = entry.make()
+    print(e.ctypes(1.0))
+    print(e.cache_hits, file=sys.stderr)
+    """
+)
+
+
+def test_a_c_entry_recompiles_when_the_strategy_it_calls_is_edited(tmp_path):
+    """A strategy's C entry (engine.jit.cfunc, as engine/strategies/registry.py makes them) is cached
+    under the stamp of what it calls: an edited strategy is never served from the old entry."""
+    strat = "from engine.jit import njit\n\n@njit\ndef quote(x):\n    return x + {}\n"
+    (tmp_path / "strat.py").write_text(strat.format(1.0))
+    (tmp_path / "entry.py").write_text(
+        "from numba import types\nfrom engine.jit import cfunc\nimport strat\n\n"
+        "def _entry(x):\n    return strat.quote(x) * 10\n\n"
+        "def make():\n    return cfunc(types.float64(types.float64))(_entry)\n"
+    )
+
+    def run() -> tuple[str, bool]:
+        p = subprocess.run(
+            [sys.executable, "-c", ENTRY_RUN, str(tmp_path)], capture_output=True, text=True, check=True
+        )
+        return p.stdout.strip(), p.stderr.split()[-1] != "0"
+
+    assert run() == ("20.0", False)
+    assert run() == ("20.0", True)  # loaded from the disk cache
+    (tmp_path / "strat.py").write_text(strat.format(2.0))  # entry.py's own text is unchanged
+    assert run() == ("30.0", False)
+
+
 def test_the_compiled_loops_reach_every_rule_they_run():
-    """The replay loop's stamp covers the rules, strategies, fill and latency models it compiles in;
-    a compiled helper it never calls (the book source's row gatherer) is outside it."""
+    """The replay loop's stamp covers the rules, fill and latency models it compiles in; a compiled
+    helper it never calls (the book source's row gatherer) is outside it, and so are the strategies,
+    which it calls through their entries' addresses: their registry's stamp covers them."""
 
     def reached(loop: str) -> set[str]:
         return {p.relative_to(jit.ROOT).as_posix() for p in jit.reach(jit.ROOT / loop)}
 
+    strategies = {"engine/strategies/baseline.py", "engine/strategies/imbalance_lean.py"}
+    for loop in ("replay/kernel.py", "engine/kernel.py", "venue/kernel.py"):
+        assert not strategies & reached(loop), loop
+    assert strategies <= reached("engine/strategies/registry.py")
+    assert "engine/strategies/registry.py" in {p.relative_to(jit.ROOT).as_posix() for p in jit.core_files()}
     replay_rules = {
         "engine/kernel.py",
         "engine/risk.py",
-        "engine/strategies/baseline.py",
-        "engine/strategies/imbalance_lean.py",
+        "engine/strategies/call.py",
         "engine/kev/rules.py",
         "engine/kev/pairs.py",
         "venue/fills.py",
@@ -107,7 +151,7 @@ def test_installed_into_site_packages_the_project_is_still_followed(monkeypatch)
     jit._imports.cache_clear()
     try:
         reached = {p.relative_to(jit.ROOT).as_posix() for p in jit.reach(jit.ROOT / "replay/kernel.py")}
-        assert {"engine/risk.py", "venue/fills.py", "engine/strategies/baseline.py"} <= reached
+        assert {"engine/risk.py", "venue/fills.py", "engine/strategies/call.py"} <= reached
     finally:
         jit._home.cache_clear()
         jit._imports.cache_clear()

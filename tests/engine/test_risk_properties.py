@@ -34,7 +34,7 @@ from engine.risk import (
     check,
     rule_codes,
 )
-from engine.strategy import desired_quotes
+from engine.strategies.quoter import desired_quotes
 from replay import kernel as K
 from tests.helpers import make_book
 from tests.risk_fuzz import CONTRACT, LIMITS, NOW, QUOTES, book_of, breaches, gen_cases, run_fuzz

@@ -23,14 +23,14 @@ from engine.contract import (
     whole_lots,
 )
 from engine.errors import DualhubError
+from engine.strategies.baseline import quote_prices
+from engine.strategies.quoter import desired_quotes
 from engine.strategy import (
     BUY,
     NO_ORDER,
     SELL,
     QuoteConfig,
-    desired_quotes,
     kev_target,
-    quote_prices,
     rebalance_order,
 )
 from tests.helpers import REPO, make_book
@@ -256,7 +256,8 @@ _QUOTE_CASES = [
 _QUOTE_SCRIPT = """
 import json, sys
 from engine.contract import ContractConfig
-from engine.strategy import QuoteConfig, desired_quotes
+from engine.strategies.quoter import desired_quotes
+from engine.strategy import QuoteConfig
 from tests.helpers import make_book
 out = []
 for label, pos, target, bid in json.loads(sys.argv[1]):
