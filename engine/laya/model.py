@@ -460,13 +460,22 @@ class Laya:
         labels = np.empty(n, dtype=np.int64)
         probs = np.empty((n, N_CLASSES), dtype=np.float32)
         row, bound = self._x[0], self._tick_bound
-        if bound is not None:  # the bound outputs are read straight from their buffers
-            tick_label, tick_probs = self._tick_label, self._tick_probs[0]
+        if n == 0:
+            return labels, probs
+        if bound is not None:
+            # Rows in and results out as bytes through memoryviews of the bound buffers: numpy's
+            # indexing and slice assignment cost ~0.4 us a row here, these ~0.2 (the inference ~2.3).
+            x = np.ascontiguousarray(X, dtype=np.float32)
+            step = 4 * self.n_features
+            src, dst = memoryview(x).cast("B"), memoryview(self._x).cast("B")[:step]
+            lab, lab_out = memoryview(self._tick_label).cast("B")[:8], memoryview(labels).cast("B")
+            pr, pr_out = memoryview(self._tick_probs).cast("B")[: 4 * N_CLASSES], memoryview(probs).cast("B")
+            w = 4 * N_CLASSES
             for i in range(n):
-                row[:] = X[i]
+                dst[:] = src[i * step : (i + 1) * step]
                 bound()
-                labels[i] = tick_label[0]
-                probs[i] = tick_probs
+                lab_out[8 * i : 8 * i + 8] = lab
+                pr_out[w * i : w * i + w] = pr
         else:
             for i in range(n):
                 row[:] = X[i]

@@ -317,13 +317,20 @@ def test_predict_each_is_the_tick_path_row_by_row(trained_model: Path, synth_tab
     laya = _cpu(trained_model)
     X = features_v0_batch(synth_table)[:700]
     one = [laya.predict(x) for x in X]
-    for bound in (laya._tick_bound, None):  # None: the path of providers without the binding
+    bound0 = laya._tick_bound
+    assert bound0 is not None
+    for bound in (bound0, None):  # None: the path of providers without the binding
         laya._tick_bound = bound
         labels, probs = laya.predict_each(X)
         assert labels.dtype == np.int64 and probs.dtype == np.float32 and probs.shape == (len(X), 4)
         assert labels.tolist() == [lab for lab, _ in one]
         assert np.array_equal(probs, np.stack([p for _, p in one]))
     assert len(set(labels.tolist())) > 1
+    laya._tick_bound = bound0
+    odd = X.astype(np.float64)[::3]  # not float32, not contiguous: the rows it holds all the same
+    labels, probs = laya.predict_each(odd)
+    assert labels.tolist() == [lab for lab, _ in one[::3]]
+    assert np.array_equal(probs, np.stack([p for _, p in one[::3]]))
     assert laya.predict_each(X[:0])[0].shape == (0,)
     with pytest.raises(ValueError, match="shape"):
         laya.predict_each(X[0])
