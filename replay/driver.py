@@ -440,8 +440,11 @@ class _Tape:
     ) -> np.ndarray:
         """Local receipt times: recorded, or exchange time + a modelled feed latency; a what-if scale
         multiplies the feed latency, measured with both times on the local clock (``offset``)."""
-        if feed is not None:
-            recv = evt + offset + np.array([feed.sample_ns(int(t)) for t in evt.tolist()], dtype=np.int64)
+        if feed is not None:  # drawn in one go where the model allows (the same draws, in order)
+            drawn = sample_many(feed, evt)
+            if drawn is None:
+                drawn = np.array([feed.sample_ns(int(t)) for t in evt.tolist()], dtype=np.int64)
+            recv = evt + offset + drawn
         if scale != 1.0:
             recv = evt + offset + np.rint((recv - evt - offset) * scale).astype(np.int64)
         return recv
