@@ -67,6 +67,10 @@ def _compiled(fn, kind, book, tick, qty, label, position, target, max_position, 
 @overload(_compiled)
 def _compiled_entry(fn, kind, book, tick, qty, label, position, target, max_position, params):
     def impl(fn, kind, book, tick, qty, label, position, target, max_position, params):
+        # the entry reads BOOK_LEN and MAX_PARAMS values from the data pointers: shorter arrays would
+        # be read past their end
+        if book.shape[0] < BOOK_LEN or params.shape[0] < MAX_PARAMS:
+            raise ValueError("a strategy takes the engine's 60-value book and 8 parameters")
         return _call_entry(fn, book, tick, qty, label, position, target, max_position, params)
 
     return impl
@@ -74,7 +78,11 @@ def _compiled_entry(fn, kind, book, tick, qty, label, position, target, max_posi
 
 @intrinsic
 def _call_entry(typingctx, fn, book, tick, qty, label, position, target, max_position, params):
-    """Call the C entry at address ``fn`` (:data:`ENTRY_SIGNATURE`) and return its four integers."""
+    """Call the C entry at address ``fn`` (:data:`ENTRY_SIGNATURE`) and return its four integers. The
+    book and the parameters go as their data pointers: only contiguous float64 arrays type here."""
+    for a in (book, params):
+        if not (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == types.float64):
+            return None
     i64 = types.int64
     sig = types.UniTuple(i64, 4)(fn, book, tick, qty, label, position, target, max_position, params)
 
