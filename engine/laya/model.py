@@ -459,7 +459,7 @@ class Laya:
         n = X.shape[0]
         labels = np.empty(n, dtype=np.int64)
         probs = np.empty((n, N_CLASSES), dtype=np.float32)
-        row, bound = self._x[0], self._tick_bound
+        bound = self._tick_bound
         if n == 0:
             return labels, probs
         if bound is not None:
@@ -478,8 +478,7 @@ class Laya:
                 pr_out[w * i : w * i + w] = pr
         else:
             for i in range(n):
-                row[:] = X[i]
-                labels[i], probs[i] = self.predict_row()
+                labels[i], probs[i] = self.predict(X[i])
         return labels, probs
 
     def predict_batch(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
