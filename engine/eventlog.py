@@ -240,11 +240,11 @@ class EventLog:
             self._flush(stream)
 
     def _pending(self, stream: str, consume: bool) -> pa.Table | None:
-        first = self._flushed[stream]
         cols = self._columns.get(stream)
         if cols is not None:
-            n = cols[1]()
-            return cols[0](first, n, consume) if n else None
+            n = cols[1]()  # may hand rows over first: the first seq is read after it
+            return cols[0](self._flushed[stream], n, consume) if n else None
+        first = self._flushed[stream]
         buf = self._buf[stream]
         if not buf:
             return None

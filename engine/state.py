@@ -57,7 +57,10 @@ class _KernelStream:
     def _pending(self) -> int:
         if self.before is not None:
             self.before()
-        return self.held if self.limit is None else min(self.held, self.limit)
+        if self.limit is None:
+            return self.held
+        # A flush of one row group: none when the hand-over above already wrote it (see add)
+        return self.limit if self.held >= self.limit else 0
 
     def _rows(self, first_seq: int, n: int, consume: bool) -> pa.Table:
         t = pa.concat_tables(self.tables) if len(self.tables) != 1 else self.tables[0]
@@ -80,11 +83,13 @@ class _KernelStream:
         self.held += table.num_rows
         step = self.log.flush_rows
         while self.held >= step:
-            self.limit = step
+            # This add may run inside the log's own flush of the stream (its question of what is held
+            # hands rows over first): that flush's limit holds again once this one is done.
+            outer, self.limit = self.limit, step
             try:
                 self.log.flush(self.stream)
             finally:
-                self.limit = None
+                self.limit = outer
             if self.log._dir is None:  # an in-memory log keeps everything until write()
                 break
 
