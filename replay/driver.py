@@ -65,7 +65,7 @@ from replay.tape_stream import (
     FeedClock,
     StreamedTape,
     TapeDisorder,
-    constant_ns,
+    arrival_times,
     exchange_times,
     side_codes,
     streamable,
@@ -428,26 +428,11 @@ class _Tape:
         self._t_side: list[str] | None = None
         self._t_id: list[str] | None = None
         off = clock.offset_ns
-        self.b_loc = self._local(_col(books, "ts_recv", "int64"), self.b_evt, feed, scale_feed, off)
-        self.t_loc = self._local(_col(trades, "ts_recv", "int64"), self.t_evt, feed, scale_feed, off)
+        self.b_loc = arrival_times(_col(books, "ts_recv", "int64"), self.b_evt, feed, scale_feed, off)
+        self.t_loc = arrival_times(_col(trades, "ts_recv", "int64"), self.t_evt, feed, scale_feed, off)
         self.b_exch, nb = exchange_times(self.b_evt, self.b_loc, exchange_feed, clock)
         self.t_exch, nt = exchange_times(self.t_evt, self.t_loc, exchange_feed, clock)
         self.clamped = {"books15": nb, "trade": nt}  # rows whose feed latency was raised to the floor
-
-    @staticmethod
-    def _local(
-        recv: np.ndarray, evt: np.ndarray, feed: LatencyModel | None, scale: float, offset: int
-    ) -> np.ndarray:
-        """Local receipt times: recorded, or exchange time + a modelled feed latency; a what-if scale
-        multiplies the feed latency, measured with both times on the local clock (``offset``)."""
-        if feed is not None:  # drawn in one go where the model allows (the same draws, in order)
-            drawn = sample_many(feed, evt)
-            if drawn is None:
-                drawn = np.array([feed.sample_ns(int(t)) for t in evt.tolist()], dtype=np.int64)
-            recv = evt + offset + drawn
-        if scale != 1.0:
-            recv = evt + offset + np.rint((recv - evt - offset) * scale).astype(np.int64)
-        return recv
 
     @property
     def t_side(self) -> list[str]:
@@ -935,12 +920,14 @@ def _run_replay(
     if kernel and stream_books and features == "v0" and one_symbol(book_files, cfg.symbol):
         tick = cfg.laya_mode == "tick"
         streamed = StreamedBooks(book_files, laya, STREAMS["books15"].schema, tick=tick)
+    recorded = cfg.latency_feed == "recorded"
+    feed = None if recorded else _checked_latency(cfg.latency_feed, rng_feed, "latency_feed")
     if whole_tape:
         why_whole = whole_tape
     elif engine_trades:
         why_whole = "the engine reads trades"
     else:
-        why_whole = streamable(cfg.symbol, trade_files, cfg.latency_feed, cfg.scale_feed, laya_latency)
+        why_whole = streamable(cfg.symbol, trade_files, feed, cfg.scale_feed, cfg.exchange_feed)
     walk: StreamedWalk | None = None
     quarantine = _Quarantine()
     if streamed is not None and not why_whole:
@@ -951,9 +938,11 @@ def _run_replay(
             trade_files,
             cfg.symbol,
             cfg.exchange_feed,
-            int(constant_ns(laya_latency) or 0),
+            laya_latency,
             (PRIO_EXCH_BOOK, PRIO_EXCH_TRADE, PRIO_LOCAL_BOOK, PRIO_LABEL),
             clock,
+            feed,
+            cfg.scale_feed,
         )
         walk = tape.walk(fast_path.WALK_CHUNK)
         start_ns, n_walk = tape.first_ts(), walk.total
@@ -977,11 +966,6 @@ def _run_replay(
             _check_streamable(book_table, trade_table)
         else:
             book_table, trade_table = quarantine.check(session.root, cfg.symbol, book_table, trade_table)
-        feed = (
-            None
-            if cfg.latency_feed == "recorded"
-            else _checked_latency(cfg.latency_feed, rng_feed, "latency_feed")
-        )
         tape = _Tape(book_table, trade_table, feed, cfg.scale_feed, cfg.exchange_feed, streamed, clock)
         n_books, n_trades = book_table.num_rows, trade_table.num_rows
         label_due = _label_due(tape, laya_latency)
@@ -1154,14 +1138,13 @@ def _run_kernel(
         def between() -> None:
             # Readers of book rows: the merge's three book streams (in row order, so a cursor is the
             # next row), the engine's last book and the label events not yet written.
-            b0, t0, b2, b4 = (int(c) for c in cursors)
-            needed = min(b0, b2, b4, int(run.S[fast_path.K.S_ENG_ROW]))
+            at = b0, t0, b2, b4 = tuple(int(c) for c in cursors)
+            needed = min(streamed_tape.lowest_book_row(b0, b2, b4), int(run.S[fast_path.K.S_ENG_ROW]))
             pending = labels.oldest_row()
             if pending is not None:
                 needed = min(needed, pending)
-            streamed_tape.release(needed, t0)
-            # a chunk takes at most `chunk` entries from any one stream
-            streamed_tape.fill(max(b0, b2, b4) + chunk, t0 + chunk)
+            streamed_tape.release(needed, t0, at)
+            streamed_tape.fill(at, chunk)
 
     else:
         t_side = tape.t_side_codes()

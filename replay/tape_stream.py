@@ -10,18 +10,22 @@ with the session's full length, so the kernel, the merge and the label log index
   the merge's cursors, the engine's last book and the label events not yet written.
 Resident memory then stays a few row groups whatever the session's length.
 
-This needs every walk stream in its ``(ts, seq)`` order in the files. A recorded session is, so the
-merge needs no sort:
-- books and trades by exchange time, and by arrival with the recorded ``ts_recv``;
-- labels at arrival plus a constant Laya latency.
+The streams by exchange time must be in ``(ts, seq)`` order in the files; a recorded session's are, and
+so are its arrivals with the recorded ``ts_recv`` and its labels at arrival plus a constant Laya latency:
+then the merge needs no sort. A modelled (or scaled) feed latency moves arrivals, and a drawn Laya
+latency moves labels: those two streams are put in order as they fill (:class:`Reorder`). A row's
+arrival is never earlier than its exchange time plus the feed floor (``exchange_times``), and a label
+never earlier than its arrival, so once the rows up to a given exchange time are in, every arrival or
+label at or below it is final. The reorder window is the spread of the drawn latencies.
 
-The driver uses this tape only then (:func:`streamable`). A row found out of order while filling
-raises :class:`TapeDisorder`, and the run starts over on the whole-table tape. The events are the same
+A row found out of order while filling raises :class:`TapeDisorder`, and the run starts over on the
+whole-table tape (:func:`streamable` says up front what this tape cannot take). The events are the same
 either way (``tests/replay/test_replay_kernel.py``).
 """
 
 from __future__ import annotations
 
+import copy
 import mmap
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +127,31 @@ class VirtualRows:
             self._released = end
 
 
+def arrival_times(
+    recv: np.ndarray, evt: np.ndarray, feed: LatencyModel | None, scale: float, offset: int
+) -> np.ndarray:
+    """Local receipt times: recorded, or exchange time + a modelled feed latency; a what-if scale
+    multiplies the feed latency, measured with both times on the local clock (``offset``). Draws come
+    from ``feed`` in row order, so rows taken a block at a time draw what the whole column would."""
+    if feed is not None:  # drawn in one go where the model allows (the same draws, in order)
+        drawn = sample_many(feed, evt)
+        if drawn is None:
+            drawn = np.array([feed.sample_ns(int(t)) for t in evt.tolist()], dtype=np.int64)
+        recv = evt + offset + drawn
+    if scale != 1.0:
+        recv = evt + offset + np.rint((recv - evt - offset) * scale).astype(np.int64)
+    return recv
+
+
+def _draw(model: LatencyModel, ts: np.ndarray) -> np.ndarray:
+    """``model.sample_ns(t)`` for each of ``ts`` in order, as one array."""
+    drawn = sample_many(model, ts)
+    if drawn is None:
+        sample = model.sample_ns
+        drawn = np.fromiter((sample(t) for t in ts.tolist()), np.int64, len(ts))
+    return drawn
+
+
 def constant_ns(model: LatencyModel) -> int | None:
     """The latency of a model that always draws the same value, else None."""
     if type(model) is ConstantLatency:
@@ -149,6 +178,51 @@ def _refuse(what: str, codes: np.ndarray, first_row: int) -> None:
     if codes.any():
         i = int(np.flatnonzero(codes)[0])
         raise InvalidRows(f"{what} row {first_row + i} is invalid ({REASONS[codes[i]]})")
+
+
+class Reorder:
+    """Rows that come in one order handed out in ``(ts, seq)`` order, once no later row can precede
+    them: :meth:`push` takes the next rows and a bound every later row's ts is at least; the rows at or
+    below it are final. ``perm`` lists the rows in order (its first ``done`` entries are final)."""
+
+    def __init__(self, n: int) -> None:
+        self._perm = VirtualRows(n, np.int64)
+        self.perm = self._perm.array
+        self.done = 0
+        self._ts = self._seq = self._row = np.zeros(0, dtype=np.int64)
+        self._last: tuple[int, int] | None = None
+
+    def push(self, ts: np.ndarray, seq: np.ndarray, rows: np.ndarray, bound: int) -> np.ndarray:
+        """Add rows; return the rows made final, in order (and write them to ``perm``)."""
+        if len(self._row):
+            ts, seq, rows = (np.concatenate(p) for p in ((self._ts, ts), (self._seq, seq), (self._row, rows)))
+        final = ts <= bound
+        pick = np.flatnonzero(final)
+        pick = pick[np.lexsort((seq[pick], ts[pick]))]
+        out = rows[pick]
+        if len(out):
+            first = (int(ts[pick[0]]), int(seq[pick[0]]))
+            if self._last is not None and first <= self._last:  # a bound that did not hold
+                raise TapeDisorder("a reordered stream went back in (ts, seq)")
+            self._last = (int(ts[pick[-1]]), int(seq[pick[-1]]))
+        self.perm[self.done : self.done + len(out)] = out
+        self.done += len(out)
+        keep = ~final
+        self._ts, self._seq, self._row = ts[keep], seq[keep], rows[keep]
+        return out
+
+    def lowest_row(self, cursor: int, unfilled: int) -> int:
+        """The lowest row this stream still hands out from position ``cursor`` on; rows from
+        ``unfilled`` on have not come in yet."""
+        low = unfilled
+        if cursor < self.done:
+            low = min(low, int(self.perm[cursor : self.done].min()))
+        if len(self._row):
+            low = min(low, int(self._row.min()))
+        return low
+
+    def release_below(self, position: int) -> None:
+        self._perm.release_below(position)
 
 
 class _Order:
@@ -178,16 +252,21 @@ class StreamedTape:
         trade_files: list[Path],
         symbol: str,
         exchange_feed: str,
-        laya_latency_ns: int,
+        laya: LatencyModel,
         priorities: tuple[int, int, int, int],
         clock: FeedClock = ONE_CLOCK,
+        feed: LatencyModel | None = None,
+        scale_feed: float = 1.0,
     ) -> None:
+        """``feed``: a modelled feed latency (None: the recorded ``ts_recv``), ``scale_feed`` its what-if
+        scale; ``laya``: the latency of Laya's labels (drawn per book in arrival order unless constant)."""
         self.symbol = symbol
         self._books = books
         self._exchange_feed = exchange_feed
         self._clock = clock
         self.clamped = {"books15": 0, "trade": 0}  # rows whose feed latency was raised to the floor
-        self._laya_ns = laya_latency_ns
+        self._laya = laya
+        self._laya_ns = constant_ns(laya)
         self._prio = priorities
         # the books' row groups as StreamedBooks found them (no second read of the footers)
         self._bgroups = [(pf, g, n, path) for pf, g, _, n, path in books.groups]
@@ -207,6 +286,20 @@ class StreamedTape:
         self._t_order = _Order("trades by exchange time")
         self._seq_last: int | None = None
         self._recv_last: list[int | None] = [None, None]  # latest ts_recv of the books, the trades
+        self._feed, self._scale = feed, scale_feed
+        # The whole-table tape draws every book's feed latency, then every trade's, from one model: the
+        # trades draw from a copy of it moved past the books' draws (the same values, a block at a time).
+        self._trade_feed = None
+        if feed is not None:
+            self._trade_feed = copy.deepcopy(feed)
+            for k in range(0, nb, BLOCK):
+                _draw(self._trade_feed, np.zeros(min(BLOCK, nb - k), dtype=np.int64))
+        moved = feed is not None or scale_feed != 1.0
+        # Arrivals and labels out of order: put in order as they fill. Labels a constant latency behind
+        # their arrivals keep the arrivals' order.
+        self._arrivals = Reorder(nb) if moved else None
+        self._labels = Reorder(nb) if self._laya_ns is None else self._arrivals
+        self._ranked = 0  # books given their place in arrival order (their rank)
 
     # -- what the kernel run reads ------------------------------------------------------------
 
@@ -214,30 +307,48 @@ class StreamedTape:
         return self._books.levels(r0, r1)
 
     def walk(self, chunk: int) -> StreamedWalk:
-        """The merged walk over this tape's four streams (already in order: no sort, no look at rows)."""
+        """The merged walk over this tape's four streams (in order as they fill: no sort of the whole)."""
         p = self._prio
+        arrivals = None if self._arrivals is None else self._arrivals.perm
+        labels = None if self._labels is None else self._labels.perm
         streams = [
             WalkStream(self.b_exch, p[0], self.b_seq, 0),
             WalkStream(self.t_exch, p[1], self.t_seq, 1),
-            WalkStream(self.b_loc, p[2], self.b_seq, 2),
-            WalkStream(self.label_due, p[3], self.rank, 4),
+            WalkStream(self.b_loc, p[2], self.b_seq, 2, perm=arrivals),
+            WalkStream(self.label_due, p[3], self.rank, 4, perm=labels),
         ]
-        self.fill(min(self.n_books, chunk), min(self.n_trades, chunk))
+        self.fill((0, 0, 0, 0), chunk)
         return StreamedWalk(streams, chunk, presorted=True)
 
     def first_ts(self) -> int:
-        firsts = [int(a[0]) for a in (self.b_exch, self.b_loc, self.label_due) if self.n_books]
+        firsts = []
+        if self.n_books:
+            firsts.append(int(self.b_exch[0]))
+            for ts, order in ((self.b_loc, self._arrivals), (self.label_due, self._labels)):
+                firsts.append(int(ts[0 if order is None else order.perm[0]]))
         if self.n_trades:
             firsts.append(int(self.t_exch[0]))
         return min(firsts)
 
     # -- filling ahead, releasing behind ------------------------------------------------------
 
-    def fill(self, book_rows: int, trade_rows: int) -> None:
-        """Read row groups until rows ``< book_rows`` / ``< trade_rows`` are in place."""
-        while self.b_filled < min(book_rows, self.n_books):
+    def fill(self, cursors: tuple[int, int, int, int], chunk: int) -> None:
+        """Read row groups until the next ``chunk`` entries of every walk stream past ``cursors`` (the
+        merge's: books by exchange time, trades, arrivals, labels) are in place: a chunk of the walk
+        takes at most that many from any one stream."""
+        b0, t0, b2, b4 = cursors
+        nb = self.n_books
+        want = min(nb, b0 + chunk)
+        want_arrivals, want_labels = min(nb, b2 + chunk), min(nb, b4 + chunk)
+        while self.b_filled < nb and (
+            self.b_filled < want
+            or (self._arrivals is None and self.b_filled < want_arrivals)
+            or (self._arrivals is not None and self._arrivals.done < want_arrivals)
+            or (self._labels is None and self.b_filled < want_labels)
+            or (self._labels is not None and self._labels.done < want_labels)
+        ):
             self._fill_books()
-        while self.t_filled < min(trade_rows, self.n_trades):
+        while self.t_filled < min(t0 + chunk, self.n_trades):
             self._fill_trades()
 
     def _fill_books(self) -> None:
@@ -246,7 +357,7 @@ class StreamedTape:
         t = read_group(path, pf, g, ["ts_event", "ts_recv", "seq"])
         lo, hi = self.b_filled, self.b_filled + n
         evt = t.column("ts_event").to_numpy().astype(np.int64, copy=False)
-        loc = t.column("ts_recv").to_numpy().astype(np.int64, copy=False)
+        recv = t.column("ts_recv").to_numpy().astype(np.int64, copy=False)
         seq = t.column("seq").to_numpy().astype(np.int64, copy=False)
         # as _BatchLabeler checks a whole stream
         if n and (
@@ -256,20 +367,49 @@ class StreamedTape:
             raise SeqOrderError(f"{path}: book seqs must be strictly increasing (a seq repeats or goes back)")
         # a row that arrives before an earlier one: kept from the engine on whole tables, not sorted
         _refuse(
-            "books by arrival is not in (ts, seq) order: books15", time_codes(loc, self._recv_last[0]), lo
+            "books by arrival is not in (ts, seq) order: books15", time_codes(recv, self._recv_last[0]), lo
         )
         if n:
-            self._seq_last, self._recv_last[0] = int(seq[-1]), int(loc.max())
+            self._seq_last, self._recv_last[0] = int(seq[-1]), int(recv.max())
+        loc = arrival_times(recv, evt, self._feed, self._scale, self._clock.offset_ns)
         exch, clamped = exchange_times(evt, loc, self._exchange_feed, self._clock)
         self.clamped["books15"] += clamped
-        due = loc + self._laya_ns
-        rank = np.arange(lo, hi, dtype=np.int64)
         self._order[0].check(exch, seq)
-        self._order[1].check(loc, seq)
-        self._order[2].check(due, rank)
-        self.b_evt[lo:hi], self.b_seq[lo:hi], self.b_loc[lo:hi] = evt, seq, loc
-        self.b_exch[lo:hi], self.label_due[lo:hi], self.rank[lo:hi] = exch, due, rank
+        self.b_evt[lo:hi], self.b_seq[lo:hi], self.b_loc[lo:hi], self.b_exch[lo:hi] = evt, seq, loc, exch
         self.b_filled = hi
+        rows = np.arange(lo, hi, dtype=np.int64)
+        # Every later row arrives no earlier than this group's last exchange time plus the floor
+        # (exchange_times keeps a row's exchange time that far before its arrival), and its label later
+        # still: arrivals and labels up to that time are final.
+        last = self._bg == len(self._bgroups)
+        bound = np.iinfo(np.int64).max if last else (int(exch[-1]) + self._clock.floor_ns if n else None)
+        if self._arrivals is None:
+            self._order[1].check(loc, seq)
+            arrived = rows
+        elif bound is None:
+            return
+        else:
+            arrived = self._arrivals.push(loc, seq, rows, bound)
+        if not len(arrived):
+            return
+        rank = np.arange(self._ranked, self._ranked + len(arrived), dtype=np.int64)
+        self._ranked += len(arrived)
+        self.rank[arrived] = rank
+        # Laya's latencies drawn in the order the engine receives the books, as the whole tape does
+        at = self.b_loc[arrived]
+        if self._laya_ns is not None:
+            due = at + self._laya_ns
+        else:
+            drawn = _draw(self._laya, at)
+            if int(drawn.min()) < 0:  # the whole tape hands such a run to the per-event engine
+                raise TapeDisorder("a Laya latency was drawn negative")
+            due = at + drawn
+        self.label_due[arrived] = due
+        if self._labels is None:
+            self._order[2].check(due, rank)
+        elif self._labels is not self._arrivals:
+            label_bound = bound if self._arrivals is not None else int(at[-1])
+            self._labels.push(due, rank, arrived, np.iinfo(np.int64).max if last else label_bound)
 
     def _fill_trades(self) -> None:
         pf, g, n, path = self._tgroups[self._tg]
@@ -277,15 +417,16 @@ class StreamedTape:
         t = read_group(path, pf, g, ["ts_event", "ts_recv", "seq", "px", "sz", "side"])
         lo, hi = self.t_filled, self.t_filled + n
         evt = t.column("ts_event").to_numpy().astype(np.int64, copy=False)
-        loc = t.column("ts_recv").to_numpy().astype(np.int64, copy=False)
+        recv = t.column("ts_recv").to_numpy().astype(np.int64, copy=False)
         seq = t.column("seq").to_numpy().astype(np.int64, copy=False)
         side = side_codes(t.column("side"))
         px = t.column("px").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
         sz = t.column("sz").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
         _refuse("trade", trade_codes(px, sz, side), lo)
-        _refuse("trade", time_codes(loc, self._recv_last[1]), lo)
+        _refuse("trade", time_codes(recv, self._recv_last[1]), lo)
         if n:
-            self._recv_last[1] = int(loc.max())
+            self._recv_last[1] = int(recv.max())
+        loc = arrival_times(recv, evt, self._trade_feed, self._scale, self._clock.offset_ns)
         exch, clamped = exchange_times(evt, loc, self._exchange_feed, self._clock)
         self.clamped["trade"] += clamped
         self._t_order.check(exch, seq)
@@ -293,23 +434,43 @@ class StreamedTape:
         self.t_side[lo:hi], self.t_px[lo:hi], self.t_sz[lo:hi] = side, px, sz
         self.t_filled = hi
 
-    def release(self, book_row: int, trade_row: int) -> None:
+    def lowest_book_row(self, b0: int, b2: int, b4: int) -> int:
+        """The lowest book row the merge still reads, given its cursors on the three book streams."""
+        low = b0
+        for order, cursor in ((self._arrivals, b2), (self._labels, b4)):
+            low = min(low, cursor if order is None else order.lowest_row(cursor, self.b_filled))
+        return low
+
+    def release(
+        self, book_row: int, trade_row: int, cursors: tuple[int, int, int, int] | None = None
+    ) -> None:
         """Nothing will read books before ``book_row`` or trades before ``trade_row`` again: hand back
-        their pages, :data:`RELEASE_MARGIN` rows short of them."""
+        their pages, :data:`RELEASE_MARGIN` rows short of them; with the merge's ``cursors``, the
+        reordered streams' lists of rows behind them too."""
         for v in self._book_maps:
             v.release_below(max(0, book_row - RELEASE_MARGIN))
         for v in self._trade_maps:
             v.release_below(max(0, trade_row - RELEASE_MARGIN))
+        if cursors is not None:  # one list may serve both streams: behind both cursors
+            behind = max(0, min(cursors[2], cursors[3]) - RELEASE_MARGIN)
+            for order in (self._arrivals, self._labels):
+                if order is not None:
+                    order.release_below(behind)
 
 
 def streamable(
-    symbol: str, trade_files: list[Path], latency_feed: str, scale_feed: float, laya: LatencyModel
+    symbol: str,
+    trade_files: list[Path],
+    feed: LatencyModel | None,
+    scale_feed: float,
+    exchange_feed: str,
 ) -> str:
     """Why the streamed tape cannot take this run ('' when it can, given rows in order)."""
-    if latency_feed != "recorded" or scale_feed != 1.0:
-        return "a feed latency model moves arrivals"
-    if constant_ns(laya) is None:
-        return "Laya's latency is not constant"
+    moved = feed is not None or scale_feed != 1.0
+    if moved and exchange_feed == "local":
+        return "the exchange sees the arrivals a feed latency model moves"
+    if feed is not None and sample_many(feed, np.zeros(0, dtype=np.int64)) is None:
+        return "the feed latency model answers by time"
     if trade_files and not one_symbol(trade_files, symbol):
         return "the trades hold other symbols"
     return ""

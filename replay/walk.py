@@ -28,6 +28,7 @@ class WalkStream:
     seq: np.ndarray  # int64 per row: the tie-break among entries of one (ts, priority)
     kind: int
     inst: int = 0
+    perm: np.ndarray | None = None  # rows in (ts, seq) order, filled as the walk goes (else computed)
 
 
 def readonly(a: np.ndarray) -> np.ndarray:
@@ -117,8 +118,9 @@ class StreamedWalk:
     """The walk over ``streams``, ``chunk`` entries at a time."""
 
     def __init__(self, streams: list[WalkStream], chunk: int, *, presorted: bool = False) -> None:
-        """``presorted``: the caller vouches that every stream is in (ts, seq) order (a
-        ``replay.tape_stream.StreamedTape`` checks it as it fills rows), so no row is looked at here.
+        """``presorted``: the caller vouches that every stream is in (ts, seq) order, or gives its order
+        as ``perm`` (a ``replay.tape_stream.StreamedTape`` checks or sorts rows as it fills them), so no
+        row is looked at here.
         Streams of one priority must have keys (``seq``) that never tie across them (a portfolio puts
         the instrument in the key's high bits): then (ts, priority, key) is a total order."""
         if not streams:
@@ -127,7 +129,14 @@ class StreamedWalk:
         self._ts = tuple(_readonly(s.ts) for s in streams)
         self._seq = tuple(_readonly(s.seq) for s in streams)
         self._perm = tuple(
-            _readonly(np.zeros(0, dtype=np.int64) if presorted else _in_order(s.ts, s.seq)) for s in streams
+            _readonly(
+                s.perm
+                if s.perm is not None
+                else np.zeros(0, dtype=np.int64)
+                if presorted
+                else _in_order(s.ts, s.seq)
+            )
+            for s in streams
         )
         self._prio = np.array([s.priority for s in streams], dtype=np.int64)
         self._kind = np.array([s.kind for s in streams], dtype=np.int64)

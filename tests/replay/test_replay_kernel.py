@@ -619,6 +619,51 @@ def test_the_streamed_tape_hands_back_rows_behind_the_walk(tmp_path, monkeypatch
             assert v._released > 0
 
 
+def test_arrivals_and_labels_a_drawn_latency_moves_stream_in_order(tmp_path, monkeypatch):
+    """A modelled or scaled feed latency moves arrivals, a drawn Laya latency labels: the streamed tape
+    puts them in order as it fills, in small row groups, blocks and walk chunks, with no margin behind
+    the readers. The same bytes as the Python engine, and rows and lists were handed back behind."""
+    import engine.store as store
+    import replay.book_source as book_source
+    import replay.driver as driver
+    import replay.tape_stream as tape_stream
+    from engine.eventlog import EventLog
+
+    class SmallLog(EventLog):  # labels go to the log (and stop holding their rows) every 256
+        def __init__(self, events_dir=None, *, flush_rows=256):
+            super().__init__(events_dir, flush_rows=flush_rows)
+
+    monkeypatch.setattr(driver, "EventLog", SmallLog)
+    monkeypatch.setattr(store, "ROW_GROUP_ROWS", 300)
+    s = simulate_session(tmp_path / "s", minutes=10.0, seed=23)
+    monkeypatch.setattr(book_source, "BLOCK", 256)
+    monkeypatch.setattr(fast_path, "WALK_CHUNK", 500)
+    monkeypatch.setattr(tape_stream, "RELEASE_MARGIN", 0)
+    tapes = []
+    init = tape_stream.StreamedTape.__init__
+
+    def keep(self, *a, **kw):
+        init(self, *a, **kw)
+        tapes.append(self)
+
+    monkeypatch.setattr(tape_stream.StreamedTape, "__init__", keep)
+    trading = {"risk": RiskLimits(daily_loss_stop_usd=1e12), "fill_model": "touch"}
+    for name, cfg in [
+        ("feed", ReplayConfig(seed=3, latency_feed="lognormal:p5=1ms,p95=900ms", **trading)),
+        ("laya", ReplayConfig(seed=4, latency_laya="lognormal:p5=50us,p95=600ms", **trading)),
+        ("both", ReplayConfig(seed=5, scale_feed=0.5, latency_laya="lognormal:p5=1ms,p95=90ms")),
+    ]:
+        _, kn = _same(s, cfg, tmp_path, name)
+        assert kn.path.startswith("kernel (books and tape streamed"), kn.path
+        tape = tapes[-1]
+        assert tape.b_filled == tape.n_books and tape._labels.done == tape.n_books > 3000
+        assert (tape._arrivals is None) == (name == "laya")
+        assert (tape._labels is tape._arrivals) == (name == "feed")
+        for v in tape._book_maps[:6]:  # the int64 columns, by row
+            assert v._released // 8 > tape.n_books // 2, (name, v._released)
+        assert tape._labels._perm._released // 8 > tape.n_books // 2
+
+
 def test_virtual_rows_read_zero_once_handed_back():
     from replay.tape_stream import _PAGE, VirtualRows
 
