@@ -294,6 +294,10 @@ class Laya:
             )
             self._binding = binding  # keeps the binding (and what it points at) alive
             self._tick_bound = functools.partial(inner.run_with_iobinding, binding._iobinding, opts)
+        # predict_each puts two rows in one call only where this model gives a row the same bits beside
+        # another row as beside the pad (a model that mixes rows, e.g. normalising over the batch,
+        # would label differently from live): checked once here on a few seeded rows
+        self.rows_per_tick_call = 2 if self._tick_bound is not None and self._rows_independent() else 1
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -427,6 +431,21 @@ class Laya:
         steady = statistics.median(times_ms[1:]) if len(times_ms) > 1 else times_ms[0]
         return times_ms[0], steady
 
+    def _rows_independent(self) -> bool:
+        rows = np.random.default_rng(0).normal(0.0, 3.0, (6, self.n_features)).astype(np.float32)
+        alone = [self.predict(r) for r in rows]
+        bound = self._tick_bound
+        assert bound is not None
+        same = True
+        for i in range(0, len(rows), 2):
+            self._x[:] = rows[i : i + 2]
+            bound()
+            for j in (0, 1):
+                lab, pr = alone[i + j]
+                same &= int(self._tick_label[j]) == lab and bool(np.array_equal(self._tick_probs[j], pr))
+        self._x[:] = 0.0
+        return same
+
     # -- inference ----------------------------------------------------------------------------
 
     def predict(self, features: np.ndarray) -> tuple[int, np.ndarray]:
@@ -452,8 +471,15 @@ class Laya:
         return int(label[0]), probs[0]
 
     def predict_each(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows ``(n, n_features)`` -> as :meth:`predict_batch`, but each row run on its own by the tick
-        path (:meth:`predict_row`), as live mode labels it: what a tick-mode replay computes."""
+        """Rows ``(n, n_features)`` -> as :meth:`predict_batch`, but each row through the tick path's
+        call, as live mode labels it: what a tick-mode replay computes.
+
+        On the CPU binding two rows share a call: the tick path's call has two rows (the features and a
+        pad row of zeros), and here the next row takes the pad's place. In a model whose rows do not
+        mix (each row of a GEMM is its own dot products, the rest is per row; checked at load:
+        :attr:`rows_per_tick_call`), each comes out with the bits :meth:`predict` gives it alone
+        (``tests/engine/laya/test_laya.py``), in half the calls. Otherwise, and on other providers,
+        each row is a :meth:`predict`."""
         if X.ndim != 2 or X.shape[1] != self.n_features:
             raise ValueError(f"X must have shape (n, {self.n_features}), got {X.shape}")
         n = X.shape[0]
@@ -464,18 +490,22 @@ class Laya:
             return labels, probs
         if bound is not None:
             # Rows in and results out as bytes through memoryviews of the bound buffers: numpy's
-            # indexing and slice assignment cost ~0.4 us a row here, these ~0.2 (the inference ~2.3).
+            # indexing and slice assignment cost ~0.4 us a call here, these ~0.2 (the inference ~2.3).
             x = np.ascontiguousarray(X, dtype=np.float32)
-            step = 4 * self.n_features
-            src, dst = memoryview(x).cast("B"), memoryview(self._x).cast("B")[:step]
-            lab, lab_out = memoryview(self._tick_label).cast("B")[:8], memoryview(labels).cast("B")
-            pr, pr_out = memoryview(self._tick_probs).cast("B")[: 4 * N_CLASSES], memoryview(probs).cast("B")
-            w = 4 * N_CLASSES
-            for i in range(n):
+            step = 8 * self.n_features  # two rows
+            src, dst = memoryview(x).cast("B"), memoryview(self._x).cast("B")
+            lab, lab_out = memoryview(self._tick_label).cast("B"), memoryview(labels).cast("B")
+            pr, pr_out = memoryview(self._tick_probs).cast("B"), memoryview(probs).cast("B")
+            w = 8 * N_CLASSES
+            pairs = n // 2 if self.rows_per_tick_call == 2 else 0
+            for i in range(pairs):
                 dst[:] = src[i * step : (i + 1) * step]
                 bound()
-                lab_out[8 * i : 8 * i + 8] = lab
+                lab_out[16 * i : 16 * i + 16] = lab
                 pr_out[w * i : w * i + w] = pr
+            self._x[1] = 0.0  # the pad row as predict() has it
+            for i in range(2 * pairs, n):  # the last row of an odd count (or every row) alone
+                labels[i], probs[i] = self.predict(x[i])
         else:
             for i in range(n):
                 labels[i], probs[i] = self.predict(X[i])
@@ -521,6 +551,7 @@ class Laya:
             "warmup_runs": self.config.warmup_runs,
             "warmup_first_ms": self.warmup_first_ms,
             "warmup_steady_ms": self.warmup_steady_ms,
+            "rows_per_tick_call": self.rows_per_tick_call,
             "input_name": self._input_name,
             "output_names": list(self._output_names),
             "metadata": dict(sorted(self.metadata.items())),

@@ -334,6 +334,17 @@ def test_predict_each_is_the_tick_path_row_by_row(trained_model: Path, synth_tab
     assert laya.predict_each(X[:0])[0].shape == (0,)
     with pytest.raises(ValueError, match="shape"):
         laya.predict_each(X[0])
+    # Rows share a call two by two: a row beside NaN, infinite or huge features comes out as alone,
+    # in either place of the call, at an odd count too; and the pad row is zeros again afterwards.
+    rng = np.random.default_rng(3)
+    wild = X[rng.permutation(len(X))[:41]].copy()
+    wild[1, 5], wild[2, :] = np.nan, np.inf
+    wild[7, 0], wild[8, :] = -np.inf, 3e38
+    alone = [laya.predict(x) for x in wild]
+    labels, probs = laya.predict_each(wild)
+    assert labels.tolist() == [lab for lab, _ in alone]
+    assert np.array_equal(probs, np.stack([p for _, p in alone]), equal_nan=True)
+    assert not laya._x[1].any()
 
 
 def test_default_model_metadata() -> None:
@@ -357,18 +368,29 @@ def test_default_model_predicts_several_classes_on_simulated_session(sim_books: 
 
 
 def _linear_onnx(
-    path: Path, *, n_in: int = N_FEATURES, n_classes: int = 4, meta: dict[str, str] | None = None
+    path: Path,
+    *,
+    n_in: int = N_FEATURES,
+    n_classes: int = 4,
+    meta: dict[str, str] | None = None,
+    mix_rows: bool = False,
 ) -> Path:
-    """A minimal classifier graph: features [N, n_in] -> MatMul -> Softmax (probabilities), ArgMax (label)."""
+    """A minimal classifier graph: features [N, n_in] -> MatMul -> Softmax (probabilities), ArgMax (label).
+    ``mix_rows``: the features less their mean over the batch first (a row's output depends on the others)."""
     w = np.random.default_rng(0).normal(size=(n_in, n_classes)).astype(np.float32)
+    mix = [
+        helper.make_node("ReduceMean", ["raw"], ["mean"], axes=[0], keepdims=1),
+        helper.make_node("Sub", ["raw", "mean"], ["features_in"]),
+    ]
     graph = helper.make_graph(
         [
-            helper.make_node("MatMul", ["features", "W"], ["logits"]),
+            *(mix if mix_rows else [helper.make_node("Identity", ["raw"], ["features_in"])]),
+            helper.make_node("MatMul", ["features_in", "W"], ["logits"]),
             helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
             helper.make_node("ArgMax", ["logits"], ["label"], axis=1, keepdims=0),
         ],
         "linear",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, n_in])],
+        [helper.make_tensor_value_info("raw", TensorProto.FLOAT, [None, n_in])],
         [
             helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
             helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, n_classes]),
@@ -388,6 +410,21 @@ def test_hand_built_model_loads(tmp_path: Path) -> None:
     laya = _cpu(_linear_onnx(tmp_path / "ok.onnx"))
     label, probs = laya.predict(np.ones(N_FEATURES, dtype=np.float32))
     assert 0 <= label < 4 and probs.shape == (4,)
+    assert laya.rows_per_tick_call == 2 and laya.describe()["rows_per_tick_call"] == 2
+
+
+def test_a_model_that_mixes_rows_labels_each_row_in_its_own_call(tmp_path: Path) -> None:
+    """A model whose outputs for a row depend on the other rows of the call: predict_each must not
+    share calls between rows, or a tick replay would label differently from live."""
+    laya = _cpu(_linear_onnx(tmp_path / "mix.onnx", mix_rows=True))
+    assert laya.rows_per_tick_call == 1
+    X = np.random.default_rng(5).normal(size=(9, N_FEATURES)).astype(np.float32)
+    alone = [laya.predict(x) for x in X]
+    labels, probs = laya.predict_each(X)
+    assert np.array_equal(probs, np.stack([p for _, p in alone]))
+    assert labels.tolist() == [lab for lab, _ in alone]
+    shared = laya.predict_batch(X[:2])[1]  # two rows in one call do come out otherwise here
+    assert not np.array_equal(shared, np.stack([alone[0][1], alone[1][1]]))
 
 
 @pytest.mark.parametrize(
