@@ -178,9 +178,12 @@ class StreamedBooks:
         if not self._files:
             return self._schema.empty_table().select(SMALL_COLUMNS)
         # symbol as a dictionary: one string, not a million
-        return pa.concat_tables(
+        t = pa.concat_tables(
             [pq.read_table(f, columns=SMALL_COLUMNS, read_dictionary=["symbol"]) for f in self._files]
         )
+        if self._symbol is not None:  # this symbol's rows, in the order the blocks number them
+            t = t.filter(pc.equal(t.column("symbol"), self._symbol))
+        return t
 
     def _read_block(self, b: int) -> np.ndarray:
         block = self.block

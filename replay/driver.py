@@ -917,9 +917,12 @@ def _run_replay(
     book_files = session.files("books15")
     trade_files = session.files("trade") if "trade" in session.streams else []
     tape: _Tape | StreamedTape
-    if kernel and stream_books and features == "v0" and one_symbol(book_files, cfg.symbol):
+    if kernel and stream_books and features == "v0":
         tick = cfg.laya_mode == "tick"
-        streamed = StreamedBooks(book_files, laya, STREAMS["books15"].schema, tick=tick)
+        # a session of several symbols: the symbol's rows are picked out of each row group
+        only = one_symbol(book_files, cfg.symbol)
+        symbol = None if only else cfg.symbol
+        streamed = StreamedBooks(book_files, laya, STREAMS["books15"].schema, symbol=symbol, tick=tick)
     recorded = cfg.latency_feed == "recorded"
     feed = None if recorded else _checked_latency(cfg.latency_feed, rng_feed, "latency_feed")
     if whole_tape:
@@ -927,7 +930,7 @@ def _run_replay(
     elif engine_trades:
         why_whole = "the engine reads trades"
     else:
-        why_whole = streamable(cfg.symbol, trade_files, feed, cfg.scale_feed, cfg.exchange_feed)
+        why_whole = streamable(feed, cfg.scale_feed, cfg.exchange_feed)
     walk: StreamedWalk | None = None
     quarantine = _Quarantine()
     if streamed is not None and not why_whole:

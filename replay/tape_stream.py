@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.events import STREAMS
@@ -164,13 +165,28 @@ def constant_ns(model: LatencyModel) -> int | None:
     return None
 
 
-def _rows(files: list[Path]) -> list[tuple[pq.ParquetFile, int, int, Path]]:
-    out = []
+def _rows(
+    files: list[Path], symbol: str
+) -> tuple[list[tuple[pq.ParquetFile, int, int, Path]], list[np.ndarray | None]]:
+    """The trade parts' row groups with ``symbol``'s rows in them, and those rows' places in each group
+    (None: every row is the symbol's), as ``StreamedBooks`` finds its books'."""
+    out: list[tuple[pq.ParquetFile, int, int, Path]] = []
+    picks: list[np.ndarray | None] = []
+    mixed = bool(files) and not one_symbol(files, symbol)
     for f in files:
         pf = open_parquet(f, STREAMS["trade"].schema)
         for g in range(pf.metadata.num_row_groups):
-            out.append((pf, g, pf.metadata.row_group(g).num_rows, f))
-    return out
+            n, pick = pf.metadata.row_group(g).num_rows, None
+            if mixed:
+                col = read_group(f, pf, g, ["symbol"]).column(0)
+                hit = pc.equal(col, symbol).to_numpy(zero_copy_only=False)
+                if not hit.all():
+                    pick = np.flatnonzero(hit)
+                    n = len(pick)
+            if n:
+                out.append((pf, g, n, f))
+                picks.append(pick)
+    return out, picks
 
 
 def _refuse(what: str, codes: np.ndarray, first_row: int) -> None:
@@ -270,7 +286,8 @@ class StreamedTape:
         self._prio = priorities
         # the books' row groups as StreamedBooks found them (no second read of the footers)
         self._bgroups = [(pf, g, n, path) for pf, g, _, n, path in books.groups]
-        self._tgroups = _rows(trade_files)
+        self._bpicks = books.picks  # a session of several symbols: this one's rows of each group
+        self._tgroups, self._tpicks = _rows(trade_files, symbol)
         nb, nt = books.num_rows, sum(n for _, _, n, _ in self._tgroups)
         self.n_books, self.n_trades = nb, nt
         vb = [VirtualRows(nb, np.int64) for _ in range(6)]
@@ -353,8 +370,11 @@ class StreamedTape:
 
     def _fill_books(self) -> None:
         pf, g, n, path = self._bgroups[self._bg]
+        pick = self._bpicks[self._bg]
         self._bg += 1
         t = read_group(path, pf, g, ["ts_event", "ts_recv", "seq"])
+        if pick is not None:
+            t = t.take(pick)
         lo, hi = self.b_filled, self.b_filled + n
         evt = t.column("ts_event").to_numpy().astype(np.int64, copy=False)
         recv = t.column("ts_recv").to_numpy().astype(np.int64, copy=False)
@@ -413,8 +433,11 @@ class StreamedTape:
 
     def _fill_trades(self) -> None:
         pf, g, n, path = self._tgroups[self._tg]
+        pick = self._tpicks[self._tg]
         self._tg += 1
         t = read_group(path, pf, g, ["ts_event", "ts_recv", "seq", "px", "sz", "side"])
+        if pick is not None:
+            t = t.take(pick)
         lo, hi = self.t_filled, self.t_filled + n
         evt = t.column("ts_event").to_numpy().astype(np.int64, copy=False)
         recv = t.column("ts_recv").to_numpy().astype(np.int64, copy=False)
@@ -458,19 +481,11 @@ class StreamedTape:
                     order.release_below(behind)
 
 
-def streamable(
-    symbol: str,
-    trade_files: list[Path],
-    feed: LatencyModel | None,
-    scale_feed: float,
-    exchange_feed: str,
-) -> str:
+def streamable(feed: LatencyModel | None, scale_feed: float, exchange_feed: str) -> str:
     """Why the streamed tape cannot take this run ('' when it can, given rows in order)."""
     moved = feed is not None or scale_feed != 1.0
     if moved and exchange_feed == "local":
         return "the exchange sees the arrivals a feed latency model moves"
     if feed is not None and sample_many(feed, np.zeros(0, dtype=np.int64)) is None:
         return "the feed latency model answers by time"
-    if trade_files and not one_symbol(trade_files, symbol):
-        return "the trades hold other symbols"
     return ""

@@ -722,12 +722,19 @@ def test_book_seqs_that_do_not_rise_are_refused_on_either_path(tmp_path, kernel)
     assert not (tmp_path / "r").exists() and not (tmp_path / "r.tmp").exists()
 
 
-def test_a_multi_symbol_session_reads_its_symbol(tmp_path):
-    """Two symbols in one session: the kernel runs on the filtered table (not streamed), the same run."""
+def test_a_multi_symbol_session_reads_its_symbol(tmp_path, monkeypatch):
+    """Two symbols in one session: the kernel streams its symbol's rows out of the shared row groups, the
+    same run as the per-event engine on the filtered tables, for either symbol."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
+    import engine.store as store
+    import replay.book_source as book_source
     from engine.store import SessionWriter, open_session
 
+    monkeypatch.setattr(store, "ROW_GROUP_ROWS", 150)
+    monkeypatch.setattr(book_source, "BLOCK", 64)
+    monkeypatch.setattr(fast_path, "WALK_CHUNK", 400)
     a = open_session(simulate_session(tmp_path / "a", minutes=1.0, seed=3))
     b = open_session(simulate_session(tmp_path / "b", minutes=1.0, seed=4, symbol="ETHUSDT"))
     w = SessionWriter(tmp_path / "ab", source="test", symbols=["BTCUSDT", "ETHUSDT"])
@@ -735,8 +742,17 @@ def test_a_multi_symbol_session_reads_its_symbol(tmp_path):
         t = pa.concat_tables([a.read_table(stream), b.read_table(stream)])
         w.add_table(stream, t.sort_by([("ts_recv", "ascending"), ("seq", "ascending")]))
     w.close()
-    _, kn = _same(tmp_path / "ab", ReplayConfig(seed=2), tmp_path, "multi")
-    assert kn.path == "kernel"
+    part = next((tmp_path / "ab" / "books15").glob("*.parquet"))
+    assert pq.ParquetFile(part).metadata.num_row_groups > 2
+    assert set(pq.read_table(part).slice(0, 150).column("symbol").to_pylist()) == {"BTCUSDT", "ETHUSDT"}
+    for symbol, extra in [("BTCUSDT", {}), ("ETHUSDT", {"latency_feed": "lognormal:p5=1ms,p95=50ms"})]:
+        cfg = ReplayConfig(seed=2, symbol=symbol, **extra)
+        py, kn = _same(tmp_path / "ab", cfg, tmp_path, f"multi-{symbol}")
+        assert kn.path.startswith("kernel (books and tape streamed"), kn.path
+        assert (
+            kn.books
+            == open_session(tmp_path / ("a" if symbol == "BTCUSDT" else "b")).read_table("books15").num_rows
+        )
 
 
 @pytest.mark.parametrize("feed", ["recorded", "lognormal:p5=1ms,p95=300ms"])
