@@ -56,6 +56,7 @@ CONFIGS: dict[str, tuple[str, str]] = {
         "order latencies drawn from samples",
     ),
     "feed_latency": ("latency_feed='lognormal:p5=1ms,p95=5ms'", "market data latency modelled"),
+    "laya_latency": ("latency_laya='lognormal:p5=50us,p95=400us'", "Laya's latency drawn per book"),
     "fill_touch": ("", "fills without a queue (fill_NAME: that fill model)"),
     "fill_risk_averse": ("", "queue moved by trades only"),
     "imbalance_lean": ("strategy='imbalance_lean'", "the other compiled strategy"),
