@@ -325,13 +325,17 @@ class _BatchLabeler:
         return self._label_ids[i], self.probs[i]
 
 
-def _batch_v0(laya: Laya, books: pa.Table, chunk_rows: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
+def _batch_v0(
+    laya: Laya, books: pa.Table, chunk_rows: int = 65_536, tick: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """Features v0 and inference over the session in chunks, so only labels and probabilities stay in
-    memory (a 1M-row feature matrix alone would be 512 MB)."""
+    memory (a 1M-row feature matrix alone would be 512 MB). ``tick``: each row through Laya's tick
+    path (``predict_each``), as live labels it; the features are the tick path's bits either way."""
+    predict = laya.predict_each if tick else laya.predict_batch
     labels, probs = [], []
     for start in range(0, books.num_rows, chunk_rows):
         # one pass per chunk
-        lab, pr = laya.predict_batch(features_v0_batch(books.slice(start, chunk_rows)))
+        lab, pr = predict(features_v0_batch(books.slice(start, chunk_rows)))
         labels.append(lab.astype(np.int8))
         probs.append(pr.astype(np.float32))
     return np.concatenate(labels), np.concatenate(probs)
@@ -992,11 +996,13 @@ def _run_replay(
         # a streamed tape checks its seqs as it reads them: nothing here may look at unread rows
         lazy = isinstance(tape, StreamedTape)
         labeler = _BatchLabeler(tape.b_seq, streamed.labels, streamed.probs, clock, lazy=lazy)
-    elif cfg.laya_mode == "batch":
+    elif cfg.laya_mode == "batch" or kernel:
+        # per tick for the compiled loop too: it reads labels by row, each computed by the tick path
+        # (a label depends on its book alone, not on the engine's state)
         assert book_table is not None
-        labels, probs = _batch_v0(laya, book_table)
+        labels, probs = _batch_v0(laya, book_table, tick=cfg.laya_mode == "tick")
         labeler = _BatchLabeler(tape.b_seq, labels, probs, clock)
-    else:
+    else:  # the engine driven per event labels each book as it arrives, as live mode does
         labeler = _tick_labeler(laya)
     del book_table, trade_table
 
@@ -1030,7 +1036,7 @@ def _run_replay(
         log.abandon()
         raise KernelUnsupported(why)
     if not why:
-        if not isinstance(labeler, _BatchLabeler):  # per tick: a pass over the books first
+        if not isinstance(labeler, _BatchLabeler):  # v1 per tick: a pass over the books first
             assert isinstance(tape, _Tape)
             labeler = _tick_labels(labeler, tape, clock)
         try:

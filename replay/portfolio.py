@@ -556,16 +556,14 @@ def _labels(
     cfg: ReplayConfig, laya: Laya, tape: _Tape, books: pa.Table, trades: pa.Table, clock: ReplayClock
 ) -> tuple[np.ndarray, np.ndarray]:
     """An instrument's labels and probabilities by tape row, for the compiled loop: a streamed tape's
-    (labelled block by block as the walk reads the levels), a batch's, or each book's labelled per tick
-    in the order the engine receives them (the bits the per-event engine computes)."""
+    (labelled block by block as the walk reads the levels), or the whole table's, in batch or each row
+    through the tick path (v1 per tick: each book's labelled in the order the engine receives them,
+    the trades before it fed in: the bits the per-event engine computes)."""
     if tape.streamed is not None:
         return tape.streamed.labels, tape.streamed.probs
-    if laya.feature_version == "v1":
-        labeler: Any = _v1_labeler(laya, cfg.laya_mode, books, trades, tape, clock)
-    elif cfg.laya_mode == "batch":
-        return _batch_v0(laya, books)
-    else:
-        labeler = _tick_labeler(laya)
+    if laya.feature_version != "v1":
+        return _batch_v0(laya, books, tick=cfg.laya_mode == "tick")
+    labeler: Any = _v1_labeler(laya, cfg.laya_mode, books, trades, tape, clock)
     if not isinstance(labeler, _BatchLabeler):
         labeler = _tick_labels(labeler, tape, clock)
     return labeler.labels, labeler.probs

@@ -142,6 +142,21 @@ CASES = [
 ]
 
 
+def test_labels_per_tick_on_the_whole_tables_of_a_quarantined_session(base, tmp_path):
+    """Rows quarantined: the kernel runs on whole tables, and its labels per tick (each row through the
+    tick path before the walk) are the ones the per-event engine computes book by book."""
+    books, trades, _ = _case_rows(base)["mixed"]
+    s = _session(base, tmp_path / "s", books, trades)
+    cfg = ReplayConfig(seed=2, laya_mode="tick")
+    kn = run_replay(s, cfg, out_dir=tmp_path / "k")
+    py = run_replay(s, cfg, out_dir=tmp_path / "p", kernel=False)
+    assert kn.path.startswith("kernel (tape whole: "), kn.path
+    assert py.path.startswith("python"), py.path
+    assert kn.digest == py.digest and kn.counts == py.counts
+    labels = pq.read_table(kn.run_dir / "events" / "label.parquet")
+    assert labels.num_rows == kn.books and len(set(labels.column("label").to_pylist())) > 1
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_invalid_rows_are_quarantined_and_both_paths_agree(base, tmp_path, case):
     books, trades, want = _case_rows(base)[case]
