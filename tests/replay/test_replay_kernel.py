@@ -573,12 +573,31 @@ def test_streamed_levels_in_small_blocks_and_row_groups(tmp_path, monkeypatch):
     assert kn.path == f"kernel (books and tape streamed, {(n_books + 63) // 64} blocks)"
 
 
+def _small_streams(monkeypatch, chunk: int) -> list:
+    """Blocks of 256 books, walk chunks of ``chunk`` entries, no release margin; returns the list the
+    streamed tapes made from now on are put in."""
+    import replay.book_source as book_source
+    import replay.tape_stream as tape_stream
+
+    monkeypatch.setattr(book_source, "BLOCK", 256)
+    monkeypatch.setattr(fast_path, "WALK_CHUNK", chunk)
+    monkeypatch.setattr(tape_stream, "RELEASE_MARGIN", 0)
+    tapes = []
+    init = tape_stream.StreamedTape.__init__
+
+    def keep(self, *a, **kw):
+        init(self, *a, **kw)
+        tapes.append(self)
+
+    monkeypatch.setattr(tape_stream.StreamedTape, "__init__", keep)
+    return tapes
+
+
 def test_the_streamed_tape_hands_back_rows_behind_the_walk(tmp_path, monkeypatch):
     """Per-row columns filled a row group ahead and released with no margin behind every reader: a
     reader counted wrong would read a handed-back zero and change the run. The same run, and pages
     were really handed back."""
     import engine.store as store
-    import replay.book_source as book_source
     import replay.tape_stream as tape_stream
 
     monkeypatch.setattr(store, "ROW_GROUP_ROWS", 300)
@@ -592,17 +611,7 @@ def test_the_streamed_tape_hands_back_rows_behind_the_walk(tmp_path, monkeypatch
             w.add_table(stream, t.slice(a, b - a))
     w.close()
     assert len(list((s / "books15").glob("part-*.parquet"))) == 3
-    monkeypatch.setattr(book_source, "BLOCK", 256)
-    monkeypatch.setattr(fast_path, "WALK_CHUNK", 700)
-    monkeypatch.setattr(tape_stream, "RELEASE_MARGIN", 0)
-    tapes = []
-    init = tape_stream.StreamedTape.__init__
-
-    def keep(self, *a, **kw):
-        init(self, *a, **kw)
-        tapes.append(self)
-
-    monkeypatch.setattr(tape_stream.StreamedTape, "__init__", keep)
+    tapes = _small_streams(monkeypatch, 700)
     for name, cfg in [
         ("quotes", ReplayConfig(seed=3)),
         ("trading", ReplayConfig(seed=3, risk=RiskLimits(daily_loss_stop_usd=1e12), fill_model="touch")),
@@ -624,9 +633,7 @@ def test_arrivals_and_labels_a_drawn_latency_moves_stream_in_order(tmp_path, mon
     puts them in order as it fills, in small row groups, blocks and walk chunks, with no margin behind
     the readers. The same bytes as the Python engine, and rows and lists were handed back behind."""
     import engine.store as store
-    import replay.book_source as book_source
     import replay.driver as driver
-    import replay.tape_stream as tape_stream
     from engine.eventlog import EventLog
 
     class SmallLog(EventLog):  # labels go to the log (and stop holding their rows) every 256
@@ -636,17 +643,7 @@ def test_arrivals_and_labels_a_drawn_latency_moves_stream_in_order(tmp_path, mon
     monkeypatch.setattr(driver, "EventLog", SmallLog)
     monkeypatch.setattr(store, "ROW_GROUP_ROWS", 300)
     s = simulate_session(tmp_path / "s", minutes=10.0, seed=23)
-    monkeypatch.setattr(book_source, "BLOCK", 256)
-    monkeypatch.setattr(fast_path, "WALK_CHUNK", 500)
-    monkeypatch.setattr(tape_stream, "RELEASE_MARGIN", 0)
-    tapes = []
-    init = tape_stream.StreamedTape.__init__
-
-    def keep(self, *a, **kw):
-        init(self, *a, **kw)
-        tapes.append(self)
-
-    monkeypatch.setattr(tape_stream.StreamedTape, "__init__", keep)
+    tapes = _small_streams(monkeypatch, 500)
     trading = {"risk": RiskLimits(daily_loss_stop_usd=1e12), "fill_model": "touch"}
     for name, cfg in [
         ("feed", ReplayConfig(seed=3, latency_feed="lognormal:p5=1ms,p95=900ms", **trading)),
