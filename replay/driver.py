@@ -71,7 +71,7 @@ from replay.tape_stream import (
     streamable,
 )
 from replay.walk import StreamedWalk, WalkStream
-from venue.batch_latency import sample_many
+from venue.batch_latency import sample_each
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
 from venue.latency import LatencyModel, LognormalLatency, ScaledLatency, parse_latency
@@ -667,10 +667,7 @@ def _label_due(tape: _Tape, model: LatencyModel) -> np.ndarray | None:
     book at a time, in that order: the same draws. None when a draw is negative (then the engine
     schedules each label as it goes and the clock refuses the one in the past)."""
     order = tape.engine_book_order()
-    drawn = sample_many(model, tape.b_loc[order])
-    if drawn is None:
-        sample = model.sample_ns
-        drawn = np.fromiter((sample(t) for t in tape.b_loc[order].tolist()), np.int64, len(order))
+    drawn = sample_each(model, tape.b_loc[order])
     if len(drawn) and int(drawn.min()) < 0:
         return None
     due = np.empty_like(tape.b_loc)
@@ -1147,12 +1144,12 @@ def _run_kernel(
         def between() -> None:
             # Readers of book rows: the merge's three book streams (in row order, so a cursor is the
             # next row), the engine's last book and the label events not yet written.
-            at = b0, t0, b2, b4 = tuple(int(c) for c in cursors)
+            at = b0, _, b2, b4 = tuple(int(c) for c in cursors)
             needed = min(streamed_tape.lowest_book_row(b0, b2, b4), int(run.S[fast_path.K.S_ENG_ROW]))
             pending = labels.oldest_row()
             if pending is not None:
                 needed = min(needed, pending)
-            streamed_tape.release(needed, t0, at)
+            streamed_tape.release(needed, at)
             streamed_tape.fill(at, chunk)
 
     else:

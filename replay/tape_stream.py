@@ -39,7 +39,7 @@ from engine.events import STREAMS
 from engine.store import SeqOrderError, SessionError, open_parquet
 from engine.validate import REASONS, side_codes, time_codes, trade_codes
 from replay.book_source import BLOCK, InvalidRows, StreamedBooks, one_symbol, read_group
-from venue.batch_latency import sample_many
+from venue.batch_latency import sample_each, sample_many
 from venue.latency import ConstantLatency, LatencyModel, ScaledLatency
 
 __all__ = ["ONE_CLOCK", "FeedClock", "InvalidRows", "StreamedTape", "TapeDisorder", "side_codes"]
@@ -135,22 +135,10 @@ def arrival_times(
     multiplies the feed latency, measured with both times on the local clock (``offset``). Draws come
     from ``feed`` in row order, so rows taken a block at a time draw what the whole column would."""
     if feed is not None:  # drawn in one go where the model allows (the same draws, in order)
-        drawn = sample_many(feed, evt)
-        if drawn is None:
-            drawn = np.array([feed.sample_ns(int(t)) for t in evt.tolist()], dtype=np.int64)
-        recv = evt + offset + drawn
+        recv = evt + offset + sample_each(feed, evt)
     if scale != 1.0:
         recv = evt + offset + np.rint((recv - evt - offset) * scale).astype(np.int64)
     return recv
-
-
-def _draw(model: LatencyModel, ts: np.ndarray) -> np.ndarray:
-    """``model.sample_ns(t)`` for each of ``ts`` in order, as one array."""
-    drawn = sample_many(model, ts)
-    if drawn is None:
-        sample = model.sample_ns
-        drawn = np.fromiter((sample(t) for t in ts.tolist()), np.int64, len(ts))
-    return drawn
 
 
 def constant_ns(model: LatencyModel) -> int | None:
@@ -310,7 +298,7 @@ class StreamedTape:
         if feed is not None:
             self._trade_feed = copy.deepcopy(feed)
             for k in range(0, nb, BLOCK):
-                _draw(self._trade_feed, np.zeros(min(BLOCK, nb - k), dtype=np.int64))
+                sample_each(self._trade_feed, np.zeros(min(BLOCK, nb - k), dtype=np.int64))
         moved = feed is not None or scale_feed != 1.0
         # Arrivals and labels out of order: put in order as they fill. Labels a constant latency behind
         # their arrivals keep the arrivals' order.
@@ -420,7 +408,7 @@ class StreamedTape:
         if self._laya_ns is not None:
             due = at + self._laya_ns
         else:
-            drawn = _draw(self._laya, at)
+            drawn = sample_each(self._laya, at)
             if int(drawn.min()) < 0:  # the whole tape hands such a run to the per-event engine
                 raise TapeDisorder("a Laya latency was drawn negative")
             due = at + drawn
@@ -464,21 +452,19 @@ class StreamedTape:
             low = min(low, cursor if order is None else order.lowest_row(cursor, self.b_filled))
         return low
 
-    def release(
-        self, book_row: int, trade_row: int, cursors: tuple[int, int, int, int] | None = None
-    ) -> None:
-        """Nothing will read books before ``book_row`` or trades before ``trade_row`` again: hand back
-        their pages, :data:`RELEASE_MARGIN` rows short of them; with the merge's ``cursors``, the
-        reordered streams' lists of rows behind them too."""
+    def release(self, book_row: int, cursors: tuple[int, int, int, int]) -> None:
+        """Nothing will read books before ``book_row`` again, nor what the merge's ``cursors`` have
+        passed: hand back their pages, :data:`RELEASE_MARGIN` rows short of them (trades by their
+        cursor; the reordered streams' lists of rows behind both their cursors, as one list may serve
+        both)."""
         for v in self._book_maps:
             v.release_below(max(0, book_row - RELEASE_MARGIN))
         for v in self._trade_maps:
-            v.release_below(max(0, trade_row - RELEASE_MARGIN))
-        if cursors is not None:  # one list may serve both streams: behind both cursors
-            behind = max(0, min(cursors[2], cursors[3]) - RELEASE_MARGIN)
-            for order in (self._arrivals, self._labels):
-                if order is not None:
-                    order.release_below(behind)
+            v.release_below(max(0, cursors[1] - RELEASE_MARGIN))
+        behind = max(0, min(cursors[2], cursors[3]) - RELEASE_MARGIN)
+        for order in (self._arrivals, self._labels):
+            if order is not None:
+                order.release_below(behind)
 
 
 def streamable(feed: LatencyModel | None, scale_feed: float, exchange_feed: str) -> str:

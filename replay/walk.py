@@ -128,14 +128,9 @@ class StreamedWalk:
         self.total = sum(len(s.ts) for s in streams)
         self._ts = tuple(_readonly(s.ts) for s in streams)
         self._seq = tuple(_readonly(s.seq) for s in streams)
+        none = np.zeros(0, dtype=np.int64)  # in order as it is
         self._perm = tuple(
-            _readonly(
-                s.perm
-                if s.perm is not None
-                else np.zeros(0, dtype=np.int64)
-                if presorted
-                else _in_order(s.ts, s.seq)
-            )
+            _readonly(s.perm if s.perm is not None else none if presorted else _in_order(s.ts, s.seq))
             for s in streams
         )
         self._prio = np.array([s.priority for s in streams], dtype=np.int64)

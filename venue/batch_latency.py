@@ -42,6 +42,16 @@ def sample_many(model: LatencyModel, ts_ns: npt.NDArray[np.int64]) -> npt.NDArra
     return None
 
 
+def sample_each(model: LatencyModel, ts_ns: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``[model.sample_ns(t) for t in ts_ns]`` as an int64 array: :func:`sample_many` where the model
+    allows it, else one call per time, in order (a recorded model answers by the time)."""
+    drawn = sample_many(model, ts_ns)
+    if drawn is None:
+        sample = model.sample_ns
+        drawn = np.fromiter((sample(t) for t in ts_ns.tolist()), np.int64, len(ts_ns))
+    return drawn
+
+
 class RecordedTable(NamedTuple):
     """What a recorded model has left to answer: ``keys`` ascending, ``counts[i]`` durations for
     ``keys[i]``, ``dur_ns`` grouped by key (each key's in the order ``sample_ns`` hands them out) and
