@@ -6,10 +6,12 @@ of live mode and of the per-event replay (``engine/core.py``) calls the ``step_*
 a time and owns the clock and the venue. Either way every decision is made here.
 
 The rules themselves are not here: each is a compiled function in the module that owns it, called
-from these transitions: the risk gateway's rules (``engine/risk.py``), quoting (``engine/strategies/``),
-Kev's target and rebalancing (``engine/strategy.py``), the rule advisor (``engine/kev/rules.py``), the
-Kev queue policy (``engine/kev/queue.py``) and the book rules (``engine/book.py``). What this file holds
-is the bookkeeping around them: the order, request and timer tables, the Kev request flow, money.
+from these transitions: the risk gateway's rules (``engine/risk.py``) and quoting
+(``engine/strategies/``), each through the address of its compiled entry, so an edit to them does not
+recompile this core; Kev's target and rebalancing (``engine/strategy.py``), the rule advisor
+(``engine/kev/rules.py``), the Kev queue policy (``engine/kev/queue.py``) and the book rules
+(``engine/book.py``). What this file holds is the bookkeeping around them: the order, request and
+timer tables, the Kev request flow, money.
 
 Units: sizes and positions are whole lots of the size step, order prices whole ticks (OI_PX). Money:
 position, cash and fees are integers of 1e-12 (prices of ``px_decimals`` digits, checked to
@@ -30,6 +32,7 @@ import math
 
 import numpy as np
 
+from engine import risk_call
 from engine.book import imbalance_levels
 from engine.contract import NO_PX, round_exact, tick_index
 from engine.exact import POW10, div_half_even, mul_div_half_even, pmin, pyround  # noqa: F401 - tests call K.pyround
@@ -49,7 +52,7 @@ from engine.kev.queue import (  # noqa: F401 - the queue's codes, kernel names t
     offer_plan,
 )
 from engine.kev.rules import A_FLATTEN, A_HOLD, A_LEAN_BUY, A_LEAN_SELL, rule_decide  # noqa: F401 - codes
-from engine.risk import (  # noqa: F401 - the gateway's codes, kernel names (BUY ... R_REDUCE_ONLY) too
+from engine.risk_codes import (  # noqa: F401 - the gateway's codes, kernel names (BUY ... R_REDUCE_ONLY) too
     BUY,
     LIMIT,
     MARKET,
@@ -80,7 +83,6 @@ from engine.risk import (  # noqa: F401 - the gateway's codes, kernel names (BUY
     SRC_KEV,
     SRC_QUOTE,
     lots_within,
-    verdict,
 )
 from engine.strategies import call
 from engine.strategy import NO_ORDER, kev_target, rebalance_order
@@ -219,6 +221,7 @@ SF_SIZE = 6
 C_QUOTE_LOTS, C_MAX_POS_LOTS = 23, 24
 # the address of the strategy's compiled entry (engine.strategies.registry.entry; engine/strategies/call.py)
 C_STRATEGY_FN = 25
+C_RISK_FN = 26  # the address of the risk rules' compiled entry (engine.risk.entry; engine/risk_call.py)
 # 1: the caller owns the clock (engine/core.py: live mode, the per-event replay): Kev timeouts are its
 # timers (step_timer), the heap holds nothing. 0: the replay loop, whose heap holds every timer.
 C_EXTERNAL = 27
@@ -611,8 +614,8 @@ def _check_new(
     lpx,
     lq,
 ):
-    """engine.risk.verdict, with the configured rules, on the engine's state for a new order; returns
-    the reason code (R_OK when accepted)."""
+    """engine.risk.verdict, with the configured rules, on the engine's state for a new order (through
+    the rules' entry: engine/risk_call.py); returns the reason code (R_OK when accepted)."""
     # the lots working orders have still open, by side
     buy = 0
     sell = 0
@@ -630,8 +633,29 @@ def _check_new(
         head += 1
     S[S_RECENT_HEAD] = head
     has_book = S[S_ENG_BOOK] != 0
-    # the limits in engine.risk.L_* order; a tuple: no allocation per check
-    lim = (
+    book_ts = b_loc[S[S_ENG_ROW]] if has_book else 0
+    # position and cash (integers of 1e-12) as the rules' two words each: hi * 2**32 + lo
+    pos_hi, pos_lo = position_words(S, C)
+    vi = (  # engine.risk_codes VI_* order
+        pos_hi,
+        pos_lo,
+        S[S_CASH_HI],
+        S[S_CASH_LO],
+        S[S_POS],
+        buy,
+        sell,
+        tail - head,
+        S[S_KILL] != 0,
+        side,
+        otype,
+        reduce_only,
+        source,
+        age,
+        has_book,
+        book_ts,
+        now,
+    )
+    vf = (  # the limits in engine.risk_codes L_* order, then VF_*
         CF[CF_MAX_POSITION],
         CF[CF_MAX_DELTA],
         CF[CF_MAX_ORDER_QTY],
@@ -644,46 +668,20 @@ def _check_new(
         CF[CF_PF_MAX_DELTA],
         CF[CF_PF_MAX_GROSS],
         CF[CF_PF_LOSS_STOP],
-    )
-    book_ts = b_loc[S[S_ENG_ROW]] if has_book else 0  # not inline in the call: numba reads no such call
-    # position and cash (integers of 1e-12) as the rules' two words each: hi * 2**32 + lo
-    pos_hi, pos_lo = position_words(S, C)
-    return verdict(
-        lim,
-        C[C_RISK_RULES : C_RISK_RULES + N_RULES],
-        pos_hi,
-        pos_lo,
-        S[S_CASH_HI],
-        S[S_CASH_LO],
-        S[S_POS],
-        buy,
-        sell,
-        tail - head,
-        S[S_KILL] != 0,
-        side,
-        otype,
         px,
         qty,
-        reduce_only,
         slip,
-        source,
-        age,
-        has_book,
         eng_book[0],
         eng_book[15],
         eng_book[30],
         eng_book[45],
-        eng_book,
         CF[CF_SIZE_STEP],
         CF[CF_TICK],
-        book_ts,
-        now,
-        lpx,
-        lq,
         SF[SF_OTHERS_DELTA],
         SF[SF_OTHERS_GROSS],
         SF[SF_OTHERS_PNL],
     )
+    return risk_call.verdict(C[C_RISK_FN], vi, vf, C, C_RISK_RULES, eng_book, lpx, lq)
 
 
 @njit

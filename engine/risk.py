@@ -13,8 +13,13 @@ size, band and slippage rules are exact integers at their edge; the loss stop re
 as the integers of 1e-12 the engine keeps, and is decided exactly (:func:`loss_ok`). With
 ``NUMBA_DISABLE_JIT=1`` the rules run as plain Python: the readable reference of the compiled code.
 
-To add a rule: a compiled function here, a reason in :data:`REASONS` (its code and name), a branch in
-:func:`verdict`, and, if it should run by default, a place in :data:`DEFAULT_RULES`.
+The decision core calls :func:`verdict` through the address of its compiled entry (:func:`entry`), so
+it does not compile the rules into itself: an edited rule recompiles the entry alone
+(``engine/risk_call.py``).
+
+To add a rule: a compiled function here, a reason in ``REASONS`` (its code and name, in
+``engine/risk_codes.py``), a branch in :func:`verdict`, and, if it should run by default, a place in
+:data:`DEFAULT_RULES`.
 """
 
 from __future__ import annotations
@@ -24,60 +29,96 @@ import math
 from dataclasses import dataclass, replace
 from typing import Final
 
+import numba as nb
 import numpy as np
+from numba import carray
 
-from engine.book import LEVELS, SIDE_BUY, SIDE_SELL, WIDTH, as_levels, tradable_top, walk_levels
+from engine.book import LEVELS, WIDTH, as_levels, tradable_top, walk_levels
 from engine.contract import ContractConfig, at_units, grid, lots_of, on_tick_grid, tick_index
 from engine.errors import DualhubError
 from engine.events import BookSnapshot, Nanos
 from engine.exact import pmin
-from engine.jit import njit
-
-REASONS: Final = (
-    "ok",
-    "bad_order",
-    "kill_switch",
-    "no_book",
-    "stale_book",
-    "max_order_qty",
-    "max_position",
-    "max_net_delta",
-    "price_band",
-    "max_slippage",
-    "order_rate",
-    "loss_stop",
-    "stale_advice",
-    "bad_book",
-    "reduce_only",
-    "portfolio_net_delta",
-    "portfolio_gross",
-    "portfolio_loss_stop",
-)
-# reason codes: indexes into REASONS
-(
-    R_OK,
-    R_BAD_ORDER,
-    R_KILL,
-    R_NO_BOOK,
-    R_STALE_BOOK,
-    R_MAX_QTY,
-    R_MAX_POS,
-    R_MAX_DELTA,
-    R_BAND,
-    R_SLIP,
-    R_RATE,
-    R_LOSS,
-    R_STALE_ADVICE,
+from engine.jit import cfunc, njit
+from engine.risk_codes import (  # noqa: F401 - the gateway's codes, read as engine.risk's too
+    BUY,
+    ENTRY_SIGNATURE,
+    L_LOSS_STOP,
+    L_MAX_ADVICE_AGE,
+    L_MAX_NET_DELTA,
+    L_MAX_ORDER_QTY,
+    L_MAX_ORDERS_PER_S,
+    L_MAX_POSITION,
+    L_MAX_SLIPPAGE,
+    L_PF_LOSS_STOP,
+    L_PF_MAX_DELTA,
+    L_PF_MAX_GROSS,
+    L_PRICE_BAND,
+    L_SIZE,
+    L_STALE_BOOK,
+    LIMIT,
+    MARKET,
+    N_RULES,
     R_BAD_BOOK,
-    R_REDUCE_ONLY,
+    R_BAD_ORDER,
+    R_BAND,
+    R_KILL,
+    R_LOSS,
+    R_MAX_DELTA,
+    R_MAX_POS,
+    R_MAX_QTY,
+    R_NO_BOOK,
+    R_OK,
     R_PF_DELTA,
     R_PF_GROSS,
     R_PF_LOSS,
-) = range(len(REASONS))
+    R_RATE,
+    R_REDUCE_ONLY,
+    R_SLIP,
+    R_STALE_ADVICE,
+    R_STALE_BOOK,
+    RATE_WINDOW_NS,
+    REASONS,
+    RULES,
+    SELL,
+    SRC_CANCEL,
+    SRC_FLATTEN,
+    SRC_KEV,
+    SRC_QUOTE,
+    VF_ASK,
+    VF_ASK_SZ,
+    VF_BID,
+    VF_BID_SZ,
+    VF_OTHERS_DELTA,
+    VF_OTHERS_GROSS,
+    VF_OTHERS_PNL,
+    VF_PX,
+    VF_QTY,
+    VF_SIZE,
+    VF_SLIP,
+    VF_STEP,
+    VF_TICK,
+    VI_AGE,
+    VI_BOOK_TS,
+    VI_CASH_HI,
+    VI_CASH_LO,
+    VI_HAS_BOOK,
+    VI_KILL,
+    VI_NOW,
+    VI_OPEN_BUY,
+    VI_OPEN_SELL,
+    VI_OTYPE,
+    VI_POS_HI,
+    VI_POS_LO,
+    VI_POS_LOTS,
+    VI_RECENT_N,
+    VI_REDUCE,
+    VI_SIDE,
+    VI_SIZE,
+    VI_SOURCE,
+    lots_within,
+    only_reduces,
+)
 
-# The rules: each is named by the reason it rejects with, and coded by that reason's code.
-RULES: Final = REASONS[1:]
-N_RULES: Final = len(RULES)
 DEFAULT_RULES: Final = (
     "bad_order",
     "kill_switch",
@@ -113,31 +154,9 @@ BOOK_RULES: Final = (
     "portfolio_loss_stop",
 )
 
-# order codes (OrderIntent's strings)
-BUY, SELL = SIDE_BUY, SIDE_SELL
-LIMIT, MARKET = 0, 1
-SRC_QUOTE, SRC_KEV, SRC_FLATTEN, SRC_CANCEL = 0, 1, 2, 3
 _SIDES: Final = {"buy": BUY, "sell": SELL}
 _TYPES: Final = {"limit": LIMIT, "market": MARKET}
 _SOURCES: Final = {"quote": SRC_QUOTE, "kev": SRC_KEV, "flatten": SRC_FLATTEN, "cancel": SRC_CANCEL}
-
-# RiskLimits as the float64 array the rules read (limits_array)
-(
-    L_MAX_POSITION,
-    L_MAX_NET_DELTA,
-    L_MAX_ORDER_QTY,
-    L_MAX_SLIPPAGE,
-    L_PRICE_BAND,
-    L_MAX_ORDERS_PER_S,
-    L_STALE_BOOK,
-    L_LOSS_STOP,
-    L_MAX_ADVICE_AGE,
-    L_PF_MAX_DELTA,
-    L_PF_MAX_GROSS,
-    L_PF_LOSS_STOP,
-) = range(12)
-L_SIZE = 12
-RATE_WINDOW_NS = 1_000_000_000  # order_rate counts accepted new orders in (now - this, now]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -309,25 +328,8 @@ def book_fresh(lim, book_ts, now) -> bool:
 
 
 @njit
-def lots_within(limit, step) -> float:
-    """The most whole lots of ``step`` a size limit allows: ``floor(limit / step)``, forgiving float
-    noise just under a lot as engine.contract.lots_of does (a limit of 0.003 is 3 lots of 0.001, not
-    2.9999999999999996); inf stays inf, NaN stays NaN (the comparison then refuses)."""
-    return np.floor(limit / step + 1e-9)
-
-
-@njit
 def order_qty_ok(lim, lots, step) -> bool:
     return lots <= lots_within(lim[L_MAX_ORDER_QTY], step)
-
-
-@njit
-def only_reduces(position, side, lots) -> bool:
-    """Whether a reduce-only order of ``lots`` can only shrink ``position`` (lots too): opposite side,
-    no bigger than it. The gateway asks it of the engine's position, the venues (simulated and local
-    exchange) of theirs."""
-    signed = lots if side == BUY else -lots
-    return position * signed < 0 and lots <= abs(position)
 
 
 @njit
@@ -593,6 +595,72 @@ def verdict(
         if not ok:
             return int(r)
     return R_OK
+
+
+@njit
+def verdict_packed(vi, vf, rules, bk, lpx, lq) -> int:
+    """:func:`verdict` on its arguments packed as the core hands them over (``engine.risk_codes``:
+    ``vi`` VI_SIZE int64, ``vf`` VF_SIZE float64, the limits first)."""
+    return verdict(
+        vf[:L_SIZE],
+        rules,
+        vi[VI_POS_HI],
+        vi[VI_POS_LO],
+        vi[VI_CASH_HI],
+        vi[VI_CASH_LO],
+        vi[VI_POS_LOTS],
+        vi[VI_OPEN_BUY],
+        vi[VI_OPEN_SELL],
+        vi[VI_RECENT_N],
+        vi[VI_KILL] != 0,
+        vi[VI_SIDE],
+        vi[VI_OTYPE],
+        vf[VF_PX],
+        vf[VF_QTY],
+        vi[VI_REDUCE] != 0,
+        vf[VF_SLIP],
+        vi[VI_SOURCE],
+        vi[VI_AGE],
+        vi[VI_HAS_BOOK] != 0,
+        vf[VF_BID],
+        vf[VF_BID_SZ],
+        vf[VF_ASK],
+        vf[VF_ASK_SZ],
+        bk,
+        vf[VF_STEP],
+        vf[VF_TICK],
+        vi[VI_BOOK_TS],
+        vi[VI_NOW],
+        lpx,
+        lq,
+        vf[VF_OTHERS_DELTA],
+        vf[VF_OTHERS_GROSS],
+        vf[VF_OTHERS_PNL],
+    )
+
+
+def _entry(vi, vf, rules, bk, lpx, lq):  # ENTRY_SIGNATURE: the data pointers of verdict_packed's arrays
+    return verdict_packed(
+        carray(vi, (VI_SIZE,)),
+        carray(vf, (VF_SIZE,)),
+        carray(rules, (N_RULES,)),
+        carray(bk, (WIDTH,)),
+        carray(lpx, (LEVELS,)),
+        carray(lq, (LEVELS,)),
+    )
+
+
+_compiled_entry: list = []
+
+
+def entry() -> int:
+    """The address of the rules' compiled entry (:func:`verdict_packed`), compiled (or loaded from its
+    cache) on first use; 0 with the JIT off (``engine.risk_call`` calls the Python function then)."""
+    if nb.config.DISABLE_JIT:
+        return 0
+    if not _compiled_entry:
+        _compiled_entry.append(cfunc(ENTRY_SIGNATURE)(_entry))
+    return int(_compiled_entry[0].address)
 
 
 # ---------------------------------------------------------------- Python adapters

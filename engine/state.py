@@ -29,6 +29,7 @@ from engine.kev.advisor import KevContext
 from engine.kev.command import ACTIONS, validate_command
 from engine.kev.queue import POLICIES
 from engine.risk import N_RULES, rule_codes
+from engine.risk import entry as risk_entry
 from engine.strategies import registry
 from engine.strategy import quote_lots
 
@@ -185,6 +186,7 @@ class CoreState:
         C[K.C_STALE_BOOK] = r.stale_book_ns
         C[K.C_MAX_ADVICE_AGE] = r.max_advice_age_ns
         C[K.C_RISK_RULES : K.C_RISK_RULES + N_RULES] = rule_codes(r)
+        C[K.C_RISK_FN] = risk_entry()
         C[K.C_TICK_NUM], C[K.C_PX_DECIMALS] = tick_parts(c.tick)
         C[K.C_MAKER_NUM], C[K.C_MAKER_EXP] = fee_parts(c.maker_fee_rate)
         C[K.C_TAKER_NUM], C[K.C_TAKER_EXP] = fee_parts(c.taker_fee_rate)

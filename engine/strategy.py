@@ -16,7 +16,7 @@ from engine.contract import ContractConfig, at_units, whole_lots
 from engine.events import Label, Nanos
 from engine.exact import pmax, pmin
 from engine.jit import njit
-from engine.risk import lots_within
+from engine.risk_codes import lots_within
 
 BUY, SELL, NO_ORDER = SIDE_BUY, SIDE_SELL, -1
 LABEL_CODE = {x.name: int(x) for x in Label}  # the label's class index, as the replay kernel keeps it

@@ -75,7 +75,7 @@ from engine.kernel import (
     price_of,
     size_of,
 )
-from engine.risk import only_reduces as _reduce_only_ok
+from engine.risk_codes import only_reduces as _reduce_only_ok
 from venue.fills import on_new
 from venue.matching import AR_FILLED, AR_REST, book_fills, maker_fill, match_arrival, trade_fills
 

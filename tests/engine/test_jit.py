@@ -116,8 +116,9 @@ def test_a_c_entry_recompiles_when_the_strategy_it_calls_is_edited(tmp_path):
 
 def test_the_compiled_loops_reach_every_rule_they_run():
     """The replay loop's stamp covers the rules, fill and latency models it compiles in; a compiled
-    helper it never calls (the book source's row gatherer) is outside it, and so are the strategies,
-    which it calls through their entries' addresses: their registry's stamp covers them."""
+    helper it never calls (the book source's row gatherer) is outside it, and so are the strategies
+    and the risk rules, which it calls through their entries' addresses: the stamps of their entries'
+    modules cover them."""
 
     def reached(loop: str) -> set[str]:
         return {p.relative_to(jit.ROOT).as_posix() for p in jit.reach(jit.ROOT / loop)}
@@ -125,11 +126,16 @@ def test_the_compiled_loops_reach_every_rule_they_run():
     strategies = {"engine/strategies/baseline.py", "engine/strategies/imbalance_lean.py"}
     for loop in ("replay/kernel.py", "engine/kernel.py", "venue/kernel.py"):
         assert not strategies & reached(loop), loop
+        assert "engine/risk.py" not in reached(loop), loop
     assert strategies <= reached("engine/strategies/registry.py")
-    assert "engine/strategies/registry.py" in {p.relative_to(jit.ROOT).as_posix() for p in jit.core_files()}
+    risk_rules = {"engine/risk.py", "engine/risk_codes.py", "engine/book.py", "engine/exact.py"}
+    assert risk_rules <= reached("engine/risk.py")
+    core = {p.relative_to(jit.ROOT).as_posix() for p in jit.core_files()}
+    assert {"engine/strategies/registry.py", "engine/risk.py"} <= core
     replay_rules = {
         "engine/kernel.py",
-        "engine/risk.py",
+        "engine/risk_codes.py",
+        "engine/risk_call.py",
         "engine/strategies/call.py",
         "engine/kev/rules.py",
         "engine/kev/pairs.py",
@@ -138,7 +144,7 @@ def test_the_compiled_loops_reach_every_rule_they_run():
         "venue/kernel.py",
     }
     assert replay_rules <= reached("replay/kernel.py"), replay_rules - reached("replay/kernel.py")
-    engine_rules = {"engine/risk.py", "engine/strategy.py", "engine/kev/queue.py", "engine/exact.py"}
+    engine_rules = {"engine/risk_codes.py", "engine/strategy.py", "engine/kev/queue.py", "engine/exact.py"}
     assert engine_rules <= reached("engine/kernel.py")
     assert "replay/book_source.py" not in reached("replay/kernel.py")
 
@@ -151,7 +157,7 @@ def test_installed_into_site_packages_the_project_is_still_followed(monkeypatch)
     jit._imports.cache_clear()
     try:
         reached = {p.relative_to(jit.ROOT).as_posix() for p in jit.reach(jit.ROOT / "replay/kernel.py")}
-        assert {"engine/risk.py", "venue/fills.py", "engine/strategies/call.py"} <= reached
+        assert {"engine/risk_codes.py", "venue/fills.py", "engine/strategies/call.py"} <= reached
     finally:
         jit._home.cache_clear()
         jit._imports.cache_clear()

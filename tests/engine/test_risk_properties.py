@@ -34,6 +34,7 @@ from engine.risk import (
     check,
     rule_codes,
 )
+from engine.risk import entry as risk_entry
 from engine.strategies.quoter import desired_quotes
 from replay import kernel as K
 from tests.helpers import make_book
@@ -218,15 +219,19 @@ def test_a_seeded_fuzz_of_commands_strategy_and_risk_finds_no_breach():
 # ---------------------------------------------------------------- the compiled gateway agrees
 
 
-def _kernel_check(limits: RiskLimits, state: RiskState, it: OrderIntent, book: BookSnapshot) -> str | None:
-    """The replay kernel's ``_check_new`` on the same inputs; None for money beyond the kernel's bounds
-    (such a run is the Python engine's)."""
+def _kernel_check(
+    limits: RiskLimits, state: RiskState, it: OrderIntent, book: BookSnapshot, entry: int | None = None
+) -> str | None:
+    """The replay kernel's ``_check_new`` on the same inputs, calling the rules at ``entry`` (their
+    compiled entry by default); None for money beyond the kernel's bounds (such a run is the Python
+    engine's)."""
     S = np.zeros(K.S_SIZE, dtype=np.int64)
     C = np.zeros(K.C_SIZE, dtype=np.int64)
     CF = np.zeros(K.CF_SIZE, dtype=np.float64)
     C[K.C_MAX_ADVICE_AGE], C[K.C_STALE_BOOK] = limits.max_advice_age_ns, limits.stale_book_ns
     C[K.C_MAX_ORDERS_PER_S] = limits.max_orders_per_s
     C[K.C_RISK_RULES : K.C_RISK_RULES + N_RULES] = rule_codes(limits)
+    C[K.C_RISK_FN] = risk_entry() if entry is None else entry  # the core calls the rules there
     for i, v in (
         (K.CF_MAX_ORDER_QTY, limits.max_order_qty),
         (K.CF_MAX_POSITION, limits.max_position),
@@ -326,3 +331,11 @@ def test_both_gateways_refuse_a_bad_top_of_book(bad):
     )
     assert check(LIMITS, RiskState(), buy, book, NOW) == (False, "bad_book")
     assert _kernel_check(LIMITS, RiskState(), buy, book) == "bad_book"
+
+
+def test_a_core_without_the_rules_entry_stops_with_a_clear_error():
+    """A core whose state names no entry for the rules (an address of 0) refuses to decide, with an
+    error that says so, instead of jumping to address 0."""
+    state, its, book = next(iter(gen_cases(seed=3, n=1)))
+    with pytest.raises(ValueError, match="risk rules' entry needs its address"):
+        _kernel_check(LIMITS, state, its[0], book, entry=0)
