@@ -190,6 +190,10 @@ class Engine:
         self._sent = 0  # order rows of the core's buffer already handed to the venue
         self._reason_code = {t: i for i, t in enumerate(K.REASON_TEXT) if t}
         self._kev_ctx: dict[int, KevContext] = {}  # requests asked and not answered
+        self._shadow: _Shadow | None = None  # keep_warm's copy of the core (_shadow_requote)
+        self._shadow_for = -1  # the requote (its S_LAST_REQUOTE) the shadow last ran after
+        self._warmed_at = 0  # when _shadow_requote last looked
+        self.shadow_steps = 0
         if warm:
             self._compile(core)
 
@@ -389,7 +393,61 @@ class Engine:
         oid = int(c.S[K.S_OID])
         if oid > 0:
             self._intent(oid)  # discarded: building it changes nothing
+        self._shadow_requote()
         return checks
+
+    def _shadow_requote(self) -> None:
+        """A requote that replaces the working quotes, on a shadow of the core, once per requote
+        window, shortly before it opens (or after the frame before it, when frames are farther apart
+        than that): the compiled code that sends and cancels orders (step_warm
+        runs only the strategy and the rules) runs at most every requote_min (250 ms) in live mode,
+        and cold, from memory, it took ~10 us of the ~12 us of an ordering step
+        (bench/bench_tick_stages.py). Run on every frame, the shadow kept it at ~3 us but evicted
+        the Python path's working set on every frame, the ordering one included; run
+        :data:`SHADOW_LEAD_NS` before the window opens, its code is still in the last-level cache when
+        the window's first label orders, and the frames between re-warm the Python path.
+        The shadow has arrays of its own: what it decides goes nowhere. It takes the small state whole
+        and, of the order table, the working orders' rows and the next ids'."""
+        c = self.core
+        S = c.S
+        if not S[K.S_ENG_BOOK] or S[K.S_HEAP_N]:  # no book yet; a heap's timers are the replay loop's
+            return
+        # before the window opens: within the lead, or within the time since the last keep-warm (frames
+        # far apart: the next frame may be the window's first)
+        now, since = self.clock.now_ns(), self._warmed_at
+        self._warmed_at = now
+        last = int(S[K.S_LAST_REQUOTE])
+        lead = max(SHADOW_LEAD_NS, now - since)
+        if last == self._shadow_for or now + lead < last + int(c.C[K.C_REQUOTE_MIN]):
+            return
+        self._shadow_for = last
+        sh = self._shadow
+        if sh is None or any(getattr(sh, k).shape != getattr(c, k).shape for k in _Shadow.SHAPED):
+            sh = self._shadow = _Shadow(c)  # the core grew a table
+        for name in _Shadow.WHOLE:
+            np.copyto(getattr(sh, name), getattr(c, name))
+        np.copyto(sh.levels, self.levels)
+        np.copyto(sh.b_loc, self.b_loc)
+        mask = c.OI.shape[0] - 1
+        n = int(S[K.S_NWORK])
+        rows = sh.rows
+        rows[:n] = c.work[:n]
+        rows[n : n + 4] = np.arange(int(S[K.S_OID]) + 1, int(S[K.S_OID]) + 5)
+        rows &= mask
+        r = rows[: n + 4]
+        sh.OI[r] = c.OI[r]
+        sh.OF[r] = c.OF[r]
+        sh.OI[r[:n], K.OI_PX] += 3  # the working quotes are off: the requote cancels and replaces them
+        sh.NOUT[:] = 0
+        T = sh.S
+        T[K.S_NOW] = now = self.clock.now_ns()
+        T[K.S_LAST_REQUOTE] = now - sh.C[K.C_REQUOTE_MIN] - 1  # a requote is due
+        K.step_label(
+            K.L_HOLD, 1.0, T, sh.SF, sh.C, sh.CF, sh.OI, sh.OF, sh.RI, sh.RF, sh.HI, sh.HF, sh.olat,
+            sh.work, sh.rest, sh.kq, sh.inflight, sh.recent, sh.eng_book, sh.x_book, sh.b_loc, sh.levels,
+            sh.lags, sh.OUTI, sh.OUTF, sh.NOUT, sh.SCR,
+        )  # fmt: skip
+        self.shadow_steps += 1
 
     # ------------------------------------------------------------ execution reports
 
@@ -572,6 +630,27 @@ class Engine:
 
 
 SOURCES = ("quote", "kev", "flatten", "cancel")  # engine.risk SRC_* codes
+# how long before a requote window opens keep-warm runs the order path on the core's shadow
+SHADOW_LEAD_NS = 20_000_000
+
+
+class _Shadow:
+    """Arrays shaped as a core's, for :meth:`Engine._shadow_requote`: the small ones are copied whole
+    before each shadow step, the order table row by row; Kev's tables and the heap are never read by
+    a requote on HOLD, and its output goes to buffers of its own."""
+
+    WHOLE = ("S", "SF", "C", "CF", "olat", "work", "rest", "kq", "inflight", "recent", "eng_book", "x_book")
+    SHAPED = (*WHOLE, "OI", "OF")
+
+    def __init__(self, c: Any) -> None:
+        for name in (*self.WHOLE, "OI", "OF", "RI", "RF", "HI", "HF", "lags", "SCR"):
+            setattr(self, name, getattr(c, name).copy())
+        self.levels = np.full((1, 60), math.nan)
+        self.b_loc = np.zeros(2, dtype=np.int64)
+        self.rows = np.zeros(len(c.work) + 4, dtype=np.int64)
+        self.OUTI = np.zeros((8, K.OUT_MAXI, 256), dtype=np.int64)  # one step's rows, many times over
+        self.OUTF = np.zeros((8, K.OUT_MAXF, 256))
+        self.NOUT = np.zeros(8, dtype=np.int64)
 
 
 def engine_identity() -> dict[str, str]:

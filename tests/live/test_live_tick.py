@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import engine.book as book_mod
+import engine.kernel as K
 from engine.book import as_levels
 from engine.events import BookSnapshot
 from engine.laya.features import features_v0, features_v0_levels
@@ -124,28 +125,57 @@ def test_keep_warm_changes_nothing_the_engine_reads(laya):
 
 def test_engine_keep_warm_changes_no_decision(tmp_path, monkeypatch):
     """Live mode runs Engine.keep_warm between frames: a replay that calls it after every label, Kev
-    answer and trade writes the same files as one that never does."""
-    from engine.core import Engine
+    answer and trade writes the same files as one that never does, and each call leaves the core's
+    arrays as they were."""
+    from engine.core import SHADOW_LEAD_NS, Engine
     from replay.driver import ReplayConfig, run_replay
     from venue.simulator import simulate_session
 
     session = simulate_session(tmp_path / "s", minutes=2.0, seed=5)
     cfg = ReplayConfig(fill_model="queue_power2")
     plain = run_replay(session, cfg, out_dir=tmp_path / "plain")
-    warmed = {"n": 0, "checks": 0}
+    warmed = {"n": 0, "checks": 0, "shadow": 0, "sent": 0}
+    windows: set[int] = set()
+    looked = [0]  # when each keep-warm ran
     for name in ("on_label", "_on_kev_done", "on_trade"):
         orig = getattr(Engine, name)
 
         def hooked(self, *a, _orig=orig, **k):
             r = _orig(self, *a, **k)
             warmed["n"] += 1
+            before = {name: a.copy() for name, a in vars(self.core).items() if isinstance(a, np.ndarray)}
+            steps = self.shadow_steps
+            looked.append(self.clock.now_ns())
             warmed["checks"] += self.keep_warm()
+            if self.shadow_steps > steps:  # the shadow requote ran: it sent or cancelled on its own arrays
+                warmed["shadow"] += 1
+                warmed["sent"] += int(self._shadow.NOUT[K.O_ORDER] > 0)
+                # once per requote window, before it opens: within SHADOW_LEAD_NS of it, or after the
+                # keep-warm before the window's first label when they are farther apart than that
+                now = self.clock.now_ns()
+                last, due = int(self.core.S[K.S_LAST_REQUOTE]), int(self.core.C[K.C_REQUOTE_MIN])
+                assert last not in windows
+                windows.add(last)
+                assert now + max(SHADOW_LEAD_NS, now - looked[-2]) >= last + due
+            for name, a in before.items():
+                b = getattr(self.core, name)
+                if name in ("SCR", "SCRI"):  # a step's scratch, never read before written
+                    continue
+                if name == "S":  # the step's time, and the rate window's head (step_warm's docstring)
+                    changed = set(np.flatnonzero(a != b).tolist())
+                    assert changed <= {K.S_NOW, K.S_RECENT_HEAD}, changed
+                else:
+                    assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), name
             return r
 
         monkeypatch.setattr(Engine, name, hooked)
     # the hooks are the per-event engine's: that run takes it (plain takes the compiled loop, the same events)
     warm = run_replay(session, cfg, out_dir=tmp_path / "warm", kernel=False)
     assert warmed["n"] > 500 and warmed["checks"] > warmed["n"]  # it did run the rules
+    # and the order path: a requote on the core's shadow before each window, orders out of it, the
+    # core's arrays untouched; far fewer shadows than keep-warms (its cost, not paid on every frame)
+    assert warmed["shadow"] > 100 and warmed["sent"] > 0.9 * warmed["shadow"]
+    assert warmed["shadow"] < warmed["n"] / 2, warmed
     assert warm.digest == plain.digest
     for f in sorted((tmp_path / "plain" / "events").iterdir()):
         assert f.read_bytes() == (tmp_path / "warm" / "events" / f.name).read_bytes(), f.name
