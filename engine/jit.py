@@ -71,7 +71,12 @@ OWN = ("engine", "venue", "wire", "recorder", "replay", "live", "dualhub")
 @functools.lru_cache(maxsize=256)
 def _home(top: str, path: tuple[str, ...]) -> Path | None:
     """The ``sys.path`` entry (``path``) that the top-level module ``top`` is imported from, when it
-    is followed."""
+    is followed. This project's own packages are where this module is, whatever ``sys.path`` holds: an
+    editable install imports them through an import hook, not a ``sys.path`` entry, so a process
+    started outside the checkout found none of them there, stamped each cache with its own file
+    alone (an edited rule went unseen) and disagreed with every process started inside it."""
+    if top in OWN and ((ROOT / top / "__init__.py").is_file() or (ROOT / f"{top}.py").is_file()):
+        return ROOT
     for entry in path:
         base = Path(entry or ".").resolve()
         if (base / top / "__init__.py").is_file() or (base / f"{top}.py").is_file():

@@ -279,3 +279,23 @@ def test_without_nrt_leaving_compiled_code_is_refused():
     with pytest.raises(TypeError, match="objmode"):
         njit(cache=False)(leaves)
     assert njit(cache=False, nrt=True)(leaves)(np.arange(10.0)) == 44.0
+
+
+def test_a_process_started_outside_the_checkout_stamps_the_same_sources(tmp_path):
+    """Where the interpreter was started must not change what a cache's stamp covers: an editable
+    install imports the project through an import hook, and a process started outside the checkout
+    (a notebook's folder, a shell elsewhere) once followed none of the kernel's imports: its caches
+    were stamped with their own file alone, so an edited rule was served from the old cache, and each
+    such process and one started in the checkout recompiled the loop after the other."""
+    script = (
+        "from engine import jit\n"
+        "print('\\n'.join(str(p) for p in jit.reach(jit.ROOT / 'replay/kernel.py')))\n"
+        "print(jit.stamp_of(jit.ROOT / 'replay/kernel.py'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split("\n")
+    here = [str(p) for p in jit.reach(jit.ROOT / "replay/kernel.py")]
+    assert out[: len(here)] == here
+    assert out[len(here)] == jit.stamp_of(jit.ROOT / "replay/kernel.py")
+    assert any(p.endswith("engine/risk_codes.py") for p in here)  # what the loop calls is followed
