@@ -22,7 +22,7 @@ import orjson
 
 from engine import jit
 from engine import kernel as K
-from engine.book import as_levels
+from engine.book import WIDTH, as_levels
 from engine.clock import Clock
 from engine.contract import ContractConfig
 from engine.errors import DualhubError
@@ -185,7 +185,7 @@ class Engine:
                 st.before = self._hand_over
         self._before = np.zeros(8, dtype=np.int64)  # the output rows before the step (portfolio tags)
         self._draining = False
-        self.levels = np.full((1, 60), math.nan)  # the book a label is of
+        self.levels = np.full((1, WIDTH), math.nan)  # the book a label is of
         self.b_loc = np.zeros(2, dtype=np.int64)  # [0]: its receive time; [1]: the engine's book's
         self._sent = 0  # order rows of the core's buffer already handed to the venue
         self._reason_code = {t: i for i, t in enumerate(K.REASON_TEXT) if t}
@@ -399,13 +399,12 @@ class Engine:
     def _shadow_requote(self) -> None:
         """A requote that replaces the working quotes, on a shadow of the core, once per requote
         window, shortly before it opens (or after the frame before it, when frames are farther apart
-        than that): the compiled code that sends and cancels orders (step_warm
-        runs only the strategy and the rules) runs at most every requote_min (250 ms) in live mode,
-        and cold, from memory, it took ~10 us of the ~12 us of an ordering step
-        (bench/bench_tick_stages.py). Run on every frame, the shadow kept it at ~3 us but evicted
-        the Python path's working set on every frame, the ordering one included; run
-        :data:`SHADOW_LEAD_NS` before the window opens, its code is still in the last-level cache when
-        the window's first label orders, and the frames between re-warm the Python path.
+        than that). Why: the compiled code that sends and cancels orders (step_warm runs only the
+        strategy and the rules) runs at most once a requote window in live mode, and cold it runs
+        from memory. Run on every frame, a shadow would evict the Python path's working set on every
+        frame, the ordering one included; run :data:`SHADOW_LEAD_NS` before the window opens, its code
+        is still in the last-level cache when the window's first label orders, and the frames between
+        re-warm the Python path (bench/bench_tick_stages.py, bench/HISTORY.md).
         The shadow has arrays of its own: what it decides goes nowhere. It takes the small state whole
         and, of the order table, the working orders' rows and the next ids'."""
         c = self.core
@@ -440,7 +439,7 @@ class Engine:
         sh.OI[r[:n], K.OI_PX] += 3  # the working quotes are off: the requote cancels and replaces them
         sh.NOUT[:] = 0
         T = sh.S
-        T[K.S_NOW] = now = self.clock.now_ns()
+        T[K.S_NOW] = now
         T[K.S_LAST_REQUOTE] = now - sh.C[K.C_REQUOTE_MIN] - 1  # a requote is due
         K.step_label(
             K.L_HOLD, 1.0, T, sh.SF, sh.C, sh.CF, sh.OI, sh.OF, sh.RI, sh.RF, sh.HI, sh.HF, sh.olat,
@@ -645,7 +644,7 @@ class _Shadow:
     def __init__(self, c: Any) -> None:
         for name in (*self.WHOLE, "OI", "OF", "RI", "RF", "HI", "HF", "lags", "SCR"):
             setattr(self, name, getattr(c, name).copy())
-        self.levels = np.full((1, 60), math.nan)
+        self.levels = np.full((1, WIDTH), math.nan)
         self.b_loc = np.zeros(2, dtype=np.int64)
         self.rows = np.zeros(len(c.work) + 4, dtype=np.int64)
         self.OUTI = np.zeros((8, K.OUT_MAXI, 256), dtype=np.int64)  # one step's rows, many times over

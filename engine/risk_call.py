@@ -22,6 +22,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
+from engine.book import LEVELS, WIDTH
 from engine.risk_codes import N_RULES, VF_SIZE, VI_SIZE
 
 
@@ -39,11 +40,11 @@ def verdict(fn, vi, vf, C, at, bk, lpx, lq):
 @overload(verdict)
 def _verdict_entry(fn, vi, vf, C, at, bk, lpx, lq):
     def impl(fn, vi, vf, C, at, bk, lpx, lq):
-        # the entry reads N_RULES codes, the 60-value book and LEVELS values of each scratch: shorter
+        # the entry reads N_RULES codes, the WIDTH-value book and LEVELS values of each scratch: shorter
         # arrays would be read past their end; an address of 0 is an engine built without the entry
-        if fn == 0 or at < 0 or at + N_RULES > C.shape[0] or bk.shape[0] < 60:
+        if fn == 0 or at < 0 or at + N_RULES > C.shape[0] or bk.shape[0] < WIDTH:
             raise ValueError("the risk rules' entry needs its address, the rule codes and the 60-value book")
-        if lpx.shape[0] < 15 or lq.shape[0] < 15:
+        if lpx.shape[0] < LEVELS or lq.shape[0] < LEVELS:
             raise ValueError("the risk rules' entry needs 15 values of walk scratch each")
         return _call_entry(fn, vi, vf, C, at, bk, lpx, lq)
 
