@@ -379,6 +379,14 @@ def diff_runs(
         "ignored": {s: sorted(v) for s, v in ignored.items()},
         "provenance": _provenance(ma, mb),
     }
+    # Digests of two run layouts (another hash, other columns) say nothing about each other.
+    va, vb = ma.get("run_schema_version"), mb.get("run_schema_version")
+    if va != vb:
+        warnings.append(
+            f"the runs have different layouts (run schema {va} and {vb}): their digests are not comparable, "
+            "so the events are compared one by one"
+        )
+        dda = ddb = ""
     # The decision digest covers every compared field unless a non-decision column is to be compared.
     covered = all(NON_DECISION_COLUMNS.get(s, frozenset()) <= set(ignored.get(s, ())) for s in streams)
     if covered and dda and dda == ddb and _as_written(pa_, ma, streams) and _as_written(pb, mb, streams):
@@ -419,7 +427,7 @@ def diff_runs(
             around_a=_around(a, ts, context),
             around_b=_around(b, ts, context),
         )
-    if divergence is not None and ma.get("digest") == mb.get("digest"):
+    if divergence is not None and va == vb and ma.get("digest") == mb.get("digest"):
         warnings.append("the manifests report the same digest, yet the events differ")
     elif divergence is not None and dda and dda == ddb:
         warnings.append("the manifests report the same decision digest, yet the decisions differ")

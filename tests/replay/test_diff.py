@@ -101,6 +101,22 @@ def test_planted_fill_difference_is_found_at_that_event(runs, tmp_path):
     assert any("fill.parquet does not match the sha256" in w for w in r.warnings)  # ... and that is said
 
 
+def test_a_run_of_another_layout_is_compared_event_by_event(runs, tmp_path):
+    # A run written before the digests were BLAKE3 (run schema 2) has sha256 digests: they differ from
+    # this run's for the same events, and say nothing about it.
+    older = tmp_path / "older"
+    shutil.copytree(runs["a"], older)
+    m = orjson.loads((older / "manifest.json").read_bytes())
+    m["run_schema_version"] = 2
+    m["digest"], m["decision_digest"] = "1" * 64, "2" * 64
+    (older / "manifest.json").write_bytes(orjson.dumps(m))
+
+    r = diff_runs(runs["a"], older)
+    assert not r.diverged and r.identical_prefix == len(_merged(runs["a"]))
+    assert any("different layouts (run schema 3 and 2)" in w for w in r.warnings)
+    assert not any("decision digests differ" in w for w in r.warnings)
+
+
 def test_cassette_replay_of_a_sim_run_does_not_diverge(session, runs, tmp_path):
     cfg = ReplayConfig(seed=5, laya_provider="cpu", kev_mode="cassette", kev_cassette=str(runs["a"]))
     cas = run_replay(session, cfg, out_dir=tmp_path / "cas").run_dir

@@ -21,18 +21,18 @@ GOLDEN = {
     # name: (config, decisions digest, full run digest)
     "default": (
         ReplayConfig(),
-        "b6987428e09d3d2971a9188941331ce719a81cf09cea5231fd658f10b47ab378",
-        "420d47b235a74b0ef2c07d36405a54ff261e55ca78c6a663b77565f9a9444eed",
+        "61e600ae8e4ef7da4103a481253d0dfa9f085372ea224691fd1a871eb8dfc7ff",
+        "2676f9c31993072395145d14bc4d7c53a24a4459f0940ea4e9bd21e8be1ce47d",
     ),
     "touch_lognormal_entry": (
         ReplayConfig(fill_model="touch", latency_order_entry="lognormal:p5=1ms,p95=8ms"),
-        "85c5934a1efffaf6365b8f10f278faba573c4adbd57ef0c870fe54ae9cbe3441",
-        "7a58463efd63c96b9a755677489b6c44aad08f577f19e00c8da3196e9b33627a",
+        "6ae9f4893163bfa0f58e3bb05b940eb9a2912af65dcdf8b25ca162bb9d202851",
+        "4cc6d4ff76c613300c3010796d75c235443417185f8df01b4a5ce96a333f0a20",
     ),
     "conflating_kev_queue": (
         ReplayConfig(kev_queue_policy="conflate", kev_queue_max=1, seed=5),
-        "6a6c1cc53bb22951078b399a106d372bea5aaaa6f42fed7ed4848430b10621fd",
-        "9b096d68c0f7bb7be74a6d06b8bb8e603662b5c80f7d050dba2b7ccc6c81abfb",
+        "9925cae43c0ed70aa08f69e545094bb7211e5d37082a3754cd37ea663ebadeb2",
+        "67d53b867c4a8c6308b9794be35aeeab129f1f3970f025e0174d36116681b05d",
     ),
 }
 
