@@ -11,16 +11,23 @@ import pyarrow as pa
 from engine.jit import njit
 
 
-def prefixed(prefix: str, n: np.ndarray) -> pa.Array:
+def prefixed(prefix: str | tuple[str, ...], n: np.ndarray, which: np.ndarray | None = None) -> pa.Array:
     """``prefix`` + each of ``n`` in decimal as an Arrow string array, its buffers written in one
-    compiled pass (casting to strings and joining was a visible share of a trading replay's main thread)."""
+    compiled pass (casting to strings and joining was a visible share of a trading replay's main thread).
+    With several prefixes, ``which[i]`` picks row i's (a latency span's ref: "dh-" or "kev:")."""
     n = np.ascontiguousarray(n, dtype=np.int64)
-    p = np.frombuffer(prefix.encode(), dtype=np.uint8)
+    chars, starts = _table((prefix,) if isinstance(prefix, str) else prefix)
+    pick = _FIRST if which is None else np.ascontiguousarray(which, dtype=np.int64)
+    if len(pick) and (len(pick) != len(n) or pick.min() < 0 or pick.max() >= len(starts) - 1):
+        raise IndexError(f"{len(pick)} prefix choices for {len(n)} numbers of {len(starts) - 1} prefixes")
     offsets = np.empty(len(n) + 1, dtype=np.int32)
-    size = _prefixed_offsets(len(p), n, offsets)
+    size = _prefixed_offsets(starts, pick, n, offsets)
     data = np.empty(size, dtype=np.uint8)
-    _prefixed_write(p, n, offsets, data)
+    _prefixed_write(chars, starts, pick, n, offsets, data)
     return pa.Array.from_buffers(pa.string(), len(n), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+_FIRST = np.zeros(0, dtype=np.int64)  # prefixed: every row takes the first prefix
 
 
 _POW10_U = np.array([10**k for k in range(20)], dtype=np.uint64)
@@ -42,26 +49,29 @@ def _digits(u):
 
 
 @njit
-def _prefixed_offsets(plen, n, offsets):
+def _prefixed_offsets(starts, pick, n, offsets):
     """Each string's start into ``offsets`` (and the end after the last); returns the bytes in all."""
     at = 0
     offsets[0] = 0
     for i in range(len(n)):
         v = n[i]
-        at += plen + _digits(_magnitude(v)) + (1 if v < 0 else 0)
+        c = pick[i] if len(pick) else 0
+        at += starts[c + 1] - starts[c] + _digits(_magnitude(v)) + (1 if v < 0 else 0)
         offsets[i + 1] = at
     return at
 
 
 @njit
-def _prefixed_write(p, n, offsets, data):
+def _prefixed_write(chars, starts, pick, n, offsets, data):
     ten = np.uint64(10)
     for i in range(len(n)):
         at = offsets[i]
-        for j in range(len(p)):
-            data[at + j] = p[j]
+        c = pick[i] if len(pick) else 0
+        s, plen = starts[c], starts[c + 1] - starts[c]
+        for j in range(plen):
+            data[at + j] = chars[s + j]
         if n[i] < 0:
-            data[at + len(p)] = 45  # "-"
+            data[at + plen] = 45  # "-"
         u = _magnitude(n[i])
         end = offsets[i + 1]
         while True:  # digits from the last
@@ -76,16 +86,21 @@ def _prefixed_write(p, n, offsets, data):
 _TABLES: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
 
 
-def texts(values: tuple[str, ...], codes: np.ndarray) -> pa.Array:
-    """``values[code]`` for each of ``codes`` as an Arrow string array (what ``take`` on the values
-    gives, without its per-row gather of variable-width strings); a code out of range is an error."""
+def _table(values: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The texts' UTF-8 bytes end to end, and where each starts (one more: the end)."""
     table = _TABLES.get(values)
     if table is None:
         encoded = [v.encode() for v in values]
         starts = np.zeros(len(values) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encoded], out=starts[1:])
         table = _TABLES[values] = (np.frombuffer(b"".join(encoded) or b"\0", dtype=np.uint8), starts)
-    chars, starts = table
+    return table
+
+
+def texts(values: tuple[str, ...], codes: np.ndarray) -> pa.Array:
+    """``values[code]`` for each of ``codes`` as an Arrow string array (what ``take`` on the values
+    gives, without its per-row gather of variable-width strings); a code out of range is an error."""
+    chars, starts = _table(values)
     codes = np.ascontiguousarray(codes, dtype=np.int64)
     offsets = np.empty(len(codes) + 1, dtype=np.int32)
     if _texts_offsets(starts, codes, offsets) < 0:

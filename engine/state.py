@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from engine import kernel as K
 from engine.columns import prefixed as _prefixed
@@ -39,6 +38,8 @@ if TYPE_CHECKING:
 LABEL_NAMES: tuple[str, ...] = tuple(x.name for x in sorted(Label))  # by class index
 _kev_context = frozen_maker(KevContext)
 _NO_SEQ: dict[str, pa.Schema] = {}
+# a latency span's ref by its kind (the kernel's REF_*): an order's client id or a Kev request's
+_REF_PREFIXES = tuple(p for _, p in sorted({K.REF_ORDER: "dh-", K.REF_KEV: "kev:"}.items()))
 
 
 class _KernelStream:
@@ -501,7 +502,7 @@ class CoreState:
             return [
                 ts,
                 ts,
-                _prefixed("dh-", ints[1].copy()),
+                _prefixed("dh-", ints[1]),
                 self._sym(ints),
                 _text(("new", "cancel"), ints[2]),
                 _text(side, ints[3]),
@@ -517,7 +518,7 @@ class CoreState:
             return [
                 pa.array(ints[0].copy()),
                 pa.array(ints[1].copy()),
-                _prefixed("dh-", ints[2].copy()),
+                _prefixed("dh-", ints[2]),
                 self._sym(ints),
                 _text(K.ORDER_KINDS, ints[3]),
                 _text(side, ints[4]),
@@ -530,7 +531,7 @@ class CoreState:
             return [
                 pa.array(ints[0].copy()),
                 pa.array(ints[1].copy()),
-                _prefixed("dh-", ints[2].copy()),
+                _prefixed("dh-", ints[2]),
                 self._sym(ints),
                 _text(side, ints[3]),
                 pa.array(floats[0].copy()),
@@ -542,9 +543,7 @@ class CoreState:
             ]
         # latency
         start, end = ints[0].copy(), ints[1].copy()
-        ref_n = ints[4]
-        is_kev = ints[3] == K.REF_KEV
-        refs = pc.if_else(pa.array(is_kev), _prefixed("kev:", ref_n.copy()), _prefixed("dh-", ref_n.copy()))
+        refs = _prefixed(_REF_PREFIXES, ints[4], ints[3])
         return [
             pa.array(start),
             pa.array(end),

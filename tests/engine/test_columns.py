@@ -30,6 +30,23 @@ def test_prefixed_ids_are_arrows_strings(prefix):
     assert _prefixed("dh-", np.array([42, -3])).to_pylist() == ["dh-42", "dh--3"]
 
 
+def test_prefixes_chosen_per_row_are_arrows_if_else_of_each():
+    rng = np.random.default_rng(11)
+    n = rng.integers(-(2**63), 2**63 - 1, 3000)
+    which = rng.integers(0, 3, 3000)
+    got = _prefixed(("dh-", "kev:", "é"), n, which[:, None].repeat(2, axis=1)[:, 1])  # strided too
+    got.validate(full=True)
+    each = [
+        pc.binary_join_element_wise(p, pc.cast(pa.array(n), pa.string()), "") for p in ("dh-", "kev:", "é")
+    ]
+    want = pc.case_when(pc.make_struct(*(pa.array(which == k) for k in range(3))), *each)
+    assert got.equals(want)
+    with pytest.raises(IndexError):
+        _prefixed(("dh-", "kev:"), n, which)  # a choice past the prefixes
+    with pytest.raises(IndexError):
+        _prefixed(("dh-", "kev:"), n, which[:10] % 2)  # not one per number
+
+
 def test_texts_are_what_take_gives():
     values = ("new", "cancel", "", "kill_switch", "né")  # an empty and a non-ASCII text too
     rng = np.random.default_rng(3)
