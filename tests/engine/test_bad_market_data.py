@@ -14,7 +14,7 @@ import pytest
 
 from dualhub.cli import main
 from engine import validate as V
-from engine.store import SessionWriter, open_session, sha256_file
+from engine.store import SessionWriter, blake3_file, open_session
 from replay.driver import ReplayConfig, run_replay
 from tests.helpers import make_book
 from venue.simulator import simulate_session
@@ -228,7 +228,7 @@ def _rewrite(session: Path, rel: str, data: bytes | None = None, table: pa.Table
         path.write_bytes(data or b"")
     mpath = session / "manifest.json"
     m = orjson.loads(mpath.read_bytes())
-    m["files"][rel]["sha256"] = sha256_file(path)
+    m["files"][rel] = {"rows": m["files"][rel]["rows"], "blake3": blake3_file(path)}
     mpath.write_bytes(orjson.dumps(m))
 
 

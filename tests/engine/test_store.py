@@ -72,7 +72,7 @@ def test_unfinished_session_and_tampering_are_detected(tmp_path):
     with open(part, "r+b") as f:
         f.seek(os.path.getsize(part) // 2)
         f.write(b"\x00garbage")
-    with pytest.raises(SessionError, match="sha256"):
+    with pytest.raises(SessionError, match="does not match its manifest blake3"):
         open_session(tmp_path / "s").verify()
 
 
@@ -142,3 +142,48 @@ def test_arrow_buffers_come_from_jemalloc_unless_a_pool_is_chosen(tmp_path, chos
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.startswith(expect), out.stdout
+
+
+def test_parts_are_lz4_with_blake3_hashes_and_an_older_sha256_session_still_verifies(tmp_path):
+    import hashlib
+
+    import orjson
+    import pyarrow.parquet as pq
+
+    from engine.store import blake3_file, sha256_file
+
+    w = SessionWriter(tmp_path / "s", source="test", symbols=["BTCUSDT"], rows_per_part=3)
+    w.add_all(make_book(100.0, 100.1, ts=i, seq=i, levels=3) for i in range(5))
+    m = w.close()
+    for rel, meta in m["files"].items():
+        p = tmp_path / "s" / rel
+        assert meta["blake3"] == blake3_file(p) and "sha256" not in meta
+        md = pq.ParquetFile(p).metadata
+        assert {md.row_group(0).column(c).compression for c in range(md.num_columns)} == {"LZ4"}
+    new = open_session(tmp_path / "s")
+    new.verify()
+
+    # the same files listed as a session written before BLAKE3 lists them: checked by sha256, and its
+    # digest is what it was then (sha256 over each file's path and sha256)
+    mpath = tmp_path / "s" / "manifest.json"
+    old = orjson.loads(mpath.read_bytes())
+    for rel, meta in old["files"].items():
+        old["files"][rel] = {"rows": meta["rows"], "sha256": sha256_file(tmp_path / "s" / rel)}
+    mpath.write_bytes(orjson.dumps(old))
+    s = open_session(tmp_path / "s")
+    s.verify()
+    want = hashlib.sha256()
+    for rel, meta in sorted(old["files"].items()):
+        want.update(f"{rel}\t{meta['sha256']}\n".encode())
+    assert s.digest() == want.hexdigest() != new.digest()
+    part = next((tmp_path / "s" / "books15").glob("*.parquet"))
+    with open(part, "r+b") as f:
+        f.seek(os.path.getsize(part) // 2)
+        f.write(b"\x00garbage")
+    with pytest.raises(SessionError, match="does not match its manifest sha256"):
+        s.verify()
+    # an entry with no hash at all is refused when the session is opened
+    old["files"][next(iter(old["files"]))] = {"rows": 1}
+    mpath.write_bytes(orjson.dumps(old))
+    with pytest.raises(SessionError, match="has no hash"):
+        open_session(tmp_path / "s")
