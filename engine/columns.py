@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic, overload
 
 from engine.jit import njit
 
@@ -100,14 +103,33 @@ def _table(values: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
 def texts(values: tuple[str, ...], codes: np.ndarray) -> pa.Array:
     """``values[code]`` for each of ``codes`` as an Arrow string array (what ``take`` on the values
     gives, without its per-row gather of variable-width strings); a code out of range is an error."""
-    chars, starts = _table(values)
+    _, starts = _table(values)
+    words = _words(values)
     codes = np.ascontiguousarray(codes, dtype=np.int64)
     offsets = np.empty(len(codes) + 1, dtype=np.int32)
     if _texts_offsets(starts, codes, offsets) < 0:
         raise IndexError(f"a code out of range of {len(values)} texts")
-    data = np.empty(int(offsets[-1]), dtype=np.uint8)
-    _texts_write(chars, starts, codes, offsets, data)
-    return pa.Array.from_buffers(pa.string(), len(codes), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    size = int(offsets[-1])
+    data = np.empty(size + 8 * words.shape[1], dtype=np.uint8)  # room for the last text's whole words
+    _texts_write(words, starts, codes, offsets, data)
+    return pa.Array.from_buffers(
+        pa.string(), len(codes), [None, pa.py_buffer(offsets), pa.py_buffer(data[:size])]
+    )
+
+
+_WORDS: dict[tuple[str, ...], np.ndarray] = {}
+
+
+def _words(values: tuple[str, ...]) -> np.ndarray:
+    """Each text's UTF-8 bytes as whole 8-byte words, zero-padded: (texts x words) uint64, in the
+    machine's byte order, so a word stored as it is writes the text's bytes in order."""
+    words = _WORDS.get(values)
+    if words is None:
+        encoded = [v.encode() for v in values]
+        n = max(1, *((len(e) + 7) // 8 for e in encoded)) if encoded else 1
+        padded = b"".join(e.ljust(8 * n, b"\0") for e in encoded)
+        words = _WORDS[values] = np.frombuffer(padded, dtype=np.uint64).reshape(len(values), n).copy()
+    return words
 
 
 @njit
@@ -126,10 +148,54 @@ def _texts_offsets(starts, codes, offsets):
 
 
 @njit
-def _texts_write(chars, starts, codes, offsets, data):
+def _texts_write(words, starts, codes, offsets, data):
+    # A text is stored a whole word at a time (most are one word): a byte-by-byte copy took ~7.6 ns a
+    # text, a visible share of a trading replay. The bytes a word writes past its text's end are
+    # overwritten by the next text, or fall in the room after the last.
     for i in range(len(codes)):
         c = codes[i]
         at = offsets[i]
-        s = starts[c]
-        for j in range(starts[c + 1] - s):
-            data[at + j] = chars[s + j]
+        for k in range((starts[c + 1] - starts[c] + 7) // 8):
+            put8(data, at + 8 * k, words[c, k])
+
+
+def put8(data: np.ndarray, at: int, word: np.uint64) -> None:
+    """``data[at:at + 8]`` = the bytes of ``word`` as it sits in memory (the readable reference of the
+    compiled store below, which the JIT uses instead)."""
+    data[at : at + 8] = np.array([word], dtype=np.uint64).view(np.uint8)
+
+
+@overload(put8)
+def _put8_compiled(data, at, word):
+    if not (isinstance(data, types.Array) and data.ndim == 1 and data.dtype == types.uint8):
+        return None
+    if data.layout != "C":
+        return None
+
+    def impl(data, at, word):
+        if at < 0 or at + 8 > data.shape[0]:
+            raise IndexError("put8 past the end of its buffer")
+        _store8(data, at, word)
+
+    return impl
+
+
+@intrinsic
+def _store8(typingctx, data, at, word):
+    """One unaligned 8-byte store of ``word`` at byte ``at`` of ``data``."""
+    sig = types.void(data, at, word)
+
+    def codegen(context, builder, signature, args):
+        data_v, at_v, word_v = args
+        ty = signature.args
+        base = context.make_array(ty[0])(context, builder, data_v).data
+        ptr = builder.gep(base, [context.cast(builder, at_v, ty[1], types.int64)])
+        i64 = ir.IntType(64)
+        builder.store(
+            context.cast(builder, word_v, ty[2], types.uint64),
+            builder.bitcast(ptr, i64.as_pointer()),
+            align=1,
+        )
+        return context.get_dummy_value()
+
+    return sig, codegen

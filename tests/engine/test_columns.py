@@ -48,7 +48,8 @@ def test_prefixes_chosen_per_row_are_arrows_if_else_of_each():
 
 
 def test_texts_are_what_take_gives():
-    values = ("new", "cancel", "", "kill_switch", "né")  # an empty and a non-ASCII text too
+    # an empty and a non-ASCII text too, and texts of one, two and three whole 8-byte words and between
+    values = ("new", "cancel", "", "kill_switch", "né", "exactly8", "sixteen_bytes_xx", "seventeen_bytes_xy")
     rng = np.random.default_rng(3)
     for codes in (
         rng.integers(0, len(values), 5000),
@@ -60,6 +61,6 @@ def test_texts_are_what_take_gives():
         got.validate(full=True)
         assert got.equals(pa.array(values, pa.string()).take(pa.array(codes.astype(np.int64))))
     with pytest.raises(IndexError):
-        texts(values, np.array([0, 5]))
+        texts(values, np.array([0, len(values)]))
     with pytest.raises(IndexError):
         texts(values, np.array([-1]))
