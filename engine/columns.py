@@ -149,8 +149,8 @@ def _texts_offsets(starts, codes, offsets):
 
 @njit
 def _texts_write(words, starts, codes, offsets, data):
-    # A text is stored a whole word at a time (most are one word): a byte-by-byte copy took ~7.6 ns a
-    # text, a visible share of a trading replay. The bytes a word writes past its text's end are
+    # A text is stored a whole word at a time (most are one word): a byte-by-byte copy was a visible
+    # share of a trading replay (bench/HISTORY.md). The bytes a word writes past its text's end are
     # overwritten by the next text, or fall in the room after the last.
     for i in range(len(codes)):
         c = codes[i]

@@ -14,8 +14,8 @@ each stream's name, row count and column digests, in :data:`OUTPUT_STREAMS` orde
 whenever any field of any event changes or events within a stream change order; it does not encode
 how different streams interleave (each stream's own ``ts_recv`` and ``seq`` order it). Two runs agree
 on it exactly when they produced the same events, in any process. BLAKE3, not sha256: a replay
-hashes every value it writes (hundreds of MB for a million snapshots), and BLAKE3 does that several
-times faster on one core with the same 256-bit strength.
+hashes every value it writes, and BLAKE3 does that several times faster on one core with the same
+256-bit strength.
 
 The decision digest is the same hash without the columns in
 :data:`engine.events.NON_DECISION_COLUMNS` (server measurements such as llama-server's

@@ -50,7 +50,7 @@ def sha256_file(path: Path) -> str:
 
 def blake3_file(path: Path) -> str:
     # read a MB at a time into one buffer, not mapped: a mapped file's pages count in the process's
-    # resident memory while it is hashed (the books of 1M snapshots: +140 MB of peak RSS)
+    # resident memory while it is hashed, and a replay checks its session's books first
     h = blake3(max_threads=1)
     buf = bytearray(1 << 20)
     view = memoryview(buf)
@@ -60,9 +60,9 @@ def blake3_file(path: Path) -> str:
     return h.hexdigest()
 
 
-# A session file's hash, by the name its manifest gives it. Sessions are written with BLAKE3: every
-# replay checks every file it reads (the books of 1M snapshots: 0.04 s against sha256's 0.09-0.10 s);
-# sessions written before keep their sha256, still checked.
+# A session file's hash, by the name its manifest gives it. Sessions are written with BLAKE3, several
+# times faster than sha256 here, as every replay checks every file it reads; sessions written before
+# keep their sha256, still checked.
 FILE_HASHES: dict[str, Callable[[Path], str]] = {"blake3": blake3_file, "sha256": sha256_file}
 
 
@@ -108,7 +108,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 # (replay/book_source.py), so its memory does not grow with the session.
 ROW_GROUP_ROWS = 65_536
 # A session's parts are LZ4: every replay reads every book level, and LZ4 pages decompress in about
-# half zstd's time (the books of 1M snapshots: 0.12-0.13 s against 0.21-0.22 s) for files ~13% larger.
+# half zstd's time, for files somewhat larger (figures: bench/HISTORY.md).
 SESSION_COMPRESSION = "lz4"
 
 
