@@ -19,15 +19,15 @@ def prefixed(prefix: str | tuple[str, ...], n: np.ndarray, which: np.ndarray | N
     compiled pass (casting to strings and joining was a visible share of a trading replay's main thread).
     With several prefixes, ``which[i]`` picks row i's (a latency span's ref: "dh-" or "kev:")."""
     n = np.ascontiguousarray(n, dtype=np.int64)
-    chars, starts = _table((prefix,) if isinstance(prefix, str) else prefix)
+    starts, words = _table((prefix,) if isinstance(prefix, str) else prefix)
     pick = _FIRST if which is None else np.ascontiguousarray(which, dtype=np.int64)
     if len(pick) and (len(pick) != len(n) or pick.min() < 0 or pick.max() >= len(starts) - 1):
         raise IndexError(f"{len(pick)} prefix choices for {len(n)} numbers of {len(starts) - 1} prefixes")
     offsets = np.empty(len(n) + 1, dtype=np.int32)
     size = _prefixed_offsets(starts, pick, n, offsets)
-    data = np.empty(size, dtype=np.uint8)
-    _prefixed_write(chars, starts, pick, n, offsets, data)
-    return pa.Array.from_buffers(pa.string(), len(n), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    data = _text_buffer(size, words)
+    _prefixed_write(words, starts, pick, n, offsets, data)
+    return _strings(offsets, data, size)
 
 
 _FIRST = np.zeros(0, dtype=np.int64)  # prefixed: every row takes the first prefix
@@ -65,14 +65,11 @@ def _prefixed_offsets(starts, pick, n, offsets):
 
 
 @njit
-def _prefixed_write(chars, starts, pick, n, offsets, data):
+def _prefixed_write(words, starts, pick, n, offsets, data):
     ten = np.uint64(10)
     for i in range(len(n)):
         at = offsets[i]
-        c = pick[i] if len(pick) else 0
-        s, plen = starts[c], starts[c + 1] - starts[c]
-        for j in range(plen):
-            data[at + j] = chars[s + j]
+        plen = _put_text(words, starts, pick[i] if len(pick) else 0, data, at)
         if n[i] < 0:
             data[at + plen] = 45  # "-"
         u = _magnitude(n[i])
@@ -90,46 +87,44 @@ _TABLES: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _table(values: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """The texts' UTF-8 bytes end to end, and where each starts (one more: the end)."""
+    """Where each text's UTF-8 bytes start among them all (one more: the end), and each text's bytes
+    as whole 8-byte words, zero-padded ((texts x words) uint64, in the machine's byte order, so a word
+    stored as it is writes the text's bytes in order)."""
     table = _TABLES.get(values)
     if table is None:
         encoded = [v.encode() for v in values]
         starts = np.zeros(len(values) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encoded], out=starts[1:])
-        table = _TABLES[values] = (np.frombuffer(b"".join(encoded) or b"\0", dtype=np.uint8), starts)
+        n = max([1, *((len(e) + 7) // 8 for e in encoded)])
+        padded = b"".join(e.ljust(8 * n, b"\0") for e in encoded)
+        words = np.frombuffer(padded, dtype=np.uint64).reshape(len(values), n).copy()
+        table = _TABLES[values] = (starts, words)
     return table
+
+
+def _text_buffer(size: int, words: np.ndarray) -> np.ndarray:
+    """Room for ``size`` bytes of strings, and for the whole words the last text's store writes."""
+    return np.empty(size + 8 * words.shape[1], dtype=np.uint8)
+
+
+def _strings(offsets: np.ndarray, data: np.ndarray, size: int) -> pa.Array:
+    return pa.Array.from_buffers(
+        pa.string(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data[:size])]
+    )
 
 
 def texts(values: tuple[str, ...], codes: np.ndarray) -> pa.Array:
     """``values[code]`` for each of ``codes`` as an Arrow string array (what ``take`` on the values
     gives, without its per-row gather of variable-width strings); a code out of range is an error."""
-    _, starts = _table(values)
-    words = _words(values)
+    starts, words = _table(values)
     codes = np.ascontiguousarray(codes, dtype=np.int64)
     offsets = np.empty(len(codes) + 1, dtype=np.int32)
     if _texts_offsets(starts, codes, offsets) < 0:
         raise IndexError(f"a code out of range of {len(values)} texts")
     size = int(offsets[-1])
-    data = np.empty(size + 8 * words.shape[1], dtype=np.uint8)  # room for the last text's whole words
+    data = _text_buffer(size, words)
     _texts_write(words, starts, codes, offsets, data)
-    return pa.Array.from_buffers(
-        pa.string(), len(codes), [None, pa.py_buffer(offsets), pa.py_buffer(data[:size])]
-    )
-
-
-_WORDS: dict[tuple[str, ...], np.ndarray] = {}
-
-
-def _words(values: tuple[str, ...]) -> np.ndarray:
-    """Each text's UTF-8 bytes as whole 8-byte words, zero-padded: (texts x words) uint64, in the
-    machine's byte order, so a word stored as it is writes the text's bytes in order."""
-    words = _WORDS.get(values)
-    if words is None:
-        encoded = [v.encode() for v in values]
-        n = max(1, *((len(e) + 7) // 8 for e in encoded)) if encoded else 1
-        padded = b"".join(e.ljust(8 * n, b"\0") for e in encoded)
-        words = _WORDS[values] = np.frombuffer(padded, dtype=np.uint64).reshape(len(values), n).copy()
-    return words
+    return _strings(offsets, data, size)
 
 
 @njit
@@ -149,14 +144,20 @@ def _texts_offsets(starts, codes, offsets):
 
 @njit
 def _texts_write(words, starts, codes, offsets, data):
-    # A text is stored a whole word at a time (most are one word): a byte-by-byte copy was a visible
-    # share of a trading replay (bench/HISTORY.md). The bytes a word writes past its text's end are
-    # overwritten by the next text, or fall in the room after the last.
     for i in range(len(codes)):
-        c = codes[i]
-        at = offsets[i]
-        for k in range((starts[c + 1] - starts[c] + 7) // 8):
-            put8(data, at + 8 * k, words[c, k])
+        _put_text(words, starts, codes[i], data, offsets[i])
+
+
+@njit(inline="always")
+def _put_text(words, starts, c, data, at):
+    """Text ``c`` at byte ``at`` of ``data``, a whole word at a time (most texts are one word): a
+    byte-by-byte copy was a visible share of a trading replay (bench/HISTORY.md). The bytes a word
+    writes past the text's end are overwritten by what follows, or fall in the room after the last
+    (:func:`_text_buffer`). Returns the text's length."""
+    length = starts[c + 1] - starts[c]
+    for k in range((length + 7) // 8):
+        put8(data, at + 8 * k, words[c, k])
+    return length
 
 
 def put8(data: np.ndarray, at: int, word: np.uint64) -> None:

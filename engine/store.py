@@ -75,6 +75,14 @@ def file_hash(meta: Any) -> tuple[str, str] | None:
     return None
 
 
+def _listed_hash(meta: Any) -> tuple[str, str]:
+    """:func:`file_hash` of an entry of an opened session's manifest (``open_session`` refused one
+    naming no hash)."""
+    entry = file_hash(meta)
+    assert entry is not None
+    return entry
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -168,16 +176,10 @@ class SessionWriter:
         like any other part."""
         self._flush_stream(stream)
         table = table.select(STREAMS[stream].schema.names).cast(STREAMS[stream].schema)
-        part = self._parts.get(stream, 0)
-        rel = f"{stream}/part-{part:05d}.parquet"
-        path = self.root / rel
-        atomic_write_parquet(table, path, compression=SESSION_COMPRESSION)
-        self._parts[stream] = part + 1
-        self._counts[stream] = self._counts.get(stream, 0) + table.num_rows
         if table.num_rows:
             recv = table.column("ts_recv")
             self._span.extend((pc.min(recv).as_py(), pc.max(recv).as_py()))
-        self._files[rel] = {"rows": table.num_rows, "blake3": blake3_file(path)}
+        self._write_part(stream, table)
 
     def add_all(self, events: Iterable[Any]) -> None:
         for e in events:
@@ -187,16 +189,20 @@ class SessionWriter:
         events = self._buf.get(stream)
         if not events:
             return
+        recv = [e.ts_recv for e in events]
+        self._span.extend((min(recv), max(recv)))
+        self._write_part(stream, events_to_table(events, stream))
+        self._buf[stream] = []
+
+    def _write_part(self, stream: str, table: pa.Table) -> None:
+        """The stream's next part file, counted and listed with its hash."""
         part = self._parts.get(stream, 0)
         rel = f"{stream}/part-{part:05d}.parquet"
         path = self.root / rel
-        atomic_write_parquet(events_to_table(events, stream), path, compression=SESSION_COMPRESSION)
+        atomic_write_parquet(table, path, compression=SESSION_COMPRESSION)
         self._parts[stream] = part + 1
-        self._counts[stream] = self._counts.get(stream, 0) + len(events)
-        recv = [e.ts_recv for e in events]
-        self._span.extend((min(recv), max(recv)))
-        self._files[rel] = {"rows": len(events), "blake3": blake3_file(path)}
-        self._buf[stream] = []
+        self._counts[stream] = self._counts.get(stream, 0) + table.num_rows
+        self._files[rel] = {"rows": table.num_rows, "blake3": blake3_file(path)}
 
     def flush(self) -> None:
         for stream in sorted(self._buf):
@@ -283,7 +289,7 @@ class Session:
             p = self.root / rel
             if not p.exists():
                 raise SessionError(f"{p} is listed in the manifest but missing")
-            algo, want = file_hash(meta) or ("", "")
+            algo, want = _listed_hash(meta)
             if FILE_HASHES[algo](p) != want:
                 raise SessionError(f"{p} does not match its manifest {algo}")
 
@@ -292,8 +298,9 @@ class Session:
         counts as its hex alone, as before BLAKE3, so an older session keeps its digest."""
         h = hashlib.sha256()
         for rel, meta in sorted(self.manifest["files"].items()):
-            algo, hexdigest = file_hash(meta) or ("", "")
-            h.update(f"{rel}\t{hexdigest if algo == 'sha256' else f'{algo}:{hexdigest}'}\n".encode())
+            algo, hexdigest = _listed_hash(meta)
+            tag = hexdigest if algo == "sha256" else f"{algo}:{hexdigest}"
+            h.update(f"{rel}\t{tag}\n".encode())
         return h.hexdigest()
 
 
