@@ -92,7 +92,7 @@ def _import(spec: str, module_name: str) -> Any:
         sys.modules[name] = module  # what pickling (sweeps) and dataclasses in the module look up
         try:
             loader_spec.loader.exec_module(module)
-        except Exception as e:  # the user's module: whatever it raises, one line naming it
+        except (Exception, SystemExit) as e:  # the user's module: whatever it raises, one line naming it
             sys.modules.pop(name, None)
             raise DualhubError(
                 f"strategy {spec!r}: importing {path.name} failed: {type(e).__name__}: {e}"
@@ -117,7 +117,8 @@ def call(kind, book, tick, qty, label, position, target, max_position, params):
     view.flags.writeable = False
     try:
         out = fn(view, tick, qty, label, position, target, max_position, params)
-    except Exception as e:  # the user's code: whatever it raises ends the run with one line naming it
+    except (Exception, SystemExit) as e:  # the user's code: whatever it raises (sys.exit() too, which
+        # would otherwise end the command with status 0 and no run) ends the run with one line naming it
         raise DualhubError(f"strategy {spec!r} raised {type(e).__name__}: {e}") from e
     if type(out) is tuple and len(out) == 4:  # the usual answer, checked without the general path's
         a, b, c, d = out  # generators (they cost more than a small strategy itself)
