@@ -70,6 +70,8 @@ def instrument_args(values: list[str] | None) -> dict[str, dict[str, float]]:
         fields = out.setdefault(sym.strip(), {})
         for item in rest.split(","):
             k, eq, v = item.partition("=")
+            if k.strip() in fields:  # the second value would silently win: say which one is meant
+                raise DualhubError(f"--instrument {text!r}: {k.strip()} is given twice for {sym.strip()}")
             try:
                 fields[k.strip()] = float(v)
             except ValueError:
