@@ -9,10 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from engine.errors import DualhubError, os_error_text
+from engine.optional import install_hint, is_optional
 
 # Modules providing ``register(subparsers)``; a module that does not exist yet is skipped.
 COMMAND_MODULES = (
@@ -45,6 +49,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Python runs next: it unwinds like Ctrl-C, so every ``.tmp`` a command was
+    writing is removed on the way out (``engine.store._staged``, the replay's run directory)."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def has_nvidia_gpu() -> bool:
+    """Whether this machine has an NVIDIA device node at all (no driver query: that is doctor's job)."""
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+class _CpuOnlyMachine(logging.Filter):
+    """On a machine without a GPU, Laya's CUDA-fallback warning tells the user nothing they can act on:
+    it becomes one quiet line saying CPU runs (`dualhub doctor` keeps the detail)."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or "fell back to CPU" not in record.getMessage():
+            return True
+        if not _CpuOnlyMachine.said:
+            _CpuOnlyMachine.said = True
+            # stdout: a note, not an error (stderr stays one line when a command fails)
+            print("Laya runs on CPU (no GPU on this machine; `dualhub doctor` for details)", flush=True)
+        return False
+
+
+_CPU_ONLY = _CpuOnlyMachine()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -55,17 +92,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     # -v is dualhub's own detail. numba logs every compiler pass at DEBUG: megabytes on a fresh checkout
     # (no compile cache), which buried the log and blocked a parent that reads our stderr only at the end
     logging.getLogger("numba").setLevel(logging.WARNING)
+    laya_log = logging.getLogger("engine.laya.model")
+    if not args.verbose and not has_nvidia_gpu() and _CPU_ONLY not in laya_log.filters:
+        laya_log.addFilter(_CPU_ONLY)
+    # commands with an event loop (live, record) install their own SIGTERM handling over this one;
+    # signal handlers can only be set from the main thread (a test may call main() from another)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         return int(args.func(args) or 0)
     except DualhubError as e:
         print(f"dualhub {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"dualhub {args.command}: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print(f"dualhub {args.command}: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as e:
+        if not is_optional(e.name):
+            raise  # a module dualhub always installs: a broken install or a bug, worth its traceback
+        print(f"dualhub {args.command}: error: {install_hint(e.name or '')}", file=sys.stderr)
+        return 2
     except OSError as e:  # a full disk, a permission, a path: the user's to fix, not a bug to trace
         print(f"dualhub {args.command}: error: {os_error_text(e)}", file=sys.stderr)
         return 2
+    except SystemExit as e:
+        # no dualhub command exits this way: user code it runs (a strategy, a plugin) called sys.exit(),
+        # which must not pass for a finished command with status 0
+        print(
+            f"dualhub {args.command}: error: stopped by SystemExit({e.code!r}) from code it ran "
+            "(a strategy or plugin calling sys.exit?)",
+            file=sys.stderr,
+        )
+        return 2
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

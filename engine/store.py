@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -284,14 +285,36 @@ class Session:
         return table_to_events(self.read_table(stream), stream)
 
     def verify(self) -> None:
-        """Check every file's hash against the manifest."""
+        """Check every file against the manifest: a regular file inside the session (a symlink could
+        point anywhere, and the session would no longer be the bytes it names), its hash, and its row
+        count, per file and per stream (a hand-edited count would mislead every reader that trusts
+        it)."""
+        root = self.root.resolve()
+        rows_by_stream: dict[str, int] = {}
         for rel, meta in self.manifest["files"].items():
             p = self.root / rel
+            if p.is_symlink() or not p.resolve().is_relative_to(root):
+                raise SessionError(f"{p} is a link, not a file of the session (copy the file in its place)")
             if not p.exists():
                 raise SessionError(f"{p} is listed in the manifest but missing")
+            if not p.is_file():
+                raise SessionError(f"{p} is not a regular file")
             algo, want = _listed_hash(meta)
             if FILE_HASHES[algo](p) != want:
                 raise SessionError(f"{p} does not match its manifest {algo}")
+            rows = _parquet_rows(p)
+            listed = meta.get("rows")
+            if listed is not None and listed != rows:
+                raise SessionError(f"{p} holds {rows} rows, its manifest says {listed!r}")
+            stream = rel.split("/", 1)[0]
+            rows_by_stream[stream] = rows_by_stream.get(stream, 0) + rows
+        for stream, meta in self.manifest["streams"].items():
+            listed = meta.get("rows")
+            if listed is not None and listed != rows_by_stream.get(stream, 0):
+                raise SessionError(
+                    f"{self.root / MANIFEST}: stream {stream!r} lists {listed!r} rows, its files hold "
+                    f"{rows_by_stream.get(stream, 0)}"
+                )
 
     def digest(self) -> str:
         """One hash over the manifest's file hashes: identifies the session's content. A sha256 entry
@@ -304,6 +327,25 @@ class Session:
         return h.hexdigest()
 
 
+def _parquet_rows(path: Path) -> int:
+    """The row count a Parquet file's footer declares (the footer alone is read)."""
+    try:
+        return pq.read_metadata(path).num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise SessionError(f"{path}: not a readable Parquet file ({first_line(e)})") from None
+
+
+def read_regular(path: Path, what: str = "file") -> bytes:
+    """The bytes of ``path``, which must be a regular file: opened without blocking and checked before
+    it is read, so a FIFO or a device in a manifest's place is one error instead of a read that waits
+    forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SessionError(f"{path} is not a regular file: not a {what}")
+        return f.read()
+
+
 def open_session(root: Path | str) -> Session:
     root = Path(root)
     mpath = root / MANIFEST
@@ -313,7 +355,7 @@ def open_session(root: Path | str) -> Session:
             "an interrupted recording can be finished with `dualhub recover`"
         )
     try:
-        manifest = orjson.loads(mpath.read_bytes())
+        manifest = orjson.loads(read_regular(mpath, "session manifest"))
     except orjson.JSONDecodeError as e:
         raise SessionError(f"{mpath} is not valid JSON: {e}") from None
     if not isinstance(manifest, dict):

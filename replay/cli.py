@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.bounds import S_MAX, check_seed
-from engine.errors import DualhubError, check_output_path
+from engine.errors import DualhubError
 from engine.risk import add_risk_args, risk_fields
 from engine.strategies.registry import add_strategy_args, strategy_fields
 from venue.fills import FILL_MODELS
@@ -45,7 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(known contracts: venue.simulator.INSTRUMENTS)",
     )
     p.add_argument("--minutes", type=float, default=10.0, help="simulated duration (default 10)")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--seed", type=int, default=7, help="seed of the market simulator: the same seed, the same session (default 7)"
+    )
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser(
@@ -92,7 +94,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seed", type=int, default=1, help="seed for every component's RNG")
     p.add_argument("--model", type=Path, help="Laya ONNX model (default data/models/laya-v0.onnx)")
     p.add_argument("--provider", choices=("auto", "cuda", "cpu"), default="auto", help="Laya provider")
-    p.add_argument("--laya-mode", choices=("batch", "tick"), default="batch")
+    p.add_argument(
+        "--laya-mode",
+        choices=("batch", "tick"),
+        default="batch",
+        help="batch: Laya labels every snapshot in one pass before the replay (default; the same labels); "
+        "tick: one inference per snapshot as it arrives, as live mode does",
+    )
     p.add_argument(
         "--features",
         choices=("auto", "v0", "v1"),
@@ -100,8 +108,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="Laya features to compute: auto (those the model was trained on, from its metadata; "
         "default), v0 (books15) or v1 (books15 + trades); the model must match",
     )
-    p.add_argument("--kev-lag-p5-ms", type=float, default=200.0)
-    p.add_argument("--kev-lag-p95-ms", type=float, default=350.0)
+    p.add_argument(
+        "--kev-lag-p5-ms",
+        type=float,
+        default=200.0,
+        help="sim mode: Kev's lag model (log-normal) has this 5th percentile, in ms (default 200)",
+    )
+    p.add_argument(
+        "--kev-lag-p95-ms",
+        type=float,
+        default=350.0,
+        help="sim mode: and this 95th percentile, in ms (default 350)",
+    )
     p.add_argument(
         "--fill-model",
         choices=list(FILL_MODELS),
@@ -143,6 +161,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--scale-latency",
     )
     add_strategy_args(p)
+    p.add_argument(
+        "--strategy-budget-ms",
+        type=float,
+        metavar="MS",
+        help="a Python strategy (MODULE:FN) may take at most this long in one call, or the run stops with "
+        "one line (default 1000, or $DUALHUB_STRATEGY_BUDGET_MS; 0: no budget)",
+    )
     add_risk_args(p)
     p.add_argument("--report", action="store_true", help="print the report after the run")
     p.add_argument(
@@ -156,6 +181,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "report",
         help="DuckDB report over a run: labels, Kev lag and drops, risk rejections, fills, PnL, latency",
+        description="Check the run's event files against its manifest (a truncated or edited run is "
+        "refused), then print its tear sheet (PnL, Sharpe, round trips, markouts, Laya calibration, "
+        "latency) and the tables of engine/report/queries.sql, computed by DuckDB over the event log.",
     )
     p.add_argument("run", type=Path, help="run directory written by `dualhub replay`")
     p.add_argument(
@@ -169,11 +197,30 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "demo",
         help="simulate a 10-minute BTCUSDT session, replay it and print the report",
+        description="The first thing to run: simulate a BTCUSDT session (once; an existing one at --out is "
+        "reused), replay it with the default configuration (Laya, Kev in sim mode, the risk gateway, the "
+        "simulated exchange) and print the report. The first replay on a fresh checkout compiles the "
+        "core first (about a minute), cached after.",
     )
-    p.add_argument("--out", type=Path, default=Path("data/sessions/demo"), help="session directory")
-    p.add_argument("--minutes", type=float, default=10.0)
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--out", type=Path, default=Path("data/sessions/demo"), help="session directory (default data/sessions/demo)"
+    )
+    p.add_argument(
+        "--minutes", type=float, default=10.0, help="simulated duration of a new session (default 10)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=7, help="seed of the market simulator for a new session (default 7)"
+    )
     p.set_defaults(func=cmd_demo)
+
+
+def _check_simulation(args: argparse.Namespace) -> None:
+    """``--minutes`` and ``--seed`` of a simulation (``simulate``, ``demo``)."""
+    if not args.minutes > 0:
+        raise DualhubError(f"--minutes must be > 0, got {args.minutes}")
+    if not args.minutes <= S_MAX / 60:  # inf too: the session's nanosecond times must fit an int64
+        raise DualhubError(f"--minutes must be at most {S_MAX / 60:g}, got {args.minutes}")
+    check_seed(args.seed, "--seed")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -182,19 +229,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.symbol is not None and args.symbols is not None:
         raise DualhubError("give --symbol or --symbols, not both")
     if args.symbols is not None:
-        symbols = check_symbols([s.strip() for s in args.symbols.split(",")])
+        symbols = check_symbols(symbol_list(args.symbols, "--symbols"))
     else:
         symbols = check_symbols([args.symbol or "BTCUSDT"])
-    if not args.minutes > 0:
-        raise DualhubError(f"--minutes must be > 0, got {args.minutes}")
-    if not args.minutes <= S_MAX / 60:  # inf too: the session's nanosecond times must fit an int64
-        raise DualhubError(f"--minutes must be at most {S_MAX / 60:g}, got {args.minutes}")
-    check_seed(args.seed, "--seed")
+    _check_simulation(args)
     if (args.out / "manifest.json").exists():
         raise DualhubError(f"{args.out} already holds a session; choose another --out")
     simulate_session(args.out, symbols=symbols, minutes=args.minutes, seed=args.seed, progress=True)
     print(f"session written: {args.out}")
     return 0
+
+
+def symbol_list(text: str, option: str) -> list[str]:
+    """``A,B,...`` as symbols, refusing an empty entry (``BTCUSDT,,``) or one given twice: a typo there
+    must not quietly replay fewer instruments than asked."""
+    picked = [s.strip() for s in text.split(",")]
+    if not all(picked):
+        raise DualhubError(f"{option} {text!r}: an empty symbol (a stray comma?)")
+    if twice := sorted({s for s in picked if picked.count(s) > 1}):
+        raise DualhubError(f"{option} {text!r}: {', '.join(twice)} given twice")
+    return picked
 
 
 def _symbol(args: argparse.Namespace) -> dict[str, Any]:
@@ -212,7 +266,7 @@ def _symbol(args: argparse.Namespace) -> dict[str, Any]:
     if several:
         if args.symbol:
             raise DualhubError("give --symbol or --symbols, not both")
-        picked = symbols if several == "ALL" else [s.strip() for s in several.split(",") if s.strip()]
+        picked = symbols if several == "ALL" else symbol_list(several, "--symbols")
         return {"symbols": tuple(picked)}
     if args.symbol:
         symbol = args.symbol  # the driver refuses one the session does not hold
@@ -256,6 +310,12 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         **strategy_fields(args),
         **risk_fields(args),
     )
+    replayed = cfg.symbols or (cfg.symbol,)
+    if stray := sorted(set(cfg.instruments) - set(replayed)):
+        # settings for an instrument the replay does not trade would be silently ignored
+        raise DualhubError(
+            f"--instrument {', '.join(stray)}: not a symbol of this replay ({', '.join(replayed)})"
+        )
     spec = getattr(args, "scale_latency", "")
     scales = parse_scale_latency(spec) if spec else {}
     if args.kev_lag_scale is not None:
@@ -265,13 +325,70 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return apply_scales(cfg, scales) if scales else cfg
 
 
-def _print_result(res) -> None:  # type: ignore[no-untyped-def]
+class CompileWatch:
+    """Says, once, when a replay starts compiling the core (numba's ``numba:compile`` event: a cache
+    miss, not a cache load), and adds up the time spent compiling: a first replay is otherwise a silent
+    minute, and its speed figure would count the compiler."""
+
+    def __init__(self) -> None:
+        from numba.core import event
+
+        class _Listener(event.Listener):
+            def on_start(inner, ev) -> None:  # type: ignore[no-untyped-def]
+                self._start()
+
+            def on_end(inner, ev) -> None:  # type: ignore[no-untyped-def]
+                self._end()
+
+        self.listener = _Listener()
+        self.seconds = 0.0
+        self._depth = 0
+        self._t0 = 0.0
+        self._said = False
+
+    def _start(self) -> None:
+        import time
+
+        if self._depth == 0:  # compiles nest: time the outermost only
+            self._t0 = time.perf_counter()
+            if not self._said:
+                self._said = True
+                print(
+                    "compiling the replay core (a fresh checkout, or an edited rule: a minute or two the "
+                    "first time, cached after)...",
+                    flush=True,
+                )
+        self._depth += 1
+
+    def _end(self) -> None:
+        import time
+
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._t0
+
+    def __enter__(self) -> CompileWatch:
+        from numba.core import event
+
+        event.register("numba:compile", self.listener)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from numba.core import event
+
+        event.unregister("numba:compile", self.listener)
+
+
+def _print_result(res, compile_s: float = 0.0) -> None:  # type: ignore[no-untyped-def]
     import sys
 
     lay = res.laya
+    # the speed figure is the replay's own: the compiler's time (a first run) is said apart
+    run_s = max(res.wall_s - compile_s, 1e-9)
+    took = f"{res.wall_s:.2f} s" if compile_s < 0.05 else f"{run_s:.2f} s (+ {compile_s:.1f} s compiling)"
     print(
-        f"replayed {res.books} snapshots + {res.trades} trades in {res.wall_s:.2f} s "
-        f"({res.snapshots_per_s:,.0f} snapshots/s); Laya on {lay['active_provider']}"
+        f"replayed {res.books} snapshots + {res.trades} trades in {took} "
+        f"({res.books / run_s:,.0f} snapshots/s); Laya on {lay['active_provider']}"
         # the reason is Laya's warning on stderr (and runtime.json): not a second time here
         + (" (CUDA fell back)" if lay.get("fallback_reason") else "")
         + f", features {lay['feature_version']}"
@@ -300,24 +417,29 @@ def _print_result(res) -> None:  # type: ignore[no-untyped-def]
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from engine.report.report import print_report
+    from engine.strategies import plugin
     from engine.urls import check_url
     from replay.driver import run_replay
 
+    if args.strategy_budget_ms is not None:
+        plugin.set_budget_ms(args.strategy_budget_ms)
     if args.kev_url:
         check_url(args.kev_url, "--kev-url")
     elif args.kev_mode == "llm" or (args.kev_mode == "cassette" and args.kev_miss == "live"):
         raise DualhubError("--kev-mode llm and --kev-miss live ask llama-server: pass its --kev-url")
-    res = run_replay(
-        args.session,
-        _config(args),
-        out_dir=args.out,
-        overwrite=args.overwrite,
-        progress=True,
-        kernel=not getattr(args, "python_engine", False),
-    )
-    _print_result(res)
+    cfg = _config(args)
+    with CompileWatch() as compiling:
+        res = run_replay(
+            args.session,
+            cfg,
+            out_dir=args.out,
+            overwrite=args.overwrite,
+            progress=True,
+            kernel=not getattr(args, "python_engine", False),
+        )
+    _print_result(res, compiling.seconds)
     if args.report:
-        print_report(res.run_dir)
+        print_report(res.run_dir, run_lines=False)  # the run and its digest are printed just above
     return 0
 
 
@@ -325,7 +447,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from engine.report.report import print_report
 
     if getattr(args, "html", None):
-        check_output_path(args.html, directory=False)
+        from engine.optional import need
+        from engine.report.html import check_html_path
+
+        need("matplotlib")  # before the report, not after it
+        check_html_path(args.html)
     print_report(args.run)  # refuses a half-written or modified run (report.verify_run) before printing
     if getattr(args, "html", None):
         from engine.report.html import write_html
@@ -339,10 +465,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from replay.driver import ReplayConfig, run_replay
     from venue.simulator import simulate_session
 
+    _check_simulation(args)
     if not (args.out / "manifest.json").exists():
         print(f"simulating {args.minutes:g} minutes of BTCUSDT (seed {args.seed}) into {args.out}")
         simulate_session(args.out, minutes=args.minutes, seed=args.seed, progress=True)
-    res = run_replay(args.out, ReplayConfig(), overwrite=True, progress=True)
-    _print_result(res)
-    print_report(res.run_dir)
+    else:
+        print(f"replaying the session already at {args.out}")
+    with CompileWatch() as compiling:
+        res = run_replay(args.out, ReplayConfig(), overwrite=True, progress=True)
+    _print_result(res, compiling.seconds)
+    print_report(res.run_dir, run_lines=False)  # the run and its digest are printed just above
     return 0

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from engine.errors import DualhubError
 from engine.events import NON_DECISION_COLUMNS, STREAMS
-from engine.store import first_line, sha256_file
+from engine.store import FILE_HASHES, file_hash, first_line, read_regular, sha256_file
 
 DECISION_STREAMS: Final = ("command", "risk", "order", "fill")
 # Streams shown around the divergence (what the engine saw), whether or not they are compared.
@@ -186,9 +186,33 @@ def _read_manifest(run: Path) -> dict[str, Any]:
     if not mpath.exists():
         raise DualhubError(f"{run} is not a finished run (no manifest.json)")
     try:
-        return orjson.loads(mpath.read_bytes())
+        manifest = orjson.loads(read_regular(mpath, "run manifest"))
     except orjson.JSONDecodeError as e:
         raise DualhubError(f"{mpath} is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise DualhubError(f"{mpath} is not a run manifest (a JSON object)")
+    return manifest
+
+
+def tampered(run: Path | str) -> list[str]:
+    """What in ``run`` no longer matches its manifest: each listed file that is missing, is not a
+    regular file, or whose hash differs (truncated, edited). ``dualhub diff`` refuses such a run, as
+    ``report`` and ``sql`` do: comparing it would report on events its digest does not describe, and a
+    damaged context stream (labels) could not even change the verdict."""
+    run = Path(run)
+    manifest = _read_manifest(run)
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return [f"{run / 'manifest.json'} lists no files"]
+    problems = []
+    for rel, meta in sorted(files.items()):
+        p = run / rel
+        entry = file_hash(meta)
+        if p.is_symlink() or not p.is_file():
+            problems.append(f"{rel} is missing or not a regular file")
+        elif entry is not None and FILE_HASHES[entry[0]](p) != entry[1]:
+            problems.append(f"{rel} does not match its manifest's {entry[0]}")
+    return problems
 
 
 def _read_stream(run: Path, stream: str, *, required: bool) -> pa.Table | None:

@@ -40,6 +40,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         f"any of {','.join(COMPARABLE_STREAMS)})",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
+    p.add_argument(
+        "--allow-modified",
+        action="store_true",
+        help="compare runs even where an event file no longer matches its manifest (each is named in a "
+        "warning); by default such a run is refused as tampered",
+    )
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser(
@@ -135,9 +141,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def cmd_diff(args: argparse.Namespace) -> int:
     import orjson
 
-    from replay.diff import diff_runs, print_diff
+    from replay.diff import diff_runs, print_diff, tampered
 
     streams = [s.strip() for s in args.streams.split(",") if s.strip()]
+    if not args.allow_modified:
+        for run in (args.run_a, args.run_b):
+            if problems := tampered(run):
+                raise DualhubError(
+                    f"{run} is tampered: {'; '.join(problems)} (the run no longer is what its digest "
+                    "describes; replay it again, or --allow-modified to compare it anyway)"
+                )
     result = diff_runs(args.run_a, args.run_b, streams=streams, context=args.context)
     if args.json:
         sys.stdout.write(
@@ -276,6 +289,29 @@ def _connect_target(target: Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
+# Statements that write files or reach outside the connection: refused, so `dualhub sql` over a run is
+# read-only (a COPY TO could overwrite the run's own event log, which its manifest would then refuse).
+# What stays is reading, and tables and views in the connection's memory.
+_WRITES = ("COPY", "EXPORT", "ATTACH", "DETACH", "LOAD", "COPY_DATABASE", "EXTENSION")
+
+
+def _read_only(con: duckdb.DuckDBPyConnection) -> None:
+    """No setting can change from here on: the settings that write files (profiling_output, the
+    temporary directory, the log) and those that would let a statement reach further stay as set."""
+    con.execute("SET lock_configuration = true")
+
+
+def _sql(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
+    """``con.sql(sql)`` once no statement in it writes files (:data:`_WRITES`)."""
+    for stmt in con.extract_statements(sql):
+        if stmt.type.name in _WRITES:
+            raise DualhubError(
+                f"{stmt.type.name} is refused: dualhub sql is read-only (the run's files are its record); "
+                "print the result with --raw and redirect it, or open the files in duckdb yourself"
+            )
+    return con.sql(sql)
+
+
 def _print(rel: Any, args: argparse.Namespace) -> None:
     if rel is None:  # a statement without a result (CREATE, SET)
         return
@@ -327,9 +363,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
         raise DualhubError(f"--max-rows must be 0 (all) or more, not {args.max_rows}")
     con = _connect_target(args.target)
     try:
+        _read_only(con)
         if args.query is not None:
             try:
-                _print(con.sql(args.query), args)
+                _print(_sql(con, args.query), args)
             except duckdb.Error as e:
                 raise DualhubError(one_line(e)) from None
             return 0
@@ -349,8 +386,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
                     )
                     continue
             try:
-                _print(con.sql(stmt), args)
-            except duckdb.Error as e:
+                _print(_sql(con, stmt), args)
+            except (duckdb.Error, DualhubError) as e:
                 failed += 1
                 print(f"error: {one_line(e)}", file=sys.stderr)
             sys.stdout.flush()

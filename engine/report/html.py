@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
 from pathlib import Path
 from typing import Any, Final
 
@@ -21,6 +22,7 @@ import duckdb
 import numpy as np
 import orjson
 
+from engine.errors import DualhubError
 from engine.report.report import Section, _q, connect, run_report
 
 NS_PER_S: Final = 1e9
@@ -285,6 +287,29 @@ _CSS: Final = (
 )
 
 
+def check_html_path(path: Path | str) -> None:
+    """Refuse, before the report is built, an output file that cannot be written: a directory, a
+    parent directory that does not exist (never created silently: a typo would hide the file), or a
+    place that takes no new file (``/proc``). The file is written as ``OUT.tmp`` then renamed; the
+    error names the user's path, never that ``.tmp``."""
+    out = Path(path)
+    parent = out.absolute().parent
+    if out.is_dir():
+        raise DualhubError(f"{out} is a directory; give a file name, e.g. {out / 'report.html'}")
+    if not parent.is_dir():
+        raise DualhubError(f"cannot write {out}: the directory {parent} does not exist (create it first)")
+    if out.exists() and not out.is_file():
+        raise DualhubError(f"cannot write {out}: it exists and is not a regular file")
+    probe = parent / f".{out.name}.{os.getpid()}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except OSError as e:
+        raise DualhubError(f"cannot write {out}: {parent} takes no new file ({e.strerror})") from None
+    probe.unlink(missing_ok=True)
+    if out.exists() and not os.access(out, os.W_OK):
+        raise DualhubError(f"cannot write {out}: it is not writable")
+
+
 def write_html(run_dir: Path | str, out_path: Path | str) -> Path:
     """Write the run's tear sheet, plots and report tables to ``out_path``: one self-contained file
     (images inline as data: URIs, the style inline, no external reference)."""
@@ -358,7 +383,7 @@ def write_html(run_dir: Path | str, out_path: Path | str) -> Path:
     parts.extend(_table_html(s) for s in sections)
     parts.append("</body></html>")
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    check_html_path(out)  # again: a caller from Python skips the command's early check
     try:
         atomic_write_bytes(out, "\n".join(parts).encode("utf-8"))
     except BaseException:  # a full disk or Ctrl-C: no half-written out.html.tmp left behind

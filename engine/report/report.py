@@ -135,10 +135,11 @@ def print_table(console: Any, s: Section) -> None:
         console._width = saved
 
 
-def print_report(run_dir: Path | str, console: Any = None) -> list[Section]:
+def print_report(run_dir: Path | str, console: Any = None, *, run_lines: bool = True) -> list[Section]:
     """The tear sheet (engine/report/tearsheet.py: header, performance, PnL split, round trips,
     markouts, calibration, latency), for a run with several instruments the Portfolio section
-    (engine/report/portfolio.py), and the report's tables (queries.sql), on the console."""
+    (engine/report/portfolio.py), and the report's tables (queries.sql), on the console.
+    ``run_lines``: start with the run's path and digest."""
     from rich.console import Console
 
     from engine.report import portfolio, tearsheet
@@ -151,7 +152,9 @@ def print_report(run_dir: Path | str, console: Any = None) -> list[Section]:
     head = tearsheet.header_lines(ts)
     if pf is not None:
         head[:0] = portfolio.header_lines(pf, manifest.get("config", {}).get("symbol"))
-    for line in (f"run    {run_dir}", f"digest {manifest['digest']}", *head):
+    # run_lines=False: a replay that just printed its run and digest (``replay --report``, ``demo``)
+    ids = (f"run    {run_dir}", f"digest {manifest['digest']}") if run_lines else ()
+    for line in (*ids, *head):
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     for s in (*tearsheet.sections(ts), *(portfolio.sections(pf) if pf is not None else ()), *sections):
         print_table(console, s)

@@ -18,7 +18,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +107,60 @@ def _import(spec: str, module_name: str) -> Any:
         raise DualhubError(f"strategy {spec!r}: cannot import {module_name}: {e}") from e
 
 
+# A Python strategy's time budget per call: a strategy that loops forever must end the run with one
+# line, not hang it. The core calls strategies on the main thread; a watchdog thread watches the call
+# in progress and, past the budget, interrupts the main thread (as Ctrl-C would), which `call` turns
+# into that line. Per call this costs a clock read, not a timer: Python strategies are called often.
+BUDGET_ENV = "DUALHUB_STRATEGY_BUDGET_MS"
+DEFAULT_BUDGET_MS = 1000.0
+_budget_s: float | None = None  # seconds; None: not set yet, the environment's or the default at first call
+_call_started = 0.0  # perf_counter() at the start of the main thread's call in progress; 0: none
+_call_seq = 0  # calls started, so the watchdog never blames a call for the time of an earlier one
+_timed_out = False
+_watchdog: threading.Thread | None = None
+
+
+def set_budget_ms(ms: float) -> None:
+    """The time budget of one strategy call (``--strategy-budget-ms``; 0: none)."""
+    global _budget_s
+    if not ms >= 0 or ms == float("inf"):
+        raise DualhubError(f"the strategy time budget must be >= 0 ms and finite, not {ms}")
+    _budget_s = ms / 1e3
+
+
+def _budget_from_env() -> None:
+    """``DUALHUB_STRATEGY_BUDGET_MS`` as the budget (checked like the option), else the default."""
+    text = os.environ.get(BUDGET_ENV, "").strip()
+    try:
+        ms = float(text) if text else DEFAULT_BUDGET_MS
+    except ValueError:
+        raise DualhubError(f"{BUDGET_ENV}={text!r} is not a number of milliseconds") from None
+    set_budget_ms(ms)
+
+
+def _watch() -> None:
+    import _thread
+
+    global _timed_out
+    while True:
+        budget = _budget_s or 0.0
+        time.sleep(min(max(budget / 4, 0.01), 0.25) if budget else 0.25)
+        started, seq = _call_started, _call_seq
+        if budget and started and time.perf_counter() - started > budget:
+            if _call_seq == seq and _call_started == started:  # still that same call
+                _timed_out = True
+                _thread.interrupt_main()
+
+
+def _arm_watchdog() -> None:
+    global _watchdog
+    if _budget_s is None:
+        _budget_from_env()
+    if _watchdog is None:
+        _watchdog = threading.Thread(target=_watch, name="strategy-budget", daemon=True)
+        _watchdog.start()
+
+
 _WANT = "want (bid_lots, bid_ticks, ask_lots, ask_ticks): integers, lots >= 0"
 _LIMIT = 1 << 62
 
@@ -112,14 +169,31 @@ def call(kind, book, tick, qty, label, position, target, max_position, params):
     """Run the Python strategy of ``kind`` on the strategy signature (``engine.strategies``) and check
     what it returns: ``(bid_lots, bid_ticks, ask_lots, ask_ticks)``, integers (a float price is the
     old signature's, or a price between two ticks: refused, not rounded), lots never negative."""
+    global _call_started, _call_seq, _timed_out
     spec, fn, _ = _loaded[kind - FIRST_KIND]
     view = book.view()  # the engine's own book: readable, not writable
     view.flags.writeable = False
+    watched = threading.current_thread() is threading.main_thread()
+    if watched:
+        _arm_watchdog()
+        _call_seq += 1
+        _call_started = time.perf_counter()
     try:
         out = fn(view, tick, qty, label, position, target, max_position, params)
+    except KeyboardInterrupt:
+        if not _timed_out:
+            raise
+        _timed_out = False
+        raise DualhubError(
+            f"strategy {spec!r} ran past its time budget of {(_budget_s or 0) * 1e3:g} ms in one call "
+            f"(--strategy-budget-ms, or {BUDGET_ENV}; 0: no budget)"
+        ) from None
     except (Exception, SystemExit) as e:  # the user's code: whatever it raises (sys.exit() too, which
         # would otherwise end the command with status 0 and no run) ends the run with one line naming it
         raise DualhubError(f"strategy {spec!r} raised {type(e).__name__}: {e}") from e
+    finally:
+        if watched:
+            _call_started = 0.0
     if type(out) is tuple and len(out) == 4:  # the usual answer, checked without the general path's
         a, b, c, d = out  # generators (they cost more than a small strategy itself)
         if (
