@@ -1394,7 +1394,9 @@ def _start_run_dir(run_dir: Path, overwrite: bool) -> Path:
 def _progress(enabled: bool, total: int) -> Any:
     """A progress bar over the walk's ``total`` entries (None when not ``enabled``): ``update(n)`` per
     walk chunk, ``update(n, kev)`` per Kev answer (the walk position then, and the answers so far)."""
-    if not enabled:
+    import sys
+
+    if not enabled or not sys.stdout.isatty():  # piped, a bar draws nothing but a blank line
         return None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import heapq
 import math
 import re
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -1143,7 +1144,7 @@ def simulate_session(
     counters = StreamCounters()
     bar: Any = None
     total_ms = round(minutes * 60_000)
-    if progress:
+    if progress and sys.stdout.isatty():  # piped, a bar draws nothing but a blank line
         from rich.progress import BarColumn, Progress, TimeRemainingColumn
 
         bar = Progress("[bold]simulate", BarColumn(), "{task.percentage:>3.0f}%", TimeRemainingColumn())
