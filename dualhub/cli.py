@@ -13,10 +13,9 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 from engine.errors import DualhubError, os_error_text
-from engine.optional import install_hint, is_optional
+from engine.optional import has_nvidia_gpu, install_hint, is_optional
 
 # Modules providing ``register(subparsers)``; a module that does not exist yet is skipped.
 COMMAND_MODULES = (
@@ -56,11 +55,6 @@ class Terminated(KeyboardInterrupt):
 
 def _on_sigterm(signum: int, frame: object) -> None:
     raise Terminated
-
-
-def has_nvidia_gpu() -> bool:
-    """Whether this machine has an NVIDIA device node at all (no driver query: that is doctor's job)."""
-    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 class _CpuOnlyMachine(logging.Filter):

@@ -53,3 +53,11 @@ def need(*modules: str) -> None:
     for m in modules:
         if importlib.util.find_spec(m) is None:
             raise MissingDependency(install_hint(m))
+
+
+def has_nvidia_gpu() -> bool:
+    """Whether this machine has an NVIDIA device node at all: without one, CUDA cannot be what a
+    command is missing, and its fallback to CPU is no news (`dualhub doctor` still reports it)."""
+    from pathlib import Path
+
+    return any(Path("/dev").glob("nvidia[0-9]*"))

@@ -46,7 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--minutes", type=float, default=10.0, help="simulated duration (default 10)")
     p.add_argument(
-        "--seed", type=int, default=7, help="seed of the market simulator: the same seed, the same session (default 7)"
+        "--seed",
+        type=int,
+        default=7,
+        help="seed of the market simulator: the same seed, the same session (default 7)",
     )
     p.set_defaults(func=cmd_simulate)
 
@@ -203,7 +206,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "core first (about a minute), cached after.",
     )
     p.add_argument(
-        "--out", type=Path, default=Path("data/sessions/demo"), help="session directory (default data/sessions/demo)"
+        "--out",
+        type=Path,
+        default=Path("data/sessions/demo"),
+        help="session directory (default data/sessions/demo)",
     )
     p.add_argument(
         "--minutes", type=float, default=10.0, help="simulated duration of a new session (default 10)"
@@ -382,6 +388,8 @@ class CompileWatch:
 def _print_result(res, compile_s: float = 0.0) -> None:  # type: ignore[no-untyped-def]
     import sys
 
+    from engine.optional import has_nvidia_gpu
+
     lay = res.laya
     # the speed figure is the replay's own: the compiler's time (a first run) is said apart
     run_s = max(res.wall_s - compile_s, 1e-9)
@@ -390,7 +398,7 @@ def _print_result(res, compile_s: float = 0.0) -> None:  # type: ignore[no-untyp
         f"replayed {res.books} snapshots + {res.trades} trades in {took} "
         f"({res.books / run_s:,.0f} snapshots/s); Laya on {lay['active_provider']}"
         # the reason is Laya's warning on stderr (and runtime.json): not a second time here
-        + (" (CUDA fell back)" if lay.get("fallback_reason") else "")
+        + (" (CUDA fell back)" if lay.get("fallback_reason") and has_nvidia_gpu() else "")
         + f", features {lay['feature_version']}"
     )
     for warning in res.warnings:

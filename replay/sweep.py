@@ -175,6 +175,14 @@ def _coerce(name: str, f: dataclasses.Field[Any], v: Any) -> Any:
         ok = True
     if not ok:
         raise DualhubError(f"parameter {name} = {v!r} is not a valid {t}")
+    # TOML reads 1e400 as inf and has inf and nan literals: a limit of inf would switch its rule off
+    # and be recorded as null, and the command line refuses them all (engine/bounds.py)
+    if t == "float" and not math.isfinite(v):
+        raise DualhubError(f"parameter {name} = {v!r} must be a finite number")
+    if t in ("int", "Nanos") and not -(2**63) < v < 2**63:
+        raise DualhubError(f"parameter {name} = {v!r} does not fit a 64-bit integer")
+    if t == "Decimal" and not v.is_finite():
+        raise DualhubError(f"parameter {name} = {v!r} must be a finite number")
     return v
 
 
@@ -279,7 +287,21 @@ def parse_grid(doc: Mapping[str, Any], source: str = "grid") -> Grid:
         check_strategy_params(base, axes)
     except DualhubError as e:
         raise DualhubError(f"{source}: {e}") from None
-    return Grid(base=base, axes={n: axes[n] for n in sorted(axes)})
+    grid = Grid(base=base, axes={n: axes[n] for n in sorted(axes)})
+    check_points(grid, source)
+    return grid
+
+
+def check_points(grid: Grid, source: str = "grid") -> None:
+    """Every parameter set of the grid built into a config, so that each value meets the bounds the
+    command line and the config put on it before any run starts (not as a failed row, or worse an
+    accepted value, once the sweep is under way)."""
+    for point in grid.points():
+        try:
+            build_config(point)
+        except (DualhubError, ValueError, TypeError) as e:
+            axes = ", ".join(f"{n} = {point[n]!r}" for n in grid.axes)
+            raise DualhubError(f"{source}: [grid] point {axes}: {e}") from None
 
 
 def load_grid(path: Path | str) -> Grid:
