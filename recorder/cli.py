@@ -33,13 +33,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--channels", type=_csv, default=("books15", "trade"), help="default books15,trade")
     p.add_argument("--out", required=True, help="session directory to create")
     p.add_argument("--url", default=WS_PUBLIC_URL, help=f"default {WS_PUBLIC_URL}")
-    p.add_argument("--inst-type", default=INST_TYPE)
+    p.add_argument(
+        "--inst-type", default=INST_TYPE, help=f"Bitget instType of the channels (default {INST_TYPE})"
+    )
     p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--flush-ms", type=int, default=200, help="journal flush interval (ms)")
     p.add_argument("--rotate-s", type=float, default=900.0, help="journal segment age limit (s)")
     p.add_argument("--rotate-mb", type=float, default=64.0, help="journal segment size limit (MB)")
     p.add_argument("--ping-s", type=float, default=25.0, help="text ping interval (s)")
-    p.add_argument("--pong-timeout-s", type=float, default=10.0)
+    p.add_argument(
+        "--pong-timeout-s", type=float, default=10.0, help="reconnect when a ping gets no pong this long (s)"
+    )
     p.add_argument("--silence-s", type=float, default=30.0, help="drop a connection silent this long (s)")
     p.add_argument("--silent-after-s", type=float, default=60.0, help="flag an acked arg with no data (s)")
     p.add_argument("--max-channels", type=int, default=50, help="channels per connection (<= 50)")
@@ -49,22 +53,37 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_record)
 
     p = subparsers.add_parser(
-        "recover", help="turn an interrupted recording's journal into a finished session"
+        "recover",
+        help="turn an interrupted recording's journal into a finished session",
+        description="A recording stopped without its shutdown (a crash, SIGKILL, a power cut) leaves its raw "
+        "journal but no manifest.json. Recover decodes the journal through the recorder's codec into the "
+        "session's Parquet parts and writes the manifest, as a clean stop would have.",
     )
-    p.add_argument("dir")
+    p.add_argument(
+        "dir", metavar="SESSION_DIR", help="the interrupted recording's directory (--out of `record`)"
+    )
     p.set_defaults(func=cmd_recover)
 
     p = subparsers.add_parser(
         "serve",
         help="run the local Bitget v2 protocol server (from a session, the simulator or a toy feed)",
+        description="A local WebSocket server speaking Bitget's v2 public protocol (subscribe, books15 and "
+        "trade pushes, ping/pong), fed from a stored session, the market simulator or a toy feed, with "
+        "injectable faults: point `dualhub record --url` or `dualhub live --ws-url` at the address it "
+        "prints.",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--session", help="stream a stored session's books15/trade")
     src.add_argument("--simulate", action="store_true", help="stream venue.simulator frames")
     src.add_argument("--toy", type=int, metavar="N", help="stream N steps of a built-in toy feed")
-    p.add_argument("--symbols", type=_csv, default=("BTCUSDT",))
+    p.add_argument(
+        "--symbols",
+        type=_csv,
+        default=("BTCUSDT",),
+        help="comma-separated symbols to serve (default BTCUSDT)",
+    )
     p.add_argument("--minutes", type=float, default=5.0, help="simulator length")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulator or toy feed (default 0)")
     p.add_argument("--speed", type=float, default=1.0, help="time acceleration; 0 = as fast as read")
     p.add_argument("--port", type=int, default=0, help="0 = any free port (printed)")
     p.add_argument(
@@ -78,19 +97,33 @@ def register(subparsers: Any) -> None:
     p.add_argument("--exit-when-done", action="store_true", help="exit once the source is exhausted")
     p.set_defaults(func=cmd_serve)
 
-    p = subparsers.add_parser("import", help="import real recorded data into a session")
+    p = subparsers.add_parser(
+        "import",
+        help="import real recorded data into a session",
+        description="Convert another recorder's capture of real market data into a dualhub session "
+        "(books15 snapshots and trades, with the exchange's and the local clock), which replay, train "
+        "and report then read like any other.",
+    )
     isub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
     for market, what in (("futures", "USD-M futures"), ("spot", "spot")):
         q = isub.add_parser(
-            f"binance-{market}", help=f"Binance {what} raw feed (<local_ts_ns> <json> lines, gzip ok)"
+            f"binance-{market}",
+            help=f"Binance {what} raw feed (<local_ts_ns> <json> lines, gzip ok)",
+            description=f"Import a Binance {what} raw feed: one '<local_ts_ns> <json>' line per message "
+            "(depth updates and trades; gzip ok), rebuilt into book snapshots at --interval-ms.",
         )
-        q.add_argument("file")
+        q.add_argument("file", metavar="FILE", help="the capture (.txt or .gz)")
         q.add_argument("--out", required=True, help="session directory to create (must not exist)")
         q.add_argument("--interval-ms", type=int, default=100, help="book snapshot interval (exchange time)")
         q.set_defaults(func=cmd_import_binance, market=market)
-    q = isub.add_parser("bitget-v1", help="Bitget v1 websocket capture (cryptofeed sample format)")
-    q.add_argument("file")
-    q.add_argument("--out", required=True)
+    q = isub.add_parser(
+        "bitget-v1",
+        help="Bitget v1 websocket capture (cryptofeed sample format)",
+        description="Import a Bitget v1 websocket capture in cryptofeed's sample format (book and trade "
+        "messages) into a session.",
+    )
+    q.add_argument("file", metavar="FILE", help="the capture file")
+    q.add_argument("--out", required=True, help="session directory to create (must not exist)")
     q.set_defaults(func=cmd_import_bitget_v1)
 
 
