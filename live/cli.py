@@ -93,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--contract-defaults", action="store_true", help="paper: do not ask the exchange for contracts"
     )
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="seed for every component's RNG (default 1)")
     p.add_argument(
         "--kill-flattens",
         action="store_true",
@@ -120,17 +120,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "rehearsal on one machine. API keys: BITGET_API_* from the environment, else local-key/"
         "local-secret/local-passphrase.",
     )
-    p.add_argument("session", type=Path)
+    p.add_argument("session", type=Path, help="session directory whose market data the exchange plays")
     speed = p.add_mutually_exclusive_group()
     speed.add_argument("--realtime", action="store_true", help="replay at recorded speed (default)")
     speed.add_argument("--speed", type=float, help="speed factor (0 = as fast as clients read)")
     p.add_argument("--port", type=int, default=0, help="REST port; the WebSockets use port + 1 (0: any)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--fill-model", default="touch")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--fill-model",
+        default="touch",
+        help="how resting orders fill, as replay's --fill-model (default touch)",
+    )
     p.add_argument("--symbols", default="", help="only these symbols (comma-separated)")
     p.set_defaults(func=cmd_serve_exchange)
 
-    p = sub.add_parser("kill", help="engage the kill switch of a running `dualhub live`")
+    p = sub.add_parser(
+        "kill",
+        help="engage the kill switch of a running `dualhub live`",
+        description="Write the kill file that a `dualhub live` run watches (OUT/KILL unless the run named "
+        "another): the run then refuses every new order, cancels its resting ones and, started with "
+        "--kill-flattens, closes its positions. The file stays until removed: a run started over it does "
+        "not trade.",
+    )
     p.add_argument("out", type=Path, help="the session directory `dualhub live` is writing")
     p.add_argument("--reason", default="cli", help="recorded with the kill (default: cli)")
     p.set_defaults(func=cmd_kill)

@@ -377,12 +377,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    kev = subparsers.add_parser("kev", help="Kev, the LLM advisor: fit its lag, benchmark llama-server")
+    kev = subparsers.add_parser(
+        "kev",
+        help="Kev, the LLM advisor: fit its lag, benchmark llama-server",
+        description="Tools for Kev, the slow LLM advisor: fit-lag fits its lag from recorded runs (for "
+        "replay --kev-lag-fit), bench measures a llama-server's latency.",
+    )
     sub = kev.add_subparsers(dest="kev_command", metavar="KEV_COMMAND", required=True)
 
     fit = sub.add_parser(
         "fit-lag",
         help="fit Kev's lag distribution (queueing separated from service time) from recorded runs",
+        description="Read the Kev requests and responses of recorded runs (or every run of a session), "
+        "separate the time a request waited in Kev's queue from the server's service time, and fit the "
+        "service time's distribution: `dualhub replay --kev-lag-fit LAG_JSON` then draws Kev's lag from it.",
     )
     fit.add_argument("paths", nargs="+", metavar="SESSIONS_OR_RUNS", help="run or session directories")
     fit.add_argument("--out", metavar="LAG_JSON", help="write the fit as JSON (e.g. lag.json)")
@@ -394,7 +402,12 @@ def register(subparsers: Any) -> None:
     )
     fit.set_defaults(func=cmd_fit_lag)
 
-    bench = sub.add_parser("bench", help="N real calls against llama-server; prints p50/p90/p99")
+    bench = sub.add_parser(
+        "bench",
+        help="N real calls against llama-server; prints p50/p90/p99",
+        description="Ask a llama-server (the one at --url, or one started from the LLM venv) Kev's real "
+        "question N times and print the latency quantiles, with a --kev-timeout-ms to use for it.",
+    )
     bench.add_argument("--url", help="a running llama-server (default: start one from the LLM venv)")
     bench.add_argument("-n", type=int, default=20, help="measured calls (default 20)")
     bench.add_argument("--warmup", type=int, default=1, help="unmeasured calls first (default 1)")

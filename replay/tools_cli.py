@@ -74,12 +74,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="replay sessions over a grid of configs; one row per run in a Parquet results table",
         description="GRID.toml has [base] (settings for every run) and [grid] (axes: lists of values; the "
         "cartesian product runs, axes sorted by name). Keys are ReplayConfig fields, dotted for risk.*, "
-        "quotes.*, contract.*, or scale_latency (a --scale-latency spec). Runs go to OUT_DIR/runs/<key>; "
-        "a failed run is a row with its error. Each run is a Ray task: on a local Ray instance sized to the "
-        "machine, or on the cluster at --ray (docs/SCALE.md); --serial runs them one by one in this process. "
+        "quotes.*, contract.*, or scale_latency (a --scale-latency spec); every value is checked before any "
+        "run. Each run's directory goes to runs/<key> beside the --out table; a failed run is a row with its "
+        "error. Each run is a Ray task: on a local Ray instance sized to the machine, or on the cluster at "
+        "--ray (docs/SCALE.md); --serial runs them one by one in this process. "
         "Exit status 1 when any run failed.",
     )
-    p.add_argument("grid", type=Path, metavar="GRID.toml")
+    p.add_argument("grid", type=Path, metavar="GRID.toml", help="the grid: [base] and [grid] tables")
     p.add_argument(
         "--sessions",
         action="append",
@@ -223,6 +224,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise DualhubError("--resume and --overwrite exclude each other")
     grid = load_grid(args.grid)
     if args.plot:
+        from engine.optional import need
+
+        need("matplotlib")  # before the runs, not after them
         check_output_path(args.plot, directory=False)
         if "://" in args.out:
             raise DualhubError("--plot needs a local --out")

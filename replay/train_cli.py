@@ -32,7 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("sessions", nargs="+", type=Path, help="session directories (have manifest.json)")
     p.add_argument("--out", type=Path, required=True, help="model to write, e.g. data/models/<name>.onnx")
     p.add_argument(
-        "--features", choices=("v0", "v1"), default="v1", help="v0: books15 (128); v1: books15 + trades (36)"
+        "--features",
+        choices=("v0", "v1"),
+        default="v1",
+        help="features the model is trained on: v0, books15 (128 values); v1, books15 + trades (36; the "
+        "default here, while the shipped default model is v0). Replay reads them from the model's metadata",
     )
     p.add_argument("--symbol", help="only this symbol (default: every symbol of each session)")
     p.add_argument("--horizon-ms", type=float, default=2000.0, help="label horizon (default 2000)")
@@ -46,7 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--embargo-ms", type=float, help="embargo around each test fold (default: the horizon)")
     p.add_argument("--seed", type=int, default=0, help="model seed (default 0)")
     p.add_argument(
-        "--class-weighting", choices=("none", "balanced", "sqrt_balanced"), default="sqrt_balanced"
+        "--class-weighting",
+        choices=("none", "balanced", "sqrt_balanced"),
+        default="sqrt_balanced",
+        help="weights of the rare labels in the fit: none, balanced (inverse frequency) or sqrt_balanced "
+        "(its square root; default)",
     )
     p.add_argument("--metrics-json", type=Path, help="also write the walk-forward results to this file")
     p.set_defaults(func=cmd_train)
@@ -177,6 +185,9 @@ def train(
 
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.laya.labels import LabelConfig
+    from engine.optional import need
+
+    need("sklearn", "onnx", "threadpoolctl")  # the [train] extra: before the labelling, not after
 
     check_ms(args.horizon_ms, "--horizon-ms")
     check_ms(args.burst_lookback_ms, "--burst-lookback-ms")
