@@ -17,7 +17,10 @@ its stream and symbol is ``time_backwards``. Where a row has several faults the 
 from __future__ import annotations
 
 import math
-from typing import Final
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
@@ -243,3 +246,341 @@ def trade_reason(trade: Trade) -> str:
 def trade_ok(trade: Trade) -> bool:
     """The tick path's check of a trade (a few comparisons)."""
     return 0.0 < trade.px < _INF and 0.0 < trade.sz < _INF and (trade.side == "buy" or trade.side == "sell")
+
+
+# -- at the wire (recorder, live, importers) --------------------------------------------------------
+#
+# One implementation of what a decoded frame must satisfy before it becomes an event, called by every
+# decoder: the codec's general parser (``engine.venues.bitget_v2.decode``, the ``books`` channel), the
+# compiled scans (``engine.venues.bitget_v2_fast``: they run the same compiled predicates and hand any
+# frame that fails to the general parser, which names the reason), live mode's tick decoder and the
+# importers. A frame that fails is quarantined whole, with its reason; nothing is repaired.
+#
+# Why each rule: a timestamp that does not fit int64 nanoseconds cannot be stored; one before any
+# market this project reads existed (0, negative) or ahead of the receive time by more than clock skew
+# can only be corrupt, and would break replay's ordering or its look-ahead guard (the floor applies
+# where the receive time itself is past it: synthetic feeds with a clock from 0 keep working). The
+# past side is open by default because the local venue replays history at the current wall time
+# (``max_lag_s`` closes it for recordings of the real venue). Prices outside [min_px, max_px] and sizes above
+# max_sz cannot be a real market's and overflow the engine's integer units; a print or book whose
+# price is more than ``band`` times away from the symbol's current mid (the last book accepted within
+# ``band_book_age_s`` of receive time) is a bad print, not a market move. The age bound keeps a
+# genuine jump after a long silence from locking a symbol out. Trade ids seen before (the ``trade``
+# snapshot the venue sends after each (re)subscribe repeats recent trades) are dropped and counted.
+
+MAX_TS_MS: Final = (2**63 - 1) // 1_000_000  # the last millisecond whose nanoseconds fit an int64
+EPOCH_FLOOR_MS: Final = 1_420_070_400_000  # 2015-01-01T00:00:00Z
+DEDUP_WINDOW: Final = 8192  # trade ids remembered per symbol (a venue snapshot repeats far fewer)
+
+# wire fault codes (0 = accepted); texts by :func:`wire_reason`
+W_TS_RANGE, W_TS_EARLY, W_TS_AHEAD, W_TS_LAG, W_PX, W_SZ, W_BAND = range(1, 8)
+WIRE_TAGS: Final = ("", "bad_ts", "bad_ts", "bad_ts", "bad_ts", "bad_price", "bad_size", "out_of_band")
+
+# slots of the limits array the compiled checks read
+L_MIN_TS, L_LEAD, L_LAG, L_MIN_PX, L_MAX_PX, L_MAX_SZ, L_BAND, L_AGE, L_FAST = range(9)
+
+
+@dataclass(frozen=True, slots=True)
+class WireLimits:
+    """What a frame may hold (see the section comment for why each bound)."""
+
+    max_lead_s: float = 300.0
+    max_lag_s: float | None = None
+    min_ts_ms: int = EPOCH_FLOOR_MS
+    min_px: float = 1e-12
+    max_px: float = 1e12
+    max_sz: float = 1e15
+    band: float = 2.0
+    band_book_age_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_lead_s", "min_px", "max_px", "max_sz", "band_book_age_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and 0 < v < _INF):
+                raise ValueError(f"wire limit {name} must be a positive finite number, got {v!r}")
+        if self.max_lag_s is not None and not 0 < self.max_lag_s < _INF:
+            raise ValueError(f"wire limit max_lag_s must be positive or None, got {self.max_lag_s!r}")
+        if not self.band > 1.0:
+            raise ValueError(f"wire limit band must be > 1 (a ratio to the mid), got {self.band!r}")
+        if not self.min_px < self.max_px:
+            raise ValueError("wire limit min_px must be below max_px")
+        if not 0 <= self.min_ts_ms <= MAX_TS_MS:
+            raise ValueError(f"wire limit min_ts_ms out of range: {self.min_ts_ms!r}")
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> WireLimits:
+        """From a manifest's or record.json's ``wire_limits`` (missing keys: the defaults)."""
+        if not d:
+            return cls()
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def array(self, fast: bool) -> np.ndarray:
+        """The limits as the compiled checks read them (``fast``: the compiled scans may take frames)."""
+        lim = np.zeros(9, dtype=np.float64)
+        lim[L_MIN_TS] = self.min_ts_ms
+        lim[L_LEAD] = self.max_lead_s * 1e9
+        lim[L_LAG] = _INF if self.max_lag_s is None else self.max_lag_s * 1e9
+        lim[L_MIN_PX], lim[L_MAX_PX], lim[L_MAX_SZ] = self.min_px, self.max_px, self.max_sz
+        lim[L_BAND], lim[L_AGE] = self.band, self.band_book_age_s * 1e9
+        lim[L_FAST] = 1.0 if fast else 0.0
+        return lim
+
+
+@njit(nogil=True)
+def wire_ts_code(ts_ms, ts_recv, lim):  # pragma: no cover - compiled
+    """0, or the fault of an exchange timestamp (ms, already known to fit int64) received at ``ts_recv``."""
+    if ts_ms < 0 or ts_ms > MAX_TS_MS:
+        return W_TS_RANGE
+    if ts_ms < lim[L_MIN_TS] and ts_recv >= lim[L_MIN_TS] * 1e6:  # (a receive clock that old: a test's)
+        return W_TS_EARLY
+    d = float(ts_ms * 1_000_000 - ts_recv)  # both fit int64: the difference cannot overflow
+    if d > lim[L_LEAD]:
+        return W_TS_AHEAD
+    if -d > lim[L_LAG]:
+        return W_TS_LAG
+    return 0
+
+
+@njit(nogil=True, inline="always")
+def _px_code(p, lim):  # pragma: no cover - compiled
+    return 0 if lim[L_MIN_PX] <= p <= lim[L_MAX_PX] else W_PX
+
+
+@njit(nogil=True)
+def _ref_mid(sym, ts_recv, lim, mid, mid_ts):  # pragma: no cover - compiled
+    """The symbol's current mid (NaN when it has none, or it is older than the band's age bound)."""
+    if sym < 0 or sym >= mid.shape[0]:
+        return math.nan
+    m = mid[sym]
+    if m == m and float(ts_recv - mid_ts[sym]) <= lim[L_AGE]:
+        return m
+    return math.nan
+
+
+@njit(nogil=True)
+def _side_code(lv, row, n, lim):  # pragma: no cover - compiled
+    for k in range(n):
+        if _px_code(lv[row, k], lim):
+            return W_PX
+        if not 0.0 <= lv[row + 1, k] <= lim[L_MAX_SZ]:
+            return W_SZ
+    return 0
+
+
+@njit(nogil=True)
+def wire_book_code(lv, nb, na, ts_ms, ts_recv, sym, lim, mid, mid_ts):  # pragma: no cover - compiled
+    """0, or the fault of a decoded book: ``lv`` float64 (4, >= max(nb, na)) bid px, bid sz, ask px, ask
+    sz with ``nb``/``na`` levels (positive, ordered, uncrossed: the parsers check that). Accepted, it
+    becomes the symbol's current mid (``mid``/``mid_ts`` by symbol id; ``sym`` < 0: no state)."""
+    c = wire_ts_code(ts_ms, ts_recv, lim)
+    if c:
+        return c
+    c = _side_code(lv, 0, nb, lim)
+    if c:
+        return c
+    c = _side_code(lv, 2, na, lim)
+    if c:
+        return c
+    m = (lv[0, 0] + lv[2, 0]) / 2.0
+    ref = _ref_mid(sym, ts_recv, lim, mid, mid_ts)
+    if ref == ref and not (ref / lim[L_BAND] <= m <= ref * lim[L_BAND]):
+        return W_BAND
+    if 0 <= sym < mid.shape[0]:
+        mid[sym] = m
+        mid_ts[sym] = ts_recv
+    return 0
+
+
+@njit(nogil=True)
+def wire_trades_code(ts_ms, px, sz, k, ts_recv, sym, lim, mid, mid_ts):  # pragma: no cover - compiled
+    """0, or the fault of the first bad one of ``k`` trades (first ``k`` entries of the arrays); its index
+    is returned second."""
+    ref = _ref_mid(sym, ts_recv, lim, mid, mid_ts)
+    for i in range(k):
+        c = wire_ts_code(ts_ms[i], ts_recv, lim)
+        if c:
+            return c, i
+        p = px[i]
+        if _px_code(p, lim):
+            return W_PX, i
+        if not 0.0 < sz[i] <= lim[L_MAX_SZ]:
+            return W_SZ, i
+        if ref == ref and not (ref / lim[L_BAND] <= p <= ref * lim[L_BAND]):
+            return W_BAND, i
+    return 0, -1
+
+
+class WireGuard:
+    """The wire checks' state for one feed (one normaliser, one live feed, one importer): its limits,
+    each symbol's current mid (arrays by symbol id, shared with the compiled scans) and the trade ids
+    seen per symbol. ``intern`` maps a symbol to its id (a normaliser passes its column buffers' table,
+    so the compiled block scan and the general parser update the same slots); ``inst_type`` is the
+    subscription's (None: frames of any instType are taken, as an importer of mixed captures needs);
+    ``fast`` says whether the compiled scans, which only read the canonical USDT-FUTURES frame, may
+    take frames at all (the codec decides: :func:`engine.venues.bitget_v2.wire_guard`)."""
+
+    def __init__(
+        self,
+        limits: WireLimits | None = None,
+        *,
+        inst_type: str | None = None,
+        intern: Any = None,
+        fast: bool = True,
+        dedupe: bool = True,
+        capacity: int = 8192,
+    ) -> None:
+        self.limits = limits or WireLimits()
+        self.dedupe = dedupe  # off where trade ids are not the venue's (derived ones can collide)
+        self.inst_type = inst_type
+        self.lim = self.limits.array(fast)
+        self.mid = np.full(capacity, np.nan, dtype=np.float64)
+        self.mid_ts = np.zeros(capacity, dtype=np.int64)
+        self._ids: dict[str, int] = {}
+        self._intern = intern
+        self._seen: dict[str, tuple[set[str], deque[str]]] = {}
+        self.duplicates: dict[str, int] = {}  # symbol -> trades dropped as already seen
+
+    # ------------------------------------------------------------ symbols
+
+    def sym_id(self, symbol: str) -> int:
+        k = self._ids.get(symbol)
+        if k is None:
+            k = self._ids[symbol] = int(self._intern(symbol)) if self._intern else len(self._ids)
+            if k >= len(self.mid):
+                self._grow(k + 1)
+        return k
+
+    def _grow(self, n: int) -> None:
+        size = max(n, 2 * len(self.mid))
+        mid = np.full(size, np.nan, dtype=np.float64)
+        mid[: len(self.mid)] = self.mid
+        ts = np.zeros(size, dtype=np.int64)
+        ts[: len(self.mid_ts)] = self.mid_ts
+        self.mid, self.mid_ts = mid, ts
+
+    # ------------------------------------------------------------ checks
+
+    def inst_type_reason(self, inst_type: Any) -> str:
+        """'' when a frame's ``arg.instType`` is the subscription's (or any is taken)."""
+        if self.inst_type is None or inst_type == self.inst_type:
+            return ""
+        return f"inst_type: a {inst_type!r} frame on a {self.inst_type} subscription"
+
+    def ts_reason(self, ts_ms: int, ts_recv: int) -> str:
+        """'' when an exchange timestamp (ms) received at ``ts_recv`` passes the checks, else the reason."""
+        c = W_TS_RANGE if not 0 <= ts_ms <= MAX_TS_MS else int(wire_ts_code(ts_ms, ts_recv, self.lim))
+        return self.reason(c, ts_ms, ts_recv, 0.0, "") if c else ""
+
+    def book_reason(
+        self,
+        ts_ms: int,
+        ts_recv: int,
+        symbol: str,
+        bid_px: Any,
+        bid_sz: Any,
+        ask_px: Any,
+        ask_sz: Any,
+    ) -> str:
+        """'' when a parsed book may become an event (it is then the symbol's current mid), else the
+        reason. Levels are sequences of floats (NaN past the last level)."""
+        if not 0 <= ts_ms <= MAX_TS_MS:
+            return self.reason(W_TS_RANGE, ts_ms, ts_recv, 0.0, symbol)
+        lv = np.array((bid_px, bid_sz, ask_px, ask_sz), dtype=np.float64)
+        nb = int(np.count_nonzero(lv[0] == lv[0]))
+        na = int(np.count_nonzero(lv[2] == lv[2]))
+        sym = self.sym_id(symbol)
+        c = int(wire_book_code(lv, nb, na, ts_ms, ts_recv, sym, self.lim, self.mid, self.mid_ts))
+        if not c:
+            return ""
+        bad = lv[0, 0] if c != W_BAND else (lv[0, 0] + lv[2, 0]) / 2.0
+        if c in (W_PX, W_SZ):  # name the level at fault
+            for side, n in ((0, nb), (2, na)):
+                for k in range(n):
+                    if c == W_PX and int(_px_code(lv[side, k], self.lim)):
+                        bad = lv[side, k]
+                        break
+                    if c == W_SZ and not 0.0 <= lv[side + 1, k] <= self.lim[L_MAX_SZ]:
+                        bad = lv[side + 1, k]
+                        break
+                else:
+                    continue
+                break
+        return self.reason(c, ts_ms, ts_recv, float(bad), symbol)
+
+    def scanned_book_ok(
+        self, lv: np.ndarray, nb: int, na: int, ts_ms: int, ts_recv: int, symbol: str
+    ) -> bool:
+        """:meth:`book_reason` of a book a compiled scan parsed into ``lv`` (4, 15): True when accepted
+        (the caller sends a refused frame through the general parser, which names the reason)."""
+        sym = self.sym_id(symbol)
+        return not wire_book_code(lv, nb, na, ts_ms, ts_recv, sym, self.lim, self.mid, self.mid_ts)
+
+    def trades_reason(self, rows: Any, ts_recv: int, symbol: str) -> str:
+        """'' when every ``(ts_ms, trade_id, px, sz, side)`` of one push may become an event."""
+        k = len(rows)
+        ts = [r[0] for r in rows]
+        for t in ts:
+            if not 0 <= t <= MAX_TS_MS:
+                return self.reason(W_TS_RANGE, t, ts_recv, 0.0, symbol)
+        ts_ms = np.array(ts, dtype=np.int64)
+        px = np.array([r[2] for r in rows], dtype=np.float64)
+        sz = np.array([r[3] for r in rows], dtype=np.float64)
+        c, i = wire_trades_code(
+            ts_ms, px, sz, k, ts_recv, self.sym_id(symbol), self.lim, self.mid, self.mid_ts
+        )
+        if not c:
+            return ""
+        return self.reason(int(c), ts[i], ts_recv, float(sz[i] if c == W_SZ else px[i]), symbol)
+
+    def scanned_trades_ok(
+        self, ts_ms: np.ndarray, px: np.ndarray, sz: np.ndarray, k: int, ts_recv: int, symbol: str
+    ) -> bool:
+        c, _ = wire_trades_code(
+            ts_ms, px, sz, k, ts_recv, self.sym_id(symbol), self.lim, self.mid, self.mid_ts
+        )
+        return not c
+
+    def fresh(self, symbol: str, trade_id: str) -> bool:
+        """False (and counted) when ``trade_id`` was seen on ``symbol`` before; remembers it otherwise."""
+        if not self.dedupe:
+            return True
+        s = self._seen.get(symbol)
+        if s is None:
+            s = self._seen[symbol] = (set(), deque())
+        ids, order = s
+        if trade_id in ids:
+            self.duplicates[symbol] = self.duplicates.get(symbol, 0) + 1
+            return False
+        ids.add(trade_id)
+        order.append(trade_id)
+        if len(order) > DEDUP_WINDOW:
+            ids.discard(order.popleft())
+        return True
+
+    # ------------------------------------------------------------ reasons
+
+    def reason(self, code: int, ts_ms: int, ts_recv: int, value: float, symbol: str) -> str:
+        """The quarantine text of a fault: ``<tag>: <what, with the limit it broke>``."""
+        lm = self.limits
+        if code == W_TS_RANGE:
+            what = f"ts {ts_ms} ms does not fit int64 nanoseconds"
+        elif code == W_TS_EARLY:
+            what = f"ts {ts_ms} ms is before min_ts_ms {lm.min_ts_ms}"
+        elif code == W_TS_AHEAD:
+            ahead = (ts_ms * 1_000_000 - ts_recv) / 1e9
+            what = f"ts {ts_ms} ms is {ahead:.3f} s after its receive time (max_lead_s {lm.max_lead_s})"
+        elif code == W_TS_LAG:
+            lag = (ts_recv - ts_ms * 1_000_000) / 1e9
+            what = f"ts {ts_ms} ms is {lag:.3f} s before its receive time (max_lag_s {lm.max_lag_s})"
+        elif code == W_PX:
+            what = f"price {value!r} is outside [{lm.min_px!r}, {lm.max_px!r}]"
+        elif code == W_SZ:
+            what = f"size {value!r} is outside (0, max_sz {lm.max_sz!r}]"
+        else:
+            ref = float(self.mid[self.sym_id(symbol)])
+            what = f"price {value!r} is {value / ref:.4g}x the current mid {ref!r} (band {lm.band!r})"
+        return f"{WIRE_TAGS[code]}: {what}"

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.events import BOOK_LEVELS, STREAMS, BookSnapshot, Trade
+from engine.validate import WireGuard
 from engine.venues.bitget_v2_fast import (
     MAX_FRAME_TRADES,
     N_STATE,
@@ -83,8 +84,9 @@ class Columns:
 
     # ------------------------------------------------------------ compiled scan
 
-    def scan(self, buf: np.ndarray, pos: int) -> int:
-        """One :func:`~engine.venues.bitget_v2_fast.scan_block` call from ``pos``; returns its status."""
+    def scan(self, buf: np.ndarray, pos: int, guard: WireGuard) -> int:
+        """One :func:`~engine.venues.bitget_v2_fast.scan_block` call from ``pos``; returns its status.
+        ``guard``: the feed's wire checks (its symbol ids must be this table's: see ``Normaliser``)."""
         return int(
             scan_block(
                 buf,
@@ -117,6 +119,9 @@ class Columns:
                 self.tr_tid,
                 self.tr_order,
                 self.tr_meta,
+                guard.lim,
+                guard.mid,
+                guard.mid_ts,
             )
         )
 
@@ -136,6 +141,37 @@ class Columns:
             setattr(self, a, _grow(getattr(self, a), nt))
         self.t_off = _grow(self.t_off, nt + 1)
         self.t_bytes = _grow(self.t_bytes, max(self.t_bytes.shape[0] * 2, 64))
+
+    def drop_seen_trades(self, a: int, b: int, guard: WireGuard) -> int:
+        """Remove from trade rows ``a..b`` (the last rows, just scanned) those whose trade id ``guard``
+        has seen on their symbol, in row order (as the general parser does); returns the new row
+        count. The compiled scan cannot know the ids the general path took, so the check is here."""
+        if b <= a:
+            return b
+        names = self.names()
+        extra = list(self._extra)
+        off = self.t_off[a : b + 1].tolist()
+        base = off[0]
+        blob = self.t_bytes[base : off[-1]].tobytes()
+        keep = []
+        fresh = guard.fresh
+        for i, sym in enumerate(self.t_sym[a:b].tolist()):
+            name = names[sym] if sym < len(names) else extra[sym - SYM_CAP]
+            keep.append(fresh(name, blob[off[i] - base : off[i + 1] - base].decode("utf-8")))
+        if all(keep):
+            return b
+        mask = np.array(keep, dtype=bool)
+        n = a + int(mask.sum())
+        for name in ("t_ts", "t_recv", "t_sym", "t_px", "t_sz", "t_side"):
+            arr = getattr(self, name)
+            arr[a:n] = arr[a:b][mask]
+        lens = np.diff(np.array(off, dtype=_I64))[mask]
+        kept = b"".join(blob[off[i] - base : off[i + 1] - base] for i in range(b - a) if keep[i])
+        self.t_bytes[base : base + len(kept)] = np.frombuffer(kept, dtype=np.uint8)
+        self.t_off[a + 1 : n + 1] = base + np.cumsum(lens)
+        self.st[S_NT] = n
+        self.st[S_NTB] = base + len(kept)
+        return n
 
     # ------------------------------------------------------------ rows from the general path
 

@@ -31,7 +31,8 @@ from typing import Any, Final
 import numpy as np
 
 from engine.events import BookSnapshot, Gap, Quarantined, Trade
-from engine.venues.bitget_v2 import PARSERS, PONG, Control, StreamCounters, decode
+from engine.validate import WIRE_TAGS, WireLimits
+from engine.venues.bitget_v2 import INST_TYPE, PARSERS, PONG, Control, StreamCounters, decode, wire_guard
 from engine.venues.bitget_v2_books import BookFault, BooksState, books_frame_events, parse_books_frame
 from engine.venues.bitget_v2_fast import (
     CH_TRADE,
@@ -125,14 +126,28 @@ _REASON_TAGS: Final = (
 )
 
 
+WIRE_CHECKS: Final = frozenset(WIRE_TAGS[1:]) | {"inst_type"}
+
+# the book channels a symbol's BookSnapshot rows come from, best first: one source per symbol, the others
+# are decoded and checked but write no rows (one stream per event type, no row twice)
+BOOK_SOURCES: Final = ("books15", "books", "books5", "books1")
+
+
+def book_source(channels: Iterable[str]) -> str | None:
+    have = set(channels)
+    return next((c for c in BOOK_SOURCES if c in have), None)
+
+
 def discard_reason(reason: str) -> str:
     """A quarantine reason -> the short tag it is counted under (``books: checksum: ...`` ->
-    ``books_checksum``, ``trade: side ...`` -> ``trade_malformed``, ``not JSON: ...`` -> ``bad_json``)."""
+    ``books_checksum``, ``trade: side ...`` -> ``trade_malformed``, ``trade: out_of_band: ...`` ->
+    ``trade_out_of_band``, ``not JSON: ...`` -> ``bad_json``)."""
     head, _, rest = reason.partition(": ")
     if head == "books" and rest:
         return "books_" + rest.partition(":")[0].strip()
     if head in PARSERS:
-        return f"{head}_malformed"
+        sub = rest.partition(":")[0]
+        return f"{head}_{sub}" if sub in WIRE_CHECKS else f"{head}_malformed"
     tag = next((t for prefix, t in _REASON_TAGS if reason.startswith(prefix)), None)
     return tag or re.sub(r"\W+", "_", head.lower()).strip("_")[:40] or "other"
 
@@ -147,8 +162,17 @@ class Normaliser:
         self.scanned = 0  # records the compiled scan took (the rest went through feed)
         channels = set(asked.get("channels", ()))
         symbols = list(asked.get("symbols", ()))
-        self.emit_books = {s for s in symbols if "books" in channels and "books15" not in channels}
+        self.source = book_source(channels)
+        self.emit_books = set(symbols) if self.source == "books" else set()
         self.counters = StreamCounters()
+        self._checked = _CheckOnly(self.counters)  # books1/books5 pushes that are not the book source
+        # one guard for both paths: the compiled scan and the general parser read and update the same
+        # per-symbol slots, by the column buffers' symbol ids (looked up when needed: tests swap them)
+        self.guard = wire_guard(
+            WireLimits.from_json(asked.get("wire_limits")),
+            inst_type=asked.get("inst_type", INST_TYPE),
+            intern=(lambda s: self.columns.sym_id(s)) if fast else None,
+        )
         self.books = BooksState()
         self.received: dict[str, dict[str, int]] = {}
         self.acked: dict[str, int] = {}
@@ -202,7 +226,7 @@ class Normaliser:
         pos = records = 0
         while True:
             nb0, nt0 = int(st[S_NB]), int(st[S_NT])
-            status = cols.scan(buf, pos)
+            status = cols.scan(buf, pos, self.guard)
             self.scanned += int(st[S_NREC])
             records += int(st[S_NREC])
             self._take_run(cols, nb0, nt0)
@@ -232,9 +256,10 @@ class Normaliser:
         if self.first_ns is None:
             self.first_ns = int(st[S_FIRST])
         self.last_ns = int(st[S_LAST])
+        nt1 = cols.drop_seen_trades(nt0, int(st[S_NT]), self.guard)  # before seqs: the parser's order
         for stream, name, a, b, seq in (
             ("books15", "BookSnapshot", nb0, int(st[S_NB]), cols.b_seq),
-            ("trade", "Trade", nt0, int(st[S_NT]), cols.t_seq),
+            ("trade", "Trade", nt0, nt1, cols.t_seq),
         ):
             if b > a:
                 n0 = self.counters.next_seq.get(stream, 0)
@@ -264,27 +289,58 @@ class Normaliser:
         if raw == PONG:
             self.pongs += 1
             return []
+        try:
+            return self._decoded(raw, ts)
+        except Exception as e:  # a decoder bug must cost one frame, never the recording or its recovery
+            q = _quarantine(raw, ts, self.counters, f"internal: {type(e).__name__}: {str(e)[:200]}")
+            self._quarantined(q.reason)
+            self.events["Quarantined"] = self.events.get("Quarantined", 0) + 1
+            return [q]
+
+    def _quarantined(self, reason: str) -> str:
+        self.quarantined += 1
+        tag = discard_reason(reason)
+        self.discarded[tag] = self.discarded.get(tag, 0) + 1
+        return tag
+
+    def _decoded(self, raw: bytes, ts: int) -> list[Event]:
         frame = parse_books_frame(raw)
         items: list[Any]
+        channel = ""
         if frame is not None:
             sym = frame["arg"]["instId"]
-            self._count("books", sym, ts)
-            items = books_frame_events(frame, raw, ts, self.counters, self.books, emit=sym in self.emit_books)
+            if why := self.guard.inst_type_reason(frame["arg"].get("instType")):
+                items = [_quarantine(raw, ts, self.counters, f"books: {why}")]
+            else:
+                self._count("books", sym, ts)
+                items = books_frame_events(
+                    frame, raw, ts, self.counters, self.books, emit=sym in self.emit_books, guard=self.guard
+                )
         else:
-            items = list(decode(raw, ts, self.counters))
+            a = frame_arg(raw)
+            channel = a[0] if a is not None else ""
+            # a fixed-depth channel that is not the book source is checked, and writes no rows
+            counters = self._checked if channel in ("books1", "books5") and channel != self.source else None
+            items = list(decode(raw, ts, counters or self.counters, self.guard))
+            if counters is not None:
+                items = [it for it in items if type(it) is not BookSnapshot]
+                if not any(isinstance(it, Quarantined) for it in items) and channel:
+                    self._count(channel, a[1], ts)  # type: ignore[index]
         out: list[Event] = []
         counted = False
         for it in items:
             if isinstance(it, BookSnapshot | Trade):
                 if not counted and frame is None:
-                    self._count("books15" if isinstance(it, BookSnapshot) else "trade", it.symbol, ts)
+                    if channel not in PARSERS:
+                        channel = "books15" if isinstance(it, BookSnapshot) else "trade"
+                    self._count(channel, it.symbol, ts)
                     counted = True
                 out.append(it)
             elif isinstance(it, Quarantined):
-                self.quarantined += 1
-                tag = discard_reason(it.reason)
-                self.discarded[tag] = self.discarded.get(tag, 0) + 1
+                tag = self._quarantined(it.reason)
                 out.append(it)
+                if tag.endswith("_inst_type"):
+                    continue  # another market's frame: nothing of the subscription's was lost
                 if frame is None and (a := frame_arg(raw)) is not None and a[0] in PARSERS:
                     # a books15/trade frame lost: nothing rebuilds it (a broken ``books`` push is the
                     # live connection's gap, journaled as gap_open)
@@ -305,6 +361,8 @@ class Normaliser:
         name = _arg_name(str(a.get("channel", "")), str(a.get("instId", ""))) if a else ""
         if c.kind == "subscribe" and name:
             self.acked.setdefault(name, ts)
+        elif c.kind == "duplicate" and name:
+            self._count(str(a.get("channel")), str(a.get("instId")), ts)  # received; nothing new in it
         elif c.kind == "error":
             self.errors.append({"ts_ns": ts, "code": c.code, "msg": c.msg, "arg": dict(a) if a else None})
 
@@ -384,6 +442,8 @@ class Normaliser:
             "sent": self.sent,
             "quarantined": self.quarantined,
             "discarded": dict(sorted(self.discarded.items())),
+            "duplicate_trades": dict(sorted(self.guard.duplicates.items())),
+            "wire_limits": self.guard.limits.to_json(),
             "events": dict(sorted(self.events.items())),
             "stops": self.stops,
             "journal_first_ns": self.first_ns,
@@ -392,6 +452,29 @@ class Normaliser:
 
     def _n_connections(self) -> int:
         return int(self.asked.get("connections", 1))
+
+
+class _CheckOnly(StreamCounters):
+    """Counters for a push that is decoded and checked but writes no book row: it takes no books15
+    seq (no hole in that stream); its quarantine rows take the feed's own."""
+
+    def __init__(self, main: StreamCounters) -> None:
+        super().__init__()
+        self.main = main
+
+    def take(self, stream: str) -> int:
+        return -1 if stream == "books15" else self.main.take(stream)
+
+
+def _quarantine(raw: bytes, ts: int, counters: StreamCounters, reason: str) -> Quarantined:
+    return Quarantined(
+        ts_event=ts,
+        ts_recv=ts,
+        seq=counters.take("quarantine"),
+        source="bitget_v2",
+        reason=reason,
+        raw=raw[:4096].decode("utf-8", "replace"),
+    )
 
 
 _warm = False

@@ -28,6 +28,7 @@ from typing import Any, Final
 import orjson
 
 from engine.events import BOOK_LEVELS, BookSnapshot, Nanos, Quarantined, Trade
+from engine.validate import MAX_TS_MS, WireGuard
 from engine.venues.bitget_v2 import INST_TYPE, MS, Control, StreamCounters, arg, decode
 
 CHECKSUM_DEPTH: Final = 25
@@ -302,12 +303,16 @@ def books_frame_events(
     *,
     emit: bool = True,
     source: str = "bitget_v2",
+    guard: WireGuard | None = None,
 ) -> list[DecodedItem]:
     """Apply one parsed ``books`` push (see :func:`parse_books_frame`) to ``state``.
 
     With ``emit`` the book's top 15 levels become a ``BookSnapshot`` (``exch_seq`` = the frame's
     ``seq``, or 0 when absent). A frame that breaks the book yields a ``Quarantined`` record (its
     reason names the fault) and a :class:`BookFault`; the caller resubscribes and records a gap.
+    A book that fails the wire checks (``guard``; a timestamp out of int64 always does) is quarantined
+    without a fault: the local book stays right (``seq``/``pseq`` and the checksum say so), only that
+    snapshot of it is not an event, so nothing needs a resubscribe.
     """
     symbol = frame["arg"]["instId"]
 
@@ -345,9 +350,16 @@ def books_frame_events(
         if nb == 0 or na == 0:
             continue  # a book with an empty side is not a usable snapshot
         bid_px, bid_sz, ask_px, ask_sz = book.top_levels(BOOK_LEVELS)
+        ts_ms = ts_ms if ts_ms is not None else ts_recv // MS
+        why = "" if 0 <= ts_ms <= MAX_TS_MS else f"bad_ts: data.ts {ts_ms} ms does not fit int64 nanoseconds"
+        if guard is not None and not why:
+            why = guard.book_reason(ts_ms, ts_recv, symbol, bid_px, bid_sz, ask_px, ask_sz)
+        if why:
+            out.append(quarantine(f"books: {why}"))
+            continue
         out.append(
             BookSnapshot(
-                ts_event=(ts_ms if ts_ms is not None else ts_recv // MS) * MS,
+                ts_event=ts_ms * MS,
                 ts_recv=ts_recv,
                 seq=counters.take("books15"),
                 symbol=symbol,
@@ -369,17 +381,27 @@ def decode_with_books(
     *,
     emit_snapshots: bool | Callable[[str], bool] = True,
     source: str = "bitget_v2",
+    guard: WireGuard | None = None,
 ) -> list[DecodedItem]:
     """:func:`engine.venues.bitget_v2.decode` plus the ``books`` channel (see :func:`books_frame_events`).
 
-    ``emit_snapshots`` is a bool or ``f(symbol) -> bool``.
+    ``emit_snapshots`` is a bool or ``f(symbol) -> bool``; ``guard``: the feed's wire checks.
     """
     frame = parse_books_frame(raw)
     if frame is None:
-        return list(decode(raw, ts_recv, counters))
+        return list(decode(raw, ts_recv, counters, guard))
     symbol = frame["arg"]["instId"]
+    if guard is not None and (why := guard.inst_type_reason(frame["arg"].get("instType"))):
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        reason = f"books: {why}"
+        seq = counters.take("quarantine")
+        return [
+            Quarantined(
+                ts_event=ts_recv, ts_recv=ts_recv, seq=seq, source=source, reason=reason, raw=text[:4096]
+            )
+        ]
     emit = emit_snapshots(symbol) if callable(emit_snapshots) else emit_snapshots
-    return books_frame_events(frame, raw, ts_recv, counters, state, emit=emit, source=source)
+    return books_frame_events(frame, raw, ts_recv, counters, state, emit=emit, source=source, guard=guard)
 
 
 # ---------------------------------------------------------------- encoding (local server, tests)

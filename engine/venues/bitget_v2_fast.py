@@ -13,6 +13,8 @@ ordered levels a side and an uncrossed book. Anything else (other key order, whi
 exponents, too many digits, a bad level, another channel) returns "not mine" and the caller uses the
 general decoder, which also finds the quarantine reason. So the fast path can only ever be faster,
 never different; ``tests/engine/venues/test_bitget_v2_fast.py`` checks equality frame by frame.
+The wire checks (:mod:`engine.validate`) are the same compiled predicates here and in the general
+parser: a scanned frame that fails one is handed over too, and the general parser names the fault.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import numpy as np
 from engine.events import BOOK_LEVELS, BookSnapshot, Nanos, Quarantined, Trade
 from engine.fastinit import frozen_maker
 from engine.jit import njit
-from engine.venues.bitget_v2 import MS, Control, StreamCounters, decode
+from engine.validate import L_FAST, WireGuard, wire_book_code, wire_trades_code
+from engine.venues.bitget_v2 import INST_TYPE, MS, Control, StreamCounters, arg, decode
 
 # meta slots filled by the scanner
 M_TS_MS: Final = 0  # data.ts (exchange ms)
@@ -234,6 +237,13 @@ class Books15Scanner:
         m = self.meta
         return raw[m[M_SYM_START] : m[M_SYM_END]].decode("ascii")
 
+    def wire_ok(self, raw: bytes, ts_recv: Nanos, guard: WireGuard) -> bool:
+        """The wire checks on the frame just scanned (accepted: it is the symbol's current book)."""
+        m = self.meta
+        return guard.scanned_book_ok(
+            self.levels, int(m[M_NBID]), int(m[M_NASK]), int(m[M_TS_MS]), ts_recv, self.symbol(raw)
+        )
+
     def book(self, raw: bytes, ts_recv: Nanos, counters: StreamCounters) -> BookSnapshot:
         """The event of the frame just scanned, equal to what :func:`decode` builds."""
         lv = self.levels.tolist()
@@ -432,16 +442,26 @@ class TradeScanner:
             )
         )
 
-    def trades(self, raw: bytes, k: int, ts_recv: Nanos, counters: StreamCounters) -> list[Trade]:
-        """The events of the frame just scanned (``k`` trades), equal to what :func:`decode` builds."""
+    def wire_ok(self, raw: bytes, k: int, ts_recv: Nanos, guard: WireGuard) -> bool:
+        """The wire checks on the ``k`` trades just scanned."""
+        symbol = raw[self.meta[T_SYM_START] : self.meta[T_SYM_END]].decode("ascii")
+        return guard.scanned_trades_ok(self.ts_ms, self.px, self.sz, k, ts_recv, symbol)
+
+    def trades(
+        self, raw: bytes, k: int, ts_recv: Nanos, counters: StreamCounters, guard: WireGuard | None = None
+    ) -> list[Trade] | list[Control]:
+        """The events of the frame just scanned (``k`` trades), equal to what :func:`decode` builds
+        (with a ``guard``: without the trade ids it has seen, as :func:`decode` does)."""
         trade_order(self.ts_ms, k, self.order)
         symbol = raw[self.meta[T_SYM_START] : self.meta[T_SYM_END]].decode("ascii")
         # the first k rows only: the buffers hold MAX_TRADES_PER_FRAME, and listing all of them would
         # cost the live event loop far more than the frame itself
         ts, px, sz, side, tid = (a[:k].tolist() for a in (self.ts_ms, self.px, self.sz, self.side, self.tid))
-        out = []
+        out: list[Trade] = []
         for w in self.order[:k].tolist():
             a, b = tid[w]
+            if guard is not None and not guard.fresh(symbol, raw[a:b].decode("ascii")):
+                continue
             out.append(
                 Trade(
                     ts_event=ts[w] * MS,
@@ -454,6 +474,8 @@ class TradeScanner:
                     side="sell" if side[w] else "buy",
                 )
             )
+        if not out:
+            return [Control("duplicate", arg("trade", symbol, INST_TYPE))]
         return out
 
 
@@ -466,25 +488,32 @@ def decode_fast(
     counters: StreamCounters,
     scanner: Books15Scanner | None = None,
     trades: TradeScanner | None = None,
+    guard: WireGuard | None = None,
 ) -> list[BookSnapshot | Trade | Quarantined | Control]:
-    """Drop-in for :func:`bitget_v2.decode`: canonical books15 and trade frames take compiled paths."""
-    if isinstance(raw, bytes):
+    """Drop-in for :func:`bitget_v2.decode`: canonical books15 and trade frames take compiled paths
+    (with a ``guard``, those that pass its checks; the rest, and every frame when the guard's
+    instType is not the canonical one, go to the general parser)."""
+    if isinstance(raw, bytes) and (guard is None or guard.lim[L_FAST]):
         sc = scanner or _DEFAULT
-        if sc.scan(raw):
+        if sc.scan(raw) and (guard is None or sc.wire_ok(raw, ts_recv, guard)):
             return [sc.book(raw, ts_recv, counters)]
-    return decode_not_books15(raw, ts_recv, counters, trades)
+    return decode_not_books15(raw, ts_recv, counters, trades, guard)
 
 
 def decode_not_books15(
-    raw: bytes | str, ts_recv: Nanos, counters: StreamCounters, trades: TradeScanner | None = None
+    raw: bytes | str,
+    ts_recv: Nanos,
+    counters: StreamCounters,
+    trades: TradeScanner | None = None,
+    guard: WireGuard | None = None,
 ) -> list[BookSnapshot | Trade | Quarantined | Control]:
     """:func:`decode_fast` of a frame the books15 scan already declined (the caller scanned it)."""
-    if isinstance(raw, bytes):
+    if isinstance(raw, bytes) and (guard is None or guard.lim[L_FAST]):
         ts = trades or _DEFAULT_TRADES
         k = ts.scan(raw)
-        if k > 0:
-            return list(ts.trades(raw, k, ts_recv, counters))
-    return decode(raw, ts_recv, counters)
+        if k > 0 and (guard is None or ts.wire_ok(raw, k, ts_recv, guard)):
+            return list(ts.trades(raw, k, ts_recv, counters, guard))
+    return decode(raw, ts_recv, counters, guard)
 
 
 # ---------------------------------------------------------------- batch scan of a record block (additive)
@@ -620,9 +649,14 @@ def scan_block(
     tr_tid,
     tr_order,
     tr_meta,
+    lim,
+    mid,
+    mid_ts,
 ):  # pragma: no cover - compiled
     """Take records from ``raw[pos:]`` until one is not ours; returns the status (see module doc).
-    ``agg`` is int64 (3, args): per arg the frames, first and last receive time of this call."""
+    ``agg`` is int64 (3, args): per arg the frames, first and last receive time of this call.
+    ``lim``, ``mid``, ``mid_ts``: the wire checks' limits and state (``engine.validate.WireGuard``);
+    a frame that fails them is the general parser's."""
     agg_n, agg_first, agg_last = agg[0], agg[1], agg[2]
     for j in range(st[S_NTOUCHED]):
         agg_n[touched[j]] = 0
@@ -656,6 +690,9 @@ def scan_block(
             st[S_NREC] += 1
             pos = p1
             continue
+        if lim[L_FAST] == 0.0:  # the subscription is not the canonical frame's instType
+            status = SLOW
+            break
         if scan_books15(frame, lv, meta):
             if meta[M_TS_MS] > MAX_TS_MS:
                 status = SLOW
@@ -666,6 +703,9 @@ def scan_block(
                 break
             sym = intern_symbol(frame, meta[M_SYM_START], meta[M_SYM_END], symtab, symlen, slots, st)
             if sym < 0:
+                status = SLOW
+                break
+            if wire_book_code(lv, meta[M_NBID], meta[M_NASK], meta[M_TS_MS], ts, sym, lim, mid, mid_ts):
                 status = SLOW
                 break
             b_ts[row] = meta[M_TS_MS] * MS
@@ -695,6 +735,10 @@ def scan_block(
             break
         sym = intern_symbol(frame, tr_meta[T_SYM_START], tr_meta[T_SYM_END], symtab, symlen, slots, st)
         if sym < 0:
+            status = SLOW
+            break
+        c, _ = wire_trades_code(tr_ts, tr_px, tr_sz, k, ts, sym, lim, mid, mid_ts)
+        if c:
             status = SLOW
             break
         trade_order(tr_ts, k, tr_order)

@@ -34,7 +34,8 @@ import orjson
 
 from engine.events import BOOK_LEVELS, BookSnapshot, Trade
 from engine.store import SessionWriter
-from engine.venues.bitget_v2 import StreamCounters
+from engine.validate import WireGuard
+from engine.venues.bitget_v2 import StreamCounters, wire_guard
 from engine.venues.bitget_v2_books import BookError, LocalBook
 from recorder.importers.common import ImportInputError, count, read_lines, staged_dir
 from recorder.normalise import GapLog
@@ -69,8 +70,11 @@ class BinanceBookBuilder:
         interval_ms: int = 100,
         gaps: GapLog | None = None,
         discarded: dict[str, int] | None = None,
+        guard: WireGuard | None = None,
     ) -> None:
         self.symbol = symbol
+        # the wire checks of the recorder and live mode (shared by a file's builders and its trades)
+        self.guard = guard if guard is not None else wire_guard(inst_type=None)
         self.c = counters
         self.spot = spot
         self.interval_ms = interval_ms
@@ -109,6 +113,11 @@ class BinanceBookBuilder:
             big_u, u, e_ms = int(d["U"]), int(d["u"]), int(d["E"])
         except _BAD:
             count(self.discarded, "malformed_diff")  # lost: the continuity check of the next diff says so
+            return []
+        if why := self.guard.ts_reason(e_ms, ts_recv):
+            # a diff at an impossible time is unusable (it would also stretch the snapshot grid to it):
+            # lost, as a malformed one is
+            count(self.discarded, f"diff_{why.partition(':')[0]}")
             return []
         self.seen_e_ms = e_ms
         if self.last_update_id is None:
@@ -168,6 +177,9 @@ class BinanceBookBuilder:
                 self.crossed_at.append(t)
                 continue
             bid_px, bid_sz, ask_px, ask_sz = self.book.top_levels(BOOK_LEVELS)
+            if why := self.guard.book_reason(t, ts_recv, self.symbol, bid_px, bid_sz, ask_px, ask_sz):
+                count(self.discarded, f"books15_{why.partition(':')[0]}")
+                continue
             out.append(
                 BookSnapshot(
                     ts_event=t * MS,
@@ -225,12 +237,13 @@ def _import(path: Path, out: Path, spot: bool, interval_ms: int) -> dict[str, An
     events: list[Any] = []
     trades = lines = diffs = snapshots = 0
     ts_recv = 0
+    guard = wire_guard(inst_type=None)
 
     def builder(sym: str) -> BinanceBookBuilder:
         b = builders.get(sym)
         if b is None:
             b = builders[sym] = BinanceBookBuilder(
-                sym, counters, spot=spot, interval_ms=interval_ms, gaps=gaps, discarded=discarded
+                sym, counters, spot=spot, interval_ms=interval_ms, gaps=gaps, discarded=discarded, guard=guard
             )
         return b
 
@@ -291,12 +304,19 @@ def _import(path: Path, out: Path, spot: bool, interval_ms: int) -> dict[str, An
                 count(skipped, f"trade_{data.get('X')}")
                 continue
             try:
-                ts_event, symbol, trade_id = int(data["T"]) * MS, str(data["s"]), str(data["t"])
+                t_ms, symbol, trade_id = int(data["T"]), str(data["s"]), str(data["t"])
                 # m: the buyer is the maker -> the seller hit the bid
                 px, sz, side = float(data["p"]), float(data["q"]), "sell" if data["m"] else "buy"
             except _BAD:
                 count(discarded, "malformed_trade")
                 continue
+            if why := guard.trades_reason([(t_ms, trade_id, px, sz, side)], ts_recv, symbol):
+                count(discarded, f"trade_{why.partition(':')[0]}")
+                continue
+            if not guard.fresh(symbol, trade_id):
+                count(discarded, "trade_duplicate")
+                continue
+            ts_event = t_ms * MS
             trades += 1
             if isinstance(data.get("E"), int):
                 lags_ns.append(ts_recv - data["E"] * MS)

@@ -26,10 +26,10 @@ import orjson
 
 from engine.events import BookSnapshot, Quarantined, Trade
 from engine.store import SessionWriter
-from engine.venues.bitget_v2 import StreamCounters
+from engine.venues.bitget_v2 import StreamCounters, wire_guard
 from engine.venues.bitget_v2_books import BookFault, BooksOptions, BooksState, decode_with_books
 from recorder.importers.common import ImportInputError, count, read_lines, staged_dir
-from recorder.normalise import GapLog, discard_reason, frame_arg
+from recorder.normalise import WIRE_CHECKS, GapLog, discard_reason, frame_arg
 
 V1_INST_TYPES: Final = {"sp": "SPOT", "mc": "USDT-FUTURES", "umcbl": "USDT-FUTURES"}
 SUPPORTED: Final = ("books", "trade")
@@ -125,6 +125,9 @@ def _import(path: Path, out: Path, verify_snapshot_checksum: bool) -> dict[str, 
     counters = StreamCounters()
     gaps = GapLog(counters)
     state = BooksState(BooksOptions(verify_snapshot_checksum=verify_snapshot_checksum))
+    # the wire checks of the recorder and live mode; a capture mixes markets (no instType to hold it to),
+    # and v1 trades carry no id (the derived one can repeat for distinct trades: no de-duplication)
+    guard = wire_guard(inst_type=None, dedupe=False)
     symbols: set[str] = set()
     skipped: dict[str, int] = {}
     discarded: dict[str, int] = {}
@@ -157,8 +160,9 @@ def _import(path: Path, out: Path, verify_snapshot_checksum: bool) -> dict[str, 
         prev = last_push.get(arg, ts) if arg else ts
         if arg:
             last_push[arg] = ts
-        items = decode_with_books(raw, ts, counters, state, source="bitget_v1")
+        items = decode_with_books(raw, ts, counters, state, source="bitget_v1", guard=guard)
         lost = ""
+        fault = False
         for item in items:
             if isinstance(item, BookSnapshot | Trade):
                 events.append(item)
@@ -168,10 +172,14 @@ def _import(path: Path, out: Path, verify_snapshot_checksum: bool) -> dict[str, 
                 lost = discard_reason(item.reason)
                 count(discarded, lost)
             elif isinstance(item, BookFault):
+                fault = True
                 faults.append({"symbol": item.symbol, "reason": item.reason, "detail": item.detail})
         if arg is None or arg[0] not in SUPPORTED:
             continue
-        if lost and arg[0] == "books":
+        if lost and arg[0] == "books" and not fault and lost.partition("_")[2] in WIRE_CHECKS:
+            # a snapshot the wire checks refused: the local book is still right, that instant is lost
+            events.append(gaps.gap(*arg, prev, ts, ts, f"quarantined:{lost}"))
+        elif lost and arg[0] == "books":
             # the book is unusable until the next snapshot (a frame too broken to parse included)
             state.book(arg[1]).reset()
             gaps.start(*arg, prev, lost if lost.startswith("books_") else "books_malformed")
