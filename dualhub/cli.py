@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import signal
 import sys
+import textwrap
 import threading
 from collections.abc import Sequence
 
@@ -29,9 +31,40 @@ COMMAND_MODULES = (
 )
 
 
+class _CommaWrapper(textwrap.TextWrapper):
+    """Wraps help text between words and after the commas of a list written without spaces (rule
+    names, symbols), never inside a name: textwrap alone breaks such a list mid-word."""
+
+    wordsep_simple_re = re.compile(r"(\s+|(?<=,)(?=[^\s,]))")
+
+    def __init__(self, width: int) -> None:
+        super().__init__(width, break_long_words=False, break_on_hyphens=False)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return _CommaWrapper(width).wrap(self._whitespace_matcher.sub(" ", text).strip())
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        w = _CommaWrapper(width)
+        w.initial_indent = w.subsequent_indent = indent
+        return w.fill(self._whitespace_matcher.sub(" ", text).strip())
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every subcommand's parser below it."""
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # an alias maps to the same parser
+                out.extend(_parsers(sub))
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dualhub",
+        formatter_class=HelpFormatter,
         description="Record Bitget USDT-M markets, replay them deterministically through Laya (fast ONNX "
         "classifier), Kev (slow LLM advisor) and the risk gateway, and analyse the event log in DuckDB.",
     )
@@ -45,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    for p in _parsers(parser):  # subparsers do not inherit the formatter
+        p.formatter_class = HelpFormatter
     return parser
 
 

@@ -429,8 +429,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from engine.urls import check_url
     from replay.driver import run_replay
 
-    if args.strategy_budget_ms is not None:
-        plugin.set_budget_ms(args.strategy_budget_ms)
+    plugin.set_budget_ms(args.strategy_budget_ms)  # None: the environment's or the default
     if args.kev_url:
         check_url(args.kev_url, "--kev-url")
     elif args.kev_mode == "llm" or (args.kev_mode == "cassette" and args.kev_miss == "live"):

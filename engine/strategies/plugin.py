@@ -120,9 +120,13 @@ _timed_out = False
 _watchdog: threading.Thread | None = None
 
 
-def set_budget_ms(ms: float) -> None:
-    """The time budget of one strategy call (``--strategy-budget-ms``; 0: none)."""
+def set_budget_ms(ms: float | None) -> None:
+    """The time budget of one strategy call (``--strategy-budget-ms``; 0: none; None: the
+    environment's or the default, read at the next call)."""
     global _budget_s
+    if ms is None:
+        _budget_s = None
+        return
     if not ms >= 0 or ms == float("inf"):
         raise DualhubError(f"the strategy time budget must be >= 0 ms and finite, not {ms}")
     _budget_s = ms / 1e3
