@@ -9,9 +9,13 @@ trade against), a present level's price is NaN/inf/<= 0 or its size NaN/inf/< 0 
 ``inf_price``, ``nonpositive_price``, ``nonfinite_size``, ``negative_size``), the top is crossed or
 locked (``crossed_book``, ``locked_book``), or the levels are not strictly ordered, gaps included
 (``unordered_levels``). A trade is invalid on a bad price, a size NaN/inf/<= 0 (``nonpositive_size``)
-or a side other than buy/sell (``bad_side``). A row whose ``ts_recv`` is before an earlier row's of
-its stream and symbol is ``time_backwards``. Where a row has several faults the first in
-:data:`REASONS` is named.
+or a side other than buy/sell (``bad_side``). A price outside [1e-12, 1e12] is ``price_out_of_range``
+(no market has it). A row whose ``ts_recv`` is before an earlier row's of its stream and symbol is
+``time_backwards``; one stamped (ts_event or ts_recv) before 0 or after 2200 is ``bad_time``. Where
+a row has several faults the first in :data:`REASONS` is named.
+
+The second half of this module (:class:`WireGuard`) is what frames must satisfy at the wire, before
+they become events at all: recorder, live mode and importers call it through the codec.
 """
 
 from __future__ import annotations
@@ -45,10 +49,18 @@ REASONS: Final = (
     "unordered_levels",
     "bad_side",
     "time_backwards",
+    "price_out_of_range",
+    "bad_time",
 )
 _CODE: Final = {r: i for i, r in enumerate(REASONS)}
 EMPTY, ONE_SIDED, NAN_PX, INF_PX, NONPOS_PX = 1, 2, 3, 4, 5
 NONFIN_SZ, NEG_SZ, NONPOS_SZ, CROSSED, LOCKED, UNORDERED, BAD_SIDE, BACKWARDS = range(6, 14)
+PX_RANGE, BAD_TIME = 14, 15
+# Prices no market has (a 1e300 print; below what any tick can express) and times past what a
+# session can hold (int64 ns ends in 2262; a row stamped there never comes due on replay's clock).
+DOOR_MIN_PX: Final = 1e-12
+DOOR_MAX_PX: Final = 1e12
+DOOR_MAX_TS_NS: Final = 7_258_118_400_000_000_000  # 2200-01-01T00:00:00Z
 LEVEL_COLUMNS: Final = [
     f"{s}_{i}" for s in ("bid_px", "bid_sz", "ask_px", "ask_sz") for i in range(BOOK_LEVELS)
 ]
@@ -72,6 +84,8 @@ def _side(levels: np.ndarray, r: int, px0: int, bids: bool) -> int:
             c = INF_PX
         elif p <= 0.0:
             c = NONPOS_PX
+        elif not DOOR_MIN_PX <= p <= DOOR_MAX_PX:
+            c = PX_RANGE
         elif not math.isfinite(s):
             c = NONFIN_SZ
         elif s < 0.0:
@@ -153,15 +167,24 @@ def trade_codes(px: np.ndarray, sz: np.ndarray, side_code: np.ndarray) -> np.nda
     """Fault code per trade (``side_code``: 0 buy, 1 sell, anything else is not a side)."""
     px, sz = np.asarray(px, dtype=np.float64), np.asarray(sz, dtype=np.float64)
     out = np.zeros(len(px), dtype=np.int8)
-    ok = (px > 0) & (px < _INF) & (sz > 0) & (sz < _INF) & ((side_code == 0) | (side_code == 1))
+    side_ok = (side_code == 0) | (side_code == 1)
+    ok = (px >= DOOR_MIN_PX) & (px <= DOOR_MAX_PX) & (sz > 0) & (sz < _INF) & side_ok
     if ok.all():
         return out
     out[:] = np.select(
-        [np.isnan(px), np.isinf(px), px <= 0, ~np.isfinite(sz), sz <= 0, ~ok],
-        [NAN_PX, INF_PX, NONPOS_PX, NONFIN_SZ, NONPOS_SZ, BAD_SIDE],
+        [np.isnan(px), np.isinf(px), px <= 0, ~np.isfinite(sz), sz <= 0, ~side_ok, ~ok],
+        [NAN_PX, INF_PX, NONPOS_PX, NONFIN_SZ, NONPOS_SZ, BAD_SIDE, PX_RANGE],
         0,
     )
     return out
+
+
+def time_range_codes(ts_event: np.ndarray, ts_recv: np.ndarray) -> np.ndarray:
+    """``bad_time`` for each row whose ts_event or ts_recv is negative or past ``DOOR_MAX_TS_NS``."""
+    ev = np.asarray(ts_event, dtype=np.int64)
+    rc = np.asarray(ts_recv, dtype=np.int64)
+    bad = (ev < 0) | (ev > DOOR_MAX_TS_NS) | (rc < 0) | (rc > DOOR_MAX_TS_NS)
+    return np.where(bad, BAD_TIME, 0).astype(np.int8)
 
 
 def side_codes(side: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -182,7 +205,8 @@ def book_table_codes(table: pa.Table) -> np.ndarray:
         part = table.slice(start, _CHUNK)
         codes[start : start + part.num_rows] = book_codes(levels_of(part))
     recv = table.column("ts_recv").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    return _merge(codes, time_codes(recv))
+    event = table.column("ts_event").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return _merge(_merge(codes, time_range_codes(event, recv)), _time_codes_of_valid(recv, event))
 
 
 def trade_table_codes(table: pa.Table) -> np.ndarray:
@@ -193,7 +217,20 @@ def trade_table_codes(table: pa.Table) -> np.ndarray:
 
     data = trade_codes(col("px"), col("sz"), side_codes(table.column("side")))
     recv = table.column("ts_recv").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    return _merge(data, time_codes(recv))
+    event = table.column("ts_event").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return _merge(_merge(data, time_range_codes(event, recv)), _time_codes_of_valid(recv, event))
+
+
+def _time_codes_of_valid(recv: np.ndarray, event: np.ndarray) -> np.ndarray:
+    """:func:`time_codes` where a row stamped out of range does not count as the latest time (one row
+    at INT64_MAX would otherwise make every later row ``time_backwards``)."""
+    ok = time_range_codes(event, recv) == 0
+    if ok.all():
+        return time_codes(recv)
+    clean = np.where(ok, recv, np.iinfo(np.int64).min)
+    out = time_codes(clean)
+    out[~ok] = 0
+    return out
 
 
 def counts(codes: np.ndarray) -> dict[str, int]:

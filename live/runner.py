@@ -71,7 +71,15 @@ from engine.contract import ContractConfig
 from engine.core import PRIO_KEV, Engine, EngineConfig, KevDone, engine_config_from, engine_identity
 from engine.errors import DualhubError
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
-from engine.events import BookSnapshot, InputQuarantined, ReconcileEvent, Trade, VenueStatus, events_to_table
+from engine.events import (
+    BookSnapshot,
+    InputQuarantined,
+    Quarantined,
+    ReconcileEvent,
+    Trade,
+    VenueStatus,
+    events_to_table,
+)
 from engine.instruments import Portfolio, checked_instruments, instrument_config
 from engine.kev.advisor import KevAdvisor, KevContext, KevReply
 from engine.kev.cassette import CASSETTE_FILE, Cassette, CassetteEntry, RecordingAdvisor
@@ -85,8 +93,8 @@ from engine.store import MANIFEST, atomic_write_parquet, open_session, sha256_fi
 from engine.strategies import plugin
 from engine.strategies.registry import resolve as resolve_strategy
 from engine.strategy import QuoteConfig
-from engine.validate import book_reason, top_ok, trade_ok, trade_reason
-from engine.venues.bitget_v2 import INST_TYPE, REST_BASE_URL, StreamCounters, arg
+from engine.validate import WireLimits, book_reason, top_ok, trade_ok, trade_reason
+from engine.venues.bitget_v2 import INST_TYPE, REST_BASE_URL, StreamCounters, arg, wire_guard
 from engine.venues.bitget_v2_rest import BitgetError, ContractSpec, Credentials
 from live.clock import LiveClock
 from live.gateway import BitgetGateway, GatewayExecution, GatewayTransportError, reconcile_event
@@ -94,7 +102,7 @@ from live.gc_policy import IdleGC
 from live.health import LOST, Change, VenueHealth
 from live.private_ws import PrivateConfig, PrivateStream, describe
 from live.tick import TickLaya
-from recorder.normalise import Normaliser
+from recorder.normalise import Normaliser, discard_reason
 from recorder.record import JOURNAL_DIR, RECORD_JSON, finish, new_writer, normalise_segment
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
@@ -521,13 +529,19 @@ class LiveRunner:
         clock = self.clock
         sched = clock.schedule
         any_event = ran = False
-        evs = self.tick.decode(raw, ts, self.counters)
+        try:
+            evs = self.tick.decode(raw, ts, self.counters)
+        except Exception as e:  # a decoder bug costs this frame (the journal keeps it), never the run
+            self._wire_quarantined(f"internal: {type(e).__name__}: {str(e)[:200]}")
+            return
         # one event (a books15 frame): each step runs at once when nothing on the clock goes before it
         # (LiveClock.take_next); several keep the clock's order (all paper steps first, as in replay)
         direct = len(evs) == 1 and not self._dispatching
         for ev in evs:
             is_book = isinstance(ev, BookSnapshot)
             if not (is_book or isinstance(ev, Trade)):
+                if type(ev) is Quarantined:
+                    self._wire_quarantined(ev.reason)  # type: ignore[union-attr]
                 continue
             st = self.syms.get(ev.symbol)  # type: ignore[union-attr]
             if st is None:
@@ -571,6 +585,14 @@ class LiveRunner:
         finally:
             self._dispatching = False
         return True
+
+    def _wire_quarantined(self, reason: str) -> None:
+        """A frame the codec or the wire checks refused: counted by its tag (the session's quarantine
+        stream, rebuilt from the journal, holds it with the reason and the raw text)."""
+        key = f"wire:{discard_reason(reason)}"
+        if key not in self.quarantined:
+            log.warning("quarantined a frame: %s", reason[:300])
+        self.quarantined[key] = self.quarantined.get(key, 0) + 1
 
     def _quarantine(self, ev: BookSnapshot | Trade, is_book: bool) -> None:
         """A decoded event the engine must not see (the codec checks levels; this is the last guard)."""
@@ -839,7 +861,9 @@ class LiveRunner:
         laya = Laya(LayaConfig(model_path=Path(cfg.model_path), provider=cfg.laya_provider))
         self.laya = laya
         # decoder + labeler + Laya latency in one: books15 frames are labelled before their event exists
-        self.tick = tick = TickLaya(laya, self.clock.wall_ns)
+        # with the recorder's wire checks (limits as the session's record says: the normaliser's)
+        guard = wire_guard(WireLimits.from_json(self._asked.get("wire_limits")), inst_type=INST_TYPE)
+        self.tick = tick = TickLaya(laya, self.clock.wall_ns, guard)
 
         inner = self._inner_advisor
         if inner is None:

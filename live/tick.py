@@ -24,6 +24,7 @@ from engine.events import BookSnapshot, Nanos, Quarantined, Trade
 from engine.laya.features import features_v0, features_v0_levels
 from engine.laya.features import warm_up as warm_features
 from engine.laya.model import Laya
+from engine.validate import WireGuard
 from engine.venues.bitget_v2 import Control, StreamCounters
 from engine.venues.bitget_v2_fast import Books15Scanner, TradeScanner, decode_fast, decode_not_books15
 from engine.venues.bitget_v2_fast import warm_up as warm_codec
@@ -32,7 +33,7 @@ from engine.venues.bitget_v2_fast import warm_up as warm_codec
 class TickLaya:
     """Decoder + labeler + Laya latency model of live mode (see the module docstring)."""
 
-    def __init__(self, laya: Laya, wall_ns: Callable[[], int]) -> None:
+    def __init__(self, laya: Laya, wall_ns: Callable[[], int], guard: WireGuard | None = None) -> None:
         # the scanned-levels path exists for v0 only; other versions keep the general path throughout
         self.compiled = laya.feature_version == "v0"
         self.laya = laya
@@ -47,6 +48,9 @@ class TickLaya:
         self._warm_scanner = Books15Scanner()
         self._warm_row = np.zeros(laya.n_features, dtype=np.float32)
         self.fast = 0  # frames labelled on the compiled path
+        # the wire checks (engine.validate), the recorder's: a frame that fails them is quarantined
+        # (live mode passes its feed's; None: none, as the general decoder without one)
+        self.guard = guard
         warm_codec()
         warm_features()
 
@@ -55,7 +59,14 @@ class TickLaya:
     ) -> list[BookSnapshot | Trade | Quarantined | Control]:
         """:func:`engine.venues.bitget_v2.decode`, labelling a canonical books15 frame on the way."""
         sc = self.scanner
-        if self.compiled and type(raw) is bytes and sc.scan(raw):
+        guard = self.guard
+        # a canonical frame that fails the wire checks goes to the general parser, which says why
+        if (
+            self.compiled
+            and type(raw) is bytes
+            and sc.scan(raw)
+            and (guard is None or sc.wire_ok(raw, ts, guard))
+        ):
             features_v0_levels(sc.levels, self._row)
             label, probs = self.laya.predict_row()
             latency = self.wall_ns() - ts
@@ -65,9 +76,9 @@ class TickLaya:
             self._last_raw = raw
             self.fast += 1
             return [book]
-        if self.compiled:  # the books15 scan above declined it: don't scan it again
-            return decode_not_books15(raw, ts, counters, self.trade_scanner)
-        return decode_fast(raw, ts, counters, sc, self.trade_scanner)
+        if self.compiled:  # the books15 scan above declined it (or the checks did): don't scan it again
+            return decode_not_books15(raw, ts, counters, self.trade_scanner, guard)
+        return decode_fast(raw, ts, counters, sc, self.trade_scanner, guard)
 
     def keep_warm(self) -> None:
         """Run the label path once more on the last frame, results discarded, so the next frame finds

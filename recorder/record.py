@@ -36,6 +36,7 @@ import orjson
 from engine.bounds import check_count, check_ms, check_seconds, check_seed
 from engine.errors import DualhubError, os_error_text
 from engine.store import MANIFEST, SessionWriter, write_json
+from engine.validate import WireLimits
 from engine.venues.bitget_v2 import INST_TYPE, WS_PUBLIC_URL, arg
 from recorder.normalise import Normaliser, warm_up
 from wire.connection import (
@@ -75,6 +76,8 @@ class RecordConfig:
     status: bool = False
     status_interval_s: float = 1.0
     connection: ConnectionConfig = field(default_factory=lambda: ConnectionConfig(url=WS_PUBLIC_URL))
+    # what a frame may hold (engine.validate.WireLimits); in record.json, so recover checks the same
+    wire: WireLimits = field(default_factory=WireLimits)
 
     def __post_init__(self) -> None:
         if not self.symbols:
@@ -109,6 +112,7 @@ def asked_of(cfg: RecordConfig, n_connections: int) -> dict[str, Any]:
     return {
         "url": cfg.connection.url,
         "inst_type": cfg.inst_type,
+        "wire_limits": cfg.wire.to_json(),
         "symbols": list(cfg.symbols),
         "channels": list(cfg.channels),
         "connections": n_connections,

@@ -96,7 +96,10 @@ _V = VPIN_BUCKET_NOTIONAL
 _BID_PX, _BID_SZ, _ASK_PX, _ASK_SZ = 0, BOOK_LEVELS, 2 * BOOK_LEVELS, 3 * BOOK_LEVELS
 
 # v1_trade's answers
-TAKEN, NO_ROOM, BACKWARDS, NOT_FINITE = 0, 1, 2, 3
+TAKEN, NO_ROOM, BACKWARDS, NOT_FINITE, TOO_LARGE = 0, 1, 2, 3, 4
+# most VPIN bucket boundaries one trade may complete: more is a notional no market trades at once (a
+# 1e300 print), and the state would need room for all of them
+MAX_BOUNDARIES_PER_TRADE: Final = 1 << 20
 
 
 # -- state ------------------------------------------------------------------------------------------
@@ -134,7 +137,8 @@ def _grown(state: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.nd
 def v1_trade(ti, tf, bf, n, t_ns, px, sz, is_buy):  # pragma: no cover - compiled
     """Feed one trade (``ts_recv`` ``t_ns``, aggressor ``is_buy``) into the state. Returns TAKEN, or
     leaves the state as it was and returns NO_ROOM (grow it, call again), BACKWARDS (``t_ns`` before
-    the previous trade's) or NOT_FINITE (``px * sz`` is NaN or infinite)."""
+    the previous trade's), NOT_FINITE (``px * sz`` is NaN or infinite) or TOO_LARGE (the trade would
+    complete more than MAX_BOUNDARIES_PER_TRADE buckets)."""
     nt = n[0]
     if nt > 0 and t_ns < ti[0, nt - 1]:
         return BACKWARDS
@@ -145,7 +149,15 @@ def v1_trade(ti, tf, bf, n, t_ns, px, sz, is_buy):  # pragma: no cover - compile
     b0 = tf[2, nt]
     c1 = c0 + notional
     k = n[1] + 1  # the next boundary
+    # the first boundary past c1 (the smallest last >= k with last * V > c1), found without stepping
+    # one bucket at a time: a huge notional would take forever and then need unbounded room
+    if c1 / _V - k > MAX_BOUNDARIES_PER_TRADE:
+        return TOO_LARGE
     last = k
+    if c1 >= k * _V:
+        last = max(k, int(c1 / _V))
+    while last > k and (last - 1) * _V > c1:
+        last -= 1
     while last * _V <= c1:
         last += 1
     if nt + 1 >= ti.shape[1] or last - 1 >= bf.shape[1]:
@@ -302,6 +314,11 @@ class FeaturesV1:
 def _refuse(answer: int, ts: int, px: float, sz: float, previous: int) -> None:
     if answer == BACKWARDS:
         raise ValueError(f"trades must come in ts_recv order: ts_recv={ts} < previous {previous}")
+    if answer == TOO_LARGE:
+        raise DualhubError(
+            f"trade at ts_recv={ts} has px * sz = {px!r} * {sz!r}, a notional no market trades at once"
+            " (a bad print: the recorder and importers quarantine such trades)"
+        )
     raise DualhubError(f"trade at ts_recv={ts} has px * sz = {px!r} * {sz!r}, not a finite notional")
 
 

@@ -47,7 +47,10 @@ from engine.venues.bitget_v2_books import BooksEncoder
 
 log = logging.getLogger(__name__)
 
-FrameSource = Iterable[tuple[int, bytes]]
+# ``(ts_ns, frame)``, or ``(ts_ns, frame, (instType, channel, instId))``: that frame is sent verbatim
+# (never parsed, never derived) to every connection subscribed to that arg, whatever it holds (a
+# hostile frame for the tests: garbage, another instType, a books5 push)
+FrameSource = Iterable[tuple[int, bytes] | tuple[int, bytes, tuple[str, str, str]]]
 CHANNELS: Final = ("books", "books1", "books5", "books15", "trade")
 FAULT_KINDS: Final = (
     "drop",  # abort the TCP connection (the client sees 1006)
@@ -168,6 +171,7 @@ class BitgetServer:
         max_client_msgs_per_s: int = 10,
         ping_required_s: float = 120.0,
         books_checksum: bool = True,
+        trade_snapshot: int = 0,
         unsubscribe_ack: str = "event",
         start_on_subscribe: bool = True,
         keep_frames: bool = True,
@@ -187,6 +191,10 @@ class BitgetServer:
         self.max_client_msgs_per_s = max_client_msgs_per_s
         self.ping_required_s = ping_required_s
         self.books_checksum = books_checksum
+        # after a ``trade`` subscribe, a ``snapshot`` push of up to this many recent trades of the
+        # symbol (newest first) before the updates, as Bitget does; 0: none
+        self.trade_snapshot = trade_snapshot
+        self._recent: dict[tuple[str, str], deque[Any]] = {}
         self.unsubscribe_ack = unsubscribe_ack
         self.start_on_subscribe = start_on_subscribe
         self.keep_frames = keep_frames
@@ -281,7 +289,8 @@ class BitgetServer:
         t0 = time.monotonic()
         ts0: int | None = None
         n = 0
-        for ts_ns, frame in self._source:
+        for item in self._source:
+            ts_ns, frame = item[0], item[1]
             if ts0 is None:
                 ts0 = ts_ns
             if self.speed > 0:
@@ -292,9 +301,18 @@ class BitgetServer:
             if self.speed <= 0 and n % 64 == 0:
                 await asyncio.sleep(0)
             self.source_frames += 1
+            if len(item) > 2:  # routed: sent as it is
+                key = tuple(item[2])  # type: ignore[misc]
+                for c in list(self._conns):
+                    if not c.closed and key in c.subs:
+                        await self._enqueue(c, ("data", key[1], key[2], frame, None))
+                continue
             parsed = orjson.loads(frame)
             a = parsed.get("arg") or {}
             key = (a.get("instType", ""), a.get("channel", ""), a.get("instId", ""))
+            if self.trade_snapshot and key[1] == "trade":
+                recent = self._recent.setdefault((key[0], key[2]), deque(maxlen=self.trade_snapshot))
+                recent.extendleft(reversed(parsed.get("data") or []))  # newest first, as on the wire
             for c in list(self._conns):  # connections come and go while we await
                 if c.closed:
                     continue
@@ -553,6 +571,13 @@ class BitgetServer:
                 if a["channel"] == "books":
                     c.queue.append(("reset", inst_id))  # in stream order: the next push is a snapshot
                 self._ctrl(c, "ack", orjson.dumps({"event": "subscribe", "arg": a}))
+                recent = self._recent.get((a["instType"], inst_id))
+                if a["channel"] == "trade" and recent:
+                    snap = encode_trades(
+                        inst_id, list(recent), push_ts_ms=int(recent[0]["ts"]), action="snapshot"
+                    )
+                    c.queue.append(("data", "trade", inst_id, snap, None))  # after the ack, as Bitget
+                    c.wake.set()
                 self._go.set()
             else:
                 c.subs.discard(key)
