@@ -1,8 +1,10 @@
 """Fuzz Kev command validation + the quoting strategy + the risk gateway over adversarial cases.
 
-Every accepted order is audited by an oracle that does not use the gateway's code
-(tests/risk_fuzz.py): worst-case position and net delta with resting orders, order size, price band,
-slippage over the displayed depth, reduce-only, a valid two-sided book. The goal is 0 breaches.
+Every accepted order is audited by an exact oracle that does not use the gateway's code
+(tests/risk_fuzz.py, Fraction arithmetic on prices and sizes read as the exchange's decimals): every
+rule of the gateway, with flips through zero, resting orders on the order's side, positions between
+whole lots, short books, missing or absurd times and unknown sources among the cases. The goal is 0
+breaches.
 
     .venv/bin/python bench/fuzz_risk.py --cases 1000000 [--seed 16] [--workers 2]
 
@@ -45,6 +47,7 @@ def main() -> int:
             total.accepted += s.accepted
             total.reasons.update(s.reasons)
             total.breaches.update(s.breaches)
+            total.families.update(s.families)
             total.examples += s.examples[: 5 - len(total.examples)]
             print(
                 f"\r{total.cases:>10,} cases  {i}/{len(blocks)} blocks", end="", file=sys.stderr, flush=True
@@ -56,6 +59,9 @@ def main() -> int:
     print(f"{'verdict':<16}{'intents':>12}")
     for reason, n in total.reasons.most_common():
         print(f"{reason:<16}{n:>12,}")
+    print(f"{'hostile family':<52}{'intents':>12}{'accepted':>12}")
+    for fam in sorted({k.rsplit(' ', 1)[0] for k in total.families}):
+        print(f"{fam:<52}{total.families[fam + ' seen']:>12,}{total.families[fam + ' accepted']:>12,}")
     for b, n in total.breaches.most_common():
         print(f"BREACH {b}: {n}")
     for ex in total.examples:

@@ -34,11 +34,12 @@ import numpy as np
 from numba import carray
 
 from engine.book import LEVELS, WIDTH, as_levels, tradable_top, walk_levels
-from engine.contract import ContractConfig, at_units, grid, lots_of, on_tick_grid, tick_index
+from engine.contract import ContractConfig, at_units, grid, lots_of, on_tick_grid
 from engine.errors import DualhubError
 from engine.events import BookSnapshot, Nanos
 from engine.exact import pmin
 from engine.jit import cfunc, njit
+from engine.risk_exact import band_ok, net_towards_zero_ok, pnl_above, slip_ok, usd_within
 from engine.risk_codes import (  # noqa: F401 - the gateway's codes, read as engine.risk's too
     BUY,
     ENTRY_SIGNATURE,
@@ -297,12 +298,14 @@ def limits_array(limits: RiskLimits) -> np.ndarray:
 
 
 @njit
-def well_formed(side, otype, px, qty, step, tick) -> bool:
-    """A known side and type; a size of whole lots of the contract's size step ``step`` (exactly the
-    double :func:`engine.contract.at_units` gives for them, as a decimal string of it parses: the
+def well_formed(side, otype, source, px, qty, step, tick) -> bool:
+    """A known side, type and source; a size of whole lots of the contract's size step ``step`` (exactly
+    the double :func:`engine.contract.at_units` gives for them, as a decimal string of it parses: the
     exchange refuses any other size); for a limit order a price of whole ticks of ``tick``, likewise
     (:func:`engine.contract.on_tick_grid`): the core holds it as that many ticks."""
     if not ((side == BUY or side == SELL) and (otype == LIMIT or otype == MARKET)):
+        return False
+    if not (source == SRC_QUOTE or source == SRC_KEV or source == SRC_FLATTEN):
         return False
     lots = lots_of(qty, step)
     if not (1.0 <= lots < 2.0**52 and at_units(lots, step) == qty):
@@ -319,12 +322,17 @@ def kill_switch_ok(kill, reduce_only, source) -> bool:
 
 @njit
 def advice_fresh(lim, source, age) -> bool:
-    return source != SRC_KEV or age <= lim[L_MAX_ADVICE_AGE]
+    """An order acting on Kev's advice needs an age for it (-1 is "no advice": refused) within the
+    limit."""
+    return source != SRC_KEV or 0 <= age <= lim[L_MAX_ADVICE_AGE]
 
 
 @njit
 def book_fresh(lim, book_ts, now) -> bool:
-    return now - book_ts <= lim[L_STALE_BOOK]
+    """A book received at ``book_ts``, no later than ``now``, at most the limit before it. A book with
+    no valid time (negative, the NaT of INT64_MIN, or from the future) is stale; the age is taken only
+    once ``0 <= book_ts <= now``, so it cannot overflow."""
+    return 0 <= book_ts <= now and now - book_ts <= lim[L_STALE_BOOK]
 
 
 @njit
@@ -341,157 +349,97 @@ def worst_position(position, open_buy, open_sell, side, lots) -> float:
 
 
 @njit
+def reduces(position, open_buy, open_sell, side, lots) -> bool:
+    """The order, with every resting order on its side, can only shrink the position, never take it
+    through zero: what "reducing" means to the exemptions and to reduce-only. An order that would flip
+    the position is, in the gateway's eyes, a reducing part and an opening part, and the opening part
+    passes every rule as a new order: so it is not reducing."""
+    open_same = open_buy if side == BUY else -open_sell
+    return only_reduces(position + open_same, side, lots)
+
+
+@njit
 def position_ok(lim, worst, step) -> bool:
     return abs(worst) <= lots_within(lim[L_MAX_POSITION], step)
 
 
 @njit
-def net_delta_ok(lim, worst_qty, mid) -> bool:
-    return abs(worst_qty) * mid <= lim[L_MAX_NET_DELTA]
+def net_delta_ok(lim, worst, step, bid, ask) -> bool:
+    """The worst case's notional, ``|worst| * size * mid``, within the limit (exactly: a position
+    between two whole lots counts as the larger)."""
+    num, den = grid(step)
+    return usd_within(lim[L_MAX_NET_DELTA], np.ceil(abs(worst)), num, den, bid, ask, 0.0)
 
 
 @njit
-def mid_ticks2(bid, ask, tick) -> float:
-    """Twice the mid in ticks of ``tick``: the sum of the touch's prices in ticks, an integer (as a
-    double). The band and the slippage are measured on prices in ticks, as the core holds an order's
-    price and the venue matches the book's, so an on-grid price is an exact integer and only the one
-    product with the limit rounds. NaN unless positive and finite (the rules then fail closed, whatever
-    ran before them)."""
-    s = tick_index(bid, tick) + tick_index(ask, tick)
-    return s if 0.0 < s < math.inf else math.nan
+def in_price_band(lim, px, bid, ask) -> bool:
+    """The limit price ``px`` within the band around the true mid of the book's touch: ``|px - mid| /
+    mid`` in bps, as ``|2 px - (bid + ask)| / (bid + ask)``, every price read as its decimal, so the
+    edge is exact (engine.risk_exact). NaN unless every price is positive and finite."""
+    if not (0.0 < px < math.inf and 0.0 < bid < math.inf and 0.0 < ask < math.inf):
+        return False
+    return band_ok(lim[L_PRICE_BAND], px, bid, ask)
 
 
 @njit
-def in_price_band(lim, px, bid, ask, tick) -> bool:
-    """The limit price ``px`` within the band around the mid: ``|px - mid| / mid`` in bps, as
-    ``|2 px - (bid + ask)| / (bid + ask)`` in ticks."""
-    s = mid_ticks2(bid, ask, tick)
-    return abs(2.0 * tick_index(px, tick) - s) * 1e4 <= lim[L_PRICE_BAND] * s
-
-
-@njit
-def slippage_ok(lim, bk, step, tick, side, qty, slip, bid, ask, lpx, lq) -> bool:
+def slippage_ok(lim, bk, step, side, qty, slip, bid, ask, lpx, lq) -> bool:
     """The displayed depth fills all of a market order (in whole lots of the size step ``step``, as
     the simulated venue fills it), at an average price within the gateway's slippage limit or the
-    order's own (``slip``; NaN: none) if tighter. The average is taken in ticks and lots, integers, so
-    their sums are exact: ``|num / q - mid| / mid`` as ``|2 num - q (bid + ask)| / (q (bid + ask))``.
+    order's own (``slip``; NaN: none) if tighter, from the true mid, exactly (engine.risk_exact).
     ``lpx``/``lq``: scratch for the walk (LEVELS floats each)."""
+    if not (0.0 < bid < math.inf and 0.0 < ask < math.inf):
+        return False
     lots = lots_of(qty, step)
     n = walk_levels(bk, side, lots, step, lpx, lq)
     q = 0.0
-    num = 0.0
     for j in range(n):
         q += lq[j]
-        num += tick_index(lpx[j], tick) * lq[j]
-    qs = q * mid_ticks2(bid, ask, tick)
-    return q >= lots and abs(2.0 * num - qs) * 1e4 <= pmin(lim[L_MAX_SLIPPAGE], slip) * qs
+    return q >= lots and slip_ok(pmin(lim[L_MAX_SLIPPAGE], slip), lpx, lq, n, q, bid, ask)
 
 
 @njit
 def order_rate_ok(lim, recent_n) -> bool:
-    return recent_n < lim[L_MAX_ORDERS_PER_S]
+    """This order and those already in the window within the rate (a fractional rate allows its floor)."""
+    return recent_n + 1 <= lim[L_MAX_ORDERS_PER_S]
 
 
 @njit
-def portfolio_delta_ok(lim, worst_qty, position, mid, others_delta) -> bool:
+def portfolio_delta_ok(lim, worst, position, step, bid, ask, others_delta) -> bool:
     """The portfolio's net delta in USD, this instrument at its worst case plus the others' (each its
-    position times its mid), within the limit; or the order moves it towards zero (a hedge leg)."""
-    after = worst_qty * mid + others_delta
-    return abs(after) <= lim[L_PF_MAX_DELTA] or abs(after) < abs(position * mid + others_delta)
+    position times its mid), within the limit; or the order moves it towards zero (a hedge leg). A
+    position between two whole lots (an adapter's) must pass at both."""
+    num, den = grid(step)
+    lo = np.floor(position)
+    if lo == position:
+        return net_towards_zero_ok(lim[L_PF_MAX_DELTA], worst, position, num, den, bid, ask, others_delta)
+    hi = lo + 1.0
+    return net_towards_zero_ok(
+        lim[L_PF_MAX_DELTA], worst - position + lo, lo, num, den, bid, ask, others_delta
+    ) and net_towards_zero_ok(lim[L_PF_MAX_DELTA], worst - position + hi, hi, num, den, bid, ask, others_delta)
 
 
 @njit
-def portfolio_gross_ok(lim, worst_qty, mid, others_gross) -> bool:
+def portfolio_gross_ok(lim, worst, step, bid, ask, others_gross) -> bool:
     """The portfolio's gross exposure in USD (the sum of every instrument's ``|position| * mid``, this
-    one at its worst case) within the limit."""
-    return abs(worst_qty) * mid + others_gross <= lim[L_PF_MAX_GROSS]
-
-
-@njit
-def portfolio_loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid, others_pnl) -> bool:
-    """The portfolio's PnL (this instrument's ``cash + position * mid`` plus the others', each taken
-    the same way) above the stop. A sum of floats over instruments, taken in instrument order: not
-    exact as :func:`loss_ok` is, but the same on every run."""
-    if not (abs(pos_hi) <= 2**53 and abs(cash_hi) <= 2**53):
+    one at its worst case) within the limit; the others' must be a number >= 0."""
+    if not others_gross >= 0.0:
         return False
-    own = (cash_hi * _WORD + cash_lo) * 1e-12 + (pos_hi * _WORD + pos_lo) * 1e-12 * mid
-    return own + others_pnl > -lim[L_PF_LOSS_STOP]
-
-
-_SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's split of a float into two 26-bit halves
-_WORD = 4294967296.0  # 2**32: money and position reach the rules as two words, hi * 2**32 + lo
-_FAR = 2.0**900  # the exact path's operands stay within 2**-900 .. 2**900: no overflow, no underflow
+    num, den = grid(step)
+    return usd_within(lim[L_PF_MAX_GROSS], np.ceil(abs(worst)), num, den, bid, ask, others_gross)
 
 
 @njit
-def _two_sum(a, b):
-    """``a + b`` and its rounding error, exactly (Knuth)."""
-    s = a + b
-    bb = s - a
-    return s, (a - (s - bb)) + (b - bb)
-
-
-@njit
-def _two_prod(a, b):
-    """``a * b`` and its rounding error, exactly (Dekker; no FMA needed)."""
-    p = a * b
-    c = _SPLIT * a
-    ah = c - (c - a)
-    al = a - ah
-    c = _SPLIT * b
-    bh = c - (c - b)
-    bl = b - bh
-    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
-
-
-@njit(nrt=True)
-def _sum_is_positive(t) -> bool:
-    """Whether the exact sum of the floats ``t`` is > 0: Shewchuk's grow-expansion turns them into
-    non-overlapping components of increasing magnitude, and the largest one carries the sign."""
-    e = np.zeros(t.shape[0])
-    for k in range(t.shape[0]):
-        q = t[k]
-        for i in range(k):
-            q, h = _two_sum(q, e[i])
-            e[i] = h
-        e[k] = q
-    for i in range(t.shape[0] - 1, -1, -1):
-        if e[i] != 0.0:
-            return e[i] > 0.0
-    return False
-
-
-@njit(nrt=True)
 def loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid) -> bool:
     """Whether the day's PnL, ``cash + position * mid``, is still above the stop (``-lim[L_LOSS_STOP]``),
-    decided exactly. Position and cash are integers of 1e-12, as two words each (``hi * 2**32 + lo``,
-    ``0 <= lo < 2**32``); ``mid`` is read as the float it is. Floats decide when the answer is clear of
-    their rounding by far; otherwise the sum is taken exactly in units of 1e-12 USDT (error-free
-    products and sums). Fails closed: a NaN, a word beyond 2**53, or, in the exact case, a mid or stop
-    outside 2**-900 .. 2**900 stops."""
-    stop = lim[L_LOSS_STOP]
-    if not (abs(pos_hi) <= 2**53 and abs(cash_hi) <= 2**53):
-        return False
-    cash = (cash_hi * _WORD + cash_lo) * 1e-12
-    pm = (pos_hi * _WORD + pos_lo) * 1e-12 * mid
-    est = cash + pm + stop
-    if not math.isfinite(est):
-        return est > 0.0  # an infinite stop, or a position worth more than floats hold
-    # each term is off by a few units in the 16th digit: 1e-9 of their sizes is far beyond that
-    tol = 1e-9 * (abs(cash) + abs(pm) + stop)
-    if est > tol:
-        return True
-    if est < -tol:
-        return False
-    if not (1.0 / _FAR <= mid <= _FAR and 1.0 / _FAR <= stop <= _FAR):
-        return False
-    t = np.empty(8)
-    t[0] = cash_hi * _WORD
-    t[1] = float(cash_lo)
-    t[2], t[3] = _two_prod(pos_hi * _WORD, mid)
-    t[4], t[5] = _two_prod(float(pos_lo), mid)
-    t[6], t[7] = _two_prod(stop, 1e12)
-    return _sum_is_positive(t)
+    decided exactly (:func:`engine.risk_exact.pnl_above`, at a touch of ``mid`` on both sides)."""
+    return pnl_above(lim[L_LOSS_STOP], pos_hi, pos_lo, cash_hi, cash_lo, mid, mid, 0.0)
+
+
+@njit
+def portfolio_loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, bid, ask, others_pnl) -> bool:
+    """The portfolio's PnL (this instrument's ``cash + position * mid`` plus the others') above the
+    stop, decided exactly on the others' sum as given."""
+    return pnl_above(lim[L_PF_LOSS_STOP], pos_hi, pos_lo, cash_hi, cash_lo, bid, ask, others_pnl)
 
 
 @njit
@@ -543,21 +491,20 @@ def verdict(
     deltas (USD, position times mid), of their gross exposures and of their PnL (0 when there are none)."""
     # Sizes are taken in whole lots, integers, so every size rule is exact: bad_order comes first and
     # refuses any size that is not exactly the size of some lots, so ``lots`` is exact once it passed.
+    # ``pos_lots`` is whole in the core; an adapter hands a position between two whole lots as their
+    # midpoint, which every comparison with whole lots answers as it would any value between them.
     lots = lots_of(qty, step)
     # Worst case: every resting order on the same side fills too. An order "reduces" only when even
-    # then the position shrinks; only such an order may pass the position and loss limits.
+    # then the position shrinks without crossing zero; only such an order is exempt from the position
+    # and loss limits, and only such an order is reduce-only.
     worst = worst_position(pos_lots, open_buy, open_sell, side, lots)
-    reducing = abs(worst) < abs(pos_lots)
-    # the USD rules price sizes: each the double nearest its exact decimal (as the venue's string reads)
-    worst_qty = at_units(worst, step)
-    position = at_units(pos_lots, step)
-    mid = (bid + ask) / 2.0
+    reducing = reduces(pos_lots, open_buy, open_sell, side, lots)
     for i in range(rules.shape[0]):
         r = rules[i]
         if r == R_OK:
             continue
         if r == R_BAD_ORDER:
-            ok = well_formed(side, otype, px, qty, step, tick)
+            ok = well_formed(side, otype, source, px, qty, step, tick)
         elif r == R_KILL:
             ok = kill_switch_ok(kill, reduce_only, source)
         elif r == R_STALE_ADVICE:
@@ -565,31 +512,32 @@ def verdict(
         elif r == R_NO_BOOK:
             ok = has_book
         elif r == R_BAD_BOOK:
-            ok = tradable_top(bid, bid_sz, ask, ask_sz)
+            # the walk reads WIDTH values: a shorter book is no book to price an order on
+            ok = bk.shape[0] == WIDTH and tradable_top(bid, bid_sz, ask, ask_sz)
         elif r == R_STALE_BOOK:
             ok = book_fresh(lim, book_ts, now)
         elif r == R_MAX_QTY:
             ok = order_qty_ok(lim, lots, step)
         elif r == R_REDUCE_ONLY:
-            ok = not reduce_only or only_reduces(pos_lots, side, lots)
+            ok = not reduce_only or reducing
         elif r == R_MAX_POS:
             ok = reducing or position_ok(lim, worst, step)
         elif r == R_MAX_DELTA:
-            ok = reducing or net_delta_ok(lim, worst_qty, mid)
+            ok = reducing or net_delta_ok(lim, worst, step, bid, ask)
         elif r == R_BAND:
-            ok = otype != LIMIT or in_price_band(lim, px, bid, ask, tick)
+            ok = otype != LIMIT or in_price_band(lim, px, bid, ask)
         elif r == R_SLIP:
-            ok = otype != MARKET or slippage_ok(lim, bk, step, tick, side, qty, slip, bid, ask, lpx, lq)
+            ok = otype != MARKET or slippage_ok(lim, bk, step, side, qty, slip, bid, ask, lpx, lq)
         elif r == R_RATE:
             ok = order_rate_ok(lim, recent_n)
         elif r == R_LOSS:
-            ok = reducing or loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid)
+            ok = reducing or pnl_above(lim[L_LOSS_STOP], pos_hi, pos_lo, cash_hi, cash_lo, bid, ask, 0.0)
         elif r == R_PF_DELTA:
-            ok = portfolio_delta_ok(lim, worst_qty, position, mid, others_delta)
+            ok = portfolio_delta_ok(lim, worst, pos_lots, step, bid, ask, others_delta)
         elif r == R_PF_GROSS:
-            ok = reducing or portfolio_gross_ok(lim, worst_qty, mid, others_gross)
+            ok = reducing or portfolio_gross_ok(lim, worst, step, bid, ask, others_gross)
         elif r == R_PF_LOSS:
-            ok = reducing or portfolio_loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, mid, others_pnl)
+            ok = reducing or portfolio_loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, bid, ask, others_pnl)
         else:
             ok = False  # not a rule: nothing vouches for the order
         if not ok:
@@ -684,20 +632,44 @@ def units_words(units: int) -> tuple[int, int]:
 
 
 def size_lots(qty: float, step: float) -> int:
-    """A size kept as a float that should be whole lots of ``step`` (an open size), as the nearest whole
-    number of lots: the rules take sizes in lots. An unknown (NaN) size counts as the largest there is,
-    so no size rule passes on it."""
+    """A size kept as a float that should be whole lots of ``step`` (a venue's position), as the nearest
+    whole number of lots. An unknown (NaN) size counts as the largest there is."""
     lots = np.rint(qty / step)
     return int(max(-_LOTS_MAX, min(_LOTS_MAX, lots))) if not math.isnan(lots) else _LOTS_MAX
 
 
-def units_lots(units: int, step: float) -> int:
-    """A size in integers of 1e-12 (:class:`RiskState` ``position_units``) in whole lots of ``step``, to
-    the nearest (exact integers: the position is whole lots)."""
+def open_lots(qty: float, step: float) -> int:
+    """What resting orders have open, a float that should be whole lots of ``step``, as whole lots
+    rounded up (an exposure: the safe side): the fewest lots whose size reads as at least ``qty``. An
+    unknown, negative or infinite size counts as the largest there is, so no size rule passes on it."""
+    try:
+        q = float(qty)
+    except (TypeError, ValueError, OverflowError):
+        return _LOTS_MAX
+    if q == 0.0:
+        return 0
+    if not 0.0 < q < math.inf:
+        return _LOTS_MAX
+    n = max(1.0, np.ceil(q / step - 1e-9))
+    if not n < 2.0**52:
+        return _LOTS_MAX
+    while n > 1.0 and at_units(n - 1.0, step) >= q:
+        n -= 1.0
+    while at_units(n, step) < q:
+        n += 1.0
+    return int(n)
+
+
+def units_lots(units: int, step: float) -> float:
+    """A position in integers of 1e-12 (:class:`RiskState` ``position_units``) in lots of ``step``,
+    exactly: whole when it is whole lots (as the core's always is); between two whole numbers of lots,
+    their midpoint, which each size rule (comparisons with whole lots) answers as it would any value
+    between them, so neither end is assumed. Clamped to +-2**62 lots, far past any limit."""
     num, den = grid(step)
     per_lot = int(num) * 10**12 // int(den)
-    lots = (2 * units + per_lot) // (2 * per_lot)
-    return max(-_LOTS_MAX, min(_LOTS_MAX, lots))  # an int64 for the compiled rules; far past any limit
+    lots, rest = divmod(int(units), per_lot)
+    lots = max(-_LOTS_MAX, min(_LOTS_MAX, lots))
+    return float(lots) + (0.5 if rest else 0.0)
 
 
 def reduce_only_ok(position: float, side: str, qty: float, step: float) -> bool:
@@ -707,6 +679,45 @@ def reduce_only_ok(position: float, side: str, qty: float, step: float) -> bool:
     if not (lots >= 1.0 and math.isfinite(position)):
         return False
     return only_reduces(size_lots(position, step), BUY if side == "buy" else SELL, lots)
+
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _ns(v: object, bad: int) -> int:
+    """A time or an age as the int64 the rules read; ``bad`` for one that is no integer or is outside
+    int64 (``bad`` is chosen by the caller so that its rule refuses)."""
+    if isinstance(v, bool) or not isinstance(v, int | np.integer):
+        return bad
+    v = int(v)
+    return v if _I64_MIN <= v <= _I64_MAX else bad
+
+
+def _real(v: object) -> float:
+    """A number as the float the rules read; NaN (every rule refuses on it) for anything else."""
+    if isinstance(v, bool):
+        return math.nan
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+
+
+_EMPTY = np.empty(0)
+
+
+def _book_args(book: BookSnapshot, otype: int) -> tuple[float, float, float, float, np.ndarray]:
+    """The touch and the levels of ``book``; a book that is not LEVELS deep on each of its four sides
+    (or holds what is not a number) gives NaNs and no levels, which bad_book refuses."""
+    sides = (book.bid_px, book.bid_sz, book.ask_px, book.ask_sz)
+    try:
+        if any(len(x) != LEVELS for x in sides):
+            return math.nan, math.nan, math.nan, math.nan, _EMPTY
+        # only a market order's walk reads past the top
+        bk = as_levels(book) if otype == MARKET else _NO_LEVELS
+        return _real(sides[0][0]), _real(sides[1][0]), _real(sides[2][0]), _real(sides[3][0]), bk
+    except (TypeError, ValueError, OverflowError):
+        return math.nan, math.nan, math.nan, math.nan, _EMPTY
 
 
 def verdict_of(
@@ -720,23 +731,29 @@ def verdict_of(
     tick: float = _TICK,
 ) -> int:
     """:func:`verdict` for a new (or malformed) intent; ``lim``/``rules``: :func:`limits_array` and
-    :func:`rule_codes` of the limits; ``size_step``, ``tick``: the contract's."""
-    otype = _TYPES.get(intent.order_type, -1) if intent.intent == "new" else -1  # other intents: malformed
+    :func:`rule_codes` of the limits; ``size_step``, ``tick``: the contract's. Values the compiled
+    rules cannot hold (times past int64, sizes that are not numbers) are turned into ones their rule
+    refuses, never raised."""
+    new = intent.intent == "new" and isinstance(intent.order_type, str)
+    otype = _TYPES.get(intent.order_type, -1) if new else -1  # other intents: malformed
+    now = _ns(now_ns, _I64_MIN)  # no valid clock: every book is then stale
     if book is None:
         has_book, bid, bid_sz, ask, ask_sz, bk, book_ts = False, 0.0, 0.0, 0.0, 0.0, _NO_LEVELS, 0
     else:
-        has_book, book_ts = True, book.ts_recv
-        bid, bid_sz, ask, ask_sz = book.bid_px[0], book.bid_sz[0], book.ask_px[0], book.ask_sz[0]
-        # only a market order's walk reads past the top
-        bk = as_levels(book) if otype == MARKET else _NO_LEVELS
-    cutoff = now_ns - RATE_WINDOW_NS
+        has_book, book_ts = True, _ns(book.ts_recv, _I64_MIN)
+        bid, bid_sz, ask, ask_sz, bk = _book_args(book, otype)
     recent_n = 0
-    for t in state.recent_order_ns:
-        if t > cutoff:
-            recent_n += 1
+    if now != _I64_MIN:
+        cutoff = now - RATE_WINDOW_NS
+        for t in state.recent_order_ns:
+            if t > cutoff:
+                recent_n += 1
+    else:
+        recent_n = _LOTS_MAX  # no clock to count a window by: the rate rule refuses
     slip = intent.max_slippage_bps
-    pos_hi, pos_lo = units_words(state.position_units)
-    cash_hi, cash_lo = units_words(state.cash_units)
+    pos_hi, pos_lo = units_words(int(state.position_units))
+    cash_hi, cash_lo = units_words(int(state.cash_units))
+    age = _ns(intent.advice_age_ns, _I64_MAX)  # an age past int64 is as old as there is
     return verdict(
         lim,
         rules,
@@ -745,18 +762,18 @@ def verdict_of(
         cash_hi,
         cash_lo,
         units_lots(state.position_units, size_step),
-        size_lots(state.open_buy_qty, size_step),
-        size_lots(state.open_sell_qty, size_step),
+        float(open_lots(state.open_buy_qty, size_step)),
+        float(open_lots(state.open_sell_qty, size_step)),
         recent_n,
-        state.kill_switch,
-        _SIDES.get(intent.side, -1),
+        bool(state.kill_switch),
+        _SIDES.get(intent.side, -1) if isinstance(intent.side, str) else -1,
         otype,
-        intent.px,
-        intent.qty,
-        intent.reduce_only,
-        math.nan if slip is None else slip,
-        _SOURCES.get(intent.source, -1),
-        intent.advice_age_ns,
+        _real(intent.px),
+        _real(intent.qty),
+        bool(intent.reduce_only),
+        math.nan if slip is None else _real(slip),
+        _SOURCES.get(intent.source, -1) if isinstance(intent.source, str) else -1,
+        age,
         has_book,
         bid,
         bid_sz,
@@ -766,12 +783,12 @@ def verdict_of(
         size_step,
         tick,
         book_ts,
-        now_ns,
+        now,
         _LPX,
         _LQ,
-        state.others_delta_usd,
-        state.others_gross_usd,
-        state.others_pnl_usd,
+        _real(state.others_delta_usd),
+        _real(state.others_gross_usd),
+        _real(state.others_pnl_usd),
     )
 
 

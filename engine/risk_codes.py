@@ -10,12 +10,14 @@ recompiles everything that calls the rules.
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 import numpy as np
 from numba import types
 
 from engine.book import SIDE_BUY, SIDE_SELL
+from engine.contract import at_units
 from engine.jit import njit
 
 REASONS: Final = (
@@ -133,10 +135,18 @@ ENTRY_SIGNATURE = types.int64(_i64p, _f64p, _i64p, _f64p, _f64p, _f64p)
 
 @njit
 def lots_within(limit, step) -> float:
-    """The most whole lots of ``step`` a size limit allows: ``floor(limit / step)``, forgiving float
-    noise just under a lot as engine.contract.lots_of does (a limit of 0.003 is 3 lots of 0.001, not
-    2.9999999999999996); inf stays inf, NaN stays NaN (the comparison then refuses)."""
-    return np.floor(limit / step + 1e-9)
+    """The most whole lots of ``step`` a size limit allows: those whose size reads as at most the limit
+    (``at_units(n, step) <= limit``: the limit rounded down, the safe side). A limit of 0.003 is 3 lots
+    of 0.001 (3 / 1000 reads as 0.003 although 0.003 / 0.001 is 2.9999999999999996), one of
+    0.0199999999999 is 19, not 20; inf stays inf, NaN stays NaN (the comparison then refuses)."""
+    n = np.floor(limit / step + 1e-9)
+    if not (0.0 <= n < 2.0**52):
+        return n if not n > 0.0 else math.inf  # NaN, negative, or past what lots can count
+    while n > 0.0 and at_units(n, step) > limit:
+        n -= 1.0
+    while at_units(n + 1.0, step) <= limit:
+        n += 1.0
+    return n
 
 
 @njit

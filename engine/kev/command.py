@@ -76,6 +76,26 @@ def _bounded(obj: dict[str, Any], key: str, lo: float, hi: float) -> float | str
     return f
 
 
+def _brief(v: Any, limit: int = 40) -> str:
+    """A value for a rejection reason: a string's first characters as a repr, anything else by its type
+    alone, so that neither a huge value's repr nor a deeply nested one's recursion is ever paid for."""
+    if isinstance(v, str):
+        return repr(v[:limit])[:limit]
+    if v is None or isinstance(v, bool | int | float):
+        return repr(v)[:limit] if not isinstance(v, int) or abs(v) < 10**30 else "a huge integer"
+    return f"a {type(v).__name__}"
+
+
+def _text_ok(text: str) -> str | None:
+    """None for text that can be written as UTF-8; else the reason (a lone surrogate, which the
+    grammar's \\uXXXX escapes allow, cannot be written to the event log or a report)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (a lone surrogate)"
+    return None
+
+
 def validate_command(obj: Any) -> CommandFields | str:
     """Return typed fields, or a human-readable rejection reason."""
     if not isinstance(obj, dict):
@@ -88,8 +108,8 @@ def validate_command(obj: Any) -> CommandFields | str:
     if extra:
         return f"unexpected fields: {', '.join(extra)}"
     action = obj["action"]
-    if action not in ACTIONS:
-        return f"action {repr(action)[:40]} not one of {', '.join(ACTIONS)}"
+    if not isinstance(action, str) or action not in ACTIONS:
+        return f"action {_brief(action)} not one of {', '.join(ACTIONS)}"
     tp = _bounded(obj, "target_position", -TARGET_POSITION_ABS_MAX, TARGET_POSITION_ABS_MAX)
     hr = _bounded(obj, "hedge_ratio", *HEDGE_RATIO_RANGE)
     ms = _bounded(obj, "max_slippage_bps", *MAX_SLIPPAGE_BPS_RANGE)
@@ -101,6 +121,8 @@ def validate_command(obj: Any) -> CommandFields | str:
         return f"reason is {type(reason).__name__}, expected string"
     if len(reason) > MAX_REASON_CHARS:
         return f"reason has {len(reason)} chars, limit {MAX_REASON_CHARS}"
+    if (bad := _text_ok(reason)) is not None:
+        return f"reason {bad}"
     assert isinstance(tp, float) and isinstance(hr, float) and isinstance(ms, float)
     return CommandFields(
         action=action, target_position=tp, hedge_ratio=hr, max_slippage_bps=ms, reason=reason
@@ -231,7 +253,7 @@ def validate_command_v2(
         return "missing fields: schema_version"
     version = obj["schema_version"]
     if isinstance(version, bool) or version != SCHEMA_VERSION_V2:
-        return f"schema_version {repr(version)[:20]} not supported (expected {SCHEMA_VERSION_V2})"
+        return f"schema_version {_brief(version, 20)} not supported (expected {SCHEMA_VERSION_V2})"
     missing = [k for k in V2_FIELDS if k not in obj]
     if missing:
         return f"missing fields: {', '.join(missing)}"
@@ -239,8 +261,8 @@ def validate_command_v2(
     if extra:
         return f"unexpected fields: {', '.join(extra)}"
     action = obj["action"]
-    if action not in ACTIONS:
-        return f"action {repr(action)[:40]} not one of {', '.join(ACTIONS)}"
+    if not isinstance(action, str) or action not in ACTIONS:
+        return f"action {_brief(action)} not one of {', '.join(ACTIONS)}"
     ms = _bounded(obj, "max_slippage_bps", *MAX_SLIPPAGE_BPS_RANGE)
     if isinstance(ms, str):
         return ms
@@ -249,6 +271,8 @@ def validate_command_v2(
         return f"reason is {type(reason).__name__}, expected string"
     if len(reason) > MAX_REASON_CHARS:
         return f"reason has {len(reason)} chars, limit {MAX_REASON_CHARS}"
+    if (bad := _text_ok(reason)) is not None:
+        return f"reason {bad}"
     targets = obj["targets"]
     if not isinstance(targets, dict):
         return f"targets is {type(targets).__name__}, expected object"
@@ -280,8 +304,8 @@ def validate_command_v2(
             return f"{where}: unexpected fields: {', '.join(extra)}"
         leader, follower = p["leader"], p["follower"]
         for name, sym in (("leader", leader), ("follower", follower)):
-            if sym not in symbols:
-                return f"{where}.{name}: unknown symbol {repr(sym)[:40]} (instruments: {', '.join(symbols)})"
+            if not isinstance(sym, str) or sym not in symbols:
+                return f"{where}.{name}: unknown symbol {_brief(sym)} (instruments: {', '.join(symbols)})"
         if (leader, follower) not in pairs:
             return f"{where}: {follower}/{leader} is not a configured pair"
         if (leader, follower) in ratios:

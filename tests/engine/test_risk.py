@@ -9,6 +9,7 @@ import pytest
 from dualhub.cli import main
 from engine.book import walk_book
 from engine.errors import DualhubError
+from engine.events import BookSnapshot
 from engine.portfolio import units
 from engine.risk import (
     DEFAULT_RULES,
@@ -27,6 +28,7 @@ from engine.risk import (
     units_words,
 )
 from tests.helpers import as_plain_python, make_book
+from tests.risk_fuzz import read_prices
 
 NOW = 1_000_000_000
 LIMITS = RiskLimits(
@@ -130,12 +132,12 @@ def test_the_band_and_the_slippage_are_measured_in_ticks_exactly_at_their_edge()
         False,
         "max_slippage",
     )
-    # bad_book runs before them, but alone they fail closed too on a touch that is no mid in ticks:
-    # below half a tick, or past what doubles hold (an infinite sum would pass any band)
+    # bad_book runs before them, but alone they fail closed too on a touch with no true mid: past what
+    # doubles hold (an infinite sum would pass any band), or not a number
     lim = limits_array(replace(LIMITS, price_band_bps=math.inf))
-    for bid, ask in ((1e-13, 2e-13), (99.9, 1.7e308), (math.nan, 100.1)):
-        assert not in_price_band(lim, 100.0, bid, ask, 0.1)
-    assert in_price_band(lim, 100.0, 99.9, 100.1, 0.1)
+    for bid, ask in ((99.9, 1.7e308), (math.nan, 100.1), (0.0, 100.1)):
+        assert not in_price_band(lim, 100.0, bid, ask)
+    assert in_price_band(lim, 100.0, 99.9, 100.1)
 
 
 def test_sizes_are_taken_in_lots_exactly_at_the_position_limit():
@@ -326,15 +328,17 @@ def _loss_ok(stop: float, position_units: int, cash_units: int, mid: float) -> b
 
 
 def _exactly_above(stop: float, position_units: int, cash_units: int, mid: float) -> bool:
-    """The oracle: ``cash + position * mid > -stop`` in rationals (mid and stop as the floats they are)."""
-    return Fraction(cash_units) + Fraction(position_units) * Fraction(mid) + Fraction(stop) * 10**12 > 0
+    """The oracle: ``cash + position * mid > -stop`` in rationals (the stop as the float it is, the mark
+    as a price: the decimal it reads as, tests/risk_fuzz.py read_prices)."""
+    (m,) = read_prices(mid)
+    return Fraction(cash_units) + Fraction(position_units) * m + Fraction(stop) * 10**12 > 0
 
 
 def test_the_loss_stop_is_decided_exactly_at_its_limit():
     assert _loss_ok(10.0, 0, -(10 * 10**12) + 1, 100.05)  # 1e-12 above the stop: trading goes on
     assert not _loss_ok(10.0, 0, -(10 * 10**12), 100.05)  # at the stop: it stops
-    # 0.01 BTC at the float 100.05 (100.0499999999999971578...): the cash that puts the PnL at -10
-    # exactly for the decimal 100.05 leaves it a hair below for the float the book holds
+    # 0.01 BTC at 100.05, read as the decimal the exchange sent (not the float 100.04999999999999715...):
+    # the cash that puts the PnL at -10 exactly is at the stop
     assert not _loss_ok(10.0, units(0.01), units(-11.0005), (100.0 + 100.1) / 2)
     assert _loss_ok(10.0, units(0.01), units(-11.0005) + 1, (100.0 + 100.1) / 2)
     # a NaN or infinite mark, or a word too large for the rule, stops; an infinite stop never does
@@ -497,3 +501,158 @@ def test_a_replay_runs_the_configured_rules_on_both_paths_and_records_them(tmp_p
     # a list other than the default is part of the run's config (its name); the default leaves it as it was
     assert read(kn, "manifest.json")["config"]["risk"]["rules"] == list(rules)
     assert "rules" not in read(base, "manifest.json")["config"]["risk"]
+
+
+# ---------------------------------------------------------------- the holes an independent fuzz found
+# Each case with the numbers it was found with; default limits unless stated.
+
+DEFAULTS = RiskLimits()
+
+
+def _book(bid: float, ask: float, *, ts: int = NOW, bid_sz: float = 1.0, ask_sz: float = 1.0, tick: float = 0.1):
+    book = make_book(bid, ask, ts=ts, tick=tick)
+    return replace(book, bid_sz=(bid_sz,) * 15, ask_sz=(ask_sz,) * 15)
+
+
+def test_a_book_with_no_valid_time_is_stale_never_fresh():
+    """A: ``ts_recv = -(2**63)`` (INT64_MIN, the usual NaT) made ``now - ts_recv`` overflow into a
+    fresh-looking age, and a buy of 0.001 passed; a book stamped an hour ahead passed too. Times past
+    int64 (book, clock or advice) are refused, never raised."""
+    book = _book(100.0, 100.1)
+    buy = limit(qty=0.001)
+    assert check(DEFAULTS, RiskState(), buy, book, NOW) == (True, "ok")
+    for ts in (-(2**63), -1, NOW + 3_600_000_000_000, NOW + 1, 2**63 - 1, 2**64, -(2**70)):
+        assert check(DEFAULTS, RiskState(), buy, replace(book, ts_recv=ts), NOW) == (False, "stale_book"), ts
+    for now in (2**63, 2**64, -(2**64)):
+        assert check(DEFAULTS, RiskState(), buy, book, now) == (False, "stale_book"), now
+    old = market(source="kev", advice_age_ns=2**63)
+    assert check(DEFAULTS, RiskState(), old, book, NOW) == (False, "stale_advice")
+    assert check(DEFAULTS, RiskState(), market(source="kev", advice_age_ns=-(2**64)), book, NOW) == (
+        False,
+        "stale_advice",
+    )
+
+
+def test_a_short_book_is_refused_before_any_walk():
+    """B: a 5-level book (bid sizes 0.001, ask sizes 1.0) and a market sell of 0.005: the walk read past
+    the bids into the asks' sizes and accepted a fill whose true slippage is 25 bps against 5."""
+    full = _book(100.0, 100.1, bid_sz=0.001)
+    short = BookSnapshot(
+        ts_event=NOW,
+        ts_recv=NOW,
+        seq=1,
+        symbol="BTCUSDT",
+        exch_seq=1,
+        bid_px=full.bid_px[:5],
+        bid_sz=full.bid_sz[:5],
+        ask_px=full.ask_px[:5],
+        ask_sz=full.ask_sz[:5],
+    )
+    sell = market("sell", qty=0.005)
+    assert check(DEFAULTS, RiskState(), sell, short, NOW) == (False, "bad_book")
+    assert check(DEFAULTS, RiskState(), limit("sell", px=100.1, qty=0.001), short, NOW) == (False, "bad_book")
+    # the full book walks five levels of 0.001 down to 99.6: 20 bps from the 100.05 mid, past 5
+    assert check(DEFAULTS, RiskState(), sell, full, NOW) == (False, "max_slippage")
+    empty = replace(short, bid_px=(), bid_sz=(), ask_px=(), ask_sz=())
+    assert check(DEFAULTS, RiskState(), sell, empty, NOW) == (False, "bad_book")
+
+
+def test_an_order_through_zero_is_judged_on_its_opening_part():
+    """C: with the loss stop hit and a long of 0.01, a sell of 0.019 passed as "reducing" and opened a
+    0.009 short; the same exemption let a flip land beyond max_position."""
+    book = _book(100.0, 100.1)
+    hit = RiskState(position_units=units(0.01), cash_units=units(-200.0))
+    assert check(DEFAULTS, hit, market("sell", qty=0.019), book, NOW) == (False, "loss_stop")
+    assert check(DEFAULTS, hit, market("sell", qty=0.02), book, NOW) == (False, "loss_stop")
+    assert check(DEFAULTS, hit, market("sell", qty=0.01), book, NOW) == (True, "ok")  # to flat: reducing
+    assert check(DEFAULTS, hit, market("sell", qty=0.009), book, NOW) == (True, "ok")
+    # above max_position (0.05) after a limit was lowered: a sell of 0.115 would land at -0.055
+    wide = replace(DEFAULTS, max_order_qty=1.0, max_net_delta_usd=1e6)
+    over = RiskState(position_units=units(0.06))
+    assert check(wide, over, limit("sell", px=100.0, qty=0.115), book, NOW) == (False, "max_position")
+    assert check(wide, over, limit("sell", px=100.0, qty=0.11), book, NOW) == (True, "ok")  # lands at -0.05
+    assert check(wide, over, limit("sell", px=100.0, qty=0.06), book, NOW) == (True, "ok")
+
+
+def test_reduce_only_counts_resting_orders_on_its_own_side():
+    """D: under the kill switch, long 0.02 with a 0.02 sell already resting, a flattening sell of 0.02
+    passed: if both fill the position is short 0.02."""
+    book = _book(100.0, 100.1)
+    flat = market("sell", qty=0.02, reduce_only=True, source="flatten")
+    resting = RiskState(position_units=units(0.02), open_sell_qty=0.02, kill_switch=True)
+    assert check(DEFAULTS, resting, flat, book, NOW) == (False, "reduce_only")
+    half = replace(resting, open_sell_qty=0.01)
+    assert check(DEFAULTS, half, flat, book, NOW) == (False, "reduce_only")
+    assert check(DEFAULTS, half, replace(flat, qty=0.01), book, NOW) == (True, "ok")
+    assert check(DEFAULTS, replace(resting, open_sell_qty=0.0), flat, book, NOW) == (True, "ok")
+    # resting buys (the other side) do not make a sell any less reducing
+    assert check(DEFAULTS, replace(resting, open_sell_qty=0.0, open_buy_qty=0.02), flat, book, NOW) == (True, "ok")
+
+
+def test_positions_and_limits_round_to_the_safe_side():
+    """A position of 0.0494 was taken as 49 lots, so a buy of 0.001 passed and ended at 0.0504 against
+    0.05; a position of 0.0005 was one lot, so a reduce-only sell of 0.001 passed; a max_order_qty of
+    0.0199999999999 let 0.02 through."""
+    book = _book(100.0, 100.1)
+    roomy = replace(DEFAULTS, max_net_delta_usd=1e6)
+    assert check(roomy, RiskState(position_units=units(0.0494)), limit(qty=0.001), book, NOW) == (
+        False,
+        "max_position",
+    )
+    assert check(roomy, RiskState(position_units=units(0.049)), limit(qty=0.001), book, NOW) == (True, "ok")
+    assert check(roomy, RiskState(position_units=units(0.0494)), limit("sell", px=100.1, qty=0.001), book, NOW) == (
+        True,
+        "ok",
+    )
+    tiny = RiskState(position_units=units(0.0005))
+    assert check(roomy, tiny, market("sell", qty=0.001, reduce_only=True), book, NOW) == (False, "reduce_only")
+    assert check(roomy, RiskState(position_units=units(0.0015)), market("sell", qty=0.001, reduce_only=True), book, NOW) == (
+        True,
+        "ok",
+    )
+    just_under = replace(DEFAULTS, max_order_qty=0.0199999999999)
+    assert check(just_under, RiskState(), limit(qty=0.02), book, NOW) == (False, "max_order_qty")
+    assert check(just_under, RiskState(), limit(qty=0.019), book, NOW) == (True, "ok")
+    # an open size between lots counts as the lots above it: 0.0495 long and 0.0005 open buy is 0.05
+    state = RiskState(position_units=units(0.049), open_buy_qty=0.0005)
+    assert check(roomy, state, limit(qty=0.001), book, NOW) == (False, "max_position")
+
+
+def test_the_band_is_measured_from_the_true_mid_of_an_off_tick_book():
+    """Tick 0.5, book 0.25 / 3.0: a buy limit at 1.5 passed a 10 bps band after the touch was snapped to
+    ticks, although it is 769 bps from the true mid 1.625."""
+    book = make_book(0.25, 3.0, ts=NOW, tick=0.5)
+    band10 = replace(DEFAULTS, price_band_bps=10.0)
+    assert check(band10, RiskState(), limit(px=1.5, qty=0.001), book, NOW, tick=0.5) == (False, "price_band")
+    assert check(replace(DEFAULTS, price_band_bps=769.2), RiskState(), limit(px=1.5, qty=0.001), book, NOW, tick=0.5) == (
+        False,
+        "price_band",
+    )
+    # 0.125 / 1.625 = 769.2307... bps: a band of 769.24 holds it
+    assert check(replace(DEFAULTS, price_band_bps=769.24), RiskState(), limit(px=1.5, qty=0.001), book, NOW, tick=0.5) == (
+        True,
+        "ok",
+    )
+
+
+def test_out_of_range_inputs_are_refused_with_a_reason():
+    book = _book(100.0, 100.1)
+    # Kev's "no advice" (-1) is no advice to act on
+    assert check(DEFAULTS, RiskState(), market(source="kev", advice_age_ns=-1), book, NOW) == (False, "stale_advice")
+    assert check(DEFAULTS, RiskState(), market(source="kev", advice_age_ns=0), book, NOW) == (True, "ok")
+    for src in ("QUOTE", "", "cancel", "rebalance"):
+        assert check(DEFAULTS, RiskState(), limit(source=src), book, NOW) == (False, "bad_order"), src
+    # a negative gross exposure of the other instruments is no exposure to add
+    pf = replace(DEFAULTS, portfolio_max_gross_usd=10_000.0)
+    assert check(pf, RiskState(others_gross_usd=-3_000.0), limit(), book, NOW) == (False, "portfolio_gross")
+    assert check(pf, RiskState(others_gross_usd=3_000.0), limit(), book, NOW) == (True, "ok")
+    # a rate of 2.5 a second allows two orders in the window, not three
+    rate = replace(DEFAULTS, max_orders_per_s=2.5)
+    two = RiskState(recent_order_ns=(NOW - 10, NOW - 20))
+    assert check(rate, two, limit(), book, NOW) == (False, "order_rate")
+    assert check(rate, RiskState(recent_order_ns=(NOW - 10,)), limit(), book, NOW) == (True, "ok")
+    # sizes and prices that are no numbers, and positions past int64, are refused, never raised
+    assert check(DEFAULTS, RiskState(), limit(qty=10**400), book, NOW) == (False, "bad_order")
+    assert check(DEFAULTS, RiskState(), limit(px=-(10**400)), book, NOW) == (False, "bad_order")
+    assert check(DEFAULTS, RiskState(position_units=10**40), limit(), book, NOW)[0] is False
+    assert check(DEFAULTS, RiskState(open_buy_qty=math.nan), limit(), book, NOW) == (False, "max_position")
