@@ -1,0 +1,176 @@
+"""A bad-frame corpus sent by the local Bitget server to ``dualhub record``: the recording keeps going,
+every bad frame is a quarantine row with its reason, the good frames around them are all kept, the
+``trade`` snapshot after a resubscribe is not counted twice, and ``recover`` rebuilds the same session
+from the journal. Also each fixed-depth book channel, recorded alone and beside ``books15``."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from engine.store import open_session
+from recorder.recover import recover
+from tests.recorder.test_recorder import SYMS, record, run
+from venue.bitget.public_server import Fault, toy_frames
+
+SYM = SYMS[0]
+NOW_MS = time.time_ns() // 1_000_000
+T_MS = 1_700_000_000_000 + 50 * 100  # a toy feed's exchange time, in the middle of it
+
+
+def _book(
+    ts: Any = str(T_MS),
+    *,
+    bids: Any = (("30000.0", "1"),),
+    asks: Any = (("30000.5", "1"),),
+    inst_type: str = "USDT-FUTURES",
+    channel: str = "books15",
+) -> bytes:
+    d = {"asks": [list(a) for a in asks], "bids": [list(b) for b in bids], "checksum": 0, "seq": 1, "ts": ts}
+    arg = {"instType": inst_type, "channel": channel, "instId": SYM}
+    return orjson.dumps({"action": "snapshot", "arg": arg, "data": [d], "ts": T_MS})
+
+
+def _trade(
+    price: str = "30000.0",
+    *,
+    side: str = "buy",
+    tid: str = "x1",
+    inst_type: str = "USDT-FUTURES",
+    ts: str = str(T_MS),
+) -> bytes:
+    row = {"ts": ts, "price": price, "size": "0.010", "side": side, "tradeId": tid}
+    arg = {"instType": inst_type, "channel": "trade", "instId": SYM}
+    return orjson.dumps({"action": "update", "arg": arg, "data": [row], "ts": T_MS})
+
+
+BOOKS = ("USDT-FUTURES", "books15", SYM)
+TRADE = ("USDT-FUTURES", "trade", SYM)
+# (frame, the subscription it is sent on, the tag it is counted under)
+CORPUS: list[tuple[bytes, tuple[str, str, str], str]] = [
+    (_book("99999999999999999999"), BOOKS, "books15_bad_ts"),
+    (_book("abc"), BOOKS, "books15_malformed"),
+    (_book("0"), BOOKS, "books15_bad_ts"),
+    (_book(str(NOW_MS + 86_400_000)), BOOKS, "books15_bad_ts"),
+    (_book(bids=[("1e300", "1")], asks=[("2e300", "1")]), BOOKS, "books15_bad_price"),
+    (_book(bids=[("300000.0", "1")], asks=[("300000.5", "1")]), BOOKS, "books15_out_of_band"),
+    (_book(inst_type="SPOT"), BOOKS, "books15_inst_type"),
+    (_book(inst_type="COIN-FUTURES"), BOOKS, "books15_inst_type"),
+    (_trade("1e300"), TRADE, "trade_bad_price"),
+    (_trade("1e-300"), TRADE, "trade_bad_price"),
+    (_trade("-30000.0"), TRADE, "trade_malformed"),
+    (_trade("NaN"), TRADE, "trade_malformed"),
+    (_trade("300000.0"), TRADE, "trade_out_of_band"),
+    (_trade(side="sideways"), TRADE, "trade_malformed"),
+    (_trade(ts="99999999999999999999"), TRADE, "trade_bad_ts"),
+    (_trade(inst_type="USDC-FUTURES"), TRADE, "trade_inst_type"),
+    (b"\x00not json at all", BOOKS, "bad_json"),
+]
+
+
+def _source(n: int = 120) -> tuple[list[Any], list[tuple[int, bytes]]]:
+    """The toy feed with the corpus in its middle (and one good trade frame sent twice)."""
+    good = toy_frames(SYMS, n=n)
+    mid = len(good) // 2
+    ts = good[mid][0]
+    dup = next(f for _, f in good[:mid] if b'"trade"' in f[:80] and SYM.encode() in f[:120])
+    bad: list[Any] = [(ts, f, route) for f, route, _ in CORPUS]
+    return [*good[:mid], *bad, (ts, dup, TRADE), *good[mid:]], good
+
+
+def _rows(s: Any, stream: str) -> list[Any]:
+    return sorted(s.read_table(stream).to_pylist(), key=lambda r: (r["symbol"], r["seq"]))
+
+
+def test_record_quarantines_the_corpus_keeps_the_rest_and_recovers(tmp_path: Path) -> None:
+    src, good = _source()
+    srv, rec, m = run(record(tmp_path, src, speed=0))
+    r = m["recorder"]
+    assert rec.stop_reason == "test" and not rec.normalise_error
+    want = Counter(tag for _, _, tag in CORPUS)
+    assert r["discarded"] == dict(want) and r["quarantined"] == len(CORPUS)
+    assert r["duplicate_trades"] == {SYM: 1}
+    s = open_session(tmp_path / "s")
+    q = s.read_events("quarantine")
+    assert len(q) == len(CORPUS) and all(e.reason and e.raw for e in q)
+    assert any("does not fit int64" in e.reason for e in q) and any("band" in e.reason for e in q)
+    # every good frame is a row: nothing before or after a bad one was lost
+    n_books = sum(b'"books15"' in f[:80] for _, f in good)
+    n_trades = sum(b'"trade"' in f[:80] for _, f in good)
+    books, trades = s.read_table("books15"), s.read_table("trade")
+    assert books.num_rows == n_books and trades.num_rows == n_trades
+    assert (
+        len(set(zip(trades.column("symbol").to_pylist(), trades.column("trade_id").to_pylist(), strict=True)))
+        == n_trades
+    )
+    # a lost books15/trade frame is a gap for its arg; another market's frame is not
+    reasons = Counter(g["reason"] for g in r["gaps"])
+    assert reasons["quarantined:books15_bad_ts"] == 3 and "quarantined:books15_inst_type" not in reasons
+    # recover rebuilds the same session from the journal alone
+    before_books, before_trades = _rows(s, "books15"), _rows(s, "trade")
+    (tmp_path / "s" / "manifest.json").unlink()
+    after = recover(tmp_path / "s")
+    assert after["recorder"]["discarded"] == r["discarded"] and after["recorder"]["recovered"] is True
+    s2 = open_session(tmp_path / "s")
+    assert _rows(s2, "books15") == before_books and _rows(s2, "trade") == before_trades
+    assert len(s2.read_events("quarantine")) == len(CORPUS)
+
+
+def test_recover_takes_a_journal_with_an_overflowing_frame(tmp_path: Path) -> None:
+    """A recording killed before its manifest, whose journal holds the frame that once made recover
+    fail with an OverflowError: recover finishes it, the frames before and after kept."""
+    good = toy_frames(SYMS, n=40)
+    mid = len(good) // 2
+    src = [*good[:mid], (good[mid][0], _book("99999999999999999999"), BOOKS), *good[mid:]]
+    run(record(tmp_path, src, speed=0))
+    (tmp_path / "s" / "manifest.json").unlink()
+    m = recover(tmp_path / "s")
+    assert m["recorder"]["discarded"] == {"books15_bad_ts": 1}
+    assert m["streams"]["books15"]["rows"] == sum(b'"books15"' in f[:80] for _, f in good)
+
+
+def test_trade_snapshot_after_a_resubscribe_is_not_counted_twice(tmp_path: Path) -> None:
+    """The server sends a snapshot of its last 20 trades after every trade subscribe; a drop makes the
+    recorder resubscribe while the feed runs, so the second snapshot repeats trades it already has
+    (and may bring back one lost in the drop)."""
+    good = toy_frames(SYMS, n=200)
+    srv, _, m = run(
+        record(
+            tmp_path,
+            good,
+            speed=20,
+            faults=(Fault(kind="drop", at_frame=150),),
+            server_kw={"trade_snapshot": 20},
+        )
+    )
+    r = m["recorder"]
+    head = b'{"action":"snapshot","arg":{"instType":"USDT-FUTURES","channel":"trade"'
+    assert sum(s.kind == "data" and s.frame.startswith(head) for s in srv.log) >= 2  # one per symbol
+    assert r["connects"] == 2 and sum(r["duplicate_trades"].values()) > 0
+    t = open_session(tmp_path / "s").read_table("trade")
+    ids = list(zip(t.column("symbol").to_pylist(), t.column("trade_id").to_pylist(), strict=True))
+    assert len(ids) == len(set(ids))  # never twice
+    assert r["events"]["Trade"] == len(ids)
+
+
+def test_each_fixed_depth_channel_is_recorded(tmp_path: Path) -> None:
+    good = toy_frames(SYMS, n=60)
+    n_books = sum(b'"books15"' in f[:80] for _, f in good)
+    for channels in (("books1",), ("books5", "trade"), ("books15", "books5", "books1")):
+        out = tmp_path / "-".join(channels)
+        out.mkdir()
+        _, _, m = run(record(out, good, speed=0, channels=channels))
+        r = m["recorder"]
+        assert r["quarantined"] == 0, r["discarded"]
+        for ch in channels:
+            assert sum(v["frames"] for k, v in r["received"].items() if k.startswith(f"{ch}:")) > 0, ch
+        books = open_session(out / "s").read_table("books15")
+        assert books.num_rows == n_books  # one book source per symbol: no row twice
+        depth = {"books1": 1, "books5": 5}.get(channels[0], 15)
+        assert books.column(f"bid_px_{depth - 1}").null_count == 0
+        if depth < 15:
+            assert books.column(f"bid_px_{depth}").null_count == books.num_rows
