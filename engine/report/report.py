@@ -113,11 +113,12 @@ def run_report(run_dir: Path | str) -> list[Section]:
         con.close()
 
 
-def print_table(console: Any, s: Section) -> None:
-    """``s`` as a rich table that never cuts a column: cells do not wrap and the table is printed at its
-    full width even when that is wider than the console (a terminal then wraps the long lines; no
-    value is ever replaced by an ellipsis)."""
-    from rich.measure import Measurement
+# Console output aims to fit this many columns (a terminal's or a pasted log's): wider one-row tables are
+# printed turned, one line per column, and the config wraps.
+FIT_COLUMNS = 120
+
+
+def _table(s: Section) -> Any:
     from rich.table import Table
 
     t = Table(title=s.title, title_justify="left")
@@ -126,7 +127,29 @@ def print_table(console: Any, s: Section) -> None:
         t.add_column(c, justify="left" if text else "right", no_wrap=True, overflow="fold")
     for r in s.rows:
         t.add_row(*("" if v is None else str(v) for v in r))
+    return t
+
+
+def print_table(console: Any, s: Section) -> None:
+    """``s`` as a rich table that never cuts a column: cells do not wrap and the table is printed at its
+    full width even when that is wider than the console (a terminal then wraps the long lines; no
+    value is ever replaced by an ellipsis). A table without rows is one line saying so, not a bare
+    header; a one-row table wider than :data:`FIT_COLUMNS` is printed turned (column, value)."""
+    from rich.measure import Measurement
+
+    if not s.rows:
+        console.print(f"{s.title}: none", soft_wrap=True, markup=False, highlight=False)
+        return
+    t = _table(s)
     need = Measurement.get(console, console.options.update_width(1 << 16), t).maximum
+    if len(s.rows) == 1 and need > max(console.width, FIT_COLUMNS):
+        turned = Section(
+            s.name, s.title, ["column", "value"], [(c, v) for c, v in zip(s.columns, s.rows[0], strict=True)]
+        )
+        t = _table(turned)
+        t.title = None  # the title on a line of its own: over two narrow columns it would wrap
+        console.print(s.title, soft_wrap=True, markup=False, highlight=False)
+        need = Measurement.get(console, console.options.update_width(1 << 16), t).maximum
     saved = console._width  # rich has no public "print this one wider": set the width, then restore it
     try:
         console.width = max(console.width, need)
@@ -155,6 +178,11 @@ def print_report(run_dir: Path | str, console: Any = None, *, run_lines: bool = 
     # run_lines=False: a replay that just printed its run and digest (``replay --report``, ``demo``)
     ids = (f"run    {run_dir}", f"digest {manifest['digest']}") if run_lines else ()
     for line in (*ids, *head):
+        if line.startswith("config: "):  # some sixty settings: wrapped between them, not one long line
+            import textwrap
+
+            width = max(console.width, FIT_COLUMNS) if console.is_terminal else FIT_COLUMNS
+            line = textwrap.fill(line, width, subsequent_indent="        ", break_long_words=False)
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     for s in (*tearsheet.sections(ts), *(portfolio.sections(pf) if pf is not None else ()), *sections):
         print_table(console, s)

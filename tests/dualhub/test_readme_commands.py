@@ -1,0 +1,190 @@
+"""Every command the README lists, run as a newcomer would (the installed ``dualhub`` console script,
+one process per command) on small data: each ends with the exit status it documents and never with a
+traceback (issue 58). The README's own list is parsed, so a command added there without a run here
+fails the test.
+
+Slow: some forty processes, each loading the compiled core; `kev bench` is left out (it starts the real
+llama-server: tests/engine/kev cover it) and so is anything that needs the network."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+DUALHUB = Path(sys.executable).parent / "dualhub"
+BINANCE = REPO / ".." / "shared" / "data" / "real" / "binance-usdm" / "usdm_btcusdt_20240808.gz"
+
+
+def readme_commands() -> set[str]:
+    """The subcommands the README's Commands block lists (``dualhub NAME ...`` lines; ``kev NAME`` for
+    Kev's)."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("## Commands", 1)[1].split("```", 2)[1]
+    names = set()
+    for m in re.finditer(r"dualhub (kev )?([a-z][a-z-]+)", block):
+        names.add(f"kev {m.group(2)}" if m.group(1) else m.group(2))
+    return names
+
+
+class Dualhub:
+    """Runs ``dualhub ARGS`` and records which commands ran, to check the README's list is covered."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        self.ran: set[str] = set()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("BITGET_")}
+
+    def name(self, args: tuple[str, ...]) -> str:
+        return f"kev {args[1]}" if args[0] == "kev" else args[0]
+
+    def __call__(
+        self, *args: str, ok: tuple[int, ...] = (0,), timeout: float = 600
+    ) -> subprocess.CompletedProcess:
+        p = subprocess.run(
+            [str(DUALHUB), *args], cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        where = f"dualhub {' '.join(args)} -> {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        assert p.returncode in ok, where
+        assert "Traceback" not in p.stderr and "Traceback" not in p.stdout, where
+        self.ran.add(self.name(args))
+        return p
+
+    def start(self, *args: str) -> subprocess.Popen:
+        self.ran.add(self.name(args))
+        return subprocess.Popen(
+            [str(DUALHUB), *args], cwd=self.cwd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+
+
+def stop(proc: subprocess.Popen) -> str:
+    """SIGTERM, then its stderr, which must hold no traceback."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    assert "Traceback" not in err, err[-3000:]
+    return err
+
+
+def test_readme_lists_the_commands_this_test_runs():
+    assert {"demo", "simulate", "replay", "report", "sql", "diff", "sweep", "record", "recover", "serve",
+            "import", "train", "kev fit-lag", "kev bench", "serve-exchange", "live", "parity",
+            "doctor"} <= readme_commands()  # fmt: skip
+
+
+def test_every_readme_command_runs(tmp_path):
+    assert DUALHUB.exists(), f"the console script is not installed: {DUALHUB}"
+    run = Dualhub(tmp_path)
+
+    run("--help")
+    run("doctor")
+    run("doctor", "--json")
+
+    # -- simulated sessions, replays of every kind the README shows
+    run("simulate", "--out", "sim", "--minutes", "2", "--seed", "7")
+    run("simulate", "--out", "pair", "--symbols", "BTCUSDT,ETHUSDT", "--minutes", "1")
+    first = run("replay", "sim", "--out", "r1", "--report")
+    assert first.stdout.splitlines()[0].strip(), "no blank first line"
+    assert len(re.findall(r"^digest[: ]", first.stdout, re.M)) == 1  # the run's digest, once
+    run("replay", "sim", "--out", "r2", "--seed", "2", "--fill-model", "queue_power3",
+        "--scale-latency", "kev=2,order=0.5", "--features", "auto")  # fmt: skip
+    run("replay", "pair", "--symbol", "ETHUSDT", "--instrument", "ETHUSDT:quote_qty=0.06", "--out", "r-eth")
+    run("replay", "pair", "--symbols", "BTCUSDT,ETHUSDT", "--kev-hub", "pairs",
+        "--instrument", "ETHUSDT:quote_qty=0.06", "--out", "r-pair")  # fmt: skip
+    run("replay", "pair", "--symbols", "ALL", "--out", "r-all", "--kev-timeout-ms", "1500")
+    run("replay", "sim", "--python-engine", "--out", "r-py", "--strategy", "baseline")
+    run("replay", "sim", "--kev-mode", "cassette", "--kev-cassette", "r1", "--out", "r-cas")
+
+    # -- analysis
+    run("report", "r1")
+    run("report", "r-pair", "--html", "report.html")
+    assert (tmp_path / "report.html").stat().st_size > 10_000
+    out = run("sql", "r1", "SELECT count(*) AS n FROM label").stdout
+    assert re.search(r"\b\d+\b", out)
+    run("diff", "r1", "r-cas", ok=(0, 1))
+    run("diff", "r1", "r2", ok=(1,))
+
+    # -- a sweep with its plot
+    (tmp_path / "grid.toml").write_text('[base]\nlaya_provider = "cpu"\n[grid]\nscale_kev = [0.5, 2]\n')
+    run(
+        "sweep",
+        "grid.toml",
+        "--sessions",
+        "sim",
+        "--serial",
+        "--out",
+        "results.parquet",
+        "--plot",
+        "sweep.png",
+    )
+    assert (tmp_path / "sweep.png").exists()
+
+    # -- training a model, and replaying with it
+    run(
+        "train", "sim", "--out", "m.onnx", "--folds", "2", "--emergency-bps", "2"
+    )  # a short session: few big moves
+    run("replay", "sim", "--model", "m.onnx", "--out", "r-model")
+
+    # -- Kev's lag fit
+    run("kev", "fit-lag", "r1", "--out", "lag.json")
+    run("replay", "sim", "--kev-lag-fit", "lag.json", "--out", "r-lag")
+
+    # -- real data, where the shared recording is present
+    if BINANCE.exists():
+        run("import", "binance-futures", str(BINANCE), "--out", "binance")
+
+    # -- the local protocol server, a recording from it, and a recovery of a killed one
+    serve = run.start("serve", "--simulate", "--minutes", "1", "--speed", "20")
+    try:
+        line = serve.stdout.readline()
+        url = line.split()[-1]
+        assert url.startswith("ws://"), line
+        run("record", "--symbols", "BTCUSDT", "--channels", "books15,trade", "--out", "rec", "--url", url,
+            "--duration", "3", "--no-status")  # fmt: skip
+        killed = run.start(
+            "record", "--symbols", "BTCUSDT", "--out", "rec-killed", "--url", url, "--no-status"
+        )
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "rec-killed" / "journal").exists():
+            assert time.monotonic() < deadline and killed.poll() is None
+            time.sleep(0.1)
+        time.sleep(2)
+        killed.kill()
+        killed.wait(30)
+    finally:
+        stop(serve)
+    run("recover", "rec-killed")
+    assert (tmp_path / "rec-killed" / "manifest.json").exists()
+    run("replay", "rec", "--out", "r-rec")
+
+    # -- the local exchange, a live paper run against it, its parity, and the kill switch
+    exchange = run.start("serve-exchange", "sim", "--speed", "5")
+    try:
+        first_line = exchange.stdout.readline().split()
+        rest, ws = first_line[first_line.index("REST") + 1], first_line[first_line.index("WS") + 1]
+        run("live", "--symbols", "BTCUSDT", "--paper", "--exchange-url", rest, "--ws-url", ws,
+            "--out", "live", "--duration", "3", "--provider", "cpu", timeout=300)  # fmt: skip
+    finally:
+        stop(exchange)
+    run("parity", "live", ok=(0, 1))
+    run("kill", "live", "--reason", "readme")
+
+    # -- and the first command of all, last: it reuses nothing above
+    run("demo", "--out", "demo", "--minutes", "0.5")
+
+    missing = readme_commands() - run.ran - {"kev bench"}
+    assert not missing, f"README commands this test does not run: {sorted(missing)}"
