@@ -508,6 +508,32 @@ def _events_table(title: str, events: Sequence[EventRef], ref: int, mark: EventR
     return t
 
 
+def _utc(ts_ns: int) -> str:
+    """A nanosecond timestamp as a UTC time a reader can place (the raw integer stays beside it)."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ts_ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
+def run_pnl(run: Path) -> str:
+    """The run's PnL in USDT (every instrument, marked at its last mid), or why there is none."""
+    import duckdb
+
+    from engine.report.report import connect
+
+    try:
+        con = connect(run)
+    except DualhubError:
+        return "n/a (not a verified run)"
+    try:
+        [(pnl,)] = con.sql("SELECT sum(pnl) FROM symbol_pnl WHERE mark_px IS NOT NULL").fetchall()
+    except duckdb.Error:
+        return "n/a"
+    finally:
+        con.close()
+    return "n/a (no fills)" if pnl is None else f"{float(pnl):.4f}"
+
+
 def print_diff(result: DiffResult, console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -531,6 +557,8 @@ def print_diff(result: DiffResult, console: Any = None) -> None:
     )
     same = "[green]same digest[/]" if result.same_digest else "[yellow]different digests[/]"
     summary.add_row(f"digest ({same})", result.digest_a, result.digest_b)
+    pnl_a, pnl_b = run_pnl(Path(result.run_a)), run_pnl(Path(result.run_b))
+    summary.add_row("PnL (USDT)", pnl_a, pnl_b, style=None if pnl_a == pnl_b else "yellow")
     for s in sorted(result.counts_a.keys() | result.counts_b.keys(), key=lambda s: STREAMS[s].priority):
         ca, cb = result.counts_a.get(s), result.counts_b.get(s)
         style = None if ca == cb else "yellow"
@@ -559,7 +587,7 @@ def print_diff(result: DiffResult, console: Any = None) -> None:
         return
     console.print(
         f"[bold red]first divergence[/] at merged event {d.position} "
-        f"(after {result.identical_prefix} identical events), ts_recv {d.ts_recv}"
+        f"(after {result.identical_prefix} identical events), at {_utc(d.ts_recv)} (ts_recv {d.ts_recv})"
     )
     where = Table(title="Divergence", title_justify="left")
     for c in ("field", "A", "B"):

@@ -410,13 +410,17 @@ def sections(ts: TearSheet) -> list[Section]:
     span_h = ts.span_ns / 3.6e12 if ts.span_ns else None
     samp = sampling_label(ts.sample_ns)
     turnover = a.get("turnover_usdt") or 0.0
+    annualised = f"x sqrt({samp} samples in 365 days)"
+    if span_h is not None and span_h < 24:
+        # scaled from minutes or hours to a year, a Sharpe says little about the strategy: say so beside it
+        annualised += f"; from a {span_h * 60:.0f}-minute run: not meaningful"
     perf_rows = [
         ("PnL", _r(p.get("pnl")), "USDT, mark to mid at the last book, after fees"),
         ("max drawdown", _r(p.get("max_drawdown")), "USDT, from the running peak, at every book"),
         (f"Sharpe ({samp})", _r(p.get("sharpe_per_sample")), f"mean / stdev of {samp} equity changes"),
-        ("Sharpe (annualised)", _r(p.get("sharpe_annualised"), 2), f"x sqrt({samp} samples in 365 days)"),
+        ("Sharpe (annualised)", _r(p.get("sharpe_annualised"), 2), annualised),
         (f"Sortino ({samp})", _r(p.get("sortino_per_sample")), "mean / downside deviation (target 0)"),
-        ("Sortino (annualised)", _r(p.get("sortino_annualised"), 2), f"x sqrt({samp} samples in 365 days)"),
+        ("Sortino (annualised)", _r(p.get("sortino_annualised"), 2), annualised),
         ("turnover", _r(turnover, 2), f"USDT traded in {a.get('fills', 0)} fills"),
         ("turnover per hour", _r(turnover / span_h, 2) if span_h else None, "USDT"),
         ("samples", p.get("samples"), f"{samp} equity changes"),
