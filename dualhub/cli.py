@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 from engine.errors import DualhubError, os_error_text
 from engine.optional import has_nvidia_gpu, install_hint, is_optional
@@ -51,6 +52,13 @@ class HelpFormatter(argparse.HelpFormatter):
         return w.fill(self._whitespace_matcher.sub(" ", text).strip())
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line, like every other error (the usage itself is one --help away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     """``parser`` and every subcommand's parser below it."""
     out = [parser]
@@ -62,7 +70,7 @@ def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(  # subcommands' parsers are made of the same class
         prog="dualhub",
         formatter_class=HelpFormatter,
         description="Record Bitget USDT-M markets, replay them deterministically through Laya (fast ONNX "

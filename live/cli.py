@@ -148,7 +148,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _symbols(text: str) -> tuple[str, ...]:
-    return tuple(s.strip().upper() for s in text.split(",") if s.strip())
+    if not text.strip():
+        return ()
+    picked = tuple(s.strip().upper() for s in text.split(","))
+    if not all(picked):  # "BTCUSDT,," : a typo must not quietly trade fewer symbols than asked
+        raise DualhubError(f"--symbols {text!r}: an empty symbol (a stray comma?)")
+    return picked
 
 
 def cmd_live(args: argparse.Namespace) -> int:

@@ -19,7 +19,10 @@ from engine.venues.bitget_v2 import INST_TYPE, WS_PUBLIC_URL
 
 
 def _csv(s: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in s.split(",") if x.strip())
+    items = tuple(x.strip() for x in s.split(","))
+    if not all(items):  # "BTCUSDT,," : a typo must not quietly record fewer symbols than asked
+        raise argparse.ArgumentTypeError(f"{s!r} has an empty entry (a stray comma?)")
+    return items
 
 
 def register(subparsers: Any) -> None:
