@@ -356,3 +356,24 @@ def test_replay_report_prints_the_run_and_digest_once(session, tmp_path, capsys)
     assert sum(ln.startswith(("digest:", "digest ")) for ln in lines) == 1
     assert lines[0].strip(), "no blank first line"
     assert pq.read_metadata(tmp_path / "run" / "events" / "label.parquet").num_rows > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["record", "--symbols", "BTCUSDT,,", "--out", "OUT"], "empty entry"),
+        (["live", "--symbols", "BTCUSDT,,", "--paper", "--duration", "1"], "an empty symbol"),
+        (["replay"], "required: session"),
+        (["import", "nope", "f"], "invalid choice"),
+    ],
+)
+def test_usage_errors_and_empty_symbols_are_one_line(argv, said, tmp_path, capsys):
+    argv = [str(tmp_path / "o") if a == "OUT" else a for a in argv]
+    with pytest.raises(SystemExit) as e:  # argparse's own exit, as the console script gets it
+        rc = main(argv)
+        raise SystemExit(rc)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in one_error(err, argv[0])
+    if argv[0] != "live":  # argparse's errors point at the usage
+        assert f"dualhub {argv[0]} --help" in err
+    assert not (tmp_path / "o").exists()
