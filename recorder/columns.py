@@ -148,25 +148,31 @@ class Columns:
         count. The compiled scan cannot know the ids the general path took, so the check is here."""
         if b <= a:
             return b
-        names = self.names()
-        extra = list(self._extra)
         off = self.t_off[a : b + 1].tolist()
         base = off[0]
-        blob = self.t_bytes[base : off[-1]].tobytes()
-        keep = []
-        fresh = guard.fresh
-        for i, sym in enumerate(self.t_sym[a:b].tolist()):
-            name = names[sym] if sym < len(names) else extra[sym - SYM_CAP]
-            keep.append(fresh(name, blob[off[i] - base : off[i + 1] - base].decode("utf-8")))
-        if all(keep):
+        blob = self.t_bytes[base : off[-1]].tobytes().decode("utf-8")  # ids are ASCII on this path
+        tids = [blob[x - base : y - base] for x, y in zip(off, off[1:], strict=False)]
+        syms = self.t_sym[a:b]
+        names = self.names()
+        keep: list[bool] | None = None
+        for sym in np.unique(syms).tolist():
+            rows = np.flatnonzero(syms == sym).tolist()
+            name = names[sym] if sym < SYM_CAP else list(self._extra)[sym - SYM_CAP]
+            fresh = guard.fresh_all(name, [tids[i] for i in rows])
+            if fresh is not None:
+                if keep is None:
+                    keep = [True] * (b - a)
+                for i, f in zip(rows, fresh, strict=True):
+                    keep[i] = f
+        if keep is None or all(keep):
             return b
         mask = np.array(keep, dtype=bool)
         n = a + int(mask.sum())
         for name in ("t_ts", "t_recv", "t_sym", "t_px", "t_sz", "t_side"):
             arr = getattr(self, name)
             arr[a:n] = arr[a:b][mask]
+        kept = "".join(t for t, k in zip(tids, keep, strict=True) if k).encode()
         lens = np.diff(np.array(off, dtype=_I64))[mask]
-        kept = b"".join(blob[off[i] - base : off[i + 1] - base] for i in range(b - a) if keep[i])
         self.t_bytes[base : base + len(kept)] = np.frombuffer(kept, dtype=np.uint8)
         self.t_off[a + 1 : n + 1] = base + np.cumsum(lens)
         self.st[S_NT] = n

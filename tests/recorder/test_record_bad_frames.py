@@ -174,3 +174,26 @@ def test_each_fixed_depth_channel_is_recorded(tmp_path: Path) -> None:
         assert books.column(f"bid_px_{depth - 1}").null_count == 0
         if depth < 15:
             assert books.column(f"bid_px_{depth}").null_count == books.num_rows
+
+
+def test_compiled_scan_and_general_path_write_the_same_session(tmp_path: Path) -> None:
+    """The corpus, duplicated trades and a resubscribe's trade snapshot, normalised both ways: the
+    same bytes, rows, quarantine reasons and counters (the compiled scan hands every refused frame to
+    the general parser and drops seen trade ids as it does)."""
+    from tests.recorder.test_normalise_fast import assert_same_session
+
+    src, _ = _source(200)
+    run(
+        record(
+            tmp_path,
+            src,
+            speed=20,
+            faults=(Fault(kind="drop", at_frame=450),),
+            server_kw={"trade_snapshot": 20},
+        )
+    )
+    s = tmp_path / "s"
+    asked = orjson.loads((s / "record.json").read_bytes())
+    m = assert_same_session(s / "journal", asked, tmp_path)
+    r = m["recorder"]
+    assert r["quarantined"] == len(CORPUS) and sum(r["duplicate_trades"].values()) > 1
