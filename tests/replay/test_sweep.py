@@ -158,25 +158,41 @@ def test_sweep_grid_rows_match_direct_runs_and_resume_skips(session, tmp_path, c
     assert "--resume" in capsys.readouterr().err
 
 
-def test_invalid_parameter_becomes_error_rows_not_a_crash(session, tmp_path, capsys):
+def test_a_run_that_fails_becomes_an_error_row_not_a_crash(session, tmp_path, capsys):
+    from replay.driver import DEFAULT_MODEL
+
+    # a model that is not there is only found when the run loads it: the run fails, the sweep goes on
     grid = tmp_path / "grid.toml"
-    grid.write_text('[base]\nlaya_provider = "cpu"\n[grid]\nfill_model = ["touch", "nope"]\n')
+    missing = tmp_path / "nope.onnx"
+    grid.write_text(f'[base]\nlaya_provider = "cpu"\n[grid]\nmodel_path = ["{DEFAULT_MODEL}", "{missing}"]\n')
     out = tmp_path / "results.parquet"
     cmd = ["sweep", str(grid), "--sessions", str(session), "--out", str(out), "--no-progress", "--serial"]
     assert main(cmd) == 1
     rows = pq.read_table(out).to_pylist()
-    assert [r["p_fill_model"] for r in rows] == ["touch", "nope"]
+    assert [r["p_model_path"] for r in rows] == [str(DEFAULT_MODEL), str(missing)]
     assert rows[0]["error"] == "" and rows[0]["digest"]
-    assert "unknown fill model 'nope'" in rows[1]["error"] and rows[1]["digest"] is None
+    assert "nope.onnx" in rows[1]["error"] and rows[1]["digest"] is None
     assert rows[1]["session_digest"] == rows[0]["session_digest"]
     capsys.readouterr()
     assert main([*cmd, "--resume"]) == 1  # the failed run is retried, the good one skipped
     assert "1 run, 1 skipped (--resume), 1 failed" in capsys.readouterr().out
     assert len(pq.read_table(out)) == 2
-    # an unknown parameter name is a user error before anything runs
-    grid.write_text("[grid]\nfill_modle = [1]\n")
-    assert main(cmd) == 2
-    assert "unknown parameter 'fill_modle'" in capsys.readouterr().err
+
+
+def test_an_invalid_grid_value_is_refused_before_any_run(session, tmp_path, capsys):
+    # values meet the command line's bounds up front (issue 58): one line, exit 2, nothing written
+    grid = tmp_path / "grid.toml"
+    out = tmp_path / "results.parquet"
+    cmd = ["sweep", str(grid), "--sessions", str(session), "--out", str(out), "--no-progress", "--serial"]
+    for text, said in (
+        ('[grid]\nfill_model = ["touch", "nope"]\n', "unknown fill model 'nope'"),
+        ('[grid]\n"risk.max_position" = [0.01, 1e400]\n', "must be a finite number"),
+        ("[grid]\nfill_modle = [1]\n", "unknown parameter 'fill_modle'"),
+    ):
+        grid.write_text(text)
+        assert main(cmd) == 2
+        assert said in capsys.readouterr().err
+        assert not out.exists()
 
 
 def test_strategy_parameters_are_grid_axes():
