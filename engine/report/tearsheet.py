@@ -493,7 +493,10 @@ def sections(ts: TearSheet) -> list[Section]:
     out.append(
         Section(
             "latency_cdf",
-            "Per-stage latency, all decisions (ms quantiles; fill: filled orders only)",
+            "Per-stage latency of the orders sent (ms quantiles): n counts the orders whose path has the "
+            "stage, so kev and kev_queue count only the orders a Kev request led to (every request: "
+            "the per-decision table); order_entry is order sent to its ack, entry plus response latency; "
+            "fill: filled orders only",
             ["stage", "n", "p10", "p25", "p50", "p75", "p90", "p99", "max"],
             [
                 (
