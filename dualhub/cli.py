@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import re
 import signal
 import sys
@@ -152,10 +153,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise  # a module dualhub always installs: a broken install or a bug, worth its traceback
         print(f"dualhub {args.command}: error: {install_hint(e.name or '')}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`dualhub report RUN | head`): not an error, and nothing more to say;
+        # stdout goes to /dev/null so the interpreter's final flush does not fail a second time
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except OSError as e:  # a full disk, a permission, a path: the user's to fix, not a bug to trace
         print(f"dualhub {args.command}: error: {os_error_text(e)}", file=sys.stderr)
         return 2
     except SystemExit as e:
+        if isinstance(e.__context__, BrokenPipeError):  # rich's own answer to a closed pipe
+            return 128 + signal.SIGPIPE
         # no dualhub command exits this way: user code it runs (a strategy, a plugin) called sys.exit(),
         # which must not pass for a finished command with status 0
         print(
