@@ -377,3 +377,13 @@ def test_usage_errors_and_empty_symbols_are_one_line(argv, said, tmp_path, capsy
     if argv[0] != "live":  # argparse's errors point at the usage
         assert f"dualhub {argv[0]} --help" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_closed_pipe_ends_quietly(run_dir):
+    # `dualhub report RUN | head -1`: the reader goes away, which is no error to report
+    p = subprocess.run(
+        f"{sys.executable} -m dualhub.cli report {run_dir} | head -1", shell=True, cwd=REPO,
+        capture_output=True, text=True, executable="/bin/bash", timeout=300,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert p.stdout.startswith("run ") and p.stderr == "", p.stderr
