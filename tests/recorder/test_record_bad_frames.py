@@ -197,3 +197,51 @@ def test_compiled_scan_and_general_path_write_the_same_session(tmp_path: Path) -
     m = assert_same_session(s / "journal", asked, tmp_path)
     r = m["recorder"]
     assert r["quarantined"] == len(CORPUS) and sum(r["duplicate_trades"].values()) > 1
+
+
+def test_books_channel_snapshot_updates_and_crc_over_25_levels(tmp_path: Path) -> None:
+    """A 30-level ``books`` snapshot and its updates, each carrying the CRC32 of the top 25 levels of
+    the full book (a 15-level book would give another CRC), one update with a wrong checksum, then a
+    new snapshot: every good push is a row, the bad one is quarantined as ``books_checksum``."""
+    from engine.venues.bitget_v2_books import book_checksum, encode_books
+
+    eth = SYMS[1]
+    bids = {f"{27000.0 - 0.5 * i:.1f}": "1.000" for i in range(30)}
+    asks = {f"{27000.5 + 0.5 * i:.1f}": "2.000" for i in range(30)}
+
+    def side(d: dict[str, str], desc: bool) -> list[tuple[str, str]]:
+        return sorted(d.items(), key=lambda kv: float(kv[0]), reverse=desc)
+
+    def push(action: str, b: list, a: list, seq: int, pseq: int, off: int = 0) -> bytes:
+        for d, lv in ((bids, b), (asks, a)):
+            if action == "snapshot":
+                d.clear()
+            for p, q in lv:
+                if q == "0":
+                    d.pop(p, None)
+                else:
+                    d[p] = q
+        cs = book_checksum(side(bids, True), side(asks, False)) + off if action == "update" else 0
+        return encode_books(eth, action=action, bids=b, asks=a, ts_ms=T_MS + seq, seq=seq, pseq=pseq,
+                            push_ts_ms=T_MS + seq, checksum=cs)  # fmt: skip
+
+    snap = (side(bids, True), side(asks, False))
+    frames = [push("snapshot", [list(x) for x in snap[0]], [list(x) for x in snap[1]], 100, 0)]
+    assert book_checksum(snap[0], snap[1]) == -393382498  # the documented 30-level example
+    frames.append(push("update", [["27000.0", "3.000"]], [["27000.5", "0"]], 101, 100))
+    frames.append(push("update", [["27000.2", "1.000"]], [], 102, 101))
+    tops = [side(bids, True)[0], side(asks, False)[0]]
+    frames.append(push("update", [["26990.0", "0"]], [], 103, 102, off=1))  # wrong checksum
+    frames.append(push("snapshot", [list(x) for x in snap[0]], [list(x) for x in snap[1]], 200, 0))
+    frames.append(push("update", [], [["27000.5", "5.000"]], 201, 200))
+    good = toy_frames((SYMS[0],), n=40)
+    route = ("USDT-FUTURES", "books", eth)
+    src = [*good[:20], *((good[20][0], f, route) for f in frames), *good[20:]]
+    _, _, m = run(record(tmp_path, src, speed=0, channels=("books",)))
+    r = m["recorder"]
+    assert r["discarded"] == {"books_checksum": 1}
+    rows = [b for b in open_session(tmp_path / "s").read_events("books15") if b.symbol == eth]
+    assert len(rows) == 5  # snapshot, 2 updates, the new snapshot, its update
+    assert (rows[2].bid_px[0], rows[2].ask_px[0]) == (float(tops[0][0]), float(tops[1][0]))
+    assert rows[2].bid_sz[0] == 1.0 and all(b.bid_px[14] == b.bid_px[14] for b in rows)  # 15 levels kept
+    assert rows[4].ask_sz[0] == 5.0
