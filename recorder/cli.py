@@ -53,6 +53,22 @@ def register(subparsers: Any) -> None:
     p.add_argument("--backoff-s", type=float, default=1.0, help="initial reconnect backoff (s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the backoff jitter")
     p.add_argument("--no-status", action="store_true", help="no live status line")
+    p.add_argument(
+        "--max-lag-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="quarantine frames whose exchange time is more than S seconds before their receive time "
+        "(default: no bound, as a local venue replaying history needs; ~60 suits the real venue)",
+    )
+    p.add_argument(
+        "--max-lead-s", type=float, default=300.0, metavar="S",
+        help="quarantine frames whose exchange time is more than S seconds after their receive time",
+    )  # fmt: skip
+    p.add_argument(
+        "--price-band", type=float, default=2.0, metavar="X",
+        help="quarantine a price more than X times away from the symbol's current mid (default 2)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_record)
 
     p = subparsers.add_parser(
@@ -133,6 +149,7 @@ def register(subparsers: Any) -> None:
 def cmd_record(a: argparse.Namespace) -> int:
     from engine.errors import check_output_path
     from engine.urls import WS, check_url
+    from engine.validate import WireLimits
     from recorder.record import RecordConfig, print_summary, run_record
     from wire.connection import ConnectionConfig
 
@@ -152,6 +169,7 @@ def cmd_record(a: argparse.Namespace) -> int:
             max_channels_per_conn=a.max_channels,
             seed=a.seed,
             status=not a.no_status and sys.stderr.isatty(),
+            wire=WireLimits(max_lag_s=a.max_lag_s, max_lead_s=a.max_lead_s, band=a.price_band),
             connection=ConnectionConfig(
                 url=a.url,
                 ping_interval_s=a.ping_s,
