@@ -139,10 +139,6 @@ def test_every_readme_command_runs(tmp_path):
     )  # a short session: few big moves
     run("replay", "sim", "--model", "m.onnx", "--out", "r-model")
 
-    # -- Kev's lag fit
-    run("kev", "fit-lag", "r1", "--out", "lag.json")
-    run("replay", "sim", "--kev-lag-fit", "lag.json", "--out", "r-lag")
-
     # -- real data, where the shared recording is present
     if BINANCE.exists():
         run("import", "binance-futures", str(BINANCE), "--out", "binance")
@@ -177,10 +173,13 @@ def test_every_readme_command_runs(tmp_path):
         first_line = exchange.stdout.readline().split()
         rest, ws = first_line[first_line.index("REST") + 1], first_line[first_line.index("WS") + 1]
         run("live", "--symbols", "BTCUSDT", "--paper", "--exchange-url", rest, "--ws-url", ws,
-            "--out", "live", "--duration", "3", "--provider", "cpu", timeout=300)  # fmt: skip
+            "--out", "live", "--duration", "5", "--provider", "cpu", timeout=300)  # fmt: skip
     finally:
         stop(exchange)
     run("parity", "live", ok=(0, 1))
+    # Kev's lag as the live run measured it (a simulated run's lags were drawn: fit-lag refuses those)
+    run("kev", "fit-lag", "live", "--out", "lag.json")
+    run("replay", "sim", "--kev-lag-fit", "lag.json", "--out", "r-lag")
     run("kill", "live", "--reason", "readme")
 
     # -- and the first command of all, last: it reuses nothing above
