@@ -305,7 +305,8 @@ def trade_ok(trade: Trade) -> bool:
 # genuine jump after a long silence from locking a symbol out. Trade ids seen before (the ``trade``
 # snapshot the venue sends after each (re)subscribe repeats recent trades) are dropped and counted.
 
-MAX_TS_MS: Final = (2**63 - 1) // 1_000_000  # the last millisecond whose nanoseconds fit an int64
+_INT64_MAX: Final = 2**63 - 1
+MAX_TS_MS: Final = _INT64_MAX // 1_000_000  # the last millisecond whose nanoseconds fit an int64
 EPOCH_FLOOR_MS: Final = 1_420_070_400_000  # 2015-01-01T00:00:00Z
 DEDUP_WINDOW: Final = 8192  # trade ids remembered per symbol (a venue snapshot repeats far fewer)
 
@@ -507,8 +508,17 @@ class WireGuard:
             return ""
         return f"inst_type: a {inst_type!r} frame on a {self.inst_type} subscription"
 
+    @staticmethod
+    def _recv_reason(ts_recv: int) -> str:
+        """A receive time read from a file (an importer's) may itself be corrupt."""
+        if 0 <= ts_recv <= _INT64_MAX:
+            return ""
+        return f"bad_ts: receive time {str(ts_recv)[:30]} ns does not fit int64"
+
     def ts_reason(self, ts_ms: int, ts_recv: int) -> str:
         """'' when an exchange timestamp (ms) received at ``ts_recv`` passes the checks, else the reason."""
+        if why := self._recv_reason(ts_recv):
+            return why
         c = W_TS_RANGE if not 0 <= ts_ms <= MAX_TS_MS else int(wire_ts_code(ts_ms, ts_recv, self.lim))
         return self.reason(c, ts_ms, ts_recv, 0.0, "") if c else ""
 
@@ -524,6 +534,8 @@ class WireGuard:
     ) -> str:
         """'' when a parsed book may become an event (it is then the symbol's current mid), else the
         reason. Levels are sequences of floats (NaN past the last level)."""
+        if why := self._recv_reason(ts_recv):
+            return why
         if not 0 <= ts_ms <= MAX_TS_MS:
             return self.reason(W_TS_RANGE, ts_ms, ts_recv, 0.0, symbol)
         lv = np.array((bid_px, bid_sz, ask_px, ask_sz), dtype=np.float64)
@@ -558,6 +570,8 @@ class WireGuard:
 
     def trades_reason(self, rows: Any, ts_recv: int, symbol: str) -> str:
         """'' when every ``(ts_ms, trade_id, px, sz, side)`` of one push may become an event."""
+        if why := self._recv_reason(ts_recv):
+            return why
         k = len(rows)
         ts = [r[0] for r in rows]
         for t in ts:
