@@ -20,9 +20,9 @@ from engine.venues.bitget_v2 import INST_TYPE, WS_PUBLIC_URL
 
 def _csv(s: str) -> tuple[str, ...]:
     items = tuple(x.strip() for x in s.split(","))
-    if not all(items):  # "BTCUSDT,," : a typo must not quietly record fewer symbols than asked
+    if any(items) and not all(items):  # "BTCUSDT,,": a typo must not quietly record fewer than asked
         raise argparse.ArgumentTypeError(f"{s!r} has an empty entry (a stray comma?)")
-    return items
+    return tuple(x for x in items if x)  # none at all: the config says so
 
 
 def register(subparsers: Any) -> None:

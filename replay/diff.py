@@ -212,6 +212,13 @@ def tampered(run: Path | str) -> list[str]:
             problems.append(f"{rel} is missing or not a regular file")
         elif entry is not None and FILE_HASHES[entry[0]](p) != entry[1]:
             problems.append(f"{rel} does not match its manifest's {entry[0]}")
+        elif rel.endswith(".parquet") and isinstance(meta, dict) and "rows" in meta:
+            try:
+                rows = pq.read_metadata(p).num_rows
+            except (pa.ArrowException, OSError):
+                rows = None
+            if rows != meta["rows"]:  # the hash covers the file, not the manifest's count
+                problems.append(f"{rel} holds {rows} rows, its manifest says {meta['rows']!r}")
     return problems
 
 

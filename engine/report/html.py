@@ -296,6 +296,8 @@ def check_html_path(path: Path | str) -> None:
     parent = out.absolute().parent
     if out.is_dir():
         raise DualhubError(f"{out} is a directory; give a file name, e.g. {out / 'report.html'}")
+    if parent.exists() and not parent.is_dir():
+        raise DualhubError(f"cannot write {out}: {parent} is a file, not a directory")
     if not parent.is_dir():
         raise DualhubError(f"cannot write {out}: the directory {parent} does not exist (create it first)")
     if out.exists() and not out.is_file():

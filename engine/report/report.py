@@ -72,7 +72,19 @@ def verify_run(run_dir: Path | str) -> dict[str, Any]:
             raise DualhubError(f"{run} is missing {rel}")
         if sha256_file(p) != entry["sha256"]:
             raise DualhubError(f"{p} does not match the sha256 in its manifest (truncated or modified)")
+        # the hash covers the file, not the manifest: an edited row count would pass it
+        if "rows" in entry and (rows := _rows(p)) != entry["rows"]:
+            raise DualhubError(f"{p} holds {rows} rows, its manifest says {entry['rows']!r}")
     return manifest
+
+
+def _rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception as e:  # pyarrow raises several types for a damaged footer
+        raise DualhubError(f"{path} is not a readable Parquet file ({type(e).__name__})") from None
 
 
 def views_sql() -> str:

@@ -387,3 +387,17 @@ def test_a_closed_pipe_ends_quietly(run_dir):
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     assert p.stdout.startswith("run ") and p.stderr == "", p.stderr
+
+
+def test_a_run_manifest_whose_rows_disagree_is_refused(run_dir, tmp_path, capsys):
+    import shutil
+
+    b = tmp_path / "b"
+    shutil.copytree(run_dir, b)
+    m = orjson.loads((b / "manifest.json").read_bytes())
+    m["files"]["events/fill.parquet"]["rows"] += 1  # the file, and so its hash, untouched
+    (b / "manifest.json").write_bytes(orjson.dumps(m))
+    for argv in (["report", str(b)], ["sql", str(b), "SELECT 1"], ["diff", str(run_dir), str(b)]):
+        rc, err = cli(capsys, *argv)
+        line = one_error(err, argv[0])
+        assert rc == 2 and "rows" in line and "fill.parquet" in line, line

@@ -183,7 +183,10 @@ def test_every_readme_command_runs(tmp_path):
     run("kill", "live", "--reason", "readme")
 
     # -- and the first command of all, last: it reuses nothing above
-    run("demo", "--out", "demo", "--minutes", "0.5")
+    demo = run("demo", "--out", "demo", "--minutes", "0.5")
+    wide = [ln for ln in demo.stdout.splitlines() if len(ln) > 120]
+    assert not wide, f"the demo's console output is wider than 120 columns: {wide[:3]}"
+    assert demo.stdout.splitlines()[0].strip() and "WARNING" not in demo.stdout + demo.stderr
 
     missing = readme_commands() - run.ran - {"kev bench"}
     assert not missing, f"README commands this test does not run: {sorted(missing)}"
