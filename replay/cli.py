@@ -426,6 +426,23 @@ def _print_result(res, compile_s: float = 0.0) -> None:  # type: ignore[no-untyp
     print(f"decision digest: {res.decision_digest}")
 
 
+def _fees_note(session: Path, cfg: Any) -> str:
+    """For a session imported from another venue's data: the fees the replay charged are Bitget's
+    defaults, which that data never named (the PnL depends on them); "" otherwise."""
+    from engine.store import SessionError, open_session
+
+    try:
+        imported = open_session(session).manifest.get("import")
+    except SessionError:
+        return ""
+    if not isinstance(imported, dict):
+        return ""
+    c = cfg.contract
+    return (
+        f"fees: Bitget's defaults (maker {c.maker_fee_rate}, taker {c.taker_fee_rate}): the import names none"
+    )
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from engine.report.report import print_report
     from engine.strategies import plugin
@@ -448,6 +465,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             kernel=not getattr(args, "python_engine", False),
         )
     _print_result(res, compiling.seconds)
+    if note := _fees_note(args.session, cfg):
+        print(note)
     if args.report:
         print_report(res.run_dir, run_lines=False)  # the run and its digest are printed just above
     return 0
