@@ -175,14 +175,20 @@ def print_report(run_dir: Path | str, console: Any = None, *, run_lines: bool = 
     markouts, calibration, latency), for a run with several instruments the Portfolio section
     (engine/report/portfolio.py), and the report's tables (queries.sql), on the console.
     ``run_lines``: start with the run's path and digest."""
+    import contextlib
+
     from rich.console import Console
 
     from engine.report import portfolio, tearsheet
 
     console = console or Console()
-    sections = run_report(run_dir)
-    ts = tearsheet.compute(run_dir)
-    pf = portfolio.compute(run_dir)
+    # a long run's report takes a while to compute: a spinner on a terminal (piped, it would only
+    # leave a blank line)
+    busy = console.status("building the report...") if console.is_terminal else contextlib.nullcontext()
+    with busy:
+        sections = run_report(run_dir)
+        ts = tearsheet.compute(run_dir)
+        pf = portfolio.compute(run_dir)
     manifest = ts.manifest
     head = tearsheet.header_lines(ts)
     if pf is not None:
