@@ -183,6 +183,20 @@ def train(
     return {"walk_forward": results, "training": training, "dataset": ds.sessions}
 
 
+def _train(args: argparse.Namespace, labels: Any) -> Any:
+    return train(
+        args.sessions,
+        args.out,
+        features=args.features,
+        symbol=args.symbol,
+        labels=labels,
+        folds=args.folds,
+        embargo_ns=None if args.embargo_ms is None else round(args.embargo_ms * MS),
+        seed=args.seed,
+        class_weighting=args.class_weighting,
+    )
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.laya.labels import LabelConfig
     from engine.optional import need
@@ -205,17 +219,20 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise DualhubError(str(e)) from None
-    res = train(
-        args.sessions,
-        args.out,
-        features=args.features,
-        symbol=args.symbol,
-        labels=labels,
-        folds=args.folds,
-        embargo_ns=None if args.embargo_ms is None else round(args.embargo_ms * MS),
-        seed=args.seed,
-        class_weighting=args.class_weighting,
+    import contextlib
+
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    # labelling, the walk-forward folds and the fit take a while on a long session: a spinner on a
+    # terminal (piped, it would leave only a blank line)
+    busy = (
+        console.status(f"training on {len(args.sessions)} session(s): labels, {args.folds} folds, the fit...")
+        if console.is_terminal
+        else contextlib.nullcontext()
     )
+    with busy:
+        res = _train(args, labels)
     for s in res["dataset"]:
         counts = ", ".join(f"{k} {v}" for k, v in s["class_counts"].items())
         print(f"{s['path']}: {s['labelled_rows']} labelled rows ({counts}); {s['excluded_rows']} excluded")
