@@ -4,7 +4,8 @@ traceback (issue 58). The README's own list is parsed, so a command added there 
 fails the test.
 
 Slow: some forty processes, each loading the compiled core; `kev bench` is left out (it starts the real
-llama-server: tests/engine/kev cover it) and so is anything that needs the network."""
+llama-server: tests/engine/kev cover it) and so is anything that needs the network. With
+DUALHUB_FRESH_INSTALL=1 the commands run from a new venv that README command 1's install made."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def readme_commands() -> set[str]:
 class Dualhub:
     """Runs ``dualhub ARGS`` and records which commands ran, to check the README's list is covered."""
 
-    def __init__(self, cwd: Path) -> None:
+    def __init__(self, cwd: Path, exe: Path) -> None:
         self.cwd = cwd
+        self.exe = exe
         self.ran: set[str] = set()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("BITGET_")}
 
@@ -52,7 +54,12 @@ class Dualhub:
         self, *args: str, ok: tuple[int, ...] = (0,), timeout: float = 600
     ) -> subprocess.CompletedProcess:
         p = subprocess.run(
-            [str(DUALHUB), *args], cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout
+            [str(self.exe), *args],
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         where = f"dualhub {' '.join(args)} -> {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
         assert p.returncode in ok, where
@@ -62,10 +69,10 @@ class Dualhub:
 
     def start(self, *args: str) -> subprocess.Popen:
         self.ran.add(self.name(args))
+        pipe = subprocess.PIPE
         return subprocess.Popen(
-            [str(DUALHUB), *args], cwd=self.cwd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
+            [str(self.exe), *args], cwd=self.cwd, env=self.env, stdout=pipe, stderr=pipe, text=True
+        )
 
 
 def stop(proc: subprocess.Popen) -> str:
@@ -86,9 +93,53 @@ def test_readme_lists_the_commands_this_test_runs():
             "doctor"} <= readme_commands()  # fmt: skip
 
 
+def readme_install() -> str:
+    """README command 1's install: the pip requirement it installs (``.[research]``)."""
+    first = (REPO / "README.md").read_text().split("```bash", 1)[1].split("\n", 2)[1]
+    m = re.search(r"pip install -q -e '?(\.\[[a-z,]+\]|\.)'?", first)
+    assert m, first
+    return m.group(1)
+
+
+def test_readme_install_brings_what_the_readme_commands_need():
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def closure(names: list[str]) -> set[str]:
+        out: set[str] = set()
+        for n in names:
+            for req in extras[n]:
+                inner = re.fullmatch(r"dualhub\[([a-z,]+)\]", req)
+                out |= closure(inner.group(1).split(",")) if inner else {re.split(r"[<>=\[ ]", req)[0]}
+        return out
+
+    req = readme_install()
+    got = closure(re.findall(r"[a-z]+", req.partition("[")[2])) if "[" in req else set()
+    # report --html and sweep --plot: matplotlib; train: scikit-learn, onnx; the notebooks: jupyterlab
+    assert {"matplotlib", "scikit-learn", "onnx", "jupyterlab"} <= got, (req, got)
+
+
+def fresh_install(root: Path) -> Path:
+    """README command 1's install, as written, into a new venv (the clone installed editable)."""
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    req = readme_install().replace(".", str(REPO), 1)
+    p = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "-e", req], capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return venv / "bin" / "dualhub"
+
+
 def test_every_readme_command_runs(tmp_path):
-    assert DUALHUB.exists(), f"the console script is not installed: {DUALHUB}"
-    run = Dualhub(tmp_path)
+    exe = DUALHUB
+    if os.environ.get("DUALHUB_FRESH_INSTALL") == "1":
+        # the whole newcomer's path: README command 1's install in a new venv (minutes, and a download
+        # of every dependency), then every command from that venv
+        exe = fresh_install(tmp_path)
+    assert exe.exists(), f"the console script is not installed: {exe}"
+    run = Dualhub(tmp_path, exe)
 
     run("--help")
     run("doctor")
