@@ -24,6 +24,7 @@ from the arg's previous frame to the lost one.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
@@ -52,6 +53,7 @@ from recorder.columns import Columns
 from wire.journal import META, RECV, SENT, Record, record_at
 
 Event = BookSnapshot | Trade | Quarantined | Gap
+log = logging.getLogger(__name__)
 
 
 def _arg_name(channel: str, inst_id: str) -> str:
@@ -205,7 +207,12 @@ class Normaliser:
         if rec.kind == RECV:
             return self._frame(rec.payload, rec.ts_recv_ns)
         if rec.kind == META:
-            return self._meta(rec.meta(), rec.ts_recv_ns)
+            try:
+                return self._meta(rec.meta(), rec.ts_recv_ns)
+            except Exception as e:  # a META record this code cannot read costs that record only
+                log.warning("unreadable META record at %d: %r", rec.ts_recv_ns, e)
+                self.discarded["bad_meta"] = self.discarded.get("bad_meta", 0) + 1
+                return []
         if rec.kind == SENT:
             self.sent += 1
         return []

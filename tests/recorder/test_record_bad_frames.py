@@ -245,3 +245,25 @@ def test_books_channel_snapshot_updates_and_crc_over_25_levels(tmp_path: Path) -
     assert (rows[2].bid_px[0], rows[2].ask_px[0]) == (float(tops[0][0]), float(tops[1][0]))
     assert rows[2].bid_sz[0] == 1.0 and all(b.bid_px[14] == b.bid_px[14] for b in rows)  # 15 levels kept
     assert rows[4].ask_sz[0] == 5.0
+
+
+def test_normaliser_never_raises_on_a_record(tmp_path: Path) -> None:
+    """Whatever a journal holds (a META record that is not JSON or lacks its keys, a frame that is
+    not UTF-8, the overflowing frame), the normaliser counts it and goes on, both ways."""
+    from recorder.normalise import Normaliser
+    from wire.journal import META, RECV, Record
+
+    t = time.time_ns()
+    recs = [
+        Record(t + 1, 0, META, b"not json"),
+        Record(t + 2, 0, META, b'{"t":"gap_open","channel":"trade"}'),
+        Record(t + 3, 0, META, b'{"t":"gap_close","channel":"trade","instId":"X","end_ns":"soon"}'),
+        Record(t + 4, 0, RECV, b"\xff\xfe\x00"),
+        Record(t + 5, 0, RECV, _book("99999999999999999999")),
+        Record(t + 6, 0, RECV, _book(str(T_MS))),
+    ]
+    for fast in (False, True):
+        norm = Normaliser({"url": "ws://x", "symbols": [SYM], "channels": ["books15"]}, fast=fast)
+        out = norm.feed_all(recs)
+        assert norm.discarded == {"bad_meta": 3, "bad_json": 1, "books15_bad_ts": 1}
+        assert [type(e).__name__ for e in out].count("BookSnapshot") == 1
