@@ -7,17 +7,34 @@ engine's compiled core can keep one row per configured pair; every function also
 ``pair_update(state, log_leader, log_follower, dt_ns, half_life_ns) -> None``
     One observation of the pair (natural logs of both mids), ``dt_ns`` after the previous one (>= 0;
     the first observation's dt is ignored). Weights decay by ``2 ** (-elapsed / half_life_ns)``.
-    The hedge ratio ``beta`` is the weighted least-squares slope through 0 of the follower's log
-    return on the leader's, a return taken each time at least ``half_life_ns / RETURN_STEPS`` has
-    passed since the last one (a 60 s half-life: returns of about 2 s, long enough that the two
-    feeds' asynchronous updates bias the slope little). Returns, not levels: the spread is an
-    autocorrelated process as large as the leader's moves over a window, so a regression of levels
-    has few independent points in it and its slope wanders (on the simulator's sessions by up to
-    half the true beta), while a return regression has a point every step and follows each regime's
-    beta. ``alpha`` is ``mean(log f) - beta * mean(log l)`` over the levels' weighted means, the
-    spread ``log_f - alpha - beta * log_l``, folded into its own weighted mean and variance (same
-    half-life; West's incremental form throughout, stable on log prices around 11). Raises
-    ``ValueError`` for a negative dt or a half-life <= 0.
+    Raises ``ValueError`` for a negative dt or a half-life <= 0.
+
+    The hedge ratio ``beta`` is a regression of the follower's log returns on the leader's, taken on a
+    common clock and corrected for the two legs' asynchrony and noise:
+
+    - *A common clock.* Every :data:`CLOCK_NS` both legs are sampled (each its latest mid, the
+      observation arriving at a tick counts after it) and one return of each is taken. Returns are
+      short because the information about beta is in the leader's many small moves: the follower's
+      own transient moves and the spread's innovations do not shrink with the return's length, the
+      leader's variance does, so a regression on long returns (or on levels, where the spread is an
+      autocorrelated process as large as the leader's moves) is far noisier.
+    - *Asynchrony and noise in both legs.* Each leg's mid is as old as its last book (the feeds
+      update a few times a second, each on its own clock), so a short return of one leg is partly
+      seen in the other's next or previous return, and the leader's own mid noise (tick, touch)
+      adds variance to the regressor that is not in the follower: plain OLS of short returns is
+      biased towards 0 (errors in variables, the Epps effect). The slope is therefore a ratio of
+      long-run moments: ``sum(l_t f_s) / sum(l_t l_s)`` over all pairs of returns at most
+      :data:`CLOCK_LAGS` ticks apart (the Scholes-Williams/Dimson lead-lag correction with a flat
+      kernel): lagged cross products recover what the follower showed a tick late or early, lagged
+      leader products cancel the leader's noise and its stale-mid smoothing in the denominator.
+      The flat kernel (not Bartlett's) because a tapering one leaves part of the asynchrony bias.
+    - *Regimes and the decay.* The moments decay with the pair's half-life, as the spread's mean and
+      variance do: beta follows a regime change within a few half-lives, and a regime's estimate is
+      its own data's and not a mix of regimes with a long memory.
+
+    ``alpha`` is ``mean(log f) - beta * mean(log l)`` over the levels' weighted means, the spread
+    ``log_f - alpha - beta * log_l``, folded into its own weighted mean and variance (same half-life;
+    West's incremental form throughout, stable on log prices around 11).
 
 ``pair_z(state) -> float``
     The last spread's z-score against the spread's weighted mean and sd; NaN until
@@ -37,7 +54,7 @@ exit_z, max_leader, max_follower) -> (target_leader, target_follower, hedge_rati
     not finite), and the legs are sized with it; ``why`` indexes
     :data:`WHY_PAIRS_TEXT`.
 
-``pair_beta_se(state) -> float`` is the hedge ratio's standard error, ``pair_series`` runs
+``pair_beta_se(state) -> float`` is the hedge ratio's standard error (see the function), ``pair_series`` runs
 ``pair_update`` and ``pair_z`` over arrays. State layout: the ``P_*`` indices below,
 :data:`PAIR_STATE_SIZE` float64 values; :func:`pair_state` makes a fresh one.
 """
@@ -67,24 +84,36 @@ P_N = 0  # observations seen
 P_W = 1  # total weight of the observations (decayed)
 P_MX = 2  # weighted mean of log leader
 P_MY = 3  # weighted mean of log follower
-P_RX0 = 4  # log leader at the start of the return being accumulated
-P_RY0 = 5  # log follower there
-P_RT = 6  # ns since that start
-P_RN = 7  # returns taken
-P_RW = 8  # total weight of the returns
-P_RXX = 9  # weighted sums over returns: leader squared, leader x follower, follower squared
-P_RXY = 10
-P_RYY = 11
-P_RXX2 = 12  # sum of squared weights x leader return squared (the slope's standard error)
-P_ALPHA = 13  # NaN until the first return
-P_BETA = 14
-P_SPREAD = 15  # the last spread under the fit it was computed with
-P_SN = 16  # spreads seen
-P_SW = 17  # total weight of the spreads
-P_SMEAN = 18  # weighted mean of the spread
-P_SM2 = 19  # weighted second moment of the spread about its mean
-PAIR_STATE_SIZE = 20
-RETURN_STEPS = 32  # returns per half-life
+P_CLK = 4  # ns since the last clock tick
+P_L = 5  # the latest log leader and log follower (what the next tick samples)
+P_F = 6
+P_GL = 7  # log leader and log follower at the last tick
+P_GF = 8
+P_RL1 = 9  # the leader's returns of the last CLOCK_LAGS ticks, the newest first
+P_RL2 = 10
+P_RF1 = 11  # the follower's
+P_RF2 = 12
+P_RN = 13  # ticks taken (returns)
+P_RW = 14  # total weight of the returns (decayed)
+P_RXX = 15  # weighted long-run sums over returns: leader x leader, leader x follower, follower x follower
+P_RXY = 16
+P_RYY = 17
+P_RXX0 = 18  # the same sums without the lagged products (the standard error's residual variance)
+P_RXY0 = 19
+P_RYY0 = 20
+P_RXX2 = 21  # sum of squared weights x leader return squared (the standard error)
+P_ALPHA = 22  # NaN until the first return
+P_BETA = 23
+P_SPREAD = 24  # the last spread under the fit it was computed with
+P_SN = 25  # spreads seen
+P_SW = 26  # total weight of the spreads
+P_SMEAN = 27  # weighted mean of the spread
+P_SM2 = 28  # weighted second moment of the spread about its mean
+PAIR_STATE_SIZE = 29
+# The common clock: both feeds update a few times a second (each book at most ~200 ms old), so a
+# 100 ms tick with lead-lag terms of two ticks spans the two legs' staleness.
+CLOCK_NS = 100_000_000.0
+CLOCK_LAGS = 2  # the lagged products are written out for exactly 2 (P_RL1/P_RL2, P_RF1/P_RF2)
 PAIR_MIN_UPDATES = 32  # spreads before a z-score is given
 
 LN2 = math.log(2.0)
@@ -109,6 +138,36 @@ def pair_state() -> np.ndarray:
     return state
 
 
+@njit(inline="always")
+def _tick(state: np.ndarray, decay: float) -> None:
+    """One tick of the common clock: both legs' returns since the last tick folded into the long-run
+    moments (the lagged products with the last CLOCK_LAGS ticks' returns, both ways)."""
+    a = state[P_L] - state[P_GL]
+    c = state[P_F] - state[P_GF]
+    state[P_GL] = state[P_L]
+    state[P_GF] = state[P_F]
+    l1, l2, f1, f2 = state[P_RL1], state[P_RL2], state[P_RF1], state[P_RF2]
+    lag_l = l1 + l2
+    lag_f = f1 + f2
+    xx0 = a * a
+    xy0 = a * c
+    yy0 = c * c
+    d = decay if state[P_RN] > 0.0 else 0.0
+    state[P_RW] = d * state[P_RW] + 1.0
+    state[P_RXX] = d * state[P_RXX] + (xx0 + 2.0 * a * lag_l)
+    state[P_RXY] = d * state[P_RXY] + (xy0 + a * lag_f + c * lag_l)
+    state[P_RYY] = d * state[P_RYY] + (yy0 + 2.0 * c * lag_f)
+    state[P_RXX0] = d * state[P_RXX0] + xx0
+    state[P_RXY0] = d * state[P_RXY0] + xy0
+    state[P_RYY0] = d * state[P_RYY0] + yy0
+    state[P_RXX2] = d * d * state[P_RXX2] + xx0
+    state[P_RL2] = l1
+    state[P_RL1] = a
+    state[P_RF2] = f1
+    state[P_RF1] = c
+    state[P_RN] += 1.0
+
+
 @njit
 def pair_update(
     state: np.ndarray, log_leader: float, log_follower: float, dt_ns: float, half_life_ns: float
@@ -130,26 +189,41 @@ def pair_update(
     state[P_W] = w
     state[P_N] += 1.0
     if first:
-        state[P_RX0] = x
-        state[P_RY0] = y
-        state[P_RT] = 0.0
+        state[P_L] = x
+        state[P_F] = y
+        state[P_GL] = x
+        state[P_GF] = y
+        state[P_CLK] = 0.0
         return
-    state[P_RT] += dt_ns
-    if state[P_RT] * RETURN_STEPS >= half_life_ns:
-        rdecay = math.exp(-LN2 * (state[P_RT] / half_life_ns)) if state[P_RN] > 0.0 else 0.0
-        rx = x - state[P_RX0]
-        ry = y - state[P_RY0]
-        state[P_RW] = rdecay * state[P_RW] + 1.0
-        state[P_RXX] = rdecay * state[P_RXX] + rx * rx
-        state[P_RXY] = rdecay * state[P_RXY] + rx * ry
-        state[P_RYY] = rdecay * state[P_RYY] + ry * ry
-        state[P_RXX2] = rdecay * rdecay * state[P_RXX2] + rx * rx
-        state[P_RN] += 1.0
-        state[P_RX0] = x
-        state[P_RY0] = y
-        state[P_RT] = 0.0
+    # The ticks since the last observation sample the mids that were current until now.
+    clk = state[P_CLK] + dt_ns
+    if clk >= CLOCK_NS:
+        tick_decay = math.exp(-LN2 * (CLOCK_NS / half_life_ns))
+        ticks = float(math.floor(clk / CLOCK_NS))
+        clk -= ticks * CLOCK_NS
+        # After CLOCK_LAGS + 1 ticks every return and lag is 0: the rest only decay the moments.
+        busy = min(ticks, CLOCK_LAGS + 1.0)
+        k = 0.0
+        while k < busy:
+            _tick(state, tick_decay)
+            k += 1.0
+        rest = ticks - busy
+        if rest > 0.0:
+            d = math.exp(-LN2 * (rest * CLOCK_NS / half_life_ns))
+            state[P_RW] *= d
+            state[P_RXX] *= d
+            state[P_RXY] *= d
+            state[P_RYY] *= d
+            state[P_RXX0] *= d
+            state[P_RXY0] *= d
+            state[P_RYY0] *= d
+            state[P_RXX2] *= d * d
+            state[P_RN] += rest
         if state[P_RXX] > 0.0:
             state[P_BETA] = state[P_RXY] / state[P_RXX]
+    state[P_CLK] = clk
+    state[P_L] = x
+    state[P_F] = y
     beta = state[P_BETA]
     if not math.isfinite(beta):
         return
@@ -169,14 +243,18 @@ def pair_update(
 
 @njit
 def pair_beta_se(state: np.ndarray) -> float:
-    """The standard error of the fitted hedge ratio, as if the weighted returns were independent:
-    ``sqrt(s2 * sum(w^2 x^2)) / sum(w x^2)`` with ``s2`` the weighted mean squared residual. NaN
-    before two returns."""
-    if state[P_RN] < 2.0 or not state[P_RXX] > 0.0:
+    """The standard error of the fitted hedge ratio: ``sqrt(K * s2 * sum(w^2 x^2)) / S_xx`` with
+    ``S_xx`` the fit's weighted long-run leader sum, ``s2`` the weighted mean squared residual return
+    ``f - beta * l`` of one tick and ``K = 2 * CLOCK_LAGS + 1`` the number of return pairs each
+    residual enters through the lead-lag kernel (the residuals' products with the leader's returns
+    up to CLOCK_LAGS ticks away are summed, so the slope's variance is that many times an
+    independent-returns OLS slope's). NaN before two returns."""
+    if state[P_RN] < 2.0 or not state[P_RXX] > 0.0 or not state[P_RW] > 0.0:
         return np.nan
     beta = state[P_RXY] / state[P_RXX]
-    s2 = (state[P_RYY] - beta * state[P_RXY]) / state[P_RW]
-    return math.sqrt(pmax(s2, 0.0) * state[P_RXX2]) / state[P_RXX]
+    s2 = (state[P_RYY0] - 2.0 * beta * state[P_RXY0] + beta * beta * state[P_RXX0]) / state[P_RW]
+    k = 2.0 * CLOCK_LAGS + 1.0
+    return math.sqrt(k * pmax(s2, 0.0) * state[P_RXX2]) / state[P_RXX]
 
 
 @njit
