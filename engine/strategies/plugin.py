@@ -143,7 +143,7 @@ def _budget_from_env() -> None:
 
 
 def _watch() -> None:
-    import _thread
+    import signal
 
     global _timed_out
     while True:
@@ -153,7 +153,9 @@ def _watch() -> None:
         if budget and started and time.perf_counter() - started > budget:
             if _call_seq == seq and _call_started == started:  # still that same call
                 _timed_out = True
-                _thread.interrupt_main()
+                # a real SIGINT to the main thread, not _thread.interrupt_main(): a signal also
+                # interrupts a blocking call (a sleep, a socket read) inside the strategy
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
 
 def _arm_watchdog() -> None:
