@@ -144,6 +144,17 @@ def register(subparsers: Any) -> None:
     q.add_argument("file", metavar="FILE", help="the capture file")
     q.add_argument("--out", required=True, help="session directory to create (must not exist)")
     q.set_defaults(func=cmd_import_bitget_v1)
+    q = isub.add_parser(
+        "bitget-v2",
+        help="Bitget v2 public frames captured by another tool ('<ts_recv_ns> <json>' or tardis-machine raw)",
+        description="Import Bitget v2 public WebSocket frames captured by another tool: "
+        "'<ts_recv_ns> <json>' lines (as dualhub's own journal holds them) or tardis-machine raw "
+        'replay lines ({"localTimestamp": ..., "message": ...}); gzip ok. Every channel (books, books1, '
+        "books5, books15, trade) goes through the recorder's own decoder and wire checks.",
+    )
+    q.add_argument("file", metavar="FILE", help="the capture (.txt, .jsonl or .gz)")
+    q.add_argument("--out", required=True, help="session directory to create (must not exist)")
+    q.set_defaults(func=cmd_import_bitget_v2)
 
 
 def cmd_record(a: argparse.Namespace) -> int:
@@ -276,6 +287,21 @@ def cmd_import_bitget_v1(a: argparse.Namespace) -> int:
     print(
         f"imported {_streams(m)}; checksums verified {imp['checksums_verified']};"
         f" book faults {len(imp['book_faults'])}; gaps {imp['gaps']}; discarded {_counts(imp['discarded'])}",
+        file=sys.stderr,
+    )
+    print(a.out)
+    return 0
+
+
+def cmd_import_bitget_v2(a: argparse.Namespace) -> int:
+    from recorder.importers.bitget_v2_raw import import_bitget_v2_raw
+
+    m = import_bitget_v2_raw(a.file, a.out)
+    imp = m["import"]
+    print(
+        f"imported {_streams(m)} ({imp['format']}, {imp['inst_type']}); duplicate trades"
+        f" {sum(imp['duplicate_trades'].values())}; gaps {imp['gaps']};"
+        f" discarded {_counts(imp['discarded'])}",
         file=sys.stderr,
     )
     print(a.out)
