@@ -664,9 +664,10 @@ def reply_verdict(
 ) -> tuple[CommandFields | CommandV2 | None, str, str, str, str]:
     """``(command, error, failure, key, raw)`` of Kev's reply to ``ctx``: :func:`judge`'s verdict, the
     request key and the raw JSON text its ``kev_response`` event carries. A portfolio's context takes
-    a v2 command over its instruments, or a v1 one for the instrument that asked."""
+    a v2 command over its instruments (judged for sense against them too), or a v1 one for the
+    instrument that asked."""
     if isinstance(ctx, KevContextV2):
-        verdict, error, failure = judge(reply, ctx.symbols, ctx.pair_keys)
+        verdict, error, failure = judge(reply, ctx.symbols, ctx.pair_keys, ctx.instruments)
         if isinstance(verdict, CommandFields):
             verdict = as_v2(verdict, ctx.symbol)
     else:

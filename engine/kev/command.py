@@ -8,7 +8,7 @@ Invalid, truncated or out-of-range output is a rejection with a reason, never an
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -344,6 +344,100 @@ def check_pairs(symbols: Sequence[str], pairs: Sequence[tuple[str, str]]) -> str
         if f in leaders:
             return f"pair {f}/{lead}: {f} both follows and leads"
         followers.add(f)
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sense: a v2 command that passes the schema can still contradict itself or the instruments.
+
+INCONSISTENT: Final = "command_inconsistent"
+# A hedge's legs may differ from its hedge ratio by this share of the larger notional: the legs are
+# rounded to whole contract digits, and a model writes its numbers with few digits.
+HEDGE_TOLERANCE: Final = 0.1
+_LIMIT_SLACK: Final = 1e-9  # a target at its limit, written through a float, is at its limit
+
+
+def _finite_positive(v: float) -> bool:
+    return math.isfinite(v) and v > 0.0
+
+
+def _same(target: float, position: float) -> bool:
+    """A target that is the position as written in the context (a position is a whole number of
+    size steps, which its decimal text may round in the last bit)."""
+    return math.isclose(target, position, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def check_sense(
+    cmd: CommandV2,
+    positions: Mapping[str, float],
+    marks: Mapping[str, float],
+    limits: Mapping[str, float],
+    tolerance: float = HEDGE_TOLERANCE,
+) -> str:
+    """ "" for a v2 command that makes sense for the instruments as they are, else why not, starting
+    ``command_inconsistent: ``. ``positions``, ``marks`` (mids) and ``limits`` (each instrument's
+    position limit, contract units) are the context's, per symbol.
+
+    - An EMERGENCY_FLATTEN has every target 0.
+    - Every target is within its instrument's limit (an instrument with no usable limit: not checked).
+    - A hedge: a pair's hedge ratio is the leader's USD notional per USD of the follower, on the
+      other side, so a leader's target notional is ``-sum(hedge_ratio x follower's target
+      notional)`` over the pairs it leads, within ``tolerance`` of the larger of the two sides. The
+      two legs of a leader's only pair both long or both short are named as such. A leader whose
+      target and whose followers' targets all equal their positions is not judged: the command
+      trades nothing there, whatever a legging position looks like. Without a usable mark on a leg
+      only the signs are judged.
+    """
+    why = _why_inconsistent(cmd, positions, marks, limits, tolerance)
+    return f"{INCONSISTENT}: {why}" if why else ""
+
+
+def _why_inconsistent(
+    cmd: CommandV2,
+    positions: Mapping[str, float],
+    marks: Mapping[str, float],
+    limits: Mapping[str, float],
+    tolerance: float,
+) -> str:
+    targets = dict(cmd.targets)
+    if cmd.action == "EMERGENCY_FLATTEN":
+        held = [f"{s} {t:g}" for s, t in cmd.targets if t != 0.0]
+        if held:
+            return f"EMERGENCY_FLATTEN with non-zero targets ({', '.join(held)})"
+    for s, t in cmd.targets:
+        lim = limits.get(s, math.nan)
+        if _finite_positive(lim) and abs(t) > lim * (1.0 + _LIMIT_SLACK):
+            return f"{s} target {t:g} beyond its position limit {lim:g}"
+    leaders: dict[str, list[PairHedge]] = {}
+    for p in cmd.pairs:
+        leaders.setdefault(p.leader, []).append(p)
+    for lead, hedges in leaders.items():
+        legs = [lead, *(p.follower for p in hedges)]
+        if all(_same(targets[s], positions.get(s, math.nan)) for s in legs):
+            continue
+        t_l = targets[lead]
+        if len(hedges) == 1:  # a leader of several pairs nets their legs: only the sum is judged
+            p = hedges[0]
+            t_f = targets[p.follower]
+            if t_l * t_f > 0.0:
+                side = "long" if t_l > 0.0 else "short"
+                return (
+                    f"{p.follower}/{lead} hedge legs both {side} ({lead} {t_l:g}, {p.follower} {t_f:g}, "
+                    f"hedge_ratio {p.hedge_ratio:g}): a hedge's legs are on opposite sides"
+                )
+        if not all(_finite_positive(marks.get(s, math.nan)) for s in legs):
+            continue  # no price to weigh the legs with: the signs were all there was to judge
+        n_l = t_l * marks[lead]
+        implied = -math.fsum(p.hedge_ratio * targets[p.follower] * marks[p.follower] for p in hedges)
+        scale = max(
+            abs(n_l), math.fsum(abs(p.hedge_ratio * targets[p.follower]) * marks[p.follower] for p in hedges)
+        )
+        if abs(n_l - implied) > tolerance * scale:
+            followers = ", ".join(f"{p.hedge_ratio:g} x {p.follower} {targets[p.follower]:g}" for p in hedges)
+            return (
+                f"{lead} target {t_l:g} is {n_l:.2f} USD, its hedge of {followers} asks {implied:.2f} USD "
+                f"(tolerance {tolerance:.0%})"
+            )
     return ""
 
 

@@ -1,8 +1,9 @@
 """Why a Kev request gave no command: one stable kind code per failed ``kev_response``.
 
 The code is set where the failure is known: the llama-server client (:mod:`engine.kev.llama`) for
-transport, HTTP, breaker and parsing faults; the engine for its own timeout and for a command that
-fails :func:`~engine.kev.command.validate_command` (``schema``); the cassette for a miss. An error
+transport, HTTP, breaker and parsing faults; the engine for its own timeout, for a command that
+fails :func:`~engine.kev.command.validate_command` (``schema``) and for a v2 command that makes no
+sense (``inconsistent``, :func:`~engine.kev.command.check_sense`); the cassette for a miss. An error
 without a code (a reply built elsewhere, a cassette recorded before codes existed) is classified from
 its text by :func:`classify`.
 """
@@ -13,8 +14,15 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from engine.events import Nanos
-from engine.kev.advisor import KevReply
-from engine.kev.command import CommandFields, CommandV2, validate_any, validate_command
+from engine.kev.advisor import InstrumentState, KevReply
+from engine.kev.command import (
+    INCONSISTENT,
+    CommandFields,
+    CommandV2,
+    check_sense,
+    validate_any,
+    validate_command,
+)
 
 FAILURE_KINDS: Final[dict[str, str]] = {
     "timeout": "no answer in time (the engine's Kev timeout, or the HTTP client's)",
@@ -26,6 +34,7 @@ FAILURE_KINDS: Final[dict[str, str]] = {
     "malformed": "a JSON response without an answer where one belongs (no choices[0].message)",
     "truncated": "the model hit the token limit before the JSON ended",
     "schema": "a JSON answer that is not a valid portfolio command",
+    "inconsistent": "a valid v2 command that contradicts itself or its instruments (command_inconsistent)",
     "cassette_miss": "the cassette holds no answer for the request (miss policy fail)",
     "error": "any other failure (the advisor raised, the run stopped first)",
 }
@@ -41,6 +50,7 @@ _PREFIXES: Final = (
     ("truncated", "truncated"),
     ("model answered JSON", "schema"),
     ("cassette miss", "cassette_miss"),
+    (INCONSISTENT, "inconsistent"),
 )
 
 
@@ -53,15 +63,31 @@ def classify(error: str) -> str:
 
 
 def judge(
-    reply: KevReply, symbols: Sequence[str] | None = None, pairs: Sequence[tuple[str, str]] = ()
+    reply: KevReply,
+    symbols: Sequence[str] | None = None,
+    pairs: Sequence[tuple[str, str]] = (),
+    instruments: Sequence[InstrumentState] = (),
 ) -> tuple[CommandFields | CommandV2 | None, str, str]:
     """``(command, error, failure)`` for one reply: the validated command and two empty strings, or
     None with the error text and its kind. ``symbols``: the reply answers a portfolio's context, so
-    a v2 command over them (and ``pairs``) is valid too (``validate_any``)."""
+    a v2 command over them (and ``pairs``) is valid too (``validate_any``). ``instruments``: the
+    context's instruments (position, mark, limit); a v2 command is then also judged for sense
+    (:func:`~engine.kev.command.check_sense`): one that does not make sense is refused with its
+    ``command_inconsistent: ...`` reason, kind ``inconsistent``. The one gate every Kev reply of the
+    engine passes (engine/core.py ``reply_verdict``): the LLM's, the cassette's, the rule hub's."""
     if reply.raw is None:
         error = reply.error or "no reply"
         return None, error, reply.failure or classify(error)
     verdict = validate_command(reply.raw) if symbols is None else validate_any(reply.raw, symbols, pairs)
+    if isinstance(verdict, CommandV2) and instruments:
+        why = check_sense(
+            verdict,
+            {i.symbol: i.position for i in instruments},
+            {i.symbol: i.mark for i in instruments},
+            {i.symbol: i.max_position for i in instruments},
+        )
+        if why:
+            return None, why, "inconsistent"
     if isinstance(verdict, CommandFields | CommandV2):
         return verdict, "", ""
     return None, verdict or "invalid", "schema"
