@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from engine.errors import DualhubError, os_error_text
-from engine.optional import has_nvidia_gpu, install_hint, is_optional
+from engine.optional import install_hint, is_optional, quiet_cuda_fallback
 
 # Modules providing ``register(subparsers)``; a module that does not exist yet is skipped.
 COMMAND_MODULES = (
@@ -101,25 +101,6 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise Terminated
 
 
-class _CpuOnlyMachine(logging.Filter):
-    """On a machine without a GPU, Laya's CUDA-fallback warning tells the user nothing they can act on:
-    it becomes one quiet line saying CPU runs (`dualhub doctor` keeps the detail)."""
-
-    said = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno != logging.WARNING or "fell back to CPU" not in record.getMessage():
-            return True
-        if not _CpuOnlyMachine.said:
-            _CpuOnlyMachine.said = True
-            # stdout: a note, not an error (stderr stays one line when a command fails)
-            print("Laya runs on CPU (no GPU on this machine; `dualhub doctor` for details)", flush=True)
-        return False
-
-
-_CPU_ONLY = _CpuOnlyMachine()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -130,9 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # -v is dualhub's own detail. numba logs every compiler pass at DEBUG: megabytes on a fresh checkout
     # (no compile cache), which buried the log and blocked a parent that reads our stderr only at the end
     logging.getLogger("numba").setLevel(logging.WARNING)
-    laya_log = logging.getLogger("engine.laya.model")
-    if not args.verbose and not has_nvidia_gpu() and _CPU_ONLY not in laya_log.filters:
-        laya_log.addFilter(_CPU_ONLY)
+    if not args.verbose:  # -v keeps Laya's full CUDA-fallback warning
+        quiet_cuda_fallback()
     # commands with an event loop (live, record) install their own SIGTERM handling over this one;
     # signal handlers can only be set from the main thread (a test may call main() from another)
     main_thread = threading.current_thread() is threading.main_thread()

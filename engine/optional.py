@@ -8,6 +8,7 @@ can also call :func:`need` up front, before it does work it would then throw awa
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 from engine.errors import DualhubError
 
@@ -61,3 +62,31 @@ def has_nvidia_gpu() -> bool:
     from pathlib import Path
 
     return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+class _CpuOnlyMachine:
+    """A logging filter: on a machine without a GPU, Laya's CUDA-fallback warning tells the user
+    nothing they can act on; it becomes one quiet line saying CPU runs (`dualhub doctor` keeps the
+    detail), once per process."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or "fell back to CPU" not in record.getMessage():
+            return True
+        if not _CpuOnlyMachine.said:
+            _CpuOnlyMachine.said = True
+            # stdout: a note, not an error (stderr stays one line when a command fails)
+            print("Laya runs on CPU (no GPU on this machine; `dualhub doctor` for details)", flush=True)
+        return False
+
+
+_CPU_ONLY = _CpuOnlyMachine()
+
+
+def quiet_cuda_fallback() -> None:
+    """Install that filter where it applies (no NVIDIA device): the console command does, and so does
+    each sweep worker, a process of its own."""
+    log = logging.getLogger("engine.laya.model")
+    if not has_nvidia_gpu() and _CPU_ONLY not in log.filters:
+        log.addFilter(_CPU_ONLY)

@@ -473,6 +473,9 @@ def run_one(session: str, params: Mapping[str, Any], *, runs_dir: str, version: 
     Never raises for a failed run (an ``Exception`` becomes the row's ``error``). ``peak_rss_mb`` is
     the process's peak resident set so far (in a serial sweep: the largest run up to this one).
     """
+    from engine.optional import quiet_cuda_fallback
+
+    quiet_cuda_fallback()  # a Ray worker is a process of its own: the console command's filter is not in it
     t0 = time.perf_counter()
     row: dict[str, Any] = {c: None for c in RESULT_SCHEMA.names}
     row.update(

@@ -316,7 +316,7 @@ def test_sigterm_mid_replay_leaves_no_tmp(long_session, tmp_path):
 
 
 def test_cuda_fallback_on_a_machine_without_gpu_is_one_quiet_line(capsys):
-    from dualhub.cli import _CpuOnlyMachine
+    from engine.optional import _CpuOnlyMachine
 
     f = _CpuOnlyMachine()
     _CpuOnlyMachine.said = False
