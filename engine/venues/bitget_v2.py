@@ -227,7 +227,7 @@ def parse_book(
             raise FrameError("book has an empty side")
         if bid_px[0] >= ask_px[0]:
             raise FrameError(f"crossed book: best bid {bid_px[0]} >= best ask {ask_px[0]}")
-        seq = _seq(d.get("seq", 0), "seq")
+        seq = 0 if d.get("seq") is None else _seq(d["seq"], "seq")  # absent or null: none sent
         for k in ("pseq", "checksum"):
             if d.get(k) is not None:
                 _seq(d[k], k)

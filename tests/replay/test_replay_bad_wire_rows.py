@@ -23,16 +23,15 @@ from venue.simulator import generate_frames
 INT64_MAX = 2**63 - 1
 
 
-def _session(root: Path, *, bad: bool = True) -> Path:
+def _session(root: Path, *, bad: bool = True, at: int = 100) -> Path:
     c = StreamCounters()
     evs = []
     for ts, raw in generate_frames(minutes=1, seed=3):
         evs += [e for e in decode(raw, ts, c) if isinstance(e, BookSnapshot | Trade)]
     books = [i for i, e in enumerate(evs) if isinstance(e, BookSnapshot)]
     trades = [i for i, e in enumerate(evs) if isinstance(e, Trade)]
-    for i in (
-        books[100:110] if bad else ()
-    ):  # as an old recorder stored data.ts = 9223372036854 received "then"
+    # as an old recorder stored data.ts = 9223372036854 received "then"
+    for i in books[at : at + 10 or None] if bad else ():
         evs[i] = dataclasses.replace(evs[i], ts_event=9223372036854 * 1_000_000, ts_recv=INT64_MAX)
     for i in trades[50:55] if bad else ():
         evs[i] = dataclasses.replace(evs[i], px=1e300)
@@ -69,3 +68,11 @@ def test_training_on_an_absurd_print_is_one_clear_error_not_a_hang(tmp_path: Pat
             labels=LabelConfig(lean_bps=1.0, emergency_bps=3.0),
             folds=2,
         )
+
+
+def test_books_stamped_int64_max_at_the_end_are_quarantined_not_a_look_ahead_error(tmp_path: Path) -> None:
+    """The last books at INT64_MAX are not out of order (nothing comes after them): before the
+    ``bad_time`` code they reached the engine, whose clock never gets there (a LookAheadError)."""
+    s = _session(tmp_path / "s", at=-10)
+    res = run_replay(s, ReplayConfig(), out_dir=tmp_path / "r")
+    assert res.quarantine["books15"] == {"bad_time": 10}
