@@ -34,7 +34,7 @@ import numpy as np
 
 from engine import risk_call
 from engine.book import imbalance_levels
-from engine.contract import NO_PX, round_exact, tick_index
+from engine.contract import NO_PX, lots_of, round_exact, tick_index
 from engine.exact import POW10, div_half_even, mul_div_half_even, pmin, pyround  # noqa: F401 - tests call K.pyround
 from engine.jit import njit
 from engine.kev.command import TARGET_POSITION_ABS_MAX, within
@@ -1041,11 +1041,23 @@ def _rebalance(
     )
     if side == NO_ORDER:
         return
+    same = 0  # lots resting on the order's side
     for w in range(S[S_NWORK]):
-        if OI[work[w] & (OI.shape[0] - 1), OI_TYPE] == MARKET:
+        o = work[w] & (OI.shape[0] - 1)
+        if OI[o, OI_TYPE] == MARKET:
             return
-    S[S_LAST_REBALANCE] = now
+        if OI[o, OI_SIDE] == side:
+            same += OI[o, OI_LOTS] - OI[o, OI_FILLED]
     flatten = S[S_CMD_ACTION] == A_FLATTEN
+    if flatten:
+        # reduce-only counts the quotes resting on its side (the gateway's reduce_only rule): flatten what
+        # they leave uncovered, or wait for them (a requote or a fill) rather than be refused
+        room = abs(S[S_POS]) - same
+        if room < lots_of(qty, CF[CF_SIZE_STEP]):
+            if room <= 0 or size_of(room, C) < CF[CF_MIN_QTY]:
+                return
+            qty = size_of(room, C)
+    S[S_LAST_REBALANCE] = now
     _send_new(
         S,
         SF,
