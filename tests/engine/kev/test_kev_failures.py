@@ -23,6 +23,7 @@ from engine.kev.advisor import KevContext, KevReply
 from engine.kev.cassette import Cassette
 from engine.kev.failures import FAILURE_KINDS, classify, judge
 from engine.kev.llama import CircuitBreaker, LlamaAdvisor, LlamaConfig
+from engine.report.report import connect, load_queries
 from replay.diff import diff_runs
 from replay.driver import ReplayConfig, run_replay
 from venue.simulator import simulate_session
@@ -324,3 +325,46 @@ def test_runs_differing_only_in_timings_share_the_decision_digest(session, tmp_p
     other = run_replay(session, ReplayConfig(seed=5, laya_provider="cpu"), out_dir=tmp_path / "other")
     d = diff_runs(a.run_dir, other.run_dir)
     assert d.same_decision_digest is False and d.diverged
+
+
+def test_an_inconsistent_hub_command_is_refused_counted_and_never_traded(tmp_path):
+    """Issue 55: a pairs hub replayed from a cassette whose answers put both legs long. Each such
+    answer is a kev_response with ok=false, kind 'inconsistent' and its command_inconsistent reason,
+    the report's "Kev failures by kind" counts it, and no command row and no Kev order come of it; on
+    the compiled loop and per event alike."""
+    symbols = ("BTCUSDT", "ETHUSDT")
+    session = simulate_session(tmp_path / "s", symbols=symbols, minutes=1.5, seed=11)
+    rec = run_replay(session, ReplayConfig(symbols=symbols, kev_hub="pairs"), out_dir=tmp_path / "rec")
+    assert rec.counts["command"] > 0
+    recorded = Cassette.from_run(rec.run_dir)
+    bad = Cassette(meta=recorded.meta)
+    for key in recorded.keys:
+        for e in recorded.entries[key]:
+            if e.raw:
+                raw = orjson.loads(e.raw)
+                raw["action"], raw["targets"] = "LEAN_BUY", {"BTCUSDT": 0.002, "ETHUSDT": 0.05}
+                e = dataclasses.replace(e, raw=orjson.dumps(raw, option=orjson.OPT_SORT_KEYS).decode())
+            bad.add(e)
+    cas = bad.write(tmp_path / "bad.parquet")
+    cfg = ReplayConfig(symbols=symbols, kev_hub="pairs", kev_mode="cassette", kev_cassette=str(cas))
+    runs = [run_replay(session, cfg, out_dir=tmp_path / n, kernel=k) for n, k in (("k", True), ("p", False))]
+    assert runs[0].digest == runs[1].digest
+    run = runs[0].run_dir / "events"
+    resp = pq.read_table(run / "kev_response.parquet").to_pylist()
+    refused = [r for r in resp if r["failure"] == "inconsistent"]
+    assert refused and all(not r["ok"] for r in refused)
+    assert all(
+        r["error"].startswith("command_inconsistent: ETHUSDT/BTCUSDT hedge legs both long") for r in refused
+    )
+    # the recorded run traded on these answers' originals; here the rest are misses (the positions,
+    # and so the keys, part from the recording's at the first refusal): nothing is traded for Kev
+    assert {r["failure"] for r in resp} <= {"inconsistent", "cassette_miss"} and not any(
+        r["ok"] for r in resp
+    )
+    assert pq.read_table(run / "command.parquet").num_rows == 0
+    sources = set(pq.read_table(run / "risk.parquet").column("source").to_pylist())
+    assert "kev" not in sources and "quote" in sources
+    assert "kev" in set(pq.read_table(rec.run_dir / "events" / "risk.parquet").column("source").to_pylist())
+    (sql,) = [q for name, _, q in load_queries() if name == "kev_failures"]
+    by_kind = {kind: n for kind, n, _ in connect(runs[0].run_dir).execute(sql).fetchall()}
+    assert by_kind["inconsistent"] == len(refused)
