@@ -113,6 +113,14 @@ def register(subparsers: Any) -> None:
         help="kind[@frame][:conn=N|all][:duration=S][:count=N][:code=X], repeatable",
     )
     p.add_argument("--no-checksum", action="store_true", help="books without checksum (as v2 futures)")
+    p.add_argument(
+        "--book-variant", choices=("2024", "2026"), default="2024",
+        help="fixed-depth pushes as captured in 2024 (checksum 0, seq) or 2026 (seq, pseq, no checksum)",
+    )  # fmt: skip
+    p.add_argument(
+        "--trade-snapshot", type=int, default=0, metavar="N",
+        help="after each trade subscribe, a snapshot of the last N trades first, as Bitget sends (0: none)",
+    )  # fmt: skip
     p.add_argument("--exit-when-done", action="store_true", help="exit once the source is exhausted")
     p.set_defaults(func=cmd_serve)
 
@@ -240,6 +248,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
             symbols=symbols,
             port=a.port,
             books_checksum=not a.no_checksum,
+            book_variant=a.book_variant,
+            trade_snapshot=max(0, a.trade_snapshot),
             seed=a.seed,
             keep_frames=False,
         )

@@ -8,7 +8,8 @@ gives the correctly rounded value, the same double CPython's ``float()`` returns
 
 It only accepts the canonical frame, byte for byte the layout Bitget, the simulator and the local
 server send (``{"action":"snapshot","arg":{...,"channel":"books15","instId":"X"},"data":[{"asks":[..],
-"bids":[..],"checksum":N,"seq":N,"ts":"N"}],"ts":N}``), with plain decimals, 1..15 positive strictly
+"bids":[..],"checksum":N,"seq":N,"ts":"N"}],"ts":N}``, or the 2026 form ending ``"bids":[..],"ts":"N",
+"seq":N,"pseq":N}],"ts":N}``), with plain decimals, 1..15 positive strictly
 ordered levels a side and an uncrossed book. Anything else (other key order, whitespace, escapes,
 exponents, too many digits, a bad level, another channel) returns "not mine" and the caller uses the
 general decoder, which also finds the quarantine reason. So the fast path can only ever be faster,
@@ -53,6 +54,11 @@ _CHECKSUM = _lit('],"checksum":')
 _SEQ = _lit(',"seq":')
 _TS = _lit(',"ts":"')
 _TAIL_TS = _lit('"}],"ts":')
+# the 2026 layout of a fixed-depth push: {"asks":[..],"bids":[..],"ts":"N","seq":N,"pseq":N}
+_TS26 = _lit('],"ts":"')
+_SEQ26 = _lit('","seq":')
+_PSEQ26 = _lit(',"pseq":')
+_TAIL26 = _lit('}],"ts":')
 
 _QUOTE, _COMMA, _LBRACK, _RBRACK, _DOT, _MINUS, _RBRACE = 34, 44, 91, 93, 46, 45, 125
 
@@ -168,29 +174,51 @@ def scan_books15(buf, levels, meta):  # pragma: no cover - compiled
     i, nb = _levels(buf, i, pow10, levels[0], levels[1])
     if i < 0:
         return False
-    i = _expect(buf, i, _CHECKSUM)
-    if i < 0:
-        return False
-    if i < n and buf[i] == _MINUS:  # checksum is a signed int32; decode ignores it
-        i += 1
-    i = _uint(buf, i, meta, M_TS_MS)  # scratch slot, overwritten below
-    if i < 0:
-        return False
-    i = _expect(buf, i, _SEQ)
-    if i < 0:
-        return False
-    i = _uint(buf, i, meta, M_SEQ)
-    if i < 0:
-        return False
-    i = _expect(buf, i, _TS)
-    if i < 0:
-        return False
-    i = _uint(buf, i, meta, M_TS_MS)
-    if i < 0:
-        return False
-    i = _expect(buf, i, _TAIL_TS)
-    if i < 0:
-        return False
+    j = _expect(buf, i, _CHECKSUM)
+    if j >= 0:  # 2024 layout: checksum (0), seq, ts
+        i = j
+        if i < n and buf[i] == _MINUS:  # checksum is a signed int32; decode ignores it
+            i += 1
+        i = _uint(buf, i, meta, M_TS_MS)  # scratch slot, overwritten below
+        if i < 0:
+            return False
+        i = _expect(buf, i, _SEQ)
+        if i < 0:
+            return False
+        i = _uint(buf, i, meta, M_SEQ)
+        if i < 0:
+            return False
+        i = _expect(buf, i, _TS)
+        if i < 0:
+            return False
+        i = _uint(buf, i, meta, M_TS_MS)
+        if i < 0:
+            return False
+        i = _expect(buf, i, _TAIL_TS)
+        if i < 0:
+            return False
+    else:  # 2026 layout: ts, seq, pseq and no checksum
+        i = _expect(buf, i, _TS26)
+        if i < 0:
+            return False
+        i = _uint(buf, i, meta, M_TS_MS)
+        if i < 0:
+            return False
+        i = _expect(buf, i, _SEQ26)
+        if i < 0:
+            return False
+        i = _uint(buf, i, meta, M_SEQ)
+        if i < 0:
+            return False
+        i = _expect(buf, i, _PSEQ26)
+        if i < 0:
+            return False
+        i = _uint(buf, i, meta, M_NBID)  # pseq: checked as an integer, not used (scratch slot)
+        if i < 0:
+            return False
+        i = _expect(buf, i, _TAIL26)
+        if i < 0:
+            return False
     # push ts: an integer, then the closing brace and nothing else
     scratch = meta[M_NBID]
     i = _uint(buf, i, meta, M_NBID)

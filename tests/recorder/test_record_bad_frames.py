@@ -267,3 +267,37 @@ def test_normaliser_never_raises_on_a_record(tmp_path: Path) -> None:
         out = norm.feed_all(recs)
         assert norm.discarded == {"bad_meta": 3, "bad_json": 1, "books15_bad_ts": 1}
         assert [type(e).__name__ for e in out].count("BookSnapshot") == 1
+
+
+def test_the_2026_fixed_depth_variant_records_the_same_books_on_the_compiled_path(tmp_path: Path) -> None:
+    from recorder.normalise import Normaliser
+    from recorder.record import new_writer, normalise_segment
+    from wire.journal import list_segments
+
+    good = toy_frames(SYMS, n=60)
+    books = {}
+    for variant in ("2024", "2026"):
+        out = tmp_path / variant
+        out.mkdir()
+        srv, _, m = run(
+            record(
+                out,
+                good,
+                speed=0,
+                channels=("books15", "books5", "trade"),
+                server_kw={"book_variant": variant},
+            )
+        )
+        assert m["recorder"]["quarantined"] == 0
+        if variant == "2026":
+            f = next(s.frame for s in srv.log if s.kind == "data" and b'"books15"' in s.frame[:90])
+            assert b'"pseq"' in f and b'"checksum"' not in f
+        books[variant] = open_session(out / "s").read_table("books15")
+        asked = orjson.loads((out / "s" / "record.json").read_bytes())
+        norm = Normaliser(asked)
+        w = new_writer(tmp_path / f"n{variant}", asked)
+        for _, p, _ in list_segments(out / "s" / "journal"):
+            normalise_segment(p, norm, w)
+        assert norm.scanned >= sum(b'"books15"' in f[:80] for _, f in good)  # every books15 push compiled
+    a, b = books["2024"], books["2026"]
+    assert a.drop(["ts_recv"]).equals(b.drop(["ts_recv"]))

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 # hostile frame for the tests: garbage, another instType, a books5 push)
 FrameSource = Iterable[tuple[int, bytes] | tuple[int, bytes, tuple[str, str, str]]]
 CHANNELS: Final = ("books", "books1", "books5", "books15", "trade")
+BOOK_VARIANTS: Final = ("2024", "2026")
+FIXED_DEPTH: Final = ("books1", "books5", "books15")
 FAULT_KINDS: Final = (
     "drop",  # abort the TCP connection (the client sees 1006)
     "close",  # close handshake with ``close_code``
@@ -147,6 +149,7 @@ class _Conn:
     msg_times: deque[float] = field(default_factory=deque)
     last_ping: float = field(default_factory=time.monotonic)
     closed: bool = False
+    last_seq: dict[tuple[str, str], int] = field(default_factory=dict)  # 2026 fixed-depth pseq
 
 
 def _plain(x: float) -> str:
@@ -172,6 +175,7 @@ class BitgetServer:
         ping_required_s: float = 120.0,
         books_checksum: bool = True,
         trade_snapshot: int = 0,
+        book_variant: str = "2024",
         unsubscribe_ack: str = "event",
         start_on_subscribe: bool = True,
         keep_frames: bool = True,
@@ -194,6 +198,11 @@ class BitgetServer:
         # after a ``trade`` subscribe, a ``snapshot`` push of up to this many recent trades of the
         # symbol (newest first) before the updates, as Bitget does; 0: none
         self.trade_snapshot = trade_snapshot
+        # fixed-depth pushes as captured in 2024 (``checksum: 0``, ``seq``) or in 2026 (``ts``, ``seq``,
+        # ``pseq`` = the previous push's seq on that connection, no checksum)
+        if book_variant not in BOOK_VARIANTS:
+            raise ValueError(f"book_variant is one of {BOOK_VARIANTS}, got {book_variant!r}")
+        self.book_variant = book_variant
         self._recent: dict[tuple[str, str], deque[Any]] = {}
         self.unsubscribe_ack = unsubscribe_ack
         self.start_on_subscribe = start_on_subscribe
@@ -305,7 +314,7 @@ class BitgetServer:
                 key = tuple(item[2])  # type: ignore[misc]
                 for c in list(self._conns):
                     if not c.closed and key in c.subs:
-                        await self._enqueue(c, ("data", key[1], key[2], frame, None))
+                        await self._enqueue(c, ("data", key[1], key[2], frame, False))  # False: verbatim
                 continue
             parsed = orjson.loads(frame)
             a = parsed.get("arg") or {}
@@ -410,14 +419,29 @@ class BitgetServer:
         if now < c.stalled_until:
             self.withheld.append(Withheld(c.index, "stall", channel, symbol, time.time_ns()))
             return
-        if parsed is not None:  # a books/books1/books5 view derived from a books15 frame
+        if parsed:  # a books/books1/books5 view derived from a books15 frame
             frame = self._derive(c, channel, symbol, parsed)
             if frame is None:
                 return
+        if parsed is not False and self.book_variant == "2026" and channel in FIXED_DEPTH:
+            frame = self._as_2026(c, channel, symbol, frame)
         if truncate:
             await self._send(c, "truncated", channel, symbol, frame[: max(1, len(frame) // 2)])
             return
         await self._send(c, "data", channel, symbol, frame)
+
+    @staticmethod
+    def _as_2026(c: _Conn, channel: str, symbol: str, frame: bytes) -> bytes:
+        """A fixed-depth push in the 2026 form: ``asks``, ``bids``, ``ts``, ``seq``, ``pseq``."""
+        f = orjson.loads(frame)
+        out = []
+        for d in f["data"]:
+            seq = d.get("seq", 0)
+            pseq = c.last_seq.get((channel, symbol), 0)
+            c.last_seq[(channel, symbol)] = seq
+            out.append({"asks": d["asks"], "bids": d["bids"], "ts": d["ts"], "seq": seq, "pseq": pseq})
+        f["data"] = out
+        return orjson.dumps(f)
 
     def _derive(self, c: _Conn, channel: str, symbol: str, parsed: dict[str, Any]) -> bytes | None:
         d = parsed["data"][0]
