@@ -14,10 +14,11 @@ engine's compiled core can keep one row per configured pair; every function also
 
     - *A common clock.* Every :data:`CLOCK_NS` both legs are sampled (each its latest mid, the
       observation arriving at a tick counts after it) and one return of each is taken. Returns are
-      short because the information about beta is in the leader's many small moves: the follower's
-      own transient moves and the spread's innovations do not shrink with the return's length, the
-      leader's variance does, so a regression on long returns (or on levels, where the spread is an
-      autocorrelated process as large as the leader's moves) is far noisier.
+      short because the slope's variance is a return's residual variance over the sum of the
+      leader's squared returns: that sum is about the leader's variance over the window whatever
+      the returns' length, while a return's residual (the spread's innovations, the follower's own
+      moves) grows with its length. On levels the spread, an autocorrelated process as large as
+      the leader's moves over a window, leaves few independent points and the slope wanders.
     - *Asynchrony and noise in both legs.* Each leg's mid is as old as its last book (the feeds
       update a few times a second, each on its own clock), so a short return of one leg is partly
       seen in the other's next or previous return, and the leader's own mid noise (tick, touch)
@@ -29,8 +30,8 @@ engine's compiled core can keep one row per configured pair; every function also
       leader products cancel the leader's noise and its stale-mid smoothing in the denominator.
       The flat kernel (not Bartlett's) because a tapering one leaves part of the asynchrony bias.
     - *Regimes and the decay.* The moments decay with the pair's half-life, as the spread's mean and
-      variance do: beta follows a regime change within a few half-lives, and a regime's estimate is
-      its own data's and not a mix of regimes with a long memory.
+      variance do: a longer memory would lower the noise but keep more of the previous regime's
+      weight at the end of a short regime, a shorter one the other way round.
 
     ``alpha`` is ``mean(log f) - beta * mean(log l)`` over the levels' weighted means, the spread
     ``log_f - alpha - beta * log_l``, folded into its own weighted mean and variance (same half-life;
