@@ -584,7 +584,9 @@ class BitgetServer:
                 self._error(
                     c,
                     30001,
-                    f"instType:{a['instType']},channel:{a['channel']},instId:{inst_id} doesn't exist",
+                    # as captured from Bitget (2026): the message ends with ",precision:null"
+                    f"instType:{a['instType']},channel:{a['channel']},instId:{inst_id},precision:null"
+                    " doesn't exist",
                     a,
                     op,
                 )
