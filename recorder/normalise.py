@@ -314,11 +314,14 @@ class Normaliser:
         frame = parse_books_frame(raw)
         items: list[Any]
         channel = ""
+        books_prev = ts
         if frame is not None:
             sym = frame["arg"]["instId"]
             if why := self.guard.inst_type_reason(frame["arg"].get("instType")):
                 items = [_quarantine(raw, ts, self.counters, f"books: {why}")]
             else:
+                r = self.received.get(_arg_name("books", sym))
+                books_prev = r["last_ns"] if r else ts  # this symbol's previous push
                 self._count("books", sym, ts)
                 items = books_frame_events(
                     frame, raw, ts, self.counters, self.books, emit=sym in self.emit_books, guard=self.guard
@@ -354,6 +357,11 @@ class Normaliser:
                     r = self.received.get(_arg_name(*a))
                     start = r["last_ns"] if r else ts
                     out.append(self.gap_log.gap(*a, start, ts, ts, f"quarantined:{tag}"))
+                elif frame is not None and tag.partition("_")[2] in WIRE_CHECKS:
+                    # a ``books`` snapshot the wire checks refused: the local book is still right (no
+                    # fault, no resubscribe), that instant of it is lost
+                    sym = frame["arg"]["instId"]
+                    out.append(self.gap_log.gap("books", sym, books_prev, ts, ts, f"quarantined:{tag}"))
             elif isinstance(it, BookFault):
                 self.book_faults[it.reason] = self.book_faults.get(it.reason, 0) + 1
             elif isinstance(it, Control):

@@ -212,7 +212,7 @@ def test_books_channel_snapshot_updates_and_crc_over_25_levels(tmp_path: Path) -
     def side(d: dict[str, str], desc: bool) -> list[tuple[str, str]]:
         return sorted(d.items(), key=lambda kv: float(kv[0]), reverse=desc)
 
-    def push(action: str, b: list, a: list, seq: int, pseq: int, off: int = 0) -> bytes:
+    def push(action: str, b: list, a: list, seq: int, pseq: int, off: int = 0, ts: int = 0) -> bytes:
         for d, lv in ((bids, b), (asks, a)):
             if action == "snapshot":
                 d.clear()
@@ -222,7 +222,7 @@ def test_books_channel_snapshot_updates_and_crc_over_25_levels(tmp_path: Path) -
                 else:
                     d[p] = q
         cs = book_checksum(side(bids, True), side(asks, False)) + off if action == "update" else 0
-        return encode_books(eth, action=action, bids=b, asks=a, ts_ms=T_MS + seq, seq=seq, pseq=pseq,
+        return encode_books(eth, action=action, bids=b, asks=a, ts_ms=ts or T_MS + seq, seq=seq, pseq=pseq,
                             push_ts_ms=T_MS + seq, checksum=cs)  # fmt: skip
 
     snap = (side(bids, True), side(asks, False))
@@ -234,12 +234,18 @@ def test_books_channel_snapshot_updates_and_crc_over_25_levels(tmp_path: Path) -
     frames.append(push("update", [["26990.0", "0"]], [], 103, 102, off=1))  # wrong checksum
     frames.append(push("snapshot", [list(x) for x in snap[0]], [list(x) for x in snap[1]], 200, 0))
     frames.append(push("update", [], [["27000.5", "5.000"]], 201, 200))
+    frames.append(
+        push("update", [["26999.0", "1.500"]], [], 202, 201, ts=2**62)
+    )  # the book is right, its time not
     good = toy_frames((SYMS[0],), n=40)
     route = ("USDT-FUTURES", "books", eth)
     src = [*good[:20], *((good[20][0], f, route) for f in frames), *good[20:]]
     _, _, m = run(record(tmp_path, src, speed=0, channels=("books",)))
     r = m["recorder"]
-    assert r["discarded"] == {"books_checksum": 1}
+    assert r["discarded"] == {"books_checksum": 1, "books_bad_ts": 1}
+    assert [g["reason"] for g in r["gaps"] if g["reason"].startswith("quarantined:")] == [
+        "quarantined:books_bad_ts"
+    ]
     rows = [b for b in open_session(tmp_path / "s").read_events("books15") if b.symbol == eth]
     assert len(rows) == 5  # snapshot, 2 updates, the new snapshot, its update
     assert (rows[2].bid_px[0], rows[2].ask_px[0]) == (float(tops[0][0]), float(tops[1][0]))
