@@ -19,6 +19,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 import threading
 import time
@@ -107,17 +108,30 @@ def _import(spec: str, module_name: str) -> Any:
         raise DualhubError(f"strategy {spec!r}: cannot import {module_name}: {e}") from e
 
 
-# A Python strategy's time budget per call: a strategy that loops forever must end the run with one
-# line, not hang it. The core calls strategies on the main thread; a watchdog thread watches the call
-# in progress and, past the budget, interrupts the main thread (as Ctrl-C would), which `call` turns
-# into that line. Per call this costs a clock read, not a timer: Python strategies are called often.
+# A Python strategy's time budget per call: a strategy that loops (or blocks) forever must end the run
+# with one line, not hang it. The core calls strategies on the main thread; a watchdog thread watches
+# the call in progress and, past the budget, sends the main thread a signal of dualhub's own (not
+# SIGINT: Ctrl-C keeps its meaning, and live mode's event loop owns SIGINT), whose handler raises inside
+# the strategy; a signal also breaks a blocking call (a sleep, a socket read). Per call this costs a
+# clock read, not a timer: Python strategies are called often.
 BUDGET_ENV = "DUALHUB_STRATEGY_BUDGET_MS"
 DEFAULT_BUDGET_MS = 1000.0
+_SIGNAL = signal.SIGUSR2
 _budget_s: float | None = None  # seconds; None: not set yet, the environment's or the default at first call
 _call_started = 0.0  # perf_counter() at the start of the main thread's call in progress; 0: none
-_call_seq = 0  # calls started, so the watchdog never blames a call for the time of an earlier one
-_timed_out = False
+_call_seq = 0  # calls started, so an overrun is never blamed on a later call
+_overrun_seq = -1  # the call the watchdog signalled about (once per call)
 _watchdog: threading.Thread | None = None
+
+
+class _OverBudget(BaseException):
+    """Raised in the strategy by the budget's signal. A BaseException: a strategy's own ``except
+    Exception`` must not swallow it and spin on."""
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _call_started and _call_seq == _overrun_seq:  # still inside the call that overran
+        raise _OverBudget
 
 
 def set_budget_ms(ms: float | None) -> None:
@@ -143,26 +157,26 @@ def _budget_from_env() -> None:
 
 
 def _watch() -> None:
-    import signal
-
-    global _timed_out
+    global _overrun_seq
+    main = threading.main_thread().ident or 0
     while True:
         budget = _budget_s or 0.0
         time.sleep(min(max(budget / 4, 0.01), 0.25) if budget else 0.25)
         started, seq = _call_started, _call_seq
-        if budget and started and time.perf_counter() - started > budget:
+        if budget and started and seq != _overrun_seq and time.perf_counter() - started > budget:
             if _call_seq == seq and _call_started == started:  # still that same call
-                _timed_out = True
-                # a real SIGINT to the main thread, not _thread.interrupt_main(): a signal also
-                # interrupts a blocking call (a sleep, a socket read) inside the strategy
-                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+                _overrun_seq = seq
+                signal.pthread_kill(main, _SIGNAL)
 
 
 def _arm_watchdog() -> None:
+    """On the first call (on the main thread, where a handler can be set): the budget, the handler,
+    the watchdog."""
     global _watchdog
     if _budget_s is None:
         _budget_from_env()
     if _watchdog is None:
+        signal.signal(_SIGNAL, _on_signal)
         _watchdog = threading.Thread(target=_watch, name="strategy-budget", daemon=True)
         _watchdog.start()
 
@@ -175,54 +189,55 @@ def call(kind, book, tick, qty, label, position, target, max_position, params):
     """Run the Python strategy of ``kind`` on the strategy signature (``engine.strategies``) and check
     what it returns: ``(bid_lots, bid_ticks, ask_lots, ask_ticks)``, integers (a float price is the
     old signature's, or a price between two ticks: refused, not rounded), lots never negative."""
-    global _call_started, _call_seq, _timed_out
-    spec, fn, _ = _loaded[kind - FIRST_KIND]
-    view = book.view()  # the engine's own book: readable, not writable
-    view.flags.writeable = False
-    watched = threading.current_thread() is threading.main_thread()
-    if watched:
-        _arm_watchdog()
-        _call_seq += 1
-        _call_started = time.perf_counter()
+    global _call_started, _call_seq
+    # the whole call under one try (free until something raises): wherever the budget's signal lands
+    # in it, it ends as the one line below
     try:
-        out = fn(view, tick, qty, label, position, target, max_position, params)
-    except KeyboardInterrupt:
-        if not _timed_out:
-            raise
-        _timed_out = False
-        raise DualhubError(
-            f"strategy {spec!r} ran past its time budget of {(_budget_s or 0) * 1e3:g} ms in one call "
-            f"(--strategy-budget-ms, or {BUDGET_ENV}; 0: no budget)"
-        ) from None
-    except (Exception, SystemExit) as e:  # the user's code: whatever it raises (sys.exit() too, which
-        # would otherwise end the command with status 0 and no run) ends the run with one line naming it
-        raise DualhubError(f"strategy {spec!r} raised {type(e).__name__}: {e}") from e
-    finally:
+        spec, fn, _ = _loaded[kind - FIRST_KIND]
+        view = book.view()  # the engine's own book: readable, not writable
+        view.flags.writeable = False
+        watched = threading.current_thread() is threading.main_thread()
         if watched:
-            _call_started = 0.0
-    if type(out) is tuple and len(out) == 4:  # the usual answer, checked without the general path's
-        a, b, c, d = out  # generators (they cost more than a small strategy itself)
-        if (
-            type(a) is int
-            and type(b) is int
-            and type(c) is int
-            and type(d) is int
-            and 0 <= a < _LIMIT
-            and 0 <= c < _LIMIT
-            and -_LIMIT < b < _LIMIT
-            and -_LIMIT < d < _LIMIT
+            _arm_watchdog()
+            _call_seq += 1
+            _call_started = time.perf_counter()
+        try:
+            out = fn(view, tick, qty, label, position, target, max_position, params)
+        except (Exception, SystemExit) as e:  # the user's code: whatever it raises (sys.exit() too, which
+            # would otherwise end the command with status 0 and no run) ends the run with one line naming it
+            raise DualhubError(f"strategy {spec!r} raised {type(e).__name__}: {e}") from e
+        finally:
+            if watched:
+                _call_started = 0.0
+        if type(out) is tuple and len(out) == 4:  # the usual answer, checked without the general path's
+            a, b, c, d = out  # generators (they cost more than a small strategy itself)
+            if (
+                type(a) is int
+                and type(b) is int
+                and type(c) is int
+                and type(d) is int
+                and 0 <= a < _LIMIT
+                and 0 <= c < _LIMIT
+                and -_LIMIT < b < _LIMIT
+                and -_LIMIT < d < _LIMIT
+            ):
+                return out
+        try:
+            values = tuple(out)
+        except TypeError:
+            values = ()
+        if not (
+            len(values) == 4
+            and all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in values)
+            and all(-_LIMIT < int(v) < _LIMIT for v in values)
+            and values[0] >= 0
+            and values[2] >= 0
         ):
-            return out
-    try:
-        values = tuple(out)
-    except TypeError:
-        values = ()
-    if not (
-        len(values) == 4
-        and all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in values)
-        and all(-_LIMIT < int(v) < _LIMIT for v in values)
-        and values[0] >= 0
-        and values[2] >= 0
-    ):
-        raise DualhubError(f"strategy {spec!r} returned {out!r}: {_WANT}")
-    return int(values[0]), int(values[1]), int(values[2]), int(values[3])
+            raise DualhubError(f"strategy {spec!r} returned {out!r}: {_WANT}")
+        return int(values[0]), int(values[1]), int(values[2]), int(values[3])
+    except _OverBudget:
+        _call_started = 0.0
+        raise DualhubError(
+            f"strategy {_loaded[kind - FIRST_KIND][0]!r} ran past its time budget of "
+            f"{(_budget_s or 0) * 1e3:g} ms in one call (--strategy-budget-ms, or {BUDGET_ENV}; 0: no budget)"
+        ) from None

@@ -77,8 +77,13 @@ def test_sys_exit_from_inside_any_command_is_an_error(monkeypatch, capsys):
 
 @pytest.mark.parametrize(
     "body",
-    ["    while True:\n        pass\n", "    import time\n    time.sleep(3600)\n"],
-    ids=["spins", "sleeps"],
+    [
+        "    while True:\n        pass\n",
+        "    import time\n    time.sleep(3600)\n",
+        "    import time\n    while True:\n        try:\n            time.sleep(0.01)\n"
+        "        except Exception:\n            pass\n",
+    ],
+    ids=["spins", "sleeps", "swallows-exceptions"],
 )
 def test_a_strategy_that_never_returns_stops_at_its_time_budget(session, tmp_path, body, capsys):
     strat = tmp_path / "stuck.py"
@@ -93,6 +98,17 @@ def test_a_strategy_that_never_returns_stops_at_its_time_budget(session, tmp_pat
 def test_the_strategy_budget_is_checked(session, value, capsys):
     rc, err = cli(capsys, "replay", str(session), "--strategy-budget-ms", value)
     assert rc == 2 and "budget" in one_error(err, "replay")
+
+
+def test_the_strategy_budget_from_the_environment_is_checked(session, tmp_path, monkeypatch, capsys):
+    strat = tmp_path / "quick.py"
+    strat.write_text(
+        "def s(book, tick, qty, label, pos, target, max_pos, params):\n    return (0, 0, 0, 0)\n"
+    )
+    monkeypatch.setenv("DUALHUB_STRATEGY_BUDGET_MS", "soon")
+    rc, err = cli(capsys, "replay", str(session), "--provider", "cpu", "--strategy", f"{strat}:s",
+                  "--out", str(tmp_path / "run"))  # fmt: skip
+    assert rc == 2 and "DUALHUB_STRATEGY_BUDGET_MS='soon'" in one_error(err, "replay")
 
 
 # ---------------------------------------------------------------- the command line's own values
