@@ -88,6 +88,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="never sleep the event loop and keep the label path warm (lowest tick latency; costs a core)",
     )
     add_strategy_args(p)
+    p.add_argument(
+        "--strategy-budget-ms",
+        type=float,
+        metavar="MS",
+        help="a Python strategy (MODULE:FN) may take at most this long in one call, or the run stops "
+        "trading and cancels everything (default 1000, or $DUALHUB_STRATEGY_BUDGET_MS; 0: no budget)",
+    )
     add_risk_args(p)
     p.add_argument("--kill-file", default="", help="kill switch file (default OUT/KILL)")
     p.add_argument(
@@ -157,7 +164,10 @@ def _symbols(text: str) -> tuple[str, ...]:
 
 
 def cmd_live(args: argparse.Namespace) -> int:
+    from engine.strategies import plugin
     from live.runner import DEFAULT_MODEL, LiveConfig, LiveRunner, credentials_from_env
+
+    plugin.set_budget_ms(args.strategy_budget_ms)  # None: the environment's or the default
 
     check_url(args.exchange_url, "--exchange-url")
     if args.ws_url:

@@ -226,6 +226,14 @@ def test_every_readme_command_runs(tmp_path):
         rest, ws = first_line[first_line.index("REST") + 1], first_line[first_line.index("WS") + 1]
         run("live", "--symbols", "BTCUSDT", "--paper", "--exchange-url", rest, "--ws-url", ws,
             "--out", "live", "--duration", "5", "--provider", "cpu", timeout=300)  # fmt: skip
+        # a Python strategy that never returns: the live run stops trading at its time budget, exit 1
+        (tmp_path / "stuck.py").write_text("def s(book, tick, qty, label, pos, target, max_pos, params):\n"
+                                           "    while True:\n        pass\n")  # fmt: skip
+        argv = ["live", "--symbols", "BTCUSDT", "--paper", "--exchange-url", rest, "--ws-url", ws,
+                "--out", "live-stuck", "--duration", "60", "--provider", "cpu",
+                "--strategy", "stuck.py:s", "--strategy-budget-ms", "300"]  # fmt: skip
+        stuck = run(*argv, ok=(1,), timeout=300)
+        assert "ran past its time budget of 300 ms" in stuck.stderr
     finally:
         stop(exchange)
     run("parity", "live", ok=(0, 1))
