@@ -390,6 +390,38 @@ def test_the_portfolio_limits_bind_on_the_replayed_pair(pair, tmp_path):
     )
 
 
+def test_portfolio_limits_from_the_command_line_reach_the_risk_decisions_and_the_config(pair, tmp_path, capsys):
+    """``--portfolio`` sets the portfolio's limits for ``dualhub replay`` (and ``live``): they bind on
+    both legs, the run's config holds them, and a limit that is not a finite positive number, an
+    unknown or a repeated key is one error line."""
+    from dualhub.cli import main
+
+    run = tmp_path / "r"
+    argv = ["replay", str(pair), "--symbols", "ALL", "--out", str(run)]
+    assert main([*argv, "--portfolio", "gross_usd=200,net_delta_usd=150,loss_stop_usd=75"]) == 0
+    bound = _q(run, "select distinct symbol from 'EV/risk.parquet' where reason like 'portfolio_%' order by 1")
+    assert bound == [("BTCUSDT",), ("ETHUSDT",)]
+    risk = json.loads((run / "manifest.json").read_text())["config"]["risk"]
+    assert (risk["portfolio_max_gross_usd"], risk["portfolio_max_net_delta_usd"], risk["portfolio_loss_stop_usd"]) == (
+        200.0,
+        150.0,
+        75.0,
+    )
+    capsys.readouterr()
+    for spec, why in (
+        ("net_delta_usd=1e400", "--portfolio: net_delta_usd=1e400 must be a finite number > 0"),
+        ("gross_usd=-5", "--portfolio: gross_usd=-5 must be a finite number > 0"),
+        ("gross_usd=nan", "--portfolio: gross_usd=nan must be a finite number > 0"),
+        ("delta=5", "--portfolio: unknown key 'delta' (keys: net_delta_usd, gross_usd, loss_stop_usd)"),
+        ("gross_usd=5,gross_usd=6", "--portfolio: gross_usd given twice"),
+        ("gross_usd", "--portfolio 'gross_usd': expected KEY=VALUE (keys: net_delta_usd, gross_usd, loss_stop_usd)"),
+    ):
+        out = tmp_path / "bad"
+        assert main(["replay", str(pair), "--symbols", "ALL", "--out", str(out), "--portfolio", spec]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"dualhub replay: error: {why}"]
+        assert not out.exists()
+
+
 def test_dualhub_replay_symbols_runs_the_portfolio_and_refuses_an_unknown_symbol(pair, tmp_path, capsys):
     from dualhub.cli import main
 
