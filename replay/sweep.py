@@ -56,6 +56,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.errors import DualhubError
+from engine.risk import PORTFOLIO_KEYS
 from engine.events import Label
 from engine.store import atomic_write_parquet, open_session
 from engine.strategies.registry import parse_params, resolve
@@ -126,10 +127,21 @@ def _nested() -> dict[str, type]:
     return out
 
 
+def _alias(name: str) -> str:
+    """``portfolio.KEY`` (the keys of ``--portfolio``) as the RiskLimits field it sets."""
+    head, dot, leaf = name.partition(".")
+    if head == "portfolio" and dot:
+        if leaf not in PORTFOLIO_KEYS:
+            raise DualhubError(f"unknown parameter {name!r}; portfolio keys: {', '.join(PORTFOLIO_KEYS)}")
+        return f"risk.{PORTFOLIO_KEYS[leaf]}"
+    return name
+
+
 def check_param_name(name: str) -> None:
     """Raise :class:`DualhubError` unless ``name`` is a settable ReplayConfig field (dotted for nested)."""
     if name == SCALE_LATENCY_KEY:
         return
+    name = _alias(name)
     nested = _nested()
     head, dot, leaf = name.partition(".")
     top = _fields(ReplayConfig)
@@ -195,6 +207,7 @@ def build_config(params: Mapping[str, Any], base: ReplayConfig | None = None) ->
     strategy_params: dict[str, float] = {}
     for name, value in params.items():
         check_param_name(name)
+        name = _alias(name)
         if name == SCALE_LATENCY_KEY:
             if not isinstance(value, str):
                 raise DualhubError(f"{SCALE_LATENCY_KEY} = {value!r} must be a spec string like 'kev=2'")

@@ -264,3 +264,20 @@ def test_sweep_over_strategy_parameters(session, tmp_path, capsys):
     assert err.count("\n") == 1 and "strategy imbalance_lean has no parameter 'label_skew_ticks'" in err
     assert err.startswith("dualhub sweep: error: ")
     assert pq.read_table(out).to_pylist() == rows
+
+
+def test_portfolio_keys_in_a_grid_set_the_portfolio_limits_through_the_same_bounds():
+    """``portfolio.net_delta_usd`` etc. (the keys of ``--portfolio``) set the RiskLimits fields; a
+    value of 1e400 (TOML's inf) or an unknown key is one error, as on the command line."""
+    from replay.sweep import build_config
+
+    cfg = build_config({"portfolio.net_delta_usd": 3000, "portfolio.gross_usd": 9000.5, "portfolio.loss_stop_usd": 150})
+    assert (cfg.risk.portfolio_max_net_delta_usd, cfg.risk.portfolio_max_gross_usd, cfg.risk.portfolio_loss_stop_usd) == (
+        3000.0,
+        9000.5,
+        150.0,
+    )
+    with pytest.raises(DualhubError, match="must be a finite number"):
+        build_config({"portfolio.gross_usd": float("inf")})
+    with pytest.raises(DualhubError, match="portfolio keys: net_delta_usd, gross_usd, loss_stop_usd"):
+        build_config({"portfolio.delta": 5.0})
