@@ -21,7 +21,6 @@ they become events at all: recorder, live mode and importers call it through the
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
@@ -308,7 +307,7 @@ def trade_ok(trade: Trade) -> bool:
 _INT64_MAX: Final = 2**63 - 1
 MAX_TS_MS: Final = _INT64_MAX // 1_000_000  # the last millisecond whose nanoseconds fit an int64
 EPOCH_FLOOR_MS: Final = 1_420_070_400_000  # 2015-01-01T00:00:00Z
-DEDUP_WINDOW: Final = 8192  # trade ids remembered per symbol (a venue snapshot repeats far fewer)
+DEDUP_WINDOW: Final = 8192  # trade ids remembered per symbol at least (a venue snapshot repeats far fewer)
 
 # wire fault codes (0 = accepted); texts by :func:`wire_reason`
 W_TS_RANGE, W_TS_EARLY, W_TS_AHEAD, W_TS_LAG, W_PX, W_SZ, W_BAND = range(1, 8)
@@ -479,7 +478,7 @@ class WireGuard:
         self.mid_ts = np.zeros(capacity, dtype=np.int64)
         self._ids: dict[str, int] = {}
         self._intern = intern
-        self._seen: dict[str, tuple[set[str], deque[str]]] = {}
+        self._seen: dict[str, list[set[str]]] = {}
         self.duplicates: dict[str, int] = {}  # symbol -> trades dropped as already seen
 
     # ------------------------------------------------------------ symbols
@@ -595,43 +594,51 @@ class WireGuard:
         )
         return not c
 
+    # Seen ids per symbol live in two generations, [current, previous]: the current one takes new ids
+    # until it holds DEDUP_WINDOW, then becomes the previous one (the older generation is dropped).
+    # So the last DEDUP_WINDOW ids at least are always remembered, and a block of ids is taken with
+    # set operations, never one Python step per id; the rotation points are the same whether ids come
+    # one at a time (the general parser) or a block at a time (the compiled scan), so both decide alike.
+
+    def _gens(self, symbol: str) -> list[set[str]]:
+        g = self._seen.get(symbol)
+        if g is None:
+            g = self._seen[symbol] = [set(), set()]
+        return g
+
     def fresh(self, symbol: str, trade_id: str) -> bool:
         """False (and counted) when ``trade_id`` was seen on ``symbol`` before; remembers it otherwise."""
         if not self.dedupe:
             return True
-        s = self._seen.get(symbol)
-        if s is None:
-            s = self._seen[symbol] = (set(), deque())
-        ids, order = s
-        if trade_id in ids:
+        g = self._gens(symbol)
+        if trade_id in g[0] or trade_id in g[1]:
             self.duplicates[symbol] = self.duplicates.get(symbol, 0) + 1
             return False
-        ids.add(trade_id)
-        order.append(trade_id)
-        if len(order) > DEDUP_WINDOW:
-            ids.discard(order.popleft())
+        g[0].add(trade_id)
+        if len(g[0]) >= DEDUP_WINDOW:
+            g[1], g[0] = g[0], set()
         return True
 
     def fresh_all(self, symbol: str, trade_ids: list[str]) -> list[bool] | None:
-        """:meth:`fresh` of each id in order, or None when every one is fresh (remembered in one go:
-        the common case, at C speed, for a block of rows)."""
+        """:meth:`fresh` of each id in order, or None when every one is fresh (then remembered in one
+        go: the common case, for a block of rows)."""
         if not self.dedupe:
             return None
-        s = self._seen.get(symbol)
-        if s is None:
-            s = self._seen[symbol] = (set(), deque())
-        ids, order = s
-        if (
-            len(trade_ids) <= DEDUP_WINDOW
-            and ids.isdisjoint(trade_ids)
+        g = self._gens(symbol)
+        if not (
+            g[0].isdisjoint(trade_ids)
+            and g[1].isdisjoint(trade_ids)
             and len(set(trade_ids)) == len(trade_ids)
         ):
-            ids.update(trade_ids)
-            order.extend(trade_ids)
-            while len(order) > DEDUP_WINDOW:
-                ids.discard(order.popleft())
-            return None
-        return [self.fresh(symbol, t) for t in trade_ids]
+            return [self.fresh(symbol, t) for t in trade_ids]
+        i = 0
+        while i < len(trade_ids):  # as many adds as fit before the next rotation, then rotate
+            room = DEDUP_WINDOW - len(g[0])
+            g[0].update(trade_ids[i : i + room])
+            i += room
+            if len(g[0]) >= DEDUP_WINDOW:
+                g[1], g[0] = g[0], set()
+        return None
 
     # ------------------------------------------------------------ reasons
 

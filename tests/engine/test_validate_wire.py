@@ -303,3 +303,24 @@ def test_the_2026_fixed_depth_layout_takes_the_compiled_path_and_decodes_equal()
         assert (a.bid_px, a.ask_sz, a.exch_seq, a.ts_event) == (b.bid_px, b.ask_sz, b.exch_seq, b.ts_event)
         n += 1
     assert n > 100
+
+
+def test_seen_ids_one_at_a_time_or_in_blocks_decide_alike():
+    """The generations rotate at the same ids whichever way they come, across many windows."""
+    from engine.validate import DEDUP_WINDOW
+
+    rng = np.random.default_rng(3)
+    ids = [str(i) for i in rng.integers(0, 3 * DEDUP_WINDOW, size=6 * DEDUP_WINDOW)]
+    ids += [f"u{i}" for i in range(5 * DEDUP_WINDOW)]  # all new: blocks taken whole, rotating mid-block
+    ids += ids[-DEDUP_WINDOW - 50 :]  # the last window and a little more: mostly seen
+    one, block = wire_guard(), wire_guard()
+    want = [one.fresh(SYM, t) for t in ids]
+    got: list[bool] = []
+    i = 0
+    while i < len(ids):
+        n = int(rng.integers(1, 3000))
+        r = block.fresh_all(SYM, ids[i : i + n])
+        got += [True] * len(ids[i : i + n]) if r is None else r
+        i += n
+    assert got == want and one.duplicates == block.duplicates
+    assert one._seen == block._seen
