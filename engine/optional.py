@@ -3,6 +3,9 @@ one that is missing says, in one line, the ``pip install`` that fixes it (never 
 
 ``dualhub/cli.py`` turns a ``ModuleNotFoundError`` for any module named here into that line; a command
 can also call :func:`need` up front, before it does work it would then throw away.
+
+And the optional hardware: on a machine with no GPU, Laya's CUDA fallback is one quiet line
+(:func:`quiet_cuda_fallback`), not a warning on every command.
 """
 
 from __future__ import annotations
