@@ -533,7 +533,8 @@ def verdict(
         elif r == R_LOSS:
             ok = reducing or pnl_above(lim[L_LOSS_STOP], pos_hi, pos_lo, cash_hi, cash_lo, bid, ask, 0.0)
         elif r == R_PF_DELTA:
-            ok = portfolio_delta_ok(lim, worst, pos_lots, step, bid, ask, others_delta)
+            # an unwinding leg is never refused by a portfolio rule: that would keep the risk it sheds
+            ok = reducing or portfolio_delta_ok(lim, worst, pos_lots, step, bid, ask, others_delta)
         elif r == R_PF_GROSS:
             ok = reducing or portfolio_gross_ok(lim, worst, step, bid, ask, others_gross)
         elif r == R_PF_LOSS:

@@ -220,7 +220,9 @@ def breaches(
         out.append("loss_stop")
     od, og, op = _num(st.others_delta_usd), _num(st.others_gross_usd), _num(st.others_pnl_usd)
     pf_d = limits.portfolio_max_net_delta_usd
-    if od is None:
+    if reducing:
+        pass  # an unwinding leg is never refused by a portfolio rule
+    elif od is None:
         out.append("portfolio_net_delta")
     else:
         after, before = worst * mid + od, pos * mid + od

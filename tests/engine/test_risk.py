@@ -656,3 +656,30 @@ def test_out_of_range_inputs_are_refused_with_a_reason():
     assert check(DEFAULTS, RiskState(), limit(px=-(10**400)), book, NOW) == (False, "bad_order")
     assert check(DEFAULTS, RiskState(position_units=10**40), limit(), book, NOW)[0] is False
     assert check(DEFAULTS, RiskState(open_buy_qty=math.nan), limit(), book, NOW) == (False, "max_position")
+
+
+def test_an_unwinding_leg_is_never_refused_by_a_portfolio_rule():
+    """A hedged pair being unwound: BTC long 0.06 (~6 kUSD) against ETH short (the others' delta
+    -6 kUSD), net zero. Selling 0.02 BTC moves the portfolio's net delta to -2 kUSD, away from zero and
+    past a 1 kUSD limit, until the ETH leg is bought back too: it sheds risk all the same and passes
+    every portfolio rule, even with the portfolio's loss stop hit. Opening more BTC is refused."""
+    book = _book(100_000.0, 100_000.1)
+    pf = replace(
+        DEFAULTS,
+        max_net_delta_usd=1e6,
+        portfolio_max_net_delta_usd=1_000.0,
+        portfolio_max_gross_usd=20_000.0,
+        portfolio_loss_stop_usd=50.0,
+    )
+    hedged = RiskState(position_units=units(0.06), others_delta_usd=-6_000.0, others_gross_usd=6_000.0)
+    unwind = market("sell", qty=0.02, max_slippage_bps=50.0)
+    assert check(pf, hedged, unwind, book, NOW) == (True, "ok")
+    assert check(pf, replace(hedged, others_pnl_usd=-80.0), unwind, book, NOW) == (True, "ok")
+    # the same sell when it opens (BTC flat): the portfolio's net delta rule refuses it
+    assert check(pf, replace(hedged, position_units=0), unwind, book, NOW) == (False, "portfolio_net_delta")
+    # a sell of 0.07 would flip BTC short 0.01: that opening part is judged as a new order (-7 kUSD net)
+    wide = replace(pf, max_order_qty=0.1)
+    assert check(wide, hedged, market("sell", qty=0.07, max_slippage_bps=50.0), book, NOW) == (
+        False,
+        "portfolio_net_delta",
+    )
