@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import DualhubError, check_output_path
+from engine.errors import DualhubError
 
 if TYPE_CHECKING:
     import duckdb
@@ -225,9 +225,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid)
     if args.plot:
         from engine.optional import need
+        from engine.report.report import check_output_file
 
         need("matplotlib")  # before the runs, not after them
-        check_output_path(args.plot, directory=False)
+        check_output_file(args.plot)
         if "://" in args.out:
             raise DualhubError("--plot needs a local --out")
     serial = args.serial

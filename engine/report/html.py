@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import os
 from pathlib import Path
 from typing import Any, Final
 
@@ -22,8 +21,7 @@ import duckdb
 import numpy as np
 import orjson
 
-from engine.errors import DualhubError
-from engine.report.report import Section, _q, connect, run_report
+from engine.report.report import Section, _q, check_output_file, connect, run_report
 
 NS_PER_S: Final = 1e9
 STAGES: Final = ("feed", "laya", "kev_queue", "kev", "decide", "order_entry", "fill")
@@ -288,28 +286,8 @@ _CSS: Final = (
 
 
 def check_html_path(path: Path | str) -> None:
-    """Refuse, before the report is built, an output file that cannot be written: a directory, a
-    parent directory that does not exist (never created silently: a typo would hide the file), or a
-    place that takes no new file (``/proc``). The file is written as ``OUT.tmp`` then renamed; the
-    error names the user's path, never that ``.tmp``."""
-    out = Path(path)
-    parent = out.absolute().parent
-    if out.is_dir():
-        raise DualhubError(f"{out} is a directory; give a file name, e.g. {out / 'report.html'}")
-    if parent.exists() and not parent.is_dir():
-        raise DualhubError(f"cannot write {out}: {parent} is a file, not a directory")
-    if not parent.is_dir():
-        raise DualhubError(f"cannot write {out}: the directory {parent} does not exist (create it first)")
-    if out.exists() and not out.is_file():
-        raise DualhubError(f"cannot write {out}: it exists and is not a regular file")
-    probe = parent / f".{out.name}.{os.getpid()}.probe"
-    try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-    except OSError as e:
-        raise DualhubError(f"cannot write {out}: {parent} takes no new file ({e.strerror})") from None
-    probe.unlink(missing_ok=True)
-    if out.exists() and not os.access(out, os.W_OK):
-        raise DualhubError(f"cannot write {out}: it is not writable")
+    """:func:`engine.report.report.check_output_file` for the HTML report."""
+    check_output_file(path)
 
 
 def write_html(run_dir: Path | str, out_path: Path | str) -> Path:

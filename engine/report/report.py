@@ -87,6 +87,33 @@ def _rows(path: Path) -> int:
         raise DualhubError(f"{path} is not a readable Parquet file ({type(e).__name__})") from None
 
 
+def check_output_file(path: Path | str) -> None:
+    """Refuse, before the work that produces it (a report, a sweep's plot), an output file that cannot
+    be written: a directory, a parent directory that does not exist (never created silently: a typo
+    would hide the file), or a place that takes no new file (``/proc``). Files are written as
+    ``OUT.tmp`` then renamed; the error names the user's path, never that ``.tmp``."""
+    import os
+
+    out = Path(path)
+    parent = out.absolute().parent
+    if out.is_dir():
+        raise DualhubError(f"{out} is a directory; give a file name")
+    if parent.exists() and not parent.is_dir():
+        raise DualhubError(f"cannot write {out}: {parent} is a file, not a directory")
+    if not parent.is_dir():
+        raise DualhubError(f"cannot write {out}: the directory {parent} does not exist (create it first)")
+    if out.exists() and not out.is_file():
+        raise DualhubError(f"cannot write {out}: it exists and is not a regular file")
+    probe = parent / f".{out.name}.{os.getpid()}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except OSError as e:
+        raise DualhubError(f"cannot write {out}: {parent} takes no new file ({e.strerror})") from None
+    probe.unlink(missing_ok=True)
+    if out.exists() and not os.access(out, os.W_OK):
+        raise DualhubError(f"cannot write {out}: it is not writable")
+
+
 def views_sql() -> str:
     """``views.sql``: every event stream of a run, its session's books and the derived views."""
     return resources.files("engine.report").joinpath("views.sql").read_text()

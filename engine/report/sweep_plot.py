@@ -56,6 +56,7 @@ def plot_sweep(
     import numpy as np
     from matplotlib.ticker import MaxNLocator
 
+    from engine.report.report import check_output_file
     from engine.store import atomic_write_bytes
 
     ok = [r for r in rows if not r.get("error")]
@@ -124,6 +125,6 @@ def plot_sweep(
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    check_output_file(out)  # again: a caller from Python skips the command's early check
     atomic_write_bytes(out, buf.getvalue())
     return out

@@ -418,3 +418,13 @@ def test_a_run_manifest_whose_rows_disagree_is_refused(run_dir, tmp_path, capsys
         rc, err = cli(capsys, *argv)
         line = one_error(err, argv[0])
         assert rc == 2 and "rows" in line and "fill.parquet" in line, line
+
+
+def test_sweep_plot_into_a_missing_directory_is_refused_before_the_runs(session, tmp_path, capsys):
+    grid = tmp_path / "grid.toml"
+    grid.write_text("[grid]\nscale_kev = [1]\n")
+    out = tmp_path / "results.parquet"
+    rc, err = cli(capsys, "sweep", str(grid), "--sessions", str(session), "--serial", "--out", str(out),
+                  "--plot", str(tmp_path / "missing" / "p.png"))  # fmt: skip
+    assert rc == 2 and "does not exist" in one_error(err, "sweep")
+    assert not out.exists() and not (tmp_path / "missing").exists()
