@@ -1398,7 +1398,9 @@ class LiveRunner:
         cas = cassette.write(st.tmp / CASSETTE_FILE)
         files[CASSETTE_FILE] = {"rows": len(cassette), "sha256": sha256_file(cas)}
         answers = answer_times_ns(cassette)
-        health = self.kev_health[st.symbol] = run_health(st.tmp / "events", self.cfg.kev_timeout_ms, answers)
+        health = self.kev_health[st.symbol] = run_health(
+            st.tmp / "events", self.cfg.kev_timeout_ms, answers, answers_only=True
+        )
         if health["warning"]:
             log.warning("%s: %s", st.symbol, health["warning"])
         session: dict[str, Any] = {"path": str(self.root.resolve())}
