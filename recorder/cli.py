@@ -163,6 +163,16 @@ def register(subparsers: Any) -> None:
     q.add_argument("file", metavar="FILE", help="the capture (.txt, .jsonl or .gz)")
     q.add_argument("--out", required=True, help="session directory to create (must not exist)")
     q.set_defaults(func=cmd_import_bitget_v2)
+    q = isub.add_parser(
+        "tardis-csv",
+        help="Tardis.dev CSV datasets (trades, book_snapshot_25, incremental_book_L2), e.g. bitget-futures",
+        description="Import Tardis.dev downloadable CSV files (trades, book_snapshot_25, "
+        "incremental_book_L2; gzip ok; any mix, any symbols, told by their header lines) into one "
+        "session, through the recorder's wire checks.",
+    )
+    q.add_argument("files", metavar="FILE", nargs="+", help="the CSV files")
+    q.add_argument("--out", required=True, help="session directory to create (must not exist)")
+    q.set_defaults(func=cmd_import_tardis_csv)
 
 
 def cmd_record(a: argparse.Namespace) -> int:
@@ -311,6 +321,20 @@ def cmd_import_bitget_v2(a: argparse.Namespace) -> int:
     print(
         f"imported {_streams(m)} ({imp['format']}, {imp['inst_type']}); duplicate trades"
         f" {sum(imp['duplicate_trades'].values())}; gaps {imp['gaps']};"
+        f" discarded {_counts(imp['discarded'])}",
+        file=sys.stderr,
+    )
+    print(a.out)
+    return 0
+
+
+def cmd_import_tardis_csv(a: argparse.Namespace) -> int:
+    from recorder.importers.tardis_csv import import_tardis_csv
+
+    m = import_tardis_csv(a.files, a.out)
+    imp = m["import"]
+    print(
+        f"imported {_streams(m)}; duplicate trades {sum(imp['duplicate_trades'].values())};"
         f" discarded {_counts(imp['discarded'])}",
         file=sys.stderr,
     )
