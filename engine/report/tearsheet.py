@@ -192,7 +192,9 @@ def calibration(con: Any, manifest: dict[str, Any], config: LabelConfig | None =
     defaults to ``LabelConfig()``, the training default: 2 s horizon, +-1.5 bps lean, 8 bps emergency
     with a volume burst), computed from the session's books, trades and gaps."""
     cfg = config or LabelConfig()
-    sym = manifest["config"]["symbol"]
+    # a replay's config names its symbol; a live run's config is LiveConfig (symbols), its manifest
+    # names the run's one symbol at the top
+    sym = manifest.get("config", {}).get("symbol") or manifest["symbol"]
     book = con.execute(
         "SELECT seq, ts_recv, (bid_px_0 + ask_px_0) / 2 AS mid FROM books15 WHERE symbol = $s "
         "ORDER BY ts_recv, seq",

@@ -124,9 +124,11 @@ FROM f ASOF LEFT JOIN b ON f.symbol = b.symbol AND f.ts_recv >= b.ts_recv;
 -- number). Two knobs, read when a query runs (SET VARIABLE them any time; unset means the default):
 --   sample_ns   equity sampling for Sharpe / Sortino (default 1000000000: 1 s)
 --   markout_ms  markout horizons in ms (default [0, 100, 1000, 5000, 30000])
--- Everything below is for the run's symbol (config.symbol in its manifest).
+-- Everything below is for the run's symbol (config.symbol in a replay's manifest; a live run's config
+-- lists its symbols and its manifest names the run's one symbol at the top).
 SET VARIABLE run_symbol = (
-    SELECT json_extract_string(content, '$.config.symbol') FROM read_text(getvariable('run') || '/manifest.json')
+    SELECT coalesce(json_extract_string(content, '$.config.symbol'), json_extract_string(content, '$.symbol'))
+    FROM read_text(getvariable('run') || '/manifest.json')
 );
 
 -- The run's span: its symbol's first and last book (ts_recv).

@@ -116,6 +116,25 @@ def test_paper_run_records_a_session_and_a_run(paper_run):
     assert live_json["running"] is False and live_json["summary"]["stopped_by"] == "duration"
 
 
+def test_a_live_paper_run_is_reported_and_queried_as_a_replay_is(paper_run, tmp_path, capsys):
+    """`dualhub report` and `dualhub sql` on a live run (its config is LiveConfig: symbols, not symbol)
+    read its own events: the span, the equity and the PnL of its fills, the HTML tear sheet."""
+    run = paper_run.run_dirs["BTCUSDT"]
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "Traceback" not in out and "turnover" in out
+    assert f"in {paper_run.counts['BTCUSDT']['fill']} fills" in out
+    assert main(["report", str(run), "--html", str(tmp_path / "r.html")]) == 0
+    assert (tmp_path / "r.html").stat().st_size > 10_000
+    capsys.readouterr()
+    assert main(["sql", str(run), "SELECT symbol, span_ns > 0 AS spans, (SELECT count(*) FROM equity) AS n FROM run_span"]) == 0
+    got = capsys.readouterr().out
+    assert "BTCUSDT" in got and "true" in got
+    sql = "SELECT count(*) FILTER (WHERE pnl IS NULL) = 0 AND count(*) > 100 AS pnl_everywhere FROM equity"
+    assert main(["sql", str(run), sql]) == 0
+    assert "true" in capsys.readouterr().out
+
+
 def test_live_to_replay_parity(paper_run, tmp_path):
     run = paper_run.run_dirs["BTCUSDT"]
     cfg = replay_config_for(run)
