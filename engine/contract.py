@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 import numpy as np
 
@@ -188,3 +189,194 @@ class ContractConfig:
 
     def round_qty(self, qty: float) -> float:
         return round_to_step(qty, self.size_step)
+
+
+# ---------------------------------------------------------------- a session's instrument specifications
+# A session names each instrument's contract in its manifest (``contracts``: {symbol: spec}), so a replay
+# trades what the data was recorded on, not Bitget's BTCUSDT perpetual whatever the market. Numbers are
+# decimal strings, as exchanges write them: a float's repr would turn 0.00001 into 1e-05.
+CONTRACT_TYPES = ("perpetual", "spot")
+SPEC_SOURCES = ("exchange", "known", "inferred")
+SPEC_FIELDS = ("tick", "size_step", "min_qty", "maker_fee_rate", "taker_fee_rate", "contract_type")
+
+# Published specs of the markets the importers read, as each venue's instrument endpoint gave them (and
+# its standard, lowest-tier fees). A spec is only used where the data lies on its grids: a symbol whose
+# tick changed since, or another market, falls back to what the data shows.
+_BITGET_PERP_FEES = {"maker_fee_rate": "0.0002", "taker_fee_rate": "0.0006"}
+_BINANCE_PERP_FEES = {"maker_fee_rate": "0.0002", "taker_fee_rate": "0.0005"}
+_BINANCE_SPOT_FEES = {"maker_fee_rate": "0.001", "taker_fee_rate": "0.001"}
+_BITGET_SPOT_FEES = {"maker_fee_rate": "0.001", "taker_fee_rate": "0.001"}
+KNOWN_SPECS: dict[tuple[str, str], dict[str, dict[str, str]]] = {
+    ("bitget", "perpetual"): {
+        "BTCUSDT": {"tick": "0.1", "size_step": "0.001", "min_qty": "0.001", **_BITGET_PERP_FEES},
+        "ETHUSDT": {"tick": "0.01", "size_step": "0.01", "min_qty": "0.01", **_BITGET_PERP_FEES},
+    },
+    ("binance", "perpetual"): {
+        "BTCUSDT": {"tick": "0.1", "size_step": "0.001", "min_qty": "0.001", **_BINANCE_PERP_FEES},
+        "ETHUSDT": {"tick": "0.01", "size_step": "0.001", "min_qty": "0.001", **_BINANCE_PERP_FEES},
+    },
+    ("binance", "spot"): {
+        "BTCUSDT": {"tick": "0.01", "size_step": "0.00001", "min_qty": "0.00001", **_BINANCE_SPOT_FEES},
+        "ETHUSDT": {"tick": "0.01", "size_step": "0.0001", "min_qty": "0.0001", **_BINANCE_SPOT_FEES},
+    },
+}
+# fees a venue charges when the data names none and the symbol is not known: its standard tier
+VENUE_FEES = {
+    ("bitget", "perpetual"): _BITGET_PERP_FEES,
+    ("bitget", "spot"): _BITGET_SPOT_FEES,
+    ("binance", "perpetual"): _BINANCE_PERP_FEES,
+    ("binance", "spot"): _BINANCE_SPOT_FEES,
+}
+
+
+def dec_text(x: float | Decimal | str) -> str:
+    """A unit or rate as a plain decimal string (no exponent): ``1e-05`` -> ``0.00001``."""
+    d = Decimal(repr(x) if isinstance(x, float) else str(x)).normalize()
+    return format(d, "f")
+
+
+def spec_of(c: ContractConfig, *, contract_type: str, source: str, **notes: Any) -> dict[str, Any]:
+    """``c`` as a manifest's spec of its instrument: the fields, where they came from (``source``, one of
+    SPEC_SOURCES) and any ``notes`` (an ``origin`` naming the endpoint or table, a ``why``)."""
+    if contract_type not in CONTRACT_TYPES or source not in SPEC_SOURCES:
+        raise ValueError(f"contract type {contract_type!r} / spec source {source!r}")
+    return {
+        "tick": dec_text(c.tick),
+        "size_step": dec_text(c.size_step),
+        "min_qty": dec_text(c.min_qty),
+        "maker_fee_rate": dec_text(c.maker_fee_rate),
+        "taker_fee_rate": dec_text(c.taker_fee_rate),
+        "contract_type": contract_type,
+        "spec_source": source,
+        **notes,
+    }
+
+
+def contract_of(symbol: str, spec: dict[str, Any]) -> ContractConfig:
+    """A manifest's spec of ``symbol`` as the engine's contract, or one error line naming the field."""
+    try:
+        return ContractConfig(
+            symbol=symbol,
+            tick=float(Decimal(str(spec["tick"]))),
+            size_step=float(Decimal(str(spec["size_step"]))),
+            min_qty=float(Decimal(str(spec.get("min_qty", spec["size_step"])))),
+            maker_fee_rate=Decimal(str(spec["maker_fee_rate"])),
+            taker_fee_rate=Decimal(str(spec["taker_fee_rate"])),
+        )
+    except (KeyError, ArithmeticError, ValueError, TypeError) as e:
+        raise DualhubError(f"the session's contract spec of {symbol} is unusable ({type(e).__name__}: {e})") from None
+
+
+def _finite_positive(values: np.ndarray) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float64).ravel()
+    return v[np.isfinite(v) & (v > 0)]
+
+
+def grid_unit(values: np.ndarray) -> float | None:
+    """The unit of the finest decimal any value needs (``Decimal(repr(v))`` as the core reads it): a
+    grid that holds every value of the data. Not their gcd: a short capture's sizes can all be tens
+    by chance, and a step coarser than the venue's would refuse orders it takes. None for no positive
+    value, or one that needs more than 12 decimals or integers past 2**53."""
+    v = _finite_positive(values)
+    if not len(v):
+        return None
+    v = np.unique(v)
+    for d in range(13):
+        p = POW10[d]
+        scaled = v * p
+        if not scaled.max() < _EXACT:
+            return None
+        if np.all(np.rint(scaled) / p == v):
+            return float(Decimal(1).scaleb(-d))
+    return None
+
+
+def on_grid(values: np.ndarray, unit: float) -> bool:
+    """Every positive value is a whole number of ``unit`` (a price of ticks, a size of lots), exactly
+    as the core reads it (``engine.kernel._px_units``)."""
+    v = _finite_positive(values)
+    if not len(v):
+        return True
+    num, dec = unit_parts(unit, "unit")
+    p = POW10[dec]
+    n = np.rint(v * p)
+    return bool(np.all(n / p == v) and np.all(np.mod(n, num) == 0))
+
+
+def data_spec(
+    symbol: str,
+    prices: np.ndarray,
+    sizes: np.ndarray,
+    *,
+    venue: str,
+    contract_type: str,
+    origin: str,
+) -> dict[str, Any]:
+    """The spec of ``symbol`` for an imported session: the venue's published one (``known``) where its
+    grids hold every price and size of the data, else the grids the data shows (``inferred``: the
+    finest tick and step that hold it, the step also the minimum size, the venue's standard fees)."""
+    known = KNOWN_SPECS.get((venue, contract_type), {}).get(symbol)
+    if known is not None:
+        c = contract_of(symbol, known)
+        if on_grid(prices, c.tick) and on_grid(sizes, c.size_step):
+            return spec_of(c, contract_type=contract_type, source="known", origin=origin)
+    tick, step = grid_unit(prices), grid_unit(sizes)
+    if tick is None or step is None:
+        what = "prices" if tick is None else "sizes"
+        raise DualhubError(
+            f"{symbol}: the data's {what} lie on no decimal grid of at most 12 decimals: no contract spec"
+        )
+    fees = VENUE_FEES.get((venue, contract_type), _BITGET_PERP_FEES)
+    c = ContractConfig(
+        symbol=symbol,
+        tick=tick,
+        size_step=step,
+        min_qty=step,
+        maker_fee_rate=Decimal(fees["maker_fee_rate"]),
+        taker_fee_rate=Decimal(fees["taker_fee_rate"]),
+    )
+    why = "published spec does not hold the data" if known is not None else "no published spec known"
+    return spec_of(
+        c,
+        contract_type=contract_type,
+        source="inferred",
+        origin=origin,
+        why=f"{why}: tick and size step are the data's grids, fees {venue}'s standard {contract_type} tier",
+    )
+
+
+# The core's integer units (engine/kernel.py): a fill price as an integer of 10**-decimals below this,
+# sizes and positions in lots below 2**52 (a double holds them exactly), money in integers of 1e-12
+# USDT below 2**62 per fill.
+PX_UNITS_MAX = 1e15
+LOTS_MAX = 2.0**52
+MONEY_UNITS_MAX = 2.0**62
+
+
+def check_units(c: ContractConfig, max_px: float, max_sz: float, max_order_qty: float) -> None:
+    """One error line naming the limit and the instrument where the core's integers cannot hold ``c``'s
+    data: its highest price in units of the tick's decimals, its largest size (or the largest order) in
+    lots, the notional of the largest order at the highest price in 1e-12 USDT."""
+    num, px_dec = tick_parts(c.tick)
+    snum, sdec = step_parts(c.size_step)
+    sym = c.symbol
+    if math.isfinite(max_px) and max_px * 10.0**px_dec >= PX_UNITS_MAX:
+        raise DualhubError(
+            f"{sym}: a price of {max_px!r} at a tick of {dec_text(c.tick)} is {max_px * 10.0**px_dec:.3g} "
+            f"units of 1e-{px_dec}, past the core's limit of 1e15 price units: give a coarser tick "
+            f"(--instrument {sym}:tick=T)"
+        )
+    for what, q in (("a size", max_sz), ("max_order_qty", max_order_qty)):
+        if math.isfinite(q) and q / c.size_step >= LOTS_MAX:
+            raise DualhubError(
+                f"{sym}: {what} of {q!r} is {q / c.size_step:.3g} lots of {dec_text(c.size_step)}, past the "
+                f"core's limit of 2**52 lots: give a coarser size step (--instrument {sym}:size_step=S)"
+            )
+    if math.isfinite(max_px) and math.isfinite(max_order_qty):
+        notional = max_px * max_order_qty * 1e12
+        if notional >= MONEY_UNITS_MAX:
+            raise DualhubError(
+                f"{sym}: an order of {max_order_qty!r} at {max_px!r} is {notional:.3g} units of 1e-12 USDT, "
+                f"past the core's limit of 2**62 money units per fill"
+            )
+    del num, snum, sdec

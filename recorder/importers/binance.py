@@ -37,7 +37,7 @@ from engine.store import SessionWriter
 from engine.validate import WireGuard
 from engine.venues.bitget_v2 import StreamCounters, wire_guard
 from engine.venues.bitget_v2_books import BookError, LocalBook
-from recorder.importers.common import ImportInputError, count, read_lines, staged_dir
+from recorder.importers.common import ImportInputError, contracts, count, read_lines, staged_dir
 from recorder.normalise import GapLog
 
 MS: Final = 1_000_000
@@ -353,6 +353,12 @@ def _import(path: Path, out: Path, spot: bool, interval_ms: int) -> dict[str, An
         symbols=builders.keys(),
         extra={
             **({"clock": clock_estimate(lags_ns)} if lags_ns else {}),
+            "contracts": contracts(
+                events,
+                venue="binance",
+                contract_type="spot" if spot else "perpetual",
+                origin=f"binance {'spot' if spot else 'usd-m'} exchangeInfo",
+            ),
             "import": {
                 "format": f"binance-{market}-raw",
                 "market": market,

@@ -28,7 +28,7 @@ from engine.events import BookSnapshot, Quarantined, Trade
 from engine.store import SessionWriter
 from engine.venues.bitget_v2 import StreamCounters, wire_guard
 from engine.venues.bitget_v2_books import BookFault, BooksOptions, BooksState, decode_with_books
-from recorder.importers.common import ImportInputError, count, read_lines, staged_dir
+from recorder.importers.common import ImportInputError, contracts, count, read_lines, staged_dir
 from recorder.normalise import WIRE_CHECKS, GapLog, discard_reason, frame_arg
 
 V1_INST_TYPES: Final = {"sp": "SPOT", "mc": "USDT-FUTURES", "umcbl": "USDT-FUTURES"}
@@ -129,6 +129,7 @@ def _import(path: Path, out: Path, verify_snapshot_checksum: bool) -> dict[str, 
     # and v1 trades carry no id (the derived one can repeat for distinct trades: no de-duplication)
     guard = wire_guard(inst_type=None, dedupe=False)
     symbols: set[str] = set()
+    markets: dict[str, str] = {}
     skipped: dict[str, int] = {}
     discarded: dict[str, int] = {}
     faults: list[dict[str, Any]] = []
@@ -153,7 +154,12 @@ def _import(path: Path, out: Path, verify_snapshot_checksum: bool) -> dict[str, 
                 count(skipped, str(ch))
                 continue
             action = frame.get("action")
-            raw = orjson.dumps(to_v2(frame))
+            v2 = to_v2(frame)
+            a2 = v2.get("arg") if isinstance(v2, dict) else None
+            if isinstance(a2, dict) and isinstance(a2.get("instId"), str):
+                # v1 captures mix markets: each symbol's contract type is its frames' instType
+                markets.setdefault(a2["instId"], str(a2.get("instType")))
+            raw = orjson.dumps(v2)
         else:
             raw = line.text.encode()
         arg = None if isinstance(frame, dict) and "event" in frame else frame_arg(raw)  # acks are no push
@@ -200,6 +206,12 @@ def _import(path: Path, out: Path, verify_snapshot_checksum: bool) -> dict[str, 
         source=f"bitget_v1:{path.name}",
         symbols=symbols,
         extra={
+            "contracts": contracts(
+                events,
+                venue="bitget",
+                contract_type=lambda sym: "perpetual" if markets.get(sym) == "USDT-FUTURES" else "spot",
+                origin="bitget v1 products",
+            ),
             "import": {
                 "format": "bitget-v1-capture",
                 "file": str(path),

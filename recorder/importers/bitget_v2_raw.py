@@ -30,7 +30,7 @@ from engine.events import BookSnapshot, Quarantined, Trade
 from engine.store import SessionWriter
 from engine.venues.bitget_v2 import INST_TYPE
 from engine.venues.bitget_v2_books import parse_books_frame
-from recorder.importers.common import ImportInputError, count, read_lines, staged_dir
+from recorder.importers.common import ImportInputError, contracts, count, read_lines, staged_dir
 from recorder.normalise import Normaliser, frame_arg
 from wire.journal import RECV, Record
 
@@ -144,6 +144,12 @@ def _import(path: Path, out: Path) -> dict[str, Any]:
         source=f"bitget_v2_raw:{path.name}",
         symbols=sorted({e.symbol for e in events if isinstance(e, BookSnapshot | Trade)}),
         extra={
+            "contracts": contracts(
+                events,
+                venue="bitget",
+                contract_type="spot" if inst_type == "SPOT" else "perpetual",
+                origin="bitget v2 contracts",
+            ),
             "import": {
                 "format": f"bitget-v2-{fmt}",
                 "file": str(path),

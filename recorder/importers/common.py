@@ -7,10 +7,13 @@ import contextlib
 import gzip
 import shutil
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
+import numpy as np
+
+from engine.contract import data_spec
 from engine.errors import DualhubError, check_output_path, os_error_text
 
 GZIP_MAGIC: Final = b"\x1f\x8b"
@@ -89,3 +92,32 @@ def staged_dir(out: Path | str) -> Iterator[Path]:
 
 def count(d: dict[str, int], key: str, n: int = 1) -> None:
     d[key] = d.get(key, 0) + n
+
+
+def contracts(
+    events: list[Any],
+    *,
+    venue: str,
+    contract_type: str | Callable[[str], str],
+    origin: str,
+) -> dict[str, dict[str, Any]]:
+    """The manifest's ``contracts`` of an import, {symbol: spec}: each symbol's published spec where
+    the data lies on its grids, else the grids of its books and trades (engine.contract.data_spec).
+    ``contract_type``: one for every symbol, or a function of the symbol (a capture that mixes markets)."""
+    from engine.events import BookSnapshot, Trade
+
+    px: dict[str, list[Any]] = {}
+    sz: dict[str, list[Any]] = {}
+    for e in events:
+        if isinstance(e, BookSnapshot):
+            px.setdefault(e.symbol, []).extend((e.bid_px, e.ask_px))
+            sz.setdefault(e.symbol, []).extend((e.bid_sz, e.ask_sz))
+        elif isinstance(e, Trade):
+            px.setdefault(e.symbol, []).append((e.px,))
+            sz.setdefault(e.symbol, []).append((e.sz,))
+    out = {}
+    for sym in sorted(px):
+        kind = contract_type(sym) if callable(contract_type) else contract_type
+        flat = lambda rows: np.fromiter((x for r in rows for x in r), dtype=np.float64)  # noqa: E731
+        out[sym] = data_spec(sym, flat(px[sym]), flat(sz[sym]), venue=venue, contract_type=kind, origin=origin)
+    return out

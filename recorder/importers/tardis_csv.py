@@ -32,7 +32,7 @@ from engine.events import BOOK_LEVELS, BookSnapshot, Trade
 from engine.store import SessionWriter
 from engine.venues.bitget_v2 import StreamCounters, wire_guard
 from engine.venues.bitget_v2_books import BookError, LocalBook
-from recorder.importers.common import ImportInputError, count, read_lines, staged_dir
+from recorder.importers.common import ImportInputError, contracts, count, read_lines, staged_dir
 
 US: Final = 1_000
 HEAD: Final = ("exchange", "symbol", "timestamp", "local_timestamp")
@@ -245,6 +245,10 @@ def _import(paths: list[Path], out: Path) -> dict[str, Any]:
         source="tardis_csv:" + ",".join(p.name for p in paths),
         symbols=sorted({e.symbol for e in imp.events}),
         extra={
+            # the datasets read are bitget-futures': Bitget's USDT-M perpetuals
+            "contracts": contracts(
+                imp.events, venue="bitget", contract_type="perpetual", origin="bitget v2 contracts"
+            ),
             "import": {
                 "format": "tardis-csv",
                 "files": {str(p): kind for p, kind, _ in opened},
