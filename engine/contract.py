@@ -264,7 +264,9 @@ def contract_of(symbol: str, spec: dict[str, Any]) -> ContractConfig:
             taker_fee_rate=Decimal(str(spec["taker_fee_rate"])),
         )
     except (KeyError, ArithmeticError, ValueError, TypeError) as e:
-        raise DualhubError(f"the session's contract spec of {symbol} is unusable ({type(e).__name__}: {e})") from None
+        raise DualhubError(
+            f"the session's contract spec of {symbol} is unusable ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _finite_positive(values: np.ndarray) -> np.ndarray:
@@ -353,30 +355,36 @@ LOTS_MAX = 2.0**52
 MONEY_UNITS_MAX = 2.0**62
 
 
-def check_units(c: ContractConfig, max_px: float, max_sz: float, max_order_qty: float) -> None:
+def check_units(c: ContractConfig, max_px: float, max_position: float, max_order_qty: float) -> None:
     """One error line naming the limit and the instrument where the core's integers cannot hold ``c``'s
-    data: its highest price in units of the tick's decimals, its largest size (or the largest order) in
-    lots, the notional of the largest order at the highest price in 1e-12 USDT."""
-    num, px_dec = tick_parts(c.tick)
-    snum, sdec = step_parts(c.size_step)
+    data: its highest price in units of the tick's decimals, the largest position or order in lots, the
+    notional of the largest order at the highest price in 1e-12 USDT."""
     sym = c.symbol
+    try:
+        px_dec = tick_parts(c.tick)[1]
+        step_dec = step_parts(c.size_step)[1]
+    except DualhubError as e:  # the core counts in integers of at most 12 decimals
+        raise DualhubError(f"{sym}: {e}, the core's limit") from None
     if math.isfinite(max_px) and max_px * 10.0**px_dec >= PX_UNITS_MAX:
         raise DualhubError(
             f"{sym}: a price of {max_px!r} at a tick of {dec_text(c.tick)} is {max_px * 10.0**px_dec:.3g} "
             f"units of 1e-{px_dec}, past the core's limit of 1e15 price units: give a coarser tick "
             f"(--instrument {sym}:tick=T)"
         )
-    for what, q in (("a size", max_sz), ("max_order_qty", max_order_qty)):
+    for what, q in (("max_position", max_position), ("max_order_qty", max_order_qty)):
         if math.isfinite(q) and q / c.size_step >= LOTS_MAX:
             raise DualhubError(
-                f"{sym}: {what} of {q!r} is {q / c.size_step:.3g} lots of {dec_text(c.size_step)}, past the "
+                f"{sym}: {what} {q!r} is {q / c.size_step:.3g} lots of {dec_text(c.size_step)}, past the "
                 f"core's limit of 2**52 lots: give a coarser size step (--instrument {sym}:size_step=S)"
             )
     if math.isfinite(max_px) and math.isfinite(max_order_qty):
-        notional = max_px * max_order_qty * 1e12
+        # a fill's price x size is counted exactly first, in units of 10**-(price + size decimals),
+        # then in the 1e-12 USDT money is kept in: the finer of the two must hold it
+        digits = max(12, px_dec + step_dec)
+        notional = max_px * max_order_qty * 10.0**digits
         if notional >= MONEY_UNITS_MAX:
             raise DualhubError(
-                f"{sym}: an order of {max_order_qty!r} at {max_px!r} is {notional:.3g} units of 1e-12 USDT, "
-                f"past the core's limit of 2**62 money units per fill"
+                f"{sym}: an order of max_order_qty {max_order_qty!r} at {max_px!r} is {notional:.3g} units "
+                f"of 1e-{digits} USDT, past the core's limit of 2**62 money units per fill: give a smaller "
+                f"max_order_qty (--instrument {sym}:max_order_qty=Q)"
             )
-    del num, snum, sdec

@@ -81,6 +81,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "first symbol's notional), e.g. ETHUSDT:quote_qty=0.06; repeatable",
     )
     p.add_argument(
+        "--contract",
+        metavar="FIELD=V,...",
+        help="the replayed symbol's contract over the session's (tick, size_step, min_qty, maker_fee_rate, "
+        "taker_fee_rate), e.g. tick=0.01,taker_fee_rate=0.0004; the run's config says contract_source flag",
+    )
+    p.add_argument(
+        "--contract-defaults",
+        action="store_true",
+        help="replay on the engine's default contract (Bitget's BTCUSDT perpetual: tick 0.1, size step "
+        "0.001, fees 0.0002/0.0006) instead of the spec the session's manifest gives",
+    )
+    p.add_argument(
         "--kev-hub",
         choices=("pairs", "llm"),
         help="with --symbols: Kev answers for the whole portfolio, one command setting every instrument's "
@@ -261,7 +273,6 @@ def _symbol(args: argparse.Namespace) -> dict[str, Any]:
     """``--symbol``, or the session's one symbol (a session of several needs one picked), and its
     contract where the session gives one."""
     from engine.store import SessionError, open_session
-    from replay.driver import session_contract
 
     try:
         manifest = open_session(args.session).manifest
@@ -272,6 +283,11 @@ def _symbol(args: argparse.Namespace) -> dict[str, Any]:
     if several:
         if args.symbol:
             raise DualhubError("give --symbol or --symbols, not both")
+        if getattr(args, "contract", None) or getattr(args, "contract_defaults", False):
+            raise DualhubError(
+                "--contract and --contract-defaults set one symbol's replay: with --symbols, give each "
+                "instrument its own (--instrument SYMBOL:tick=T,size_step=S)"
+            )
         picked = symbols if several == "ALL" else symbol_list(several, "--symbols")
         return {"symbols": tuple(picked)}
     if args.symbol:
@@ -284,8 +300,46 @@ def _symbol(args: argparse.Namespace) -> dict[str, Any]:
         symbol = symbols[0]
     else:
         return {}
-    contract = session_contract(manifest, symbol)
-    return {"symbol": symbol} | ({"contract": contract} if contract is not None else {})
+    return {"symbol": symbol} | _contract(args, manifest, symbol)
+
+
+CONTRACT_FIELDS = ("tick", "size_step", "min_qty", "maker_fee_rate", "taker_fee_rate")
+
+
+def _contract(args: argparse.Namespace, manifest: dict[str, Any], symbol: str) -> dict[str, Any]:
+    """The replayed symbol's contract and where it came from: the session's spec (its manifest), the
+    engine's defaults (--contract-defaults), either with --contract's fields over it."""
+    import dataclasses
+    from decimal import Decimal, InvalidOperation
+
+    from engine.contract import ContractConfig
+    from replay.driver import session_contract, session_spec_source
+
+    given = getattr(args, "contract", None)
+    if getattr(args, "contract_defaults", False):
+        contract, source = ContractConfig(symbol=symbol), "flag"
+    else:
+        contract, source = session_contract(manifest, symbol), session_spec_source(manifest, symbol)
+    if given:
+        fields: dict[str, Any] = {}
+        for item in given.split(","):
+            k, eq, v = (x.strip() for x in item.partition("="))
+            if k not in CONTRACT_FIELDS or not eq:
+                raise DualhubError(
+                    f"--contract {given!r}: {item!r} is not FIELD=VALUE ({', '.join(CONTRACT_FIELDS)})"
+                )
+            try:
+                d = Decimal(v)
+            except InvalidOperation:
+                raise DualhubError(f"--contract {given!r}: {v!r} is not a number") from None
+            if not d.is_finite() or (d <= 0 and not k.endswith("fee_rate")):
+                raise DualhubError(f"--contract {given!r}: {k} must be a finite number > 0")
+            fields[k] = d if k.endswith("fee_rate") else float(d)
+        contract = dataclasses.replace(contract or ContractConfig(symbol=symbol), **fields)
+        source = "flag"
+    if contract is None:
+        return {}
+    return {"contract": contract} | ({"contract_source": source} if source else {})
 
 
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -427,19 +481,25 @@ def _print_result(res, compile_s: float = 0.0) -> None:  # type: ignore[no-untyp
 
 
 def _fees_note(session: Path, cfg: Any) -> str:
-    """For a session imported from another venue's data: the fees the replay charged are Bitget's
-    defaults, which that data never named (the PnL depends on them); "" otherwise."""
+    """The contract a replay of a recorded or imported session traded and where it came from (its
+    tick, step and fees decide every fill and the PnL); "" for a session that names no spec replayed
+    on its default (a simulator's)."""
     from engine.store import SessionError, open_session
 
     try:
-        imported = open_session(session).manifest.get("import")
+        manifest = open_session(session).manifest
     except SessionError:
         return ""
-    if not isinstance(imported, dict):
+    if cfg.symbols or not (cfg.contract_source or "contracts" in manifest or "import" in manifest):
         return ""
     c = cfg.contract
+    where = {
+        "": "the engine's default (Bitget's BTCUSDT perpetual): the session names no spec",
+        "flag": "as the command line set it",
+    }.get(cfg.contract_source, f"from the session ({cfg.contract_source.partition(':')[2]})")
     return (
-        f"fees: Bitget's defaults (maker {c.maker_fee_rate}, taker {c.taker_fee_rate}): the import names none"
+        f"contract {c.symbol}: tick {c.tick!r}, size step {c.size_step!r}, fees maker {c.maker_fee_rate} "
+        f"taker {c.taker_fee_rate}, {where}"
     )
 
 

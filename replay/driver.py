@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from engine import validate
 from engine.bounds import check_engine_settings, check_ms
 from engine.clock import ReplayClock
-from engine.contract import ContractConfig
+from engine.contract import ContractConfig, check_units, contract_of
 from engine.core import PRIO_LABEL, Engine, engine_config_from, engine_identity
 from engine.errors import DualhubError, check_output_path
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
@@ -155,6 +155,10 @@ class ReplayConfig:
     strategy: str = "baseline"
     strategy_params: dict[str, float] = field(default_factory=dict)
     contract: ContractConfig = field(default_factory=ContractConfig)
+    # where ``contract`` came from: "" (the engine's default, Bitget's BTCUSDT perpetual, or a simulator
+    # session's instrument), "session:exchange|known|inferred" (the session's manifest ``contracts``,
+    # as its recorder or importer wrote it), "flag" (--contract / --contract-defaults)
+    contract_source: str = ""
     # Kev's lag when a live model answers (llm mode, cassette misses under --kev-miss live): "measured"
     # (each call's wall time x scale_kev, so a 2.5 s answer is 2.5 s late on the virtual clock and the
     # engine's Kev timeout can fire) or "model" (drawn from the lag model, as sim mode).
@@ -231,6 +235,8 @@ class ReplayConfig:
         for name in ("portfolio_max_net_delta_usd", "portfolio_max_gross_usd", "portfolio_loss_stop_usd"):
             if math.isinf(d["risk"][name]):  # unbound (the default): run names stay as they were
                 del d["risk"][name]
+        if not self.contract_source:  # the default contract: run names stay as they were
+            del d["contract_source"]
         if not self.symbols:
             del d["symbols"]
         if not self.instruments:
@@ -792,7 +798,9 @@ def run_replay(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        open_session(session_dir)  # not a session: one line before the model loads (and says which provider)
+        # not a session: one line before the model loads (and says which provider); nor an instrument
+        # the core's integers cannot hold
+        check_contract_units(open_session(session_dir), cfg)
         laya = _load_laya(cfg)  # once: the retries below reuse it
         if cfg.symbols:  # a portfolio: one engine over the instruments
             from replay.portfolio import run_portfolio
@@ -1269,13 +1277,59 @@ def check_symbol(root: Path, manifest: dict[str, Any], symbol: str) -> None:
 
 
 def session_contract(manifest: dict[str, Any], symbol: str) -> ContractConfig | None:
-    """The contract a multi-symbol simulator session gave ``symbol`` (its manifest's ``instruments``:
-    each symbol quotes on its own tick and size step); None when the session does not say."""
+    """The contract the session gives ``symbol``: its manifest's spec (``contracts``: written by the
+    recorder from the exchange, by an importer from the market's published spec or the data's grids),
+    else a multi-symbol simulator session's ``instruments`` (each symbol quotes on its own tick and size
+    step); None when the session does not say."""
+    spec = (manifest.get("contracts") or {}).get(symbol)
+    if isinstance(spec, dict):
+        return contract_of(symbol, spec)
     inst = ((manifest.get("simulator") or {}).get("instruments") or {}).get(symbol)
     if not inst:
         return None
     step = float(inst["size_step"])
     return ContractConfig(symbol=symbol, tick=float(inst["tick"]), size_step=step, min_qty=step)
+
+
+def session_spec_source(manifest: dict[str, Any], symbol: str) -> str:
+    """``session:<spec_source>`` for a symbol whose spec the session's manifest gives, else "" (the
+    default contract, or a simulator's instrument: configs and run names as they were)."""
+    spec = (manifest.get("contracts") or {}).get(symbol)
+    return f"session:{spec.get('spec_source', 'unsaid')}" if isinstance(spec, dict) else ""
+
+
+def check_contract_units(session: Any, cfg: ReplayConfig) -> None:
+    """Before a run starts: the core's integers hold each replayed instrument (its highest price in
+    units of its tick's decimals, its largest order and position in lots, an order's notional), or one
+    error line naming the limit and the instrument. Reads only the price columns that bound a fill:
+    trades and the top of the book."""
+    import pyarrow.parquet as pq
+
+    def top(stream: str, cols: list[str], symbol: str) -> float:
+        if stream not in session.streams:
+            return 0.0
+        t = pq.read_table([str(f) for f in session.files(stream)], columns=["symbol", *cols])
+        t = t.filter(pc.equal(t.column("symbol"), symbol))
+        vals = [pc.max(t.column(c)).as_py() for c in cols]
+        return max((float(v) for v in vals if v is not None and math.isfinite(v)), default=0.0)
+
+    for sym in cfg.symbols or (cfg.symbol,):
+        o = cfg.instruments.get(sym, {})
+        base = (
+            cfg.contract
+            if sym == cfg.symbol or not cfg.symbols
+            else (session_contract(session.manifest, sym) or cfg.contract)
+        )
+        c = dataclasses.replace(
+            base, symbol=sym, **{k: o[k] for k in ("tick", "size_step", "min_qty") if k in o}
+        )
+        max_px = max(top("trade", ["px"], sym), top("books15", ["bid_px_0", "ask_px_0"], sym))
+        check_units(
+            c,
+            max_px,
+            o.get("max_position", cfg.risk.max_position),
+            o.get("max_order_qty", cfg.risk.max_order_qty),
+        )
 
 
 def _in_sample(laya: Laya, session: Any) -> dict[str, Any]:

@@ -221,7 +221,7 @@ def _import(path: Path, out: Path, verify_snapshot_checksum: bool) -> dict[str, 
                 "gaps": len(gaps.closed),
                 "gap_windows": gaps.closed[:1000],
                 "checksums_verified": state.checksums_verified,
-            }
+            },
         },
     )
     w.add_all(events)

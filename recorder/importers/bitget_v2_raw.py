@@ -163,7 +163,7 @@ def _import(path: Path, out: Path) -> dict[str, Any]:
                 "gaps": len(s["gaps"]),
                 "gap_windows": s["gaps"][:1000],
                 "wire_limits": s["wire_limits"],
-            }
+            },
         },
     )
     w.add_all(events)

@@ -119,5 +119,7 @@ def contracts(
     for sym in sorted(px):
         kind = contract_type(sym) if callable(contract_type) else contract_type
         flat = lambda rows: np.fromiter((x for r in rows for x in r), dtype=np.float64)  # noqa: E731
-        out[sym] = data_spec(sym, flat(px[sym]), flat(sz[sym]), venue=venue, contract_type=kind, origin=origin)
+        out[sym] = data_spec(
+            sym, flat(px[sym]), flat(sz[sym]), venue=venue, contract_type=kind, origin=origin
+        )
     return out

@@ -255,7 +255,7 @@ def _import(paths: list[Path], out: Path) -> dict[str, Any]:
                 "discarded": dict(sorted(imp.discarded.items())),
                 "duplicate_trades": dict(sorted(imp.guard.duplicates.items())),
                 "wire_limits": imp.guard.limits.to_json(),
-            }
+            },
         },
     )
     w.add_all(imp.events)

@@ -193,7 +193,9 @@ def test_every_readme_command_runs(tmp_path):
     # -- real data, where the shared recording is present
     if BINANCE.exists():
         run("import", "binance-futures", str(BINANCE), "--out", "binance")
-        assert "fees: Bitget's defaults" in run("replay", "binance", "--out", "r-binance").stdout
+        # the session's own contract (Binance USD-M's published spec), said with its fees
+        out = run("replay", "binance", "--out", "r-binance").stdout
+        assert "taker 0.0005, from the session (known)" in out
 
     # -- the local protocol server, a recording from it, and a recovery of a killed one
     serve = run.start("serve", "--simulate", "--minutes", "1", "--speed", "20")
