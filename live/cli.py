@@ -116,6 +116,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=20.0,
         help="end the run (live: kill switch), exit 1, when a link to the venue is out S seconds (20)",
     )
+    p.add_argument(
+        "--watchdog-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="--live: a watchdog process cancel-alls the venue when the engine dies (at once) or its "
+        "heartbeat stops for S seconds (default 10; 0: no watchdog); records in OUT/watchdog.jsonl. "
+        "--paper has none: its orders never reach a venue",
+    )
     p.set_defaults(func=cmd_live)
 
     p = sub.add_parser(
@@ -211,6 +220,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         status_every_s=args.status_every,
         feed_stale_s=args.feed_stale,
         venue_lost_s=args.venue_lost,
+        **({} if args.watchdog_s is None else {"watchdog_s": args.watchdog_s}),
         **strategy_fields(args),
         **risk_fields(args),
     )

@@ -33,8 +33,10 @@ SIGINT/SIGTERM, ``duration_s`` or a crash stop the run, and the venue is always 
 out (``left_open``: what is still open there, or in words why that is unknown). The venue watch
 (:mod:`live.health`) warns within a fraction of a second when a link drops (``feed_stale_s`` when the
 feed only goes silent), writes ``venue_status`` events, prints a status line every ``status_every_s``,
-and ends the run, exit 1, when a link stays out for ``venue_lost_s``. Keys come only from the caller
-(the CLI reads the environment); nothing written or logged here contains them.
+and ends the run, exit 1, when a link stays out for ``venue_lost_s``. What no exit of this process can do
+after ``kill -9``, the order watchdog (:mod:`live.watchdog`, live mode, ``watchdog_s``) does from a
+process of its own: it cancel-alls the venue when the engine dies or its heartbeat stops. Keys come
+only from the caller (the CLI reads the environment); nothing written or logged here contains them.
 
 Layering: ``live/`` is an application package beside ``replay/`` and ``recorder/``; it uses the
 wire code the recorder uses (``wire/``: connection and journal), the recorder's session writer and
@@ -102,6 +104,8 @@ from live.gc_policy import IdleGC
 from live.health import LOST, Change, VenueHealth
 from live.private_ws import PrivateConfig, PrivateStream, describe
 from live.tick import TickLaya
+from live.watchdog import DEFAULT_TIMEOUT_S as WATCHDOG_S
+from live.watchdog import Watchdog
 from recorder.normalise import Normaliser, discard_reason
 from recorder.record import JOURNAL_DIR, RECORD_JSON, finish, new_writer, normalise_segment
 from venue.exchange import SimExchange
@@ -181,6 +185,9 @@ class LiveConfig:
     venue_lost_s: float = 20.0
     status_every_s: float = 10.0  # a status line this often (0: none)
     kill_flattens: bool = False  # the kill switch also closes positions: reduce-only market orders
+    # live mode: a process of its own cancel-alls the venue when the engine's heartbeat stops this long
+    # or the engine dies (kill -9); 0: none (live/watchdog.py). Paper orders never reach a venue: none
+    watchdog_s: float = WATCHDOG_S
     # per-instrument settings over the config (engine.instruments.INSTRUMENT_FIELDS), e.g. the sizes
     # of an instrument of another price; several symbols trade as one portfolio (engine/instruments.py)
     instruments: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -212,6 +219,7 @@ class LiveConfig:
         for name in ("reconcile_every_s", "ping_interval_s"):
             check_seconds(getattr(self, name), name)
         check_seconds(self.status_every_s, "status_every_s", zero=True)
+        check_seconds(self.watchdog_s, "watchdog_s", zero=True)
         check_ms(self.flush_interval_ms, "flush_interval_ms")
         check_ms(self.reconcile_settle_ms, "reconcile_settle_ms", zero=True)
         check_count(self.busy_poll_warm_us, "busy_poll_warm_us")
@@ -476,6 +484,7 @@ class LiveRunner:
         self._last_frame_ns = 0  # receive stamp of the last public frame (the feed's age)
         self._feed_note = ""  # the public feed's last disconnect or failed connect
         self.flatten: dict[str, dict[str, Any]] = {}  # --kill-flattens: what was sent per symbol
+        self.watchdog: Watchdog | None = None  # live mode: the order watchdog process (_start)
 
     # ------------------------------------------------------------------ the clock and inputs
 
@@ -1022,6 +1031,7 @@ class LiveRunner:
             try:
                 await self._shutdown()
             finally:
+                self._stop_watchdog()  # after a failed shutdown too (then it cancels: left_open unknown)
                 if self._gc is not None:
                     self._gc.stop()
                 gc.unfreeze()
@@ -1058,6 +1068,11 @@ class LiveRunner:
                 raise DualhubError(
                     f"private WebSocket {self.private_url} did not log in: {self.private.fatal or 'timeout'}"
                 ) from None
+            if cfg.watchdog_s > 0:  # before the first order: from here on a kill -9 orphans nothing
+                self.watchdog = await Watchdog.start(
+                    self.root, self.rest_url, self._creds, timeout_s=cfg.watchdog_s, demo=gw.demo
+                )
+                self.watchdog.start_beating()
         conn_cfg = ConnectionConfig(
             url=self.public_url, silence_limit_s=cfg.feed_silence_s, ping_interval_s=cfg.ping_interval_s
         )
@@ -1295,10 +1310,19 @@ class LiveRunner:
                 await aclose()
             except Exception as e:  # closing an HTTP client must not hide the run's outcome
                 self.errors.append(f"kev close: {e}")
+        self._stop_watchdog()  # the venue is as clean as the engine can make it: the record says how
         # 4. files: the session first (its digest goes into the run manifests)
         if self._norm_task is not None:
             await asyncio.gather(self._norm_task, return_exceptions=True)
         await asyncio.to_thread(self._finish_files)
+
+    def _stop_watchdog(self) -> None:
+        """Tell the watchdog the engine ends: it exits quietly when the exit cancel-all left nothing
+        open, and cancel-alls itself otherwise (the engine could not confirm the venue clean)."""
+        if self.watchdog is None or self.watchdog.stopped:
+            return
+        left = (self.shutdown_info.get("cancel_all") or {}).get("left_open")
+        self.shutdown_info["watchdog"] = self.watchdog.stop(venue_clean=left == [])
 
     async def _final_reconcile(self) -> None:
         """One last check against the venue after the cancel-all: what it did that no push told the
