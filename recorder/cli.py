@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.bounds import S_MAX, check_count, check_number, check_port, check_seed
 from engine.errors import DualhubError
-from engine.venues.bitget_v2 import INST_TYPE, WS_PUBLIC_URL
+from engine.venues.bitget_v2 import INST_TYPE, REST_BASE_URL, WS_PUBLIC_URL
 
 
 def _csv(s: str) -> tuple[str, ...]:
@@ -36,6 +36,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--channels", type=_csv, default=("books15", "trade"), help="default books15,trade")
     p.add_argument("--out", required=True, help="session directory to create")
     p.add_argument("--url", default=WS_PUBLIC_URL, help=f"default {WS_PUBLIC_URL}")
+    p.add_argument(
+        "--rest-url",
+        help="REST base whose contracts endpoint gives each symbol's spec for the manifest (default: "
+        "Bitget's with the default --url, none with another: the local exchange serves one)",
+    )
     p.add_argument(
         "--inst-type", default=INST_TYPE, help=f"Bitget instType of the channels (default {INST_TYPE})"
     )
@@ -211,8 +216,13 @@ def cmd_record(a: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise DualhubError(str(e)) from None
-    manifest = run_record(cfg)
+    if a.rest_url:
+        check_url(a.rest_url, "--rest-url")
+    rest_url = a.rest_url if a.rest_url is not None else (REST_BASE_URL if a.url == WS_PUBLIC_URL else "")
+    manifest = run_record(cfg, rest_url)
     print_summary(manifest)
+    if why := manifest.get("contracts_error"):  # a replay of it then trades the engine's default contract
+        print(f"WARNING: no contract specs recorded ({why})", file=sys.stderr)
     print(a.out)
     return 0
 

@@ -122,7 +122,34 @@ def asked_of(cfg: RecordConfig, n_connections: int) -> dict[str, Any]:
 
 
 def new_writer(root: Path, asked: dict[str, Any]) -> SessionWriter:
-    return SessionWriter(root, source=f"bitget_v2:{asked['url']}", symbols=asked["symbols"])
+    # the contracts read from the exchange at the start travel in record.json, so a recovery keeps them
+    extra = {k: asked[k] for k in ("contracts", "contracts_error") if asked.get(k)}
+    return SessionWriter(root, source=f"bitget_v2:{asked['url']}", symbols=asked["symbols"], extra=extra)
+
+
+async def exchange_contracts(rest_url: str, symbols: Sequence[str]) -> dict[str, Any]:
+    """The recorded symbols' contract specs as the exchange's contracts endpoint gives them, for the
+    session's manifest: ``{"contracts": {symbol: spec}}``, or ``{"contracts_error": why}`` (a recording
+    never stops for them: a replay then says it used the engine's defaults)."""
+    from engine.contract import spec_of
+    from engine.venues.bitget_v2_rest import BitgetError
+    from live.gateway import BitgetGateway, GatewayTransportError
+
+    gw = BitgetGateway(rest_url, timeout_s=3.0)
+    try:
+        specs = {c.symbol: c for c in await gw.contracts()}
+    except (BitgetError, GatewayTransportError, ValueError, OSError) as e:
+        return {"contracts_error": f"{rest_url}: {e}"}
+    finally:
+        await gw.aclose()
+    out = {
+        s: spec_of(specs[s].config(), contract_type="perpetual", source="exchange", origin=rest_url)
+        for s in symbols
+        if s in specs
+    }
+    missing = [s for s in symbols if s not in specs]
+    why = {"contracts_error": f"{rest_url} lists no contract for {missing}"} if missing else {}
+    return {"contracts": out} | why
 
 
 def finish(writer: SessionWriter, norm: Normaliser, extra: dict[str, Any]) -> dict[str, Any]:
@@ -156,8 +183,10 @@ def normalise_segment(
 
 
 class Recorder:
-    def __init__(self, cfg: RecordConfig) -> None:
+    def __init__(self, cfg: RecordConfig, rest_url: str = "") -> None:
+        """``rest_url``: a Bitget REST base whose contracts endpoint gives the symbols' specs ("" none)."""
         self.cfg = cfg
+        self.rest_url = rest_url
         self.root = Path(cfg.out)
         args = [arg(ch, s, cfg.inst_type) for s in cfg.symbols for ch in cfg.channels]
         self.shards = shard_args(args, cfg.max_channels_per_conn)
@@ -189,6 +218,12 @@ class Recorder:
 
     async def run(self) -> dict[str, Any]:
         """Record until stopped; returns the manifest."""
+        if not (self.root / MANIFEST).exists() and not (self.root / RECORD_JSON).exists():
+            if self.cfg.inst_type != INST_TYPE:
+                why = f"no contracts endpoint read for instType {self.cfg.inst_type}"
+                self.asked["contracts_error"] = why
+            elif self.rest_url:
+                self.asked.update(await exchange_contracts(self.rest_url, self.cfg.symbols))
         self._prepare()
         cfg = self.cfg
         self.journal = journal = JournalWriter(
@@ -344,9 +379,9 @@ class Recorder:
                 live.update(Text(self.status_text(rates)))
 
 
-def run_record(cfg: RecordConfig) -> dict[str, Any]:
+def run_record(cfg: RecordConfig, rest_url: str = "") -> dict[str, Any]:
     """Blocking entry: record with SIGINT/SIGTERM handled as a clean stop."""
-    rec = Recorder(cfg)
+    rec = Recorder(cfg, rest_url)
 
     async def main() -> dict[str, Any]:
         loop = asyncio.get_running_loop()
