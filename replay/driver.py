@@ -789,7 +789,7 @@ def run_replay(
     the configuration is one it reproduces exactly; otherwise, or with ``kernel=False``, the Python
     engine runs. Both give the same events (``tests/replay/test_replay_kernel.py``); ``RunResult.path`` says
     which ran."""
-    cfg = config or ReplayConfig()
+    cfg = with_session_contract(session_dir, config or ReplayConfig())
     run_dir = _run_dir(session_dir, cfg, out_dir)
     _check_run_dir(run_dir, overwrite)  # before any work: a bad --out fails now, not after the run
     # A replay allocates millions of short-lived, acyclic objects (books, trades, event rows): the
@@ -1289,6 +1289,22 @@ def session_contract(manifest: dict[str, Any], symbol: str) -> ContractConfig | 
         return None
     step = float(inst["size_step"])
     return ContractConfig(symbol=symbol, tick=float(inst["tick"]), size_step=step, min_qty=step)
+
+
+def with_session_contract(session_dir: Path | str, cfg: ReplayConfig) -> ReplayConfig:
+    """``cfg`` trading the session's own spec of its symbol where it left the contract at the default
+    (as ``dualhub replay`` does): a program replaying an imported session trades that market too."""
+    if cfg.symbols or cfg.contract_source or cfg.contract != ContractConfig():
+        return cfg
+    try:
+        manifest = open_session(session_dir).manifest
+    except SessionError:  # not a session: run_replay says so
+        return cfg
+    contract = session_contract(manifest, cfg.symbol)
+    source = session_spec_source(manifest, cfg.symbol)
+    if contract is None or not source:
+        return cfg
+    return dataclasses.replace(cfg, contract=contract, contract_source=source)
 
 
 def session_spec_source(manifest: dict[str, Any], symbol: str) -> str:
