@@ -169,6 +169,10 @@ class ReplayConfig:
         if len(set(self.symbols)) != len(self.symbols):
             raise DualhubError(f"a symbol is given twice in {','.join(self.symbols)}")
         object.__setattr__(self, "instruments", checked_instruments(self.instruments))
+        if self.contract_source not in ("", "flag") and not self.contract_source.startswith("session:"):
+            raise DualhubError(
+                f"contract_source must be '', 'flag' or 'session:<spec_source>', not {self.contract_source!r}"
+            )
         if self.kev_hub not in KEV_HUBS:
             raise DualhubError(f"kev_hub must be one of {KEV_HUBS}, not {self.kev_hub!r}")
         if self.kev_hub == "llm" and self.kev_mode != "llm":

@@ -135,3 +135,15 @@ def test_what_the_core_cannot_hold_is_one_line_before_the_run(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("dualhub replay: error: ") and says in err[0], err
     assert not run.exists() and not (tmp_path / "r.tmp").exists()
+
+
+def test_a_program_replaying_the_session_trades_its_spec_too(spot: Path, tmp_path: Path) -> None:
+    from engine.contract import ContractConfig
+    from replay.driver import ReplayConfig, run_replay
+
+    run = run_replay(spot, out_dir=tmp_path / "r").run_dir
+    assert _config(run)["contract_source"] == "session:known" and _config(run)["contract"]["tick"] == 0.01
+    # a contract the program names is kept, and said
+    forced = ReplayConfig(contract=ContractConfig(tick=0.05), contract_source="flag")
+    run = run_replay(spot, forced, out_dir=tmp_path / "r2").run_dir
+    assert _config(run)["contract_source"] == "flag" and _config(run)["contract"]["tick"] == 0.05
