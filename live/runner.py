@@ -1073,6 +1073,8 @@ class LiveRunner:
                     self.root, self.rest_url, self._creds, timeout_s=cfg.watchdog_s, demo=gw.demo
                 )
                 self.watchdog.start_beating()
+            else:
+                log.warning("no order watchdog (watchdog_s 0): a kill -9 would leave orders at the venue")
         conn_cfg = ConnectionConfig(
             url=self.public_url, silence_limit_s=cfg.feed_silence_s, ping_interval_s=cfg.ping_interval_s
         )

@@ -288,20 +288,27 @@ class Venue:
         self.offset_ms = int(data["serverTime"]) - (t0 + t1) // 2
 
     def cancel_all(self) -> dict[str, Any]:
-        """One cancel-all and the count of what is still open. Errors come back in words (redacted)."""
+        """One cancel-all and the count of what is still open. Errors come back in words (redacted).
+
+        The open orders are asked for even when the cancel-all was refused: a venue that answers "no
+        order to cancel" with an error code is clean, and only ``orders-pending`` says so."""
         out: dict[str, Any] = {"cancelled": 0, "failed": 0, "left_open": "unknown", "error": ""}
+        errors = (BitgetError, self._httpx.HTTPError, KeyError, TypeError, ValueError)
         try:
-            try:
-                self.sync_time()  # a stale ACCESS-TIMESTAMP is refused (40008); our clock if this fails
-            except (BitgetError, self._httpx.HTTPError, KeyError, TypeError, ValueError) as e:
-                out["time_sync"] = self._words(e)
+            self.sync_time()  # a stale ACCESS-TIMESTAMP is refused (40008); our clock if this fails
+        except errors as e:
+            out["time_sync"] = self._words(e)
+        try:
             res = parse_batch(self._call("POST", PATH_CANCEL_ALL, body=cancel_all_body()))
             out["cancelled"] = len(res.success)
             out["failed"] = len(res.failure)
+        except errors as e:
+            out["error"] = self._words(e)
+        try:
             pending = parse_pending(self._call("GET", PATH_PENDING, params={"productType": PRODUCT_TYPE}))
             out["left_open"] = len(pending)
-        except (BitgetError, self._httpx.HTTPError, KeyError, TypeError, ValueError) as e:
-            out["error"] = self._words(e)
+        except errors as e:
+            out["error"] = "; ".join(filter(None, (out["error"], "orders-pending: " + self._words(e))))
         return out
 
     def _words(self, e: BaseException) -> str:

@@ -225,3 +225,23 @@ def test_watchdog_settings():
     assert LiveConfig(out="x").watchdog_s == 10.0
     with pytest.raises(Exception, match="watchdog_s"):
         LiveConfig(out="x", watchdog_s=-1.0)
+
+
+def test_a_refused_cancel_all_on_a_clean_venue_still_counts_as_clean(monkeypatch):
+    """A venue that answers "nothing to cancel" with an error code: orders-pending decides."""
+    from engine.venues.bitget_v2_rest import PATH_CANCEL_ALL, BitgetError
+    from live.watchdog import Venue
+
+    creds = Credentials(*_secrets())
+    with LocalExchangeThread(LocalExchange(accounts={creds.api_key: (creds.secret, creds.passphrase)})) as ex:
+        venue = Venue(ex.rest_url, creds)
+        real = venue._call
+
+        def refusing(method, path, **kw):
+            if path == PATH_CANCEL_ALL:
+                raise BitgetError("22001", "No order to cancel")
+            return real(method, path, **kw)
+
+        monkeypatch.setattr(venue, "_call", refusing)
+        res = venue.cancel_all()
+    assert res["left_open"] == 0 and "22001" in res["error"] and "time_sync" not in res
