@@ -141,6 +141,34 @@ def test_a_clean_stop_lets_the_watchdog_exit_without_cancelling(frames, tmp_path
     assert _grep_everything(out, [stdout, stderr], _needles(secret, passphrase)) == []
 
 
+def test_a_stopped_engine_is_cancelled_after_the_timeout_and_rearms_when_it_comes_back(frames, tmp_path):
+    """SIGSTOP: the process lives and its pipe stays open, but its loop beats no more (a wedged loop)."""
+    key, secret, passphrase = _secrets()
+    out = tmp_path / "stopped"
+    ex = LocalExchange(frames, speed=SPEED, accounts={key: (secret, passphrase)})
+    with LocalExchangeThread(ex):
+        proc = _start_engine(ex, out, _env(key, secret, passphrase), *FAR)
+        _wait(lambda: len(ex.open_orders()) >= 2 and len(ex.orders) >= 4, 60, "orders rest", proc)
+        os.kill(proc.pid, signal.SIGSTOP)
+        t_stop = time.monotonic()
+        try:
+            _wait(lambda: ex.open_orders() == [], WATCHDOG_S + 3.0, "the venue is clean")
+            cleared_s = time.monotonic() - t_stop
+            assert "rearmed" not in _events(out)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        _wait(lambda: "rearmed" in _events(out), 10, "beats come back", proc)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert ex.open_orders() == []
+    assert WATCHDOG_S - 0.5 <= cleared_s < WATCHDOG_S + 3.0
+    ev = _events(out)
+    assert ev[:2] == ["start", "fired"] and ev[-3:] == ["rearmed", "stop", "exit"]
+    fired = _records(out)[1]
+    assert fired["reason"] == "heartbeat_stopped" and fired["silent_s"] >= WATCHDOG_S
+
+
 def test_paper_mode_starts_no_watchdog(frames, tmp_path):
     out = tmp_path / "paper"
     env = {k: v for k, v in os.environ.items() if not k.startswith("BITGET_")}
