@@ -1321,32 +1321,33 @@ def session_spec_source(manifest: dict[str, Any], symbol: str) -> str:
 def check_contract_units(session: Any, cfg: ReplayConfig) -> None:
     """Before a run starts: the core's integers hold each replayed instrument (its highest price in
     units of its tick's decimals, its largest order and position in lots, an order's notional), or one
-    error line naming the limit and the instrument. Reads only the price columns that bound a fill:
-    trades and the top of the book."""
+    error line naming the limit and the instrument. The prices are the top of the book's that the
+    replay's door lets through (``engine.validate``): quotes sit there and a taker fill walks from
+    there; a trade print never sets a fill's price, and a row the door keeps out is never traded."""
     import pyarrow.parquet as pq
 
-    def top(stream: str, cols: list[str], symbol: str) -> float:
-        if stream not in session.streams:
-            return 0.0
-        t = pq.read_table([str(f) for f in session.files(stream)], columns=["symbol", *cols])
-        t = t.filter(pc.equal(t.column("symbol"), symbol))
-        vals = [pc.max(t.column(c)).as_py() for c in cols]
-        return max((float(v) for v in vals if v is not None and math.isfinite(v)), default=0.0)
-
+    if "books15" not in session.streams:  # the run refuses it, in its own words
+        return
+    books = pq.read_table(
+        [str(f) for f in session.files("books15")], columns=["symbol", "bid_px_0", "ask_px_0"]
+    )
     for sym in cfg.symbols or (cfg.symbol,):
         o = cfg.instruments.get(sym, {})
-        base = (
-            cfg.contract
-            if sym == cfg.symbol or not cfg.symbols
-            else (session_contract(session.manifest, sym) or cfg.contract)
-        )
+        base = cfg.contract if not cfg.symbols else (session_contract(session.manifest, sym) or cfg.contract)
         c = dataclasses.replace(
             base, symbol=sym, **{k: o[k] for k in ("tick", "size_step", "min_qty") if k in o}
         )
-        max_px = max(top("trade", ["px"], sym), top("books15", ["bid_px_0", "ask_px_0"], sym))
+        mine = books.filter(pc.equal(books.column("symbol"), sym))
+        px = np.concatenate(
+            [
+                mine.column(n).to_numpy(zero_copy_only=False).astype(np.float64)
+                for n in ("bid_px_0", "ask_px_0")
+            ]
+        )
+        px = px[(px >= validate.DOOR_MIN_PX) & (px <= validate.DOOR_MAX_PX)]
         check_units(
             c,
-            max_px,
+            float(px.max()) if len(px) else 0.0,
             o.get("max_position", cfg.risk.max_position),
             o.get("max_order_qty", cfg.risk.max_order_qty),
         )
