@@ -348,8 +348,8 @@ def data_spec(
 
 
 # The core's integer units (engine/kernel.py): a fill price as an integer of 10**-decimals below this,
-# sizes and positions in lots below 2**52 (a double holds them exactly), money in integers of 1e-12
-# USDT below 2**62 per fill.
+# positions in units of the size step's decimals below 2**52 (a double holds them exactly), a fill's
+# money in integers of 1e-12 USDT (or finer, price and size decimals together) below 2**62.
 PX_UNITS_MAX = 1e15
 LOTS_MAX = 2.0**52
 MONEY_UNITS_MAX = 2.0**62
@@ -372,10 +372,13 @@ def check_units(c: ContractConfig, max_px: float, max_position: float, max_order
             f"(--instrument {sym}:tick=T)"
         )
     for what, q in (("max_position", max_position), ("max_order_qty", max_order_qty)):
-        if math.isfinite(q) and q / c.size_step >= LOTS_MAX:
+        # a position is held as lots x the step's numerator (engine.kernel.position_words): a size in
+        # units of the step's decimals
+        if math.isfinite(q) and q * 10.0**step_dec >= LOTS_MAX:
             raise DualhubError(
-                f"{sym}: {what} {q!r} is {q / c.size_step:.3g} lots of {dec_text(c.size_step)}, past the "
-                f"core's limit of 2**52 lots: give a coarser size step (--instrument {sym}:size_step=S)"
+                f"{sym}: {what} {q!r} is {q * 10.0**step_dec:.3g} units of 1e-{step_dec} (size step "
+                f"{dec_text(c.size_step)}), past the core's limit of 2**52: give a coarser size step "
+                f"(--instrument {sym}:size_step=S)"
             )
     if math.isfinite(max_px) and math.isfinite(max_order_qty):
         # a fill's price x size is counted exactly first, in units of 10**-(price + size decimals),
