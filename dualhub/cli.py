@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from engine.errors import DualhubError, os_error_text
-from engine.optional import install_hint, is_optional, quiet_cuda_fallback
+from engine.optional import install_hint, is_optional, loud_cuda_fallback, quiet_cuda_fallback
 
 # Modules providing ``register(subparsers)``; a module that does not exist yet is skipped.
 COMMAND_MODULES = (
@@ -155,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+        # the filter is this command's: a process that goes on (a test, a notebook) hears Laya again
+        loud_cuda_fallback()
 
 
 if __name__ == "__main__":

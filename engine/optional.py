@@ -93,3 +93,8 @@ def quiet_cuda_fallback() -> None:
     log = logging.getLogger("engine.laya.model")
     if not has_nvidia_gpu() and _CPU_ONLY not in log.filters:
         log.addFilter(_CPU_ONLY)
+
+
+def loud_cuda_fallback() -> None:
+    """Take that filter away again (a command's end, in a process that goes on)."""
+    logging.getLogger("engine.laya.model").removeFilter(_CPU_ONLY)

@@ -582,11 +582,14 @@ def test_llama_server_as_the_hub_answers_one_v2_command_for_both_instruments(
         kev_timeout_ms=60_000,
     )
     run = run_replay(pair, cfg, out_dir=tmp_path / "r").run_dir
-    answers = _q(run, "select ok, raw from 'EV/kev_response.parquet'")
-    assert answers and all(ok for ok, _ in answers)
-    assert all(json.loads(raw)["schema_version"] == 2 for _, raw in answers)
+    answers = _q(run, "select ok, raw, failure, error from 'EV/kev_response.parquet'")
+    # every answer is a v2 command the schema took; one that contradicts itself (SmolLM2 sometimes puts
+    # both legs long beside a hedge ratio) is refused by the sense check with its reason, never traded
+    assert answers and all(json.loads(raw)["schema_version"] == 2 for _, raw, _, _ in answers if raw)
+    assert all(ok or (f == "inconsistent" and e.startswith("command_inconsistent: ")) for ok, _, f, e in answers)
+    applied = sum(ok for ok, _, _, _ in answers)
     per_cmd = _q(run, "select count(*), count(distinct symbol) from 'EV/command.parquet' group by command_id")
-    assert len(per_cmd) == len(answers) and set(per_cmd) == {(2, 2)}
+    assert len(per_cmd) == applied and set(per_cmd) <= {(2, 2)}
     assert "rejected the JSON schema" not in caplog.text  # the v2 schema is one llama-server takes
     with pytest.raises(DualhubError, match="needs kev_mode llm"):
         ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), kev_hub="llm")

@@ -519,8 +519,8 @@ def test_simulate_command_writes_several_symbols(tmp_path: Path, capsys: pytest.
 @pytest.mark.parametrize(
     ("argv", "why"),
     [
-        (["--symbols", "BTCUSDT,ETHUSDT,BTCUSDT"], "symbol BTCUSDT is given twice"),
-        (["--symbols", "BTCUSDT,,ETHUSDT"], "bad symbol ''"),
+        (["--symbols", "BTCUSDT,ETHUSDT,BTCUSDT"], "--symbols 'BTCUSDT,ETHUSDT,BTCUSDT': BTCUSDT given twice"),
+        (["--symbols", "BTCUSDT,,ETHUSDT"], "--symbols 'BTCUSDT,,ETHUSDT': an empty symbol (a stray comma?)"),
         (["--symbols", "BTCUSDT,ethusdt"], "bad symbol 'ethusdt'"),
         (["--symbols", "BTCUSDT,XRPUSDT"], "no simulated contract for XRPUSDT"),
         (["--symbol", "BTCUSDT", "--symbols", "BTCUSDT,ETHUSDT"], "not both"),

@@ -491,6 +491,7 @@ def test_report_html_is_self_contained_with_plots(
     run = tmp_path / "run"
     assert main(["replay", str(sim_sessions[0]), "--provider", "cpu", "--out", str(run)]) == 0
     out = tmp_path / "report" / "run.html"
+    out.parent.mkdir()  # `report --html` creates no directories (a typo would pass silently)
     assert main(["report", str(run), "--html", str(out)]) == 0
     assert f"html report: {out}" in capsys.readouterr().out
     text = out.read_text()
