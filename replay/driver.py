@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from engine import validate
 from engine.bounds import check_engine_settings, check_ms
 from engine.clock import ReplayClock
-from engine.contract import ContractConfig, check_units, contract_of
+from engine.contract import ContractConfig, check_units, contract_of, tick_parts
 from engine.core import PRIO_LABEL, Engine, engine_config_from, engine_identity
 from engine.errors import DualhubError, check_output_path
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
@@ -1350,6 +1350,23 @@ def check_contract_units(session: Any, cfg: ReplayConfig) -> None:
             float(px.max()) if len(px) else 0.0,
             o.get("max_position", cfg.risk.max_position),
             o.get("max_order_qty", cfg.risk.max_order_qty),
+        )
+        if cfg.contract_source and not cfg.symbols:
+            _check_price_decimals(c, px)
+
+
+def _check_price_decimals(c: ContractConfig, px: np.ndarray) -> None:
+    """A contract named for the data (the session's, or a flag's) counts its book's prices in the
+    tick's decimals (a taker fill is at a book price), or one error line before the run: else the
+    core stops at the first such fill, minutes in."""
+    dec = tick_parts(c.tick)[1]
+    p = 10.0**dec
+    off = px[np.rint(px * p) / p != px]
+    if len(off):
+        raise DualhubError(
+            f"{c.symbol}: the book's prices have more decimals than the tick {c.tick!r} ({len(off)} of "
+            f"{len(px)}, e.g. {float(off[0])!r}): the core counts fill prices in units of 1e-{dec}; give the "
+            f"data's tick (--contract tick=T)"
         )
 
 

@@ -62,28 +62,19 @@ def test_binance_spot_session_replays_with_fills_on_its_own_contract(
 
 def test_override_flags_replace_the_sessions_contract(spot: Path, tmp_path: Path, capsys) -> None:
     run = tmp_path / "r"
-    assert (
-        main(
-            [
-                "replay",
-                str(spot),
-                "--contract-defaults",
-                "--contract",
-                "taker_fee_rate=0.0004",
-                "--out",
-                str(run),
-            ]
-        )
-        == 0
-    )
+    argv = ["--contract-defaults", "--contract", "tick=0.01,taker_fee_rate=0.0004"]
+    assert main(["replay", str(spot), *argv, "--out", str(run)]) == 0
     assert "fees maker 0.0002 taker 0.0004, as the command line set it" in capsys.readouterr().out
     cfg = _config(run)
     assert cfg["contract_source"] == "flag"
-    assert (cfg["contract"]["tick"], cfg["contract"]["size_step"], cfg["contract"]["taker_fee_rate"]) == (
-        0.1,
+    c = cfg["contract"]
+    assert (c["tick"], c["size_step"], c["maker_fee_rate"], c["taker_fee_rate"]) == (
+        0.01,
         0.001,
+        "0.0002",
         "0.0004",
     )
+    assert _fills(run) and all(_on(f["qty"], "0.001") for f in _fills(run))
 
 
 def test_low_priced_instrument_replays_with_fills(tmp_path: Path, capsys) -> None:
@@ -123,6 +114,8 @@ def test_low_priced_instrument_replays_with_fills(tmp_path: Path, capsys) -> Non
         ),
         (["--instrument", "BTCUSDT:max_order_qty=1e9,max_position=1e9"], "money units per fill"),
         (["--contract", "tick=-1"], "tick must be a finite number > 0"),
+        # Bitget's 0.1 tick on cent prices: the first taker fill would stop the core mid-run
+        (["--contract-defaults"], "BTCUSDT: the book's prices have more decimals than the tick 0.1"),
         (["--contract", "lot=1"], "'lot=1' is not FIELD=VALUE"),
         (["--symbols", "BTCUSDT", "--contract-defaults"], "with --symbols"),
     ],
