@@ -67,7 +67,8 @@ WHERE symbol = coalesce(getvariable('run_symbol'), (SELECT min(symbol) FROM run_
 
 -- name: latency | Per-decision latency (ms)
 WITH spans AS (
-    SELECT name, dur_ns FROM latency
+    -- the span "order_entry" is send to ack: entry plus response latency, named so here
+    SELECT CASE name WHEN 'order_entry' THEN 'order_sent_to_ack' ELSE name END AS name, dur_ns FROM latency
     UNION ALL SELECT 'laya', ts_recv - book_ts_recv FROM label
     UNION ALL SELECT 'feed_recorded', ts_recv - ts_event FROM books15
 )

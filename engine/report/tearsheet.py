@@ -35,6 +35,12 @@ EPS: Final = 1e-12  # log-loss clips probabilities here: one confident miss is l
 # -- round trips ------------------------------------------------------------------------------------
 
 
+# What a stage is called where people read it: the view's order_entry_ns (the latency span
+# "order_entry") runs from the order's send to its ack, the venue's entry and response latencies both,
+# so with latency_order_entry=const:5ms it reads 10 ms; the name says so.
+STAGE_LABEL = {"order_entry": "order_sent_to_ack"}
+
+
 @dataclass(frozen=True)
 class RoundTrip:
     """A position from flat to flat: ``side`` long or short, ``max_qty`` its largest size, ``pnl``
@@ -497,12 +503,12 @@ def sections(ts: TearSheet) -> list[Section]:
             "latency_cdf",
             "Per-stage latency of the orders sent (ms quantiles): n counts the orders whose path has the "
             "stage, so kev and kev_queue count only the orders a Kev request led to (every request: "
-            "the per-decision table); order_entry is order sent to its ack, entry plus response latency; "
+            "the per-decision table); order_sent_to_ack is entry plus response latency; "
             "fill: filled orders only",
             ["stage", "n", "p10", "p25", "p50", "p75", "p90", "p99", "max"],
             [
                 (
-                    s,
+                    STAGE_LABEL.get(s, s),
                     v.size,
                     *(_r(np.quantile(v, q), 3) for q in (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)),
                     _r(v.max(), 3),
