@@ -131,17 +131,20 @@ async def exchange_contracts(rest_url: str, symbols: Sequence[str]) -> dict[str,
     """The recorded symbols' contract specs as the exchange's contracts endpoint gives them, for the
     session's manifest: ``{"contracts": {symbol: spec}}``, or ``{"contracts_error": why}`` (a recording
     never stops for them: a replay then says it used the engine's defaults)."""
-    from engine.contract import spec_of
-    from engine.venues.bitget_v2_rest import BitgetError
-    from live.gateway import BitgetGateway, GatewayTransportError
+    import httpx
 
-    gw = BitgetGateway(rest_url, timeout_s=3.0)
+    from engine.contract import spec_of
+    from engine.venues.bitget_v2_rest import PATH_CONTRACTS, PRODUCT_TYPE, BitgetError, parse_contract, parse_envelope
+
+    # one unsigned GET: the recorder stands below live mode (tests/test_layout.py), so it asks the
+    # endpoint itself with the shared codec rather than through live's gateway
     try:
-        specs = {c.symbol: c for c in await gw.contracts()}
-    except (BitgetError, GatewayTransportError, ValueError, OSError) as e:
+        async with httpx.AsyncClient(timeout=3.0) as client:
+            r = await client.get(rest_url.rstrip("/") + PATH_CONTRACTS, params={"productType": PRODUCT_TYPE})
+        env = parse_envelope(r.status_code, r.content)
+        specs = {c.symbol: c for c in (parse_contract(row) for row in env.data or [])}
+    except (BitgetError, httpx.HTTPError, ValueError, OSError) as e:
         return {"contracts_error": f"{rest_url}: {e}"}
-    finally:
-        await gw.aclose()
     out = {
         s: spec_of(specs[s].config(), contract_type="perpetual", source="exchange", origin=rest_url)
         for s in symbols
