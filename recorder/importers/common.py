@@ -30,10 +30,42 @@ class ImportInputError(DualhubError):
     """An input file an importer cannot use (missing, empty, corrupt, another format)."""
 
 
-def read_lines(path: Path | str) -> Iterator[tuple[int, bytes]]:
+Progress = Callable[[int, int], None]  # (bytes of the file read so far, its size)
+PROGRESS_EVERY: Final = 1 << 16  # lines between two progress calls: a call costs far more than a line
+
+
+def terminal_bar(path: Path) -> tuple[Progress, Callable[[], None]] | None:
+    """A progress bar of the file read so far on a terminal (``(update, close)``); None when stdout is
+    not one (piped, a bar draws nothing but noise)."""
+    import sys
+
+    if not sys.stdout.isatty():
+        return None
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    bar = Progress(f"[bold]import[/] {path.name}", BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    task = bar.add_task("read", total=path.stat().st_size)
+    bar.start()
+    return (lambda done, total: bar.update(task, completed=done)), bar.stop
+
+
+def read_lines(path: Path | str, progress: Progress | None = None) -> Iterator[tuple[int, bytes]]:
     """``(line number, line without EOL)`` of a plain or gzip file, empty lines skipped. A missing,
-    empty, corrupt or truncated file raises :class:`ImportInputError` (also midway through)."""
+    empty, corrupt or truncated file raises :class:`ImportInputError` (also midway through).
+    ``progress`` is told the bytes of the file read (compressed, for gzip) every PROGRESS_EVERY lines
+    and at the end; by default a bar on a terminal shows them."""
     p = Path(path)
+    close: Callable[[], None] | None = None
+    if progress is None and p.is_file() and (tb := terminal_bar(p)) is not None:
+        progress, close = tb
+    try:
+        yield from _lines(p, progress)
+    finally:
+        if close is not None:
+            close()
+
+
+def _lines(p: Path, progress: Progress | None) -> Iterator[tuple[int, bytes]]:
     if not p.is_file():
         raise ImportInputError(f"{p}: no such file" if not p.exists() else f"{p}: not a regular file")
     try:
@@ -50,13 +82,18 @@ def read_lines(path: Path | str) -> Iterator[tuple[int, bytes]]:
             )
     gz = head.startswith(GZIP_MAGIC)
     n = data = 0
+    size = p.stat().st_size
     try:
-        with gzip.open(p, "rb") if gz else open(p, "rb") as f:
+        with open(p, "rb") as raw, gzip.GzipFile(fileobj=raw) if gz else raw as f:
             for n, line in enumerate(f, 1):
                 line = line.rstrip(b"\r\n")
                 if line:
                     data += 1
                     yield n, line
+                if progress is not None and n % PROGRESS_EVERY == 0:
+                    progress(raw.tell(), size)  # the compressed bytes taken: a true share of the file
+            if progress is not None:
+                progress(size, size)
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise ImportInputError(f"{p}: truncated or corrupt gzip after {n} lines ({e})") from None
     except OSError as e:
