@@ -22,5 +22,10 @@ if [ ! -x /usr/bin/chromium ]; then  # the HTML report is opened in a real brows
 fi
 say "ensuring llama-server (Kev) is installed"
 bash .ci/ensure-llama-server.sh
+# CI also runs the newcomer's whole path: README command 1's install in a fresh venv, then every command
+# the README lists from it (tests/dualhub/test_readme_commands.py; pip's cache makes the install quick)
+if [ "${CI:-}" = "true" ]; then
+    export DUALHUB_FRESH_INSTALL="${DUALHUB_FRESH_INSTALL:-1}"
+fi
 say "running tests"
 exec .venv/bin/python -m pytest -q "$@"
