@@ -1328,9 +1328,14 @@ def check_contract_units(session: Any, cfg: ReplayConfig) -> None:
 
     if "books15" not in session.streams:  # the run refuses it, in its own words
         return
-    books = pq.read_table(
-        [str(f) for f in session.files("books15")], columns=["symbol", "bid_px_0", "ask_px_0"]
-    )
+    try:
+        books = pq.read_table(
+            [str(f) for f in session.files("books15")], columns=["symbol", "bid_px_0", "ask_px_0"]
+        )
+    except (pa.ArrowException, OSError):
+        # a damaged or missing part: the run checks every file against the manifest and refuses it in
+        # its own words (tampered, truncated), which a parse error here would pre-empt
+        return
     for sym in cfg.symbols or (cfg.symbol,):
         o = cfg.instruments.get(sym, {})
         base = cfg.contract if not cfg.symbols else (session_contract(session.manifest, sym) or cfg.contract)
