@@ -107,6 +107,17 @@ def put3(t, n, a, b, c) -> int:
     return put2(t, n, e, c)
 
 
+@njit(inline="always")
+def _count_at(x, d) -> float:
+    """``x`` as a whole count of ``10**-d`` below 2**53 whose quotient reads back as ``x``, or NaN. The
+    product ``x * 10**d`` rounds, so the count may be the one beside it."""
+    k = np.rint(x * POW10[d])
+    for j in (k, k - 1.0, k + 1.0):
+        if 1.0 <= j < _EXACT and j / POW10[d] == x:
+            return j
+    return math.nan
+
+
 @njit
 def dec_places(x) -> int:
     """The fewest decimal places (0..12) of a decimal whose double is ``x`` (a positive price, as an
@@ -114,10 +125,9 @@ def dec_places(x) -> int:
     if not 0.0 < x < math.inf:
         return -1
     for d in range(13):
-        k = np.rint(x * POW10[d])  # the product rounds: the count may be the one beside it
-        for j in (k, k - 1.0, k + 1.0):
-            if 1.0 <= j < _EXACT and j / POW10[d] == x:
-                return d
+        c = _count_at(x, d)
+        if c == c:  # not NaN
+            return d
     return -1
 
 
@@ -128,11 +138,7 @@ def units_at(x, d) -> float:
     then read as the double it is (NaN outside the guard's range)."""
     if d < 0:
         return x if tame(x) else math.nan
-    k = np.rint(x * POW10[d])
-    for j in (k, k - 1.0, k + 1.0):
-        if 1.0 <= j < _EXACT and j / POW10[d] == x:
-            return j
-    return math.nan
+    return _count_at(x, d)
 
 
 @njit(inline="always")
