@@ -420,8 +420,10 @@ class LiveRunner:
         advisor: KevAdvisor | None = None,
         install_signals: bool = False,
         status: Callable[[str], None] | None = None,
+        dashboard: Any = None,
     ) -> None:
-        """``status``: where the status line goes every ``status_every_s`` (default: INFO log)."""
+        """``status``: where the status line goes every ``status_every_s`` (default: INFO log).
+        ``dashboard``: a bound :class:`live.dashboard.Dashboard` (its owner closes it), fed snapshots."""
         if cfg.mode == "live" and credentials is None:
             raise DualhubError(
                 "live mode needs API keys (BITGET_API_KEY, BITGET_API_SECRET, BITGET_API_PASSPHRASE)"
@@ -485,6 +487,7 @@ class LiveRunner:
         self._feed_note = ""  # the public feed's last disconnect or failed connect
         self.flatten: dict[str, dict[str, Any]] = {}  # --kill-flattens: what was sent per symbol
         self.watchdog: Watchdog | None = None  # live mode: the order watchdog process (_start)
+        self.dashboard = dashboard
 
     # ------------------------------------------------------------------ the clock and inputs
 
@@ -1097,6 +1100,8 @@ class LiveRunner:
         self._spawn(self._flusher(), "journal-flush")
         self._spawn(self._kill_watch(), "kill-file")
         self._spawn(self._watch_venue(), "venue-watch")
+        if self.dashboard is not None:  # it publishes snapshots on this loop; its thread serves them
+            self._spawn(self.dashboard.start(self), "dashboard")
         if self.cfg.busy_poll:
             self._spawn(self.busy_poll(), "busy-poll")
         if cfg.mode == "live" and cfg.reconcile_every_s > 0:
