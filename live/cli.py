@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from engine.bounds import check_number, check_port
+from engine.bounds import add_leg_args, check_number, check_port, leg_fields
 from engine.errors import DualhubError
 from engine.instruments import instrument_args
 from engine.risk import add_risk_args, risk_fields
@@ -58,6 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="several symbols: Kev answers for the whole portfolio (the pairs rule on the hedge ratios "
         "fitted from the marks, the first symbol leading the others); one command sets every instrument",
     )
+    add_leg_args(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--paper", action="store_true", help="simulated fills on the live book (default)")
     mode.add_argument("--live", action="store_true", help="real orders: needs keys and the confirmation flag")
@@ -124,6 +127,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="--live: a watchdog process cancel-alls the venue when the engine dies (at once) or its "
         "heartbeat stops for S seconds (default 10; 0: no watchdog); records in OUT/watchdog.jsonl. "
         "--paper has none: its orders never reach a venue",
+    )
+    p.add_argument(
+        "--dashboard",
+        metavar="[HOST:]PORT",
+        help="serve a page that follows the run (positions, PnL, orders, fills, risk, Kev, latency, links) "
+        "and Prometheus /metrics on HOST:PORT (HOST default 127.0.0.1; any other needs a token)",
+    )
+    p.add_argument(
+        "--dashboard-token",
+        default=None,
+        help="the dashboard's token (default $DUALHUB_DASHBOARD_TOKEN, better: a command line is visible "
+        "to every user of the machine): needed for the kill switch button and for a non-loopback HOST",
     )
     p.set_defaults(func=cmd_live)
 
@@ -202,6 +217,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         symbols=_symbols(args.symbols),
         instruments=instrument_args(args.instrument),
         kev_hub=args.kev_hub or "",
+        **leg_fields(args),
         mode="live" if args.live else "paper",
         exchange_url=args.exchange_url,
         ws_url=args.ws_url,
@@ -224,11 +240,13 @@ def cmd_live(args: argparse.Namespace) -> int:
         **strategy_fields(args),
         **risk_fields(args),
     )
+    dashboard = _dashboard(args)  # bound now: a busy port or a refused address is one line, exit 2
     runner = LiveRunner(
         cfg,
         credentials=creds if args.live else None,
         install_signals=True,
         status=lambda line: print(line, file=sys.stderr, flush=True),
+        dashboard=dashboard,
     )
     try:
         result = asyncio.run(runner.run())
@@ -238,6 +256,9 @@ def cmd_live(args: argparse.Namespace) -> int:
         text = f"{type(e).__name__}: {e}"
         print(f"dualhub live: failed: {creds.redact(text) if creds else text}", file=sys.stderr)
         return 1
+    finally:
+        if dashboard is not None:
+            dashboard.close()
     s = result.summary
     print(f"dualhub live: {cfg.mode} run stopped by {result.stopped_by or '?'}", file=sys.stderr)
     print(f"  session  {result.session_dir}", file=sys.stderr)
@@ -271,6 +292,20 @@ def cmd_live(args: argparse.Namespace) -> int:
         print(f"  OPEN     orders may still be open at the venue: {left}", file=sys.stderr)
     print(f"  shutdown {s.get('shutdown')}", file=sys.stderr)
     return result.exit_code
+
+
+def _dashboard(args: argparse.Namespace) -> Any:
+    """``--dashboard``: the bound server (live/dashboard.py), or None."""
+    from live.dashboard import ENV_TOKEN, Dashboard
+
+    if args.dashboard_token is not None and not args.dashboard:
+        raise DualhubError("--dashboard-token only goes with --dashboard")
+    if not args.dashboard:
+        return None
+    token = args.dashboard_token if args.dashboard_token is not None else os.environ.get(ENV_TOKEN, "")
+    dash = Dashboard(args.dashboard, token)
+    print(f"dualhub live: dashboard {dash.url}  (Prometheus: {dash.url}metrics)", file=sys.stderr, flush=True)
+    return dash
 
 
 def cmd_serve_exchange(args: argparse.Namespace) -> int:
