@@ -176,6 +176,48 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("out", type=Path, help="the session directory `dualhub live` is writing")
     p.add_argument("--reason", default="cli", help="recorded with the kill (default: cli)")
     p.set_defaults(func=cmd_kill)
+    _extend_recover(sub)
+
+
+def _extend_recover(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``dualhub recover`` (the recorder's command) also rebuilds live runs: given a live session (or
+    one of its ``runs/*.tmp``), its unfinished runs are rebuilt from their write-ahead journals
+    (live/recover.py). The recorder stands below live and cannot know of them, so live extends it."""
+    p = sub.choices.get("recover")
+    if p is None:
+        return
+    recorder_cmd = p.get_default("func")
+    p.description = (p.description or "") + (
+        " Given a `dualhub live` session (or one of its runs/*.tmp), it also rebuilds every run the "
+        "engine did not finish from the run's write-ahead journal (orders.wal) and, for --live runs with "
+        "the API keys in the environment, reconciles it with the venue."
+    )
+
+    def cmd_recover(args: argparse.Namespace) -> int:
+        from live.recover import is_live_target
+
+        if not is_live_target(args.dir):
+            return int(recorder_cmd(args))
+        return cmd_recover_live(args)
+
+    p.set_defaults(func=cmd_recover)
+
+
+def cmd_recover_live(args: argparse.Namespace) -> int:
+    from live.recover import recover_live
+    from live.runner import credentials_from_env
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    for r in recover_live(args.dir, credentials=credentials_from_env(), say=say):
+        c = r.counts
+        print(
+            f"recovered {r.run_dir}: {r.orders} orders sent, {c.get('fill', 0)} fills, {c.get('label', 0)} "
+            f"labels, {c.get('kev_response', 0)} Kev answers; venue: {r.reconcile['state']}"
+        )
+    print(args.dir)
+    return 0
 
 
 def _symbols(text: str) -> tuple[str, ...]:

@@ -104,6 +104,7 @@ from live.gc_policy import IdleGC
 from live.health import LOST, Change, VenueHealth
 from live.private_ws import PrivateConfig, PrivateStream, describe
 from live.tick import TickLaya
+from live.wal import WAL_FILE, JournaledLog, JournaledSink, LiveWal
 from live.watchdog import DEFAULT_TIMEOUT_S as WATCHDOG_S
 from live.watchdog import Watchdog
 from recorder.normalise import Normaliser, discard_reason
@@ -172,6 +173,9 @@ class LiveConfig:
     kill_file: str = ""  # "" = <out>/KILL
     seed: int = 1
     flush_interval_ms: int = 200
+    # the run's write-ahead journal (live/wal.py): fsynced by a background thread this often when
+    # something was written (group commit); 0: fsync inside every commit, on the loop
+    wal_fsync_ms: int = 50
     drain_timeout_s: float = 5.0
     feed_silence_s: float = 30.0
     # live mode: compare the venue with the engine every reconcile_every_s (0: only after a private
@@ -197,6 +201,10 @@ class LiveConfig:
     pair_entry_z: float = 2.0
     pair_exit_z: float = 0.5
     pair_half_life_ms: int = 60_000
+    # a hub command's legs: one that lags this long after another filled is hedged (engine/legs.py),
+    # "cross" (a market order) or "reprice" (a limit order at the far touch, sent again each timeout)
+    leg_timeout_ms: int = 1_000
+    leg_hedge: str = "cross"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -221,6 +229,7 @@ class LiveConfig:
         check_seconds(self.status_every_s, "status_every_s", zero=True)
         check_seconds(self.watchdog_s, "watchdog_s", zero=True)
         check_ms(self.flush_interval_ms, "flush_interval_ms")
+        check_ms(self.wal_fsync_ms, "wal_fsync_ms", zero=True)
         check_ms(self.reconcile_settle_ms, "reconcile_settle_ms", zero=True)
         check_count(self.busy_poll_warm_us, "busy_poll_warm_us")
         rng = np.random.default_rng(0)
@@ -291,6 +300,7 @@ class LiveKevBackend:
         self.advisor = advisor
         self.runner = runner
         self.sink = sink
+        self.wal: LiveWal | None = None  # every answer is journaled before the engine hears it
         self._slots: list[CassetteEntry | None] = []  # one per request, in request order
 
     def start(self, ctx: KevContext, now_ns: int, done: KevDone) -> None:
@@ -317,9 +327,11 @@ class LiveKevBackend:
         lag = t - started
         self.sink.add("kev", started, lag)
         key = reply.key or self.advisor.key(ctx)
-        self._slots[slot] = CassetteEntry.from_reply(
+        entry = self._slots[slot] = CassetteEntry.from_reply(
             key, reply, lag_ns=lag, request_id=ctx.request_id, advisor=self.advisor.name
         )
+        if self.wal is not None:
+            self.wal.cassette(slot, entry)
         self.runner.inject(PRIO_KEV, partial(done, ctx, reply, lag), ts=t)
 
     def cassette(self) -> Cassette:
@@ -386,6 +398,7 @@ class _Symbol:
     reconcile: list[ReconcileEvent] = field(default_factory=list)
     venue: list[VenueStatus] = field(default_factory=list)
     quarantine: list[InputQuarantined] = field(default_factory=list)  # decoded events kept from the engine
+    wal: LiveWal | None = None  # the run's write-ahead journal (live/wal.py)
 
 
 @dataclass(frozen=True)
@@ -487,6 +500,10 @@ class LiveRunner:
         self._feed_note = ""  # the public feed's last disconnect or failed connect
         self.flatten: dict[str, dict[str, Any]] = {}  # --kill-flattens: what was sent per symbol
         self.watchdog: Watchdog | None = None  # live mode: the order watchdog process (_start)
+        # per run: (its first engine, its log, its journal); the journal commits after a turn whose
+        # engine step produced a row (_commit_wal)
+        self._wal_heads: list[tuple[Engine, EventLog, LiveWal]] = []
+        self._wals: list[LiveWal] = []
         self.dashboard = dashboard
 
     # ------------------------------------------------------------------ the clock and inputs
@@ -512,6 +529,8 @@ class LiveRunner:
             self._fail(e)
         finally:
             self._dispatching = False
+        if ran and self._wal_heads:
+            self._commit_wal()  # before the loop runs anything this turn caused (a REST send)
         if self._gc is not None:
             self._gc.collect_if_due()  # between frames, never inside a label (live/gc_policy.py)
         if ran and self.tick is not None and self.cfg.tick_keep_warm:
@@ -598,6 +617,40 @@ class LiveRunner:
             self._dispatching = False
         return True
 
+    def _commit_wal(self, force: bool = False) -> None:
+        """Make the journal hold what the engine did: the core's rows are handed over (only when its
+        step produced some: most frames produce a label and nothing else) and, when the core or the
+        runner added a record (or ``force``: the periodic flush), one write per run. The market-data
+        journal is flushed first, so every label journaled has its book in the session. A journal that
+        cannot be written stops the run (live: the kill switch): orders must not outrun their record."""
+        if self._dispatching:  # inside a step: the dispatch around it commits when the step is done
+            return
+        try:
+            due = []
+            for engine, evlog, wal in self._wal_heads:
+                if engine.core.NOUT.any():
+                    evlog.counts()  # reading the log hands the core's rows over (JournaledLog.watch)
+                if force or wal.tables or wal.writer.pending:
+                    due.append(wal)
+            if due:
+                if self._journal is not None:
+                    self._journal.inner.flush()
+                for wal in due:
+                    wal.commit()
+        except OSError as e:
+            self._wal_failed(e)
+
+    def _wal_failed(self, e: OSError) -> None:
+        why = f"write-ahead journal: {type(e).__name__}: {e}"
+        if why not in self.errors:
+            log.error("%s", why)
+            self.errors.append(why)
+        if self.crash is None:
+            self.crash = e
+        if self.cfg.mode == "live" and not self.stopping:
+            self.request_kill("wal_failed")
+        self.request_stop("crash")
+
     def _wire_quarantined(self, reason: str) -> None:
         """A frame the codec or the wire checks refused: counted by its tag (the session's quarantine
         stream, rebuilt from the journal, holds it with the reason and the raw text)."""
@@ -614,17 +667,18 @@ class LiveRunner:
         self.quarantined[key] = self.quarantined.get(key, 0) + 1
         log.warning("quarantined %s (%s seq %d)", key, ev.symbol, ev.seq)
         st = self.syms[ev.symbol]  # the caller found it
-        st.quarantine.append(
-            InputQuarantined(
-                ts_event=ev.ts_event,
-                ts_recv=ev.ts_recv,
-                seq=len(st.quarantine),
-                symbol=ev.symbol,
-                stream=stream,
-                row_seq=ev.seq,
-                reason=reason,
-            )
+        q = InputQuarantined(
+            ts_event=ev.ts_event,
+            ts_recv=ev.ts_recv,
+            seq=len(st.quarantine),
+            symbol=ev.symbol,
+            stream=stream,
+            row_seq=ev.seq,
+            reason=reason,
         )
+        st.quarantine.append(q)
+        if st.wal is not None:
+            st.wal.event("input_quarantine", q)
 
     def _fail(self, e: BaseException) -> None:
         if self.crash is None:
@@ -736,18 +790,19 @@ class LiveRunner:
     def _venue_change(self, ch: Change) -> None:
         ts = self.clock.stamp()
         for sym, st in self.syms.items():
-            st.venue.append(
-                VenueStatus(
-                    ts_event=ts,
-                    ts_recv=ts,
-                    seq=len(st.venue),
-                    symbol=sym,
-                    component=ch.component,
-                    state=ch.state,
-                    detail=ch.detail[:300],
-                    age_ns=ch.age_ns,
-                )
+            vs = VenueStatus(
+                ts_event=ts,
+                ts_recv=ts,
+                seq=len(st.venue),
+                symbol=sym,
+                component=ch.component,
+                state=ch.state,
+                detail=ch.detail[:300],
+                age_ns=ch.age_ns,
             )
+            st.venue.append(vs)
+            if st.wal is not None:
+                st.wal.event("venue_status", vs)
         text = self._redact(f"venue: {ch.component} {ch.state}: {ch.detail}")
         log.warning("%s", text)
         if ch.state == LOST and not self.venue_lost:
@@ -912,29 +967,39 @@ class LiveRunner:
                 pairs=tuple((cfg.symbols[0], x) for x in cfg.symbols[1:]) if cfg.kev_hub else (),
                 hub=bool(cfg.kev_hub),
                 pair_half_life_ns=cfg.pair_half_life_ms * 1_000_000,
+                leg_timeout_ns=cfg.leg_timeout_ms * 1_000_000,
+                leg_hedge=cfg.leg_hedge,
             )
             if cfg.portfolio
             else None
         )
         shared: tuple[Any, ...] | None = None
+        contracts = {s: specs[s].config() if s in specs else ContractConfig(symbol=s) for s in cfg.symbols}
         for i, symbol in enumerate(cfg.symbols):
-            spec = specs.get(symbol)
-            contract = spec.config() if spec is not None else ContractConfig(symbol=symbol)
+            contract = contracts[symbol]
             if shared is None:
                 run_dir = self.root / "runs" / (PORTFOLIO_RUN if portfolio else f"live-{symbol}")
                 tmp = run_dir.with_name(run_dir.name + ".tmp")
                 shutil.rmtree(tmp, ignore_errors=True)
                 self._tmp_runs.append(tmp)
                 (tmp / "events").mkdir(parents=True)
-                sink = LatencySink()
-                evlog = EventLog(tmp / "events")
                 advisor = RecordingAdvisor(inner)
+                # the journal first: from the first event on, a kill -9 leaves a run `recover` rebuilds
+                wal = LiveWal(
+                    tmp / WAL_FILE,
+                    self._wal_header(run_dir, symbol, contracts, advisor.name, run_tag),
+                    fsync_ms=cfg.wal_fsync_ms,
+                )
+                self._wals.append(wal)
+                sink = JournaledSink(wal)
+                evlog = JournaledLog(tmp / "events", wal)
                 kev = LiveKevBackend(advisor, self, sink)
+                kev.wal = wal
                 lists: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
                 if portfolio is not None:
-                    shared = (run_dir, tmp, sink, evlog, advisor, kev, lists)
+                    shared = (run_dir, tmp, sink, evlog, advisor, kev, lists, wal)
             else:
-                run_dir, tmp, sink, evlog, advisor, kev, lists = shared
+                run_dir, tmp, sink, evlog, advisor, kev, lists, wal = shared
             paper = None
             execution: Any = self.execution
             if cfg.mode == "paper":
@@ -974,8 +1039,11 @@ class LiveRunner:
             if self.execution is not None:
                 self.execution.engines[symbol] = engine
             self.syms[symbol] = _Symbol(
-                symbol, contract, run_dir, tmp, evlog, sink, advisor, kev, engine, paper, *lists
+                symbol, contract, run_dir, tmp, evlog, sink, advisor, kev, engine, paper, *lists, wal=wal
             )
+            if i == 0 or portfolio is None:  # a portfolio's engines share one core buffer and streams
+                evlog.watch(engine.core.streams)
+                self._wal_heads.append((engine, evlog, wal))
         self.portfolio = portfolio
         # Everything built so far (models, sessions, modules) lives for the whole run: move it out of
         # the cyclic collector's reach, so a full collection during trading scans only what the run
@@ -983,6 +1051,55 @@ class LiveRunner:
         gc.freeze()
         if self._gc is not None:
             self._gc.start()
+
+    def _static_manifest(self, symbol: str, contracts: dict[str, ContractConfig]) -> dict[str, Any]:
+        """What a run's manifest says of how the run was set up: in its journal's header from the start
+        (``dualhub recover`` builds a killed run's manifest from it) and in the manifest at the end."""
+        info = self.laya.describe()
+        return {
+            "run_schema_version": RUN_SCHEMA_VERSION,
+            "kind": "live",
+            "model": {
+                "file": Path(self.cfg.model_path).name,
+                "path": str(Path(self.cfg.model_path).resolve()),
+                "sha256": info["model_sha256"],
+                "feature_version": info["feature_version"],
+            },
+            "seeds": {"live": self.cfg.seed},
+            "symbol": symbol if not self.cfg.portfolio else "",
+            "symbols": list(self.cfg.symbols),
+            "config": self.cfg.to_json(),
+            "config_sha256": self.cfg.sha256(),
+            "engine_config": _engine_config_json(engine_config(self.cfg, symbol, contracts[symbol])),
+            # every instrument's (a portfolio's first is engine_config)
+            "engine_configs": {
+                s: _engine_config_json(engine_config(self.cfg, s, c)) for s, c in contracts.items()
+            },
+            "contract_source": self.contract_source,
+        }
+
+    def _runtime(self) -> dict[str, Any]:
+        info = self.laya.describe()
+        return {
+            **{k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
+            **engine_identity(),
+        }
+
+    def _wal_header(
+        self, run_dir: Path, symbol: str, contracts: dict[str, ContractConfig], advisor: str, run_tag: str
+    ) -> dict[str, Any]:
+        return {
+            "run": run_dir.name,
+            "session": str(self.root.resolve()),
+            "mode": self.cfg.mode,
+            "rest_url": self.rest_url,
+            "run_tag": run_tag,  # the venue's client oid of engine order dh-N is run_tag + "dh-N"
+            "started_ns": self.started_ns,
+            "advisor": advisor,
+            "kev_timeout_ms": self.cfg.kev_timeout_ms,
+            "manifest": self._static_manifest(symbol, contracts),
+            "runtime": self._runtime(),
+        }
 
     def _record_exec(self, symbol: str, kind: str, ts: int, dur: int) -> None:
         st = self.syms.get(symbol)
@@ -992,7 +1109,11 @@ class LiveRunner:
     def _on_reconcile(self, fields: dict[str, Any]) -> None:
         st = self.syms.get(fields["symbol"]) or next(iter(self.syms.values()))
         ts = self.clock.stamp()
-        st.reconcile.append(reconcile_event(fields, ts=ts, seq=len(st.reconcile)))
+        ev = reconcile_event(fields, ts=ts, seq=len(st.reconcile))
+        st.reconcile.append(ev)
+        if st.wal is not None:
+            st.wal.event("reconcile", ev)
+            self._commit_wal()
         log.warning("reconcile: %s", fields)
 
     # ------------------------------------------------------------------ running
@@ -1219,6 +1340,7 @@ class LiveRunner:
         while True:
             await asyncio.sleep(self.cfg.flush_interval_ms / 1000)
             j.flush()
+            self._commit_wal(force=True)  # labels and delays: at most this late
             if j.rotate_due():
                 path = j.rotate()
                 assert self._norm is not None
@@ -1358,6 +1480,7 @@ class LiveRunner:
     def _finish_files(self) -> None:
         session_manifest: dict[str, Any] | None = None
         if self._journal is None:  # never started (refused at setup): leave nothing half-made behind
+            self._close_wals()
             for tmp in self._tmp_runs:  # an instrument refused mid-build has a directory, no engine
                 shutil.rmtree(tmp, ignore_errors=True)
             self.syms.clear()
@@ -1403,7 +1526,15 @@ class LiveRunner:
             except Exception as e:
                 self.errors.append(f"{st.symbol}: finishing the run failed: {type(e).__name__}: {e}")
                 log.error("%s: finishing the run failed: %s", st.symbol, e)
+        self._close_wals()  # a run that could not be finished keeps its journal: `dualhub recover` it
         write_json(self.root / LIVE_JSON, {**self._live_json(), "running": False, "summary": self._summary()})
+
+    def _close_wals(self) -> None:
+        for wal in self._wals:
+            try:
+                wal.close()
+            except OSError as e:
+                self.errors.append(f"write-ahead journal: {type(e).__name__}: {e}")
 
     def _live_json(self) -> dict[str, Any]:
         try:
@@ -1438,33 +1569,15 @@ class LiveRunner:
         if have_session:
             s = open_session(self.root)
             session.update(digest=s.digest(), files=s.manifest["files"])
-        info = self.laya.describe()
-        cfg_json = self.cfg.to_json()
+        contracts = {x.symbol: x.contract for x in self.syms.values() if x.run_dir == st.run_dir}
+        # everything is in the journal now (the log's write handed the core's last rows over)
+        wal = st.wal.close() if st.wal is not None else {}
         manifest = {
-            "run_schema_version": RUN_SCHEMA_VERSION,
-            "kind": "live",
+            **self._static_manifest(st.symbol, contracts),
             "digest": st.log.digest,
             "decision_digest": st.log.decision_digest,
             "session": session,
             "inputs": {"books15": self.books, "trade": self.trades},
-            "model": {
-                "file": Path(self.cfg.model_path).name,
-                "path": str(Path(self.cfg.model_path).resolve()),
-                "sha256": info["model_sha256"],
-                "feature_version": info["feature_version"],
-            },
-            "seeds": {"live": self.cfg.seed},
-            "symbol": st.symbol if self.portfolio is None else "",
-            "symbols": list(self.cfg.symbols),
-            "config": cfg_json,
-            "config_sha256": self.cfg.sha256(),
-            "engine_config": _engine_config_json(engine_config(self.cfg, st.symbol, st.contract)),
-            # every instrument's (a portfolio's first is engine_config)
-            "engine_configs": {
-                x.symbol: _engine_config_json(engine_config(self.cfg, x.symbol, x.contract))
-                for x in self.syms.values()
-            },
-            "contract_source": self.contract_source,
             "advisor": {"mode": "live", "name": st.advisor.name, "recorded": len(cassette), "health": health},
             "counts": st.log.counts(),
             "reconcile": len(st.reconcile),
@@ -1475,15 +1588,11 @@ class LiveRunner:
             "crash": self._redact(f"{type(self.crash).__name__}: {self.crash}") if self.crash else "",
             "shutdown": self.shutdown_info,
             "files": files,
+            "wal": wal,
+            "recovered": False,  # `dualhub recover` writes what it rebuilt from the journal here
         }
         write_json(st.tmp / "manifest.json", manifest)
-        write_json(
-            st.tmp / "runtime.json",
-            {
-                **{k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
-                **engine_identity(),
-            },
-        )
+        write_json(st.tmp / "runtime.json", self._runtime())
         if st.run_dir.exists():
             shutil.rmtree(st.run_dir)
         st.tmp.rename(st.run_dir)

@@ -14,6 +14,10 @@ differently. What the engine decided before the first execution report (in eithe
 nothing the venue said, so that is the part compared; a difference after it is expected and reported
 as such, never as a pass of the whole run. Laya's labels depend on market data and the recorded
 compute times only, so they are compared over the whole run too.
+
+A run ``dualhub recover`` rebuilt after a ``kill -9`` (manifest ``recovered``) holds what its journal
+made durable, up to ``durable_until_ns``; the session goes on past it and so does its replay, answering
+Kev requests past the cassette with the rules (``kev_miss_policy="sim"``): what is compared ends there.
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ def replay_config_for(run_dir: Path | str, **overrides: Any) -> ReplayConfig:
     }
     if cfg.get("kev_url"):
         fields["kev_url"] = cfg["kev_url"]
-    for k in ("kev_hub", "pair_entry_z", "pair_exit_z", "pair_half_life_ms"):  # Kev as the hub
+    for k in ("kev_hub", "pair_entry_z", "pair_exit_z", "pair_half_life_ms", "leg_timeout_ms", "leg_hedge"):
         if cfg.get("kev_hub") and k in cfg:
             fields[k] = cfg[k]
     if len(m.get("symbols") or []) > 1:  # a portfolio: every instrument on the contract and sizes it had
@@ -114,6 +118,8 @@ def replay_config_for(run_dir: Path | str, **overrides: Any) -> ReplayConfig:
             }
             for sym, e in m["engine_configs"].items()
         }
+    if m.get("recovered"):  # requests in flight at the kill, and the replay's past the end, have no answer
+        fields["kev_miss_policy"] = "sim"
     fields.update(overrides)
     return ReplayConfig(**fields)
 
@@ -168,6 +174,8 @@ class Parity:
     total: int  # ... in the whole live run
     kev: dict[str, Any]
     labels: DiffResult | None = None  # real orders: the labels over the whole run
+    # a run recovered from its journal: nothing from this time on is compared (it was never durable)
+    durable_end_ns: int | None = None
 
     @property
     def window_diverged(self) -> bool:
@@ -177,7 +185,9 @@ class Parity:
     @property
     def diverged(self) -> bool:
         """A divergence inside what can be reproduced."""
-        return self.window_diverged or (self.labels is not None and self.labels.diverged)
+        lab = self.labels.divergence if self.labels is not None else None
+        end = self.durable_end_ns
+        return self.window_diverged or (lab is not None and (end is None or lab.ts_recv < end))
 
 
 def check_parity(
@@ -205,13 +215,17 @@ def check_parity(
     d = diff_runs(run, rr.run_dir, streams=streams, context=context)
     mode = str(m.get("config", {}).get("mode", "paper"))
     window, labels = None, None
+    recovered = m.get("recovered") or {}
+    durable_end = int(recovered["durable_until_ns"]) + 1 if recovered else None
     if mode == "live":
         ends = [t for t in (first_report_ns(run), first_report_ns(rr.run_dir)) if t is not None]
         window = min(ends) if ends else None
         labels = diff_runs(run, rr.run_dir, streams=("label",), context=context)
+    if durable_end is not None:
+        window = durable_end if window is None else min(window, durable_end)
     times = [
         pq.read_table(run / "events" / f"{s}.parquet", columns=["ts_recv"]).column("ts_recv") for s in streams
     ]
     total = sum(len(t) for t in times)
     compared = total if window is None else sum(pc.sum(pc.less(t, window)).as_py() or 0 for t in times)
-    return Parity(run, rr.run_dir, mode, d, window, compared, total, dict(rr.kev), labels)
+    return Parity(run, rr.run_dir, mode, d, window, compared, total, dict(rr.kev), labels, durable_end)

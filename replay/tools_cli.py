@@ -111,6 +111,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="also plot the results: metrics by the swept parameter, seeds as error bars "
         "(engine/report/sweep_plot.py)",
     )
+    p.add_argument(
+        "--keep-logs",
+        metavar="none|all|best:K",
+        help="which runs write their event log to runs/<key>: none (each run keeps its digest and its "
+        "results row; `dualhub replay` of a row's replay_command writes the same log; the default with "
+        "--serial), all (the default on Ray, which takes no other yet), or best:K (the K best by --best's "
+        "metric, replayed again with their logs once the sweep is done)",
+    )
+    p.add_argument(
+        "--best",
+        metavar="METRIC",
+        help="print the parameter sets ranked by this results column's mean over seeds and sessions "
+        "(e.g. sharpe, pnl_usdt, max_drawdown_usdt); also --keep-logs best:K's ranking (default sharpe)",
+    )
+    p.add_argument(
+        "--no-market-cache",
+        action="store_true",
+        help="read and label the session's books in every run instead of once (replay/market_cache.py)",
+    )
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser(
@@ -195,6 +214,11 @@ def cmd_parity(args: argparse.Namespace) -> int:
                     f"           the first report came at ts_recv {r.window_end_ns}; the "
                     f"{r.total - r.compared} events from then on are not compared"
                 )
+        if r.durable_end_ns is not None:  # rebuilt by `dualhub recover` after a crash
+            print(
+                f"  NOTE     recovered from its write-ahead journal: durable until ts_recv "
+                f"{r.durable_end_ns - 1}; nothing after the compared window is"
+            )
         if r.labels is not None:
             lab = r.labels
             verdict = "DIVERGED (below)" if lab.diverged else f"no divergence ({lab.compared_a} identical)"
@@ -204,6 +228,11 @@ def cmd_parity(args: argparse.Namespace) -> int:
         if r.window_diverged:
             # a live config beside a replay config differs in every field: no news, left out
             print_diff(dataclasses.replace(d, provenance=[]))
+        elif d.divergence is not None and r.window_end_ns == r.durable_end_ns:
+            print(
+                f"  no divergence up to the journal's end ({d.identical_prefix} events identical); "
+                f"the replay goes on past it (ts_recv {d.divergence.ts_recv} on)"
+            )
         elif d.divergence is not None:
             print(
                 f"  no divergence before the first execution report ({d.identical_prefix} events identical); "
@@ -218,10 +247,14 @@ def cmd_parity(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from replay.sweep import find_sessions, load_grid, sweep
+    from replay.sweep import DEFAULT_RANK, check_metric, find_sessions, load_grid, parse_keep_logs, sweep
 
     if args.resume and args.overwrite:
         raise DualhubError("--resume and --overwrite exclude each other")
+    if args.keep_logs:
+        parse_keep_logs(args.keep_logs)
+    rank_by = args.best or DEFAULT_RANK
+    check_metric(rank_by)
     grid = load_grid(args.grid)
     if args.plot:
         from engine.optional import need
@@ -235,6 +268,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not serial and not args.ray and importlib.util.find_spec("ray") is None:
         print("sweep: Ray is not installed (pip install 'dualhub[scale]'); running serially", file=sys.stderr)
         serial = True
+    keep_logs = args.keep_logs or ("none" if serial else "all")
+    keep = parse_keep_logs(keep_logs)
     if serial:
         if "://" in args.out or any("://" in s for s in args.sessions):
             raise DualhubError("--serial reads and writes local paths only; URLs need Ray")
@@ -247,9 +282,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"sweep: {len(sessions)} session(s) x {len(grid.points())} parameter set(s) = {n} runs")
     common = {"resume": args.resume, "overwrite": args.overwrite, "progress": not args.no_progress}
     if serial:
-        res = sweep(grid, sessions, Path(args.out), **common)
+        res = sweep(
+            grid,
+            sessions,
+            Path(args.out),
+            keep_logs=keep_logs,
+            rank_by=rank_by,
+            market_cache=not args.no_market_cache,
+            **common,
+        )
     else:
         from replay.ray_sweep import ray_sweep
+
+        if keep is not None:  # every run on Ray writes its log
+            raise DualhubError(f"--keep-logs {keep_logs} is for --serial sweeps; Ray sweeps keep every log")
 
         res = ray_sweep(
             grid,
@@ -273,6 +319,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from replay.sweep import read_results
 
         print(f"plot: {plot_sweep(read_results(Path(res.out)), args.plot)}")
+    if args.best and "://" not in str(res.out):
+        from engine.report.report import Section, print_table
+        from replay.sweep import best_table, read_results
+
+        from rich.console import Console
+
+        columns, rows = best_table(read_results(Path(res.out)), args.best)
+        print_table(Console(), Section("best", f"best by {args.best} (mean over seeds and sessions)", columns, rows))
     return 1 if res.failed else 0
 
 
