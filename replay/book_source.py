@@ -27,6 +27,7 @@ from engine.laya.features import N_FEATURES, features_v0_rows
 from engine.laya.model import BATCH_CHUNK_ROWS, Laya
 from engine.store import SessionError, first_line, open_parquet
 from engine.validate import LEVEL_COLUMNS, REASONS, book_codes
+from replay.market_cache import Builder, Cached
 from replay.walk import readonly
 
 BLOCK = 65_536  # rows per block of levels: engine.store's row group
@@ -172,6 +173,10 @@ class StreamedBooks:
         self._x = np.zeros((0, N_FEATURES), dtype=np.float32)  # features, reused block to block
         self._labelled = np.zeros((row + self.block - 1) // self.block, dtype=bool)
         self.blocks_read = 0
+        # replay.market_cache: blocks read from a cache entry instead (levels, labels, probabilities),
+        # or handed to a builder of one as they are labelled
+        self.cached: Cached | None = None
+        self.building: Builder | None = None
 
     def small_columns(self) -> pa.Table:
         """Every row's times, seqs and symbol (no levels)."""
@@ -190,6 +195,11 @@ class StreamedBooks:
         lo, hi = b * block, min(self.num_rows, (b + 1) * block)
         buf = self._spare.pop() if self._spare else np.empty((block, len(LEVEL_COLUMNS)), dtype=np.float64)
         levels = buf[: hi - lo]
+        if self.cached is not None:  # the bits a first run read, checked and labelled
+            self.cached.read(b, levels, self.labels[lo:hi], self.probs[lo:hi])
+            self._labelled[b] = True
+            self.blocks_read += 1
+            return levels
         at = 0
         for (pf, g, first, n, path), pick in zip(self.groups, self.picks, strict=True):
             if first + n <= lo or first >= hi:
@@ -218,6 +228,8 @@ class StreamedBooks:
                 self.labels[lo + s : lo + e] = lab
                 self.probs[lo + s : lo + e] = pr
             self._labelled[b] = True
+            if self.building is not None:
+                self.building.add(b, levels, self.labels[lo:hi], self.probs[lo:hi])
         return levels
 
     def _features(self, n: int) -> np.ndarray:

@@ -191,6 +191,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="SPEC",
         help="what-if multipliers on modelled latencies, e.g. kev=2,laya=1,order=0.5,feed=1",
     )
+    p.add_argument(
+        "--params",
+        metavar="JSON",
+        help="a sweep's parameters over the flags' config (a results row's `params`: its replay_command "
+        'replays that run, to the same digest), e.g. \'{"seed": 2, "scale_kev": 0.5}\'',
+    )
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser(
@@ -515,6 +521,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     elif args.kev_mode == "llm" or (args.kev_mode == "cassette" and args.kev_miss == "live"):
         raise DualhubError("--kev-mode llm and --kev-miss live ask llama-server: pass its --kev-url")
     cfg = _config(args)
+    if getattr(args, "params", None):
+        from replay.sweep import params_config
+
+        cfg = params_config(args.params, cfg)
     with CompileWatch() as compiling:
         res = run_replay(
             args.session,

@@ -60,6 +60,8 @@ from replay import fast_path
 from replay.book_source import InvalidRows, StreamedBooks, one_symbol
 from replay.fast_path import KernelRun, KernelUnsupported, LookAheadError, config_unsupported, unsupported
 from replay.label_columns import LabelColumns
+from replay.market_cache import CacheCorrupt, MarketCache, attach, key_for
+from replay.run_metrics import MetricsLog
 from replay.tape_stream import (
     ONE_CLOCK,
     FeedClock,
@@ -274,6 +276,8 @@ class RunResult:
     in_sample: dict[str, Any] = field(default_factory=dict)  # the manifest's "in_sample"
     feed: dict[str, Any] = field(default_factory=dict)  # the manifest's "feed": clocks and feed latency
     warnings: tuple[str, ...] = ()  # what a researcher must not miss (the CLI prints them loudly)
+    market_cache: str = ""  # replay.market_cache: "reused", "built", "off (why)"; "" when not asked
+    summary: dict[str, Any] = field(default_factory=dict)  # a metrics-only run's (replay.run_metrics)
 
     @property
     def snapshots_per_s(self) -> float:
@@ -786,16 +790,23 @@ def run_replay(
     overwrite: bool = False,
     progress: bool = False,
     kernel: bool = True,
+    market_cache: bool | MarketCache = False,
+    metrics_only: bool = False,
 ) -> RunResult:
     """Replay ``session_dir`` and write the run (events + manifest) to ``out_dir``.
 
     ``kernel``: run the compiled twin of the engine and simulated exchange (``replay/kernel.py``) when
     the configuration is one it reproduces exactly; otherwise, or with ``kernel=False``, the Python
     engine runs. Both give the same events (``tests/replay/test_replay_kernel.py``); ``RunResult.path`` says
-    which ran."""
+    which ran. ``market_cache``: read the books' levels and labels from the session's market cache, or
+    build it (``replay.market_cache``; True: the one beside the session). ``metrics_only``: write
+    nothing; the result has the digest and ``summary`` (``replay.run_metrics``; one instrument)."""
     cfg = with_session_contract(session_dir, config or ReplayConfig())
     run_dir = _run_dir(session_dir, cfg, out_dir)
-    _check_run_dir(run_dir, overwrite)  # before any work: a bad --out fails now, not after the run
+    if metrics_only and cfg.symbols:
+        raise DualhubError("a metrics-only run replays one instrument; a portfolio writes its log")
+    if not metrics_only:
+        _check_run_dir(run_dir, overwrite)  # before any work: a bad --out fails now, not after the run
     # A replay allocates millions of short-lived, acyclic objects (books, trades, event rows): the
     # cyclic collector's passes over the buffered rows cost a visible share of the run and find
     # next to nothing, so it is paused for the run and restored after.
@@ -836,6 +847,7 @@ def run_replay(
                     session_dir, cfg, laya, out_dir=run_dir, overwrite=True, progress=progress, kernel=False
                 )
                 return dataclasses.replace(result, path=f"python ({e})")
+        extra = _Extras(market_cache, metrics_only)
         try:
             whole, stream_books = "", True
             while True:
@@ -850,7 +862,10 @@ def run_replay(
                         kernel=kernel,
                         whole_tape=whole,
                         stream_books=stream_books,
+                        extra=extra,
                     )
+                except CacheCorrupt:  # the entry is gone: this run builds it again
+                    continue
                 except (TapeDisorder, InvalidRows) as e:
                     # Rows out of order in the files: the whole-table tape sorts them. Rows that fail
                     # validation: whole tables, where they are dropped and reported. Each once at most.
@@ -859,7 +874,14 @@ def run_replay(
                     whole, stream_books = str(e), not isinstance(e, InvalidRows)
         except KernelUnsupported as e:  # met mid-run: nothing of it is kept, the per-event driver runs it
             result = _run_replay(
-                session_dir, cfg, laya, out_dir=run_dir, overwrite=True, progress=progress, kernel=False
+                session_dir,
+                cfg,
+                laya,
+                out_dir=run_dir,
+                overwrite=True,
+                progress=progress,
+                kernel=False,
+                extra=extra,
             )
             return dataclasses.replace(result, path=f"python ({e})")
     except BaseException:  # an error or Ctrl-C mid-run: the half-written run goes (a finished one is moved)
@@ -873,6 +895,15 @@ def run_replay(
         gc.collect(0)
         if gc_was_enabled:
             gc.enable()
+
+
+@dataclass(frozen=True)
+class _Extras:
+    """How a run is kept, beside what it computes: the market cache to read or build (False: none) and
+    whether only its digest and summary are kept (no files)."""
+
+    market_cache: bool | MarketCache = False
+    metrics_only: bool = False
 
 
 def _load_laya(cfg: ReplayConfig) -> Laya:
@@ -896,11 +927,13 @@ def _run_replay(
     kernel: bool = False,
     whole_tape: str = "",
     stream_books: bool = True,
+    extra: _Extras = _Extras(),
 ) -> RunResult:
     """``whole_tape``: why the per-row columns must be read whole (else they are streamed where they can
     be); ``stream_books`` False: the book levels too (rows that fail validation are dropped from the
     tables, which streamed levels could not follow)."""
     t0 = time.perf_counter()
+    cache_state = "off (not asked)" if extra.market_cache else ""
     early = config_unsupported(cfg) if kernel else ""
     if early:  # known from the config: the per-event driver from the start
         kernel = False
@@ -936,6 +969,12 @@ def _run_replay(
         only = one_symbol(book_files, cfg.symbol)
         symbol = None if only else cfg.symbol
         streamed = StreamedBooks(book_files, laya, STREAMS["books15"].schema, symbol=symbol, tick=tick)
+        if extra.market_cache:
+            cache = extra.market_cache
+            if not isinstance(cache, MarketCache):
+                cache = MarketCache.beside(session.root)
+            key = key_for(session.digest(), cfg.symbol, laya, cfg.laya_mode)
+            cache_state = attach(cache, streamed, key)
     recorded = cfg.latency_feed == "recorded"
     feed = None if recorded else _checked_latency(cfg.latency_feed, rng_feed, "latency_feed")
     if whole_tape:
@@ -1016,8 +1055,15 @@ def _run_replay(
     del book_table, trade_table
 
     run_dir = _run_dir(session.root, cfg, out_dir)
-    tmp = _start_run_dir(run_dir, overwrite)
-    log = EventLog(tmp / "events")
+    if extra.market_cache and streamed is None:
+        cache_state = "off (this run does not stream the books' levels)"
+    tmp: Path | None = None
+    log: EventLog
+    if extra.metrics_only:
+        log = MetricsLog()
+    else:
+        tmp = _start_run_dir(run_dir, overwrite)
+        log = EventLog(tmp / "events")
     advisor, kev = _kev_backend(cfg, clock)
     # the instrument's own settings over the config, as live mode's engine_config puts them
     ec = instrument_config(
@@ -1053,6 +1099,8 @@ def _run_replay(
             _run_kernel(cfg, engine, exchange, advisor, log, tape, labeler, walk, bar)
         except BaseException:  # KernelUnsupported (rerun in Python by run_replay), or a real error
             log.abandon()
+            if streamed is not None and streamed.building is not None:
+                streamed.building.abandon()
             raise
         finally:
             kev.close()
@@ -1064,9 +1112,12 @@ def _run_replay(
             path = f"kernel (books streamed, {streamed.blocks_read} blocks; tape whole: {why_whole})"
         else:
             path = f"kernel (tape whole: {whole_tape})" if whole_tape else "kernel"
-        return _finish(
+        if streamed is not None and streamed.building is not None:
+            cache_state = "built" if streamed.building.commit() else "off (not kept: a write failed)"
+        result = _finish(
             tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path, quarantine, tape, kev
         )
+        return dataclasses.replace(result, market_cache=cache_state) if cache_state else result
     assert isinstance(tape, _Tape)
     if bar is not None:  # a slow Kev (a real LLM) moves the bar per answer, not only per walk chunk
         kev.on_answer = lambda: bar.update(int(np.searchsorted(ts, clock.t_ns, side="right")), kev.answers)
@@ -1117,7 +1168,7 @@ def _run_replay(
         kev.close()
         if bar is not None:
             bar.close()
-    return _finish(
+    result = _finish(
         tmp,
         run_dir,
         log,
@@ -1133,6 +1184,7 @@ def _run_replay(
         tape,
         kev,
     )
+    return dataclasses.replace(result, market_cache=cache_state) if cache_state else result
 
 
 def _run_kernel(
@@ -1181,7 +1233,7 @@ def _run_kernel(
 
 
 def _finish(
-    tmp: Path,
+    tmp: Path | None,
     run_dir: Path,
     log: EventLog,
     session: Any,
@@ -1196,7 +1248,8 @@ def _finish(
     tape: _Tape | StreamedTape,
     kev: SimKevBackend,
 ) -> RunResult:
-    """Write the event log's last rows, the manifest and runtime.json; rename the run into place."""
+    """Write the event log's last rows, the manifest and runtime.json; rename the run into place. A
+    metrics-only run (``tmp`` None) writes nothing: its summary is computed from the same manifest."""
     wall = time.perf_counter() - t0
     advisor_info = {
         "mode": cfg.kev_mode,
@@ -1206,11 +1259,12 @@ def _finish(
         "lag": _kev_lag_info(cfg),
     }
     files = log.write()
-    files.update(quarantine.write(tmp / "events"))
-    if cfg.kev_mode == "llm" and cfg.kev_lag_source == "measured":  # every answer's time, late ones too
-        lat = kev.recorded.write(tmp)
-        files[lat.name] = {"rows": len(kev.recorded), "sha256": sha256_file(lat)}
-    advisor_info["health"] = run_health(tmp / "events", cfg.kev_timeout_ms, kev.recorded.dur)
+    if tmp is not None:
+        files.update(quarantine.write(tmp / "events"))
+        if cfg.kev_mode == "llm" and cfg.kev_lag_source == "measured":  # every answer's time, late ones too
+            lat = kev.recorded.write(tmp)
+            files[lat.name] = {"rows": len(kev.recorded), "sha256": sha256_file(lat)}
+        advisor_info["health"] = run_health(tmp / "events", cfg.kev_timeout_ms, kev.recorded.dur)
     info = laya.describe()
     in_sample = _in_sample(laya, session)
     feed = _feed_info(cfg, session.manifest, tape.clamped)
@@ -1239,6 +1293,25 @@ def _finish(
         "quarantine": quarantine.counts,
         "files": files,
     }
+    if tmp is None:  # metrics only
+        assert isinstance(log, MetricsLog)
+        return RunResult(
+            run_dir,
+            log.digest,
+            log.counts(),
+            n_books,
+            n_trades,
+            time.perf_counter() - t0,
+            info,
+            advisor_info,
+            path,
+            quarantine.counts,
+            log.decision_digest,
+            in_sample,
+            feed,
+            _warnings(in_sample, feed, session.manifest, Path(cfg.model_path).name),
+            summary=log.tally.summary(manifest),
+        )
     write_json(tmp / "manifest.json", manifest)
     if run_dir.exists():
         shutil.rmtree(run_dir)

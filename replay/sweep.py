@@ -56,11 +56,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.errors import DualhubError
-from engine.risk import PORTFOLIO_KEYS
 from engine.events import Label
+from engine.risk import PORTFOLIO_KEYS
 from engine.store import atomic_write_parquet, open_session
 from engine.strategies.registry import parse_params, resolve
 from replay.driver import ReplayConfig, run_replay
+from replay.run_metrics import LATENCY_SPANS, Tally
 
 SCALE_KEYS: Final = ("kev", "laya", "order", "feed")
 SCALE_LATENCY_KEY: Final = "scale_latency"  # grid/base key taking a --scale-latency spec
@@ -227,6 +228,17 @@ def build_config(params: Mapping[str, Any], base: ReplayConfig | None = None) ->
         top[STRATEGY_PARAMS] = {**cfg.strategy_params, **strategy_params}
     cfg = dataclasses.replace(cfg, **top)
     return apply_scales(cfg, scales) if scales else cfg
+
+
+def params_config(text: str, base: ReplayConfig) -> ReplayConfig:
+    """``dualhub replay --params JSON``: a results row's parameters over ``base`` (the flags' config)."""
+    try:
+        params = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise DualhubError(f"--params is not JSON: {e}") from None
+    if not isinstance(params, dict):
+        raise DualhubError("--params must be a JSON object of parameters, e.g. '{\"seed\": 2}'")
+    return build_config(params, base)
 
 
 def _strategy_param(name: str, value: Any) -> dict[str, float]:
@@ -425,13 +437,25 @@ RESULT_SCHEMA: Final = pa.schema(
         ("fills", pa.int64()),
         *((c, pa.int64()) for c in LABEL_COLUMNS.values()),
         ("kev_requests", pa.int64()),
+        ("kev_responses", pa.int64()),
         ("kev_drops", pa.int64()),
         ("risk_rejections", pa.int64()),
+        ("refusals", pa.string()),  # JSON {rule: refusals}
         ("position", pa.float64()),
         ("fees_usdt", pa.decimal128(18, 4)),
         ("pnl_usdt", pa.decimal128(18, 4)),
+        # the PnL split at the last book (views.sql pnl_attribution, float USDT): they add up to the PnL
+        ("spread_capture_usdt", pa.float64()),
+        ("inventory_usdt", pa.float64()),
+        ("fees_paid_usdt", pa.float64()),
+        ("turnover_usdt", pa.float64()),
+        ("sharpe", pa.float64()),  # annualised, equity sampled every second (views.sql performance)
         ("max_drawdown_usdt", pa.float64()),
         ("loss_stop_at_frac", pa.float64()),  # share of the run after the loss stop hit; NULL: never hit
+        *((f"{span}_p{q}_ms", pa.float64()) for span in LATENCY_SPANS for q in (50, 99)),
+        ("log_kept", pa.bool_()),  # whether run_dir holds the run's event log (--keep-logs)
+        ("market_cache", pa.string()),  # replay.market_cache: reused, built, off (why)
+        ("replay_command", pa.string()),  # `dualhub replay` of this row: the same digest
         ("wall_s", pa.float64()),
         ("peak_rss_mb", pa.float64()),
         ("peak_rss_scope", pa.string()),  # "process": peak so far of the process; "task": of this run
@@ -440,35 +464,24 @@ RESULT_SCHEMA: Final = pa.schema(
     ]
 )
 
-_STATS_SQL: Final = """
-SELECT
-    (SELECT count(*) FROM "order" WHERE kind = 'new') AS orders,
-    (SELECT count(*) FROM kev_request) AS kev_requests,
-    (SELECT count(*) FROM kev_queue WHERE kind LIKE 'dropped%') AS kev_drops,
-    (SELECT count(*) FROM risk WHERE NOT accepted) AS risk_rejections
-"""
+
+def _stats(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """A results row's metric columns from a run's summary (``replay.run_metrics``)."""
+    out = {k: v for k, v in summary.items() if k in RESULT_SCHEMA.names}
+    labels = summary.get("label_counts", {})
+    out.update({col: int(labels.get(name, 0)) for name, col in LABEL_COLUMNS.items()})
+    return out
 
 
 def run_stats(run_dir: Path | str) -> dict[str, Any]:
-    """Counts and PnL of a finished run, by DuckDB over its event log (PnL: the report's own query)."""
-    from engine.report.report import connect, load_queries
+    """Counts, PnL and its split, Sharpe, drawdown and latency percentiles of a written run: its event
+    log read back through the summary a metrics-only run computes as it goes (``replay.run_metrics``)."""
+    from engine.report.report import verify_run
 
-    con = connect(run_dir)
-    try:
-        rel = con.sql(_STATS_SQL)
-        out = dict(zip(rel.columns, rel.fetchall()[0], strict=True))
-        labels = dict(con.sql("SELECT label, count(*) FROM label GROUP BY label").fetchall())
-        out.update({col: int(labels.get(name, 0)) for name, col in LABEL_COLUMNS.items()})
-        pnl_sql = next(sql for name, _, sql in load_queries() if name == "pnl")
-        rel = con.sql(pnl_sql)
-        pnl = dict(zip(rel.columns, rel.fetchall()[0], strict=True))
-        out.update(position=float(pnl["position"]), fees_usdt=pnl["fees_usdt"], pnl_usdt=pnl["pnl_usdt"])
-        ((out["max_drawdown_usdt"], out["loss_stop_at_frac"]),) = con.sql(
-            "SELECT (SELECT min(drawdown) FROM equity), (SELECT after_frac FROM loss_stop)"
-        ).fetchall()
-        return out
-    finally:
-        con.close()
+    run = Path(run_dir)
+    verify_run(run)
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    return _stats(Tally.of_run(run).summary(manifest))
 
 
 def _peak_rss_mb() -> float:
@@ -480,11 +493,30 @@ def run_key(session_digest: str, phash: str) -> str:
     return f"{session_digest[:16]}-{phash[:16]}"
 
 
-def run_one(session: str, params: Mapping[str, Any], *, runs_dir: str, version: str = "") -> dict[str, Any]:
-    """Replay ``session`` with ``params`` into ``runs_dir/<key>``; return its results row.
+def replay_command(session: str, params: Mapping[str, Any], out: str = "") -> str:
+    """The ``dualhub replay`` command line of a sweep row: its session and parameters (``--params``)."""
+    import shlex
 
-    Never raises for a failed run (an ``Exception`` becomes the row's ``error``). ``peak_rss_mb`` is
-    the process's peak resident set so far (in a serial sweep: the largest run up to this one).
+    cmd = ["dualhub", "replay", session, "--params", param_json(params)]
+    return shlex.join([*cmd, "--out", out] if out else cmd)
+
+
+def run_one(
+    session: str,
+    params: Mapping[str, Any],
+    *,
+    runs_dir: str,
+    version: str = "",
+    keep_log: bool = True,
+    market_cache: bool = True,
+) -> dict[str, Any]:
+    """Replay ``session`` with ``params``; return its results row.
+
+    ``keep_log``: the run's event log goes to ``runs_dir/<key>``; else only its digest and summary are
+    kept (a portfolio's runs always write theirs). ``market_cache``: the session's market cache is read,
+    or built by this run (``replay.market_cache``). Never raises for a failed run (an ``Exception``
+    becomes the row's ``error``). ``peak_rss_mb`` is the process's peak resident set so far (in a serial
+    sweep: the largest run up to this one).
     """
     from engine.optional import quiet_cuda_fallback
 
@@ -505,15 +537,21 @@ def run_one(session: str, params: Mapping[str, Any], *, runs_dir: str, version: 
         cfg = build_config(params)
         row["config_sha256"] = cfg.sha256()
         run_dir = Path(runs_dir) / run_key(row["session_digest"], row["param_hash"])
-        res = run_replay(session, cfg, out_dir=run_dir, overwrite=True)
+        keep = keep_log or bool(cfg.symbols)
+        res = run_replay(
+            session, cfg, out_dir=run_dir, overwrite=True, market_cache=market_cache, metrics_only=not keep
+        )
         row.update(
-            run_dir=str(res.run_dir),
+            run_dir=str(res.run_dir) if keep else "",
+            log_kept=keep,
+            market_cache=res.market_cache,
+            replay_command=replay_command(row["session"], params, str(run_dir)),
             digest=res.digest,
             books=res.books,
             trades=res.trades,
             fills=res.counts.get("fill", 0),
         )
-        row.update(run_stats(res.run_dir))
+        row.update(run_stats(res.run_dir) if keep else _stats(res.summary))
     except Exception as e:  # a failed run is a result, not a crashed sweep
         row["error"] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     row["wall_s"] = time.perf_counter() - t0
@@ -620,6 +658,101 @@ class SweepSummary:
     notes: tuple[str, ...] = ()  # lines for the user (e.g. :func:`loss_stop_note`)
 
 
+LOWER_IS_BETTER: Final = frozenset(
+    {
+        "risk_rejections",
+        "kev_drops",
+        "wall_s",
+        "peak_rss_mb",
+        *(f"{s}_p{q}_ms" for s in LATENCY_SPANS for q in (50, 99)),
+    }
+)
+DEFAULT_RANK: Final = "sharpe"
+
+
+def parse_keep_logs(spec: str) -> int | None:
+    """``--keep-logs``: ``all`` (None: every run), ``best:K`` (K), ``none`` (0)."""
+    if spec == "all":
+        return None
+    if spec == "none":
+        return 0
+    head, _, k = spec.partition(":")
+    if head == "best" and k.isdigit() and int(k) > 0:
+        return int(k)
+    raise DualhubError(f"--keep-logs {spec!r}: expected all, none or best:K (K >= 1)")
+
+
+def check_metric(name: str) -> None:
+    numeric = {f.name for f in RESULT_SCHEMA if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)}
+    numeric |= {f.name for f in RESULT_SCHEMA if pa.types.is_decimal(f.type)}
+    if name not in numeric:
+        raise DualhubError(f"unknown metric {name!r}; e.g. sharpe, pnl_usdt, max_drawdown_usdt, fills")
+
+
+def _rank_value(row: Mapping[str, Any], metric: str) -> float:
+    v = row.get(metric)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return -math.inf
+    return -float(v) if metric in LOWER_IS_BETTER else float(v)
+
+
+def best_rows(rows: Sequence[Mapping[str, Any]], metric: str, k: int) -> list[Mapping[str, Any]]:
+    """The ``k`` finished runs best by ``metric`` (highest first; lowest for :data:`LOWER_IS_BETTER`)."""
+    done = [r for r in rows if not r.get("error")]
+    return sorted(done, key=lambda r: (-_rank_value(r, metric), r["param_hash"]))[:k]
+
+
+def best_table(rows: Sequence[Mapping[str, Any]], metric: str, n: int = 10) -> tuple[list[str], list[tuple]]:
+    """``--best METRIC``: the swept parameter sets (seeds and sessions pooled) by their mean ``metric``,
+    best first, with its spread over the pooled runs and the other headline metrics' means."""
+    check_metric(metric)
+    done = [r for r in rows if not r.get("error")]
+    swept_cols = sorted(
+        c
+        for c in {k for r in done for k in r if k.startswith(PARAM_PREFIX) and k != "p_seed"}
+        if len({repr(r.get(c)) for r in done}) > 1
+    )
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in done:
+        groups.setdefault(tuple(repr(r.get(c)) for c in swept_cols), []).append(r)
+    shown = [m for m in ("pnl_usdt", "sharpe", "max_drawdown_usdt", "fills") if m != metric]
+
+    def mean(rs: Sequence[Mapping[str, Any]], m: str) -> float | None:
+        vals = [float(r[m]) for r in rs if r.get(m) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    table = []
+    for rs in groups.values():
+        vals = [float(r[metric]) for r in rs if r.get(metric) is not None]
+        mu = sum(vals) / len(vals) if vals else None
+        sd = (
+            math.sqrt(sum((v - mu) ** 2 for v in vals) / (len(vals) - 1))
+            if mu is not None and len(vals) > 1
+            else None
+        )
+        table.append((rs, mu, sd))
+    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
+    table.sort(key=lambda t: (t[1] is None, -sign * (t[1] or 0.0)))
+    columns = ["rank", *(c[len(PARAM_PREFIX) :] for c in swept_cols), "runs", metric, "sd", *shown]
+    out = []
+    for i, (rs, mu, sd) in enumerate(table[:n]):
+        out.append(
+            (
+                i + 1,
+                *(rs[0].get(c) for c in swept_cols),
+                len(rs),
+                _fmt(mu),
+                _fmt(sd),
+                *(_fmt(mean(rs, m)) for m in shown),
+            )
+        )
+    return columns, out
+
+
+def _fmt(v: float | None) -> str:
+    return "" if v is None else f"{v:.6g}"
+
+
 def sweep(
     grid: Grid,
     sessions: Sequence[Path | str],
@@ -629,8 +762,17 @@ def sweep(
     overwrite: bool = False,
     progress: bool = True,
     runner: Callable[..., dict[str, Any]] = run_one,
+    keep_logs: str = "none",
+    rank_by: str = DEFAULT_RANK,
+    market_cache: bool = True,
 ) -> SweepSummary:
-    """Run every (session, grid point) serially in this process; write the results table."""
+    """Run every (session, grid point) serially in this process; write the results table.
+
+    ``keep_logs``: ``none`` (every run keeps its digest and summary row only), ``all`` (every run writes
+    its event log), ``best:K`` (the K best runs by ``rank_by`` are replayed again with their logs
+    written, once the sweep is done: the same digest, or the row says it was not)."""
+    keep_k = parse_keep_logs(keep_logs)
+    check_metric(rank_by)
     out = Path(out)
     if out.exists() and not (resume or overwrite):
         raise DualhubError(f"{out} exists; pass --resume to continue that sweep or --overwrite to replace it")
@@ -655,7 +797,14 @@ def sweep(
                 continue
             if bar:
                 bar.describe(f"{Path(session).name} {param_json({k: params[k] for k in grid.axes})}")
-            row = runner(str(session), params, runs_dir=str(runs_dir), version=version)
+            row = runner(
+                str(session),
+                params,
+                runs_dir=str(runs_dir),
+                version=version,
+                keep_log=keep_k is None,
+                market_cache=market_cache,
+            )
             ran += 1
             if row["error"]:
                 failed += 1
@@ -673,10 +822,51 @@ def sweep(
     finally:
         if bar:
             bar.close()
+    if keep_k:
+        kept = _keep_best(rows, keep_k, rank_by, runner, str(runs_dir), version, market_cache)
+        index.clear()
+        atomic_write_parquet(results_table(rows), out)
     if not out.exists():  # everything skipped and nothing to rewrite, or an empty grid
         atomic_write_parquet(results_table(rows), out)
     notes = tuple(n for n in (loss_stop_note(rows),) if n)
+    if keep_k:
+        notes += (f"event logs kept for the {kept} best run(s) by {rank_by} (--keep-logs best:{keep_k})",)
     return SweepSummary(out=out, ran=ran, skipped=skipped, failed=failed, rows=len(rows), notes=notes)
+
+
+def _keep_best(
+    rows: list[dict[str, Any]],
+    k: int,
+    rank_by: str,
+    runner: Callable[..., dict[str, Any]],
+    runs_dir: str,
+    version: str,
+    market_cache: bool,
+) -> int:
+    """Replay the ``k`` best rows again with their event logs written, in place in ``rows``. A replay is
+    deterministic: the kept log's digest must be the row's; where it is not, the row says so."""
+    kept = 0
+    for best in best_rows(rows, rank_by, k):
+        if best.get("log_kept"):
+            kept += 1
+            continue
+        i = rows.index(best)  # type: ignore[arg-type]
+        params = orjson.loads(best["params"])
+        row = runner(
+            best["session"],
+            params,
+            runs_dir=runs_dir,
+            version=version,
+            keep_log=True,
+            market_cache=market_cache,
+        )
+        if not row["error"] and row["digest"] != best["digest"]:
+            row["error"] = (
+                f"the kept log's digest {row['digest']} is not the metrics-only run's {best['digest']}"
+            )
+        rows[i] = row
+        kept += not row["error"]
+    return kept
 
 
 class _Progress:

@@ -320,13 +320,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         print(f"plot: {plot_sweep(read_results(Path(res.out)), args.plot)}")
     if args.best and "://" not in str(res.out):
+        from rich.console import Console
+
         from engine.report.report import Section, print_table
         from replay.sweep import best_table, read_results
 
-        from rich.console import Console
-
         columns, rows = best_table(read_results(Path(res.out)), args.best)
-        print_table(Console(), Section("best", f"best by {args.best} (mean over seeds and sessions)", columns, rows))
+        title = f"best by {args.best} (mean over seeds and sessions)"
+        print_table(Console(), Section("best", title, columns, rows))
     return 1 if res.failed else 0
 
 

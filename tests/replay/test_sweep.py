@@ -110,6 +110,8 @@ def test_sweep_grid_rows_match_direct_runs_and_resume_skips(session, tmp_path, c
         "--out",
         str(out),
         "--serial",
+        "--keep-logs",
+        "all",
     ]
     assert main([*cmd, "--no-progress"]) == 0
     rows = pq.read_table(out).to_pylist()

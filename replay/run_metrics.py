@@ -1,0 +1,220 @@
+"""A run's summary row (PnL and its split, Sharpe, drawdown, fills, refusals by rule, Kev use, latency
+percentiles), from its event log's streams: as a metrics-only replay hands them over, or read back
+from a written run. One implementation either way, so a metrics-only row equals the row of the same
+run written in full (``tests/replay/test_sweep_metrics.py``).
+
+:class:`MetricsLog` is the event log of a metrics-only run: every stream is hashed at the same flush
+points as a written log (the same digest: ``engine.eventlog``), then handed to a :class:`Tally` instead
+of a Parquet writer. The tally counts what it can as the tables go by and keeps only what the report's
+SQL needs: the fills and the refused risk decisions (a few percent of the events). :meth:`Tally.summary`
+then runs the report's own views (``engine/report/views.sql``) over them with DuckDB, the books from
+the session's files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from engine.eventlog import OUTPUT_STREAMS, EventLog
+from engine.events import STREAMS
+
+SAMPLE_NS: Final = 1_000_000_000  # the performance view's default equity sampling (1 s)
+LATENCY_SPANS: Final = ("tick_to_order", "kev")  # percentiles kept in a row's flat columns
+_EVENTS_VIEW: Final = re.compile(r"read_parquet\(getvariable\('run'\) \|\| '/events/(\w+)\.parquet'\)")
+
+
+class Tally:
+    """What a run's summary needs, fed each stream's tables in seq order (:meth:`add`)."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, int] = {}
+        self.orders = self.kev_requests = self.kev_responses = self.kev_drops = 0
+        self.refusals: dict[str, int] = {}
+        self._fills: list[pa.Table] = []
+        self._refused: list[pa.Table] = []
+        self._spans: dict[str, list[np.ndarray]] = {}
+
+    def add(self, stream: str, table: pa.Table) -> None:
+        if not table.num_rows:
+            return
+        if stream == "label":
+            for v in pc.value_counts(table.column("label")).to_pylist():
+                self.labels[v["values"]] = self.labels.get(v["values"], 0) + v["counts"]
+        elif stream == "order":
+            self.orders += int(pc.sum(pc.equal(table.column("kind"), "new")).as_py() or 0)
+        elif stream == "kev_request":
+            self.kev_requests += table.num_rows
+        elif stream == "kev_response":
+            self.kev_responses += table.num_rows
+        elif stream == "kev_queue":
+            self.kev_drops += int(pc.sum(pc.starts_with(table.column("kind"), "dropped")).as_py() or 0)
+        elif stream == "risk":
+            refused = table.filter(pc.invert(table.column("accepted")))
+            if refused.num_rows:
+                self._refused.append(refused)
+                for v in pc.value_counts(refused.column("reason")).to_pylist():
+                    self.refusals[v["values"]] = self.refusals.get(v["values"], 0) + v["counts"]
+        elif stream == "fill":
+            self._fills.append(table)
+        elif stream == "latency":
+            names, dur = table.column("name"), table.column("dur_ns")
+            for name in LATENCY_SPANS:
+                got = dur.filter(pc.equal(names, name)).to_numpy()
+                if len(got):
+                    self._spans.setdefault(name, []).append(got)
+
+    @classmethod
+    def of_run(cls, run_dir: Path | str) -> Tally:
+        """The tally of a written run, its streams read a row group at a time."""
+        t = cls()
+        for stream in OUTPUT_STREAMS:
+            pf = pq.ParquetFile(Path(run_dir) / "events" / f"{stream}.parquet")
+            for g in range(pf.metadata.num_row_groups):
+                t.add(stream, pf.read_row_group(g))
+        return t
+
+    def _table(self, stream: str) -> pa.Table:
+        parts = {"fill": self._fills, "risk": self._refused}.get(stream, [])
+        schema = STREAMS[stream].schema
+        return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
+
+    def summary(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """The row's metrics, the report's views run over the kept streams (``manifest``: the run's, as
+        written or as a metrics-only run would have written it)."""
+        import duckdb
+
+        from engine.report.report import views_sql
+
+        out: dict[str, Any] = {
+            "orders": self.orders,
+            "kev_requests": self.kev_requests,
+            "kev_responses": self.kev_responses,
+            "kev_drops": self.kev_drops,
+            "risk_rejections": sum(self.refusals.values()),
+            "refusals": json.dumps(dict(sorted(self.refusals.items()))),
+            "label_counts": dict(self.labels),
+        }
+        for name in LATENCY_SPANS:
+            a = np.concatenate(self._spans[name]) if name in self._spans else np.zeros(0, np.int64)
+            for q in (50, 99):
+                out[f"{name}_p{q}_ms"] = float(np.percentile(a, q)) / 1e6 if len(a) else None
+        con = duckdb.connect()
+        try:
+            with tempfile.TemporaryDirectory(prefix="dualhub-metrics-") as td:
+                (Path(td) / "manifest.json").write_text(json.dumps(manifest))
+                sql = needed_views(views_sql(), _ROOTS)
+                for stream in sorted(set(_EVENTS_VIEW.findall(sql))):  # those not kept: empty, same schema
+                    con.register(f"_events_{stream}", self._table(stream))
+                con.execute(f"SET VARIABLE run = '{td}'")
+                con.execute(_EVENTS_VIEW.sub(lambda m: f"_events_{m.group(1)}", sql))
+                out.update(_performance(con))
+        finally:
+            con.close()
+        return out
+
+
+_ROOTS: Final = ("symbol_pnl", "run_symbols", "pnl_attribution", "equity", "loss_stop", "run_symbol")
+_CREATES: Final = re.compile(r"^\s*(?:CREATE\s+VIEW|SET\s+VARIABLE)\s+\"?(\w+)\"?", re.I | re.M)
+
+
+def needed_views(sql: str, roots: tuple[str, ...]) -> str:
+    """The statements of ``sql`` (views.sql) that the views and variables ``roots`` read, transitively,
+    in their order: a summary binds a few of its views, not all of them (binding every view of the
+    file took most of a summary's time)."""
+    stmts = [re.sub(r"--[^\n]*", "", x) for x in re.split(r";[ \t]*\n", sql)]
+    stmts = [x for x in stmts if _CREATES.search(x)]
+    names = [_CREATES.search(x).group(1) for x in stmts]  # type: ignore[union-attr]
+    body = dict(zip(names, stmts, strict=True))
+    want, todo = set(), list(roots)
+    while todo:
+        n = todo.pop()
+        if n in want or n not in body:
+            continue
+        want.add(n)
+        todo.extend(m for m in names if m != n and re.search(rf"\b{m}\b", body[n]))
+    return ";\n".join(x for n, x in zip(names, stmts, strict=True) if n in want) + ";\n"
+
+
+def _one(con: Any, sql: str) -> dict[str, Any]:
+    rel = con.sql(sql)
+    rows = rel.fetchall()
+    return dict(zip(rel.columns, rows[0], strict=True)) if rows else {}
+
+
+def _performance(con: Any) -> dict[str, Any]:
+    from engine.report.report import load_queries
+
+    pnl_sql = next(sql for name, _, sql in load_queries() if name == "pnl")
+    pnl = _one(con, pnl_sql)
+    split = _one(con, "SELECT spread_capture, inventory, fees, turnover_usdt, fills FROM pnl_attribution")
+    stop = _one(con, "SELECT after_frac FROM loss_stop")
+    eq = con.sql("SELECT ts_recv, pnl, drawdown FROM equity ORDER BY ts_recv, seq").fetchnumpy()
+    return {
+        "position": float(pnl["position"]) if pnl else 0.0,
+        "fees_usdt": pnl.get("fees_usdt"),
+        "pnl_usdt": pnl.get("pnl_usdt"),
+        "spread_capture_usdt": split.get("spread_capture"),
+        "inventory_usdt": split.get("inventory"),
+        "fees_paid_usdt": split.get("fees"),
+        "turnover_usdt": split.get("turnover_usdt"),
+        "fills": split.get("fills", 0),
+        "max_drawdown_usdt": float(eq["drawdown"].min()) if len(eq["drawdown"]) else None,
+        "loss_stop_at_frac": stop.get("after_frac"),
+        "sharpe": sharpe(np.asarray(eq["ts_recv"]), np.asarray(eq["pnl"])),
+    }
+
+
+def sharpe(ts: np.ndarray, pnl: np.ndarray, sample_ns: int = SAMPLE_NS) -> float | None:
+    """The performance view's annualised Sharpe (``engine/report/views.sql``): equity sampled every
+    ``sample_ns`` from the first book (the last equity row at or before each instant), mean over sample
+    standard deviation of its changes, times sqrt(samples in 365 days). None where it is undefined.
+    The view's ASOF join takes minutes on a session of a million books; this is its arithmetic on the
+    equity rows the view gives (a test holds the two equal)."""
+    if len(ts) == 0:
+        return None
+    t = np.arange(int(ts[0]), int(ts[-1]) + 1, sample_ns, dtype=np.int64)
+    at = np.searchsorted(ts, t, side="right") - 1
+    ret = np.diff(pnl[at])
+    if len(ret) < 2:
+        return None
+    sd = float(np.std(ret, ddof=1))
+    if sd == 0 or not math.isfinite(sd):
+        return None
+    return float(np.mean(ret)) / sd * math.sqrt(365 * 86400e9 / sample_ns)
+
+
+class MetricsLog(EventLog):
+    """An event log that writes nothing: each stream is hashed at the flush points a written log has
+    (the same digest and counts) and handed to :attr:`tally`."""
+
+    def __init__(self, *, flush_rows: int = 16_384) -> None:
+        # a directory set (never written): flush points are those of a streaming log
+        super().__init__(Path(tempfile.gettempdir()) / "dualhub-metrics-only", flush_rows=flush_rows)
+        self.tally = Tally()
+
+    def _flush(self, stream: str) -> None:
+        table = self._pending(stream, consume=True)
+        if table is None:
+            return
+        self._digests[stream].update(table)
+        self._flushed[stream] += table.num_rows
+        self.tally.add(stream, table)
+
+    def write(self, events_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+        for stream in OUTPUT_STREAMS:
+            self._flush(stream)
+        return {}
+
+    def abandon(self) -> None:
+        return None
