@@ -347,6 +347,15 @@ class Engine:
         )  # fmt: skip
         self._after(now)
 
+    def step(self, fn: Any) -> Any:
+        """``fn(core, b_loc)`` as a step of this instrument now (a portfolio's unit of legs and its
+        hedges, engine/legs.py): its result."""
+        now = self.clock.now_ns()
+        c = self._room(now)
+        out = fn(c, self.b_loc)
+        self._after(now)
+        return out
+
     def pull(self) -> None:
         """EMERGENCY on another instrument of the portfolio: pull the quotes here too (``step_pull``)."""
         now = self.clock.now_ns()

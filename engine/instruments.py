@@ -30,6 +30,7 @@ from engine import kernel as K
 from engine.errors import DualhubError
 from engine.kev.advisor import InstrumentState, KevContextV2, PairState
 from engine.kev.command import ACTIONS, CommandV2, check_pairs, command_rows
+from engine.legs import Legs, checked_leg_hedge
 from engine.kev.pairs import P_BETA, P_SPREAD, PAIR_STATE_SIZE, pair_state, pair_z
 from engine.state import LABEL_NAMES
 
@@ -106,9 +107,13 @@ class Portfolio:
         pairs: tuple[tuple[str, str], ...] = (),
         hub: bool = False,
         pair_half_life_ns: int = 60_000_000_000,
+        leg_timeout_ns: int = 1_000_000_000,
+        leg_hedge: str = "cross",
     ) -> None:
         """``pairs``: (leader, follower) pairs whose hedge ratio the portfolio fits from the marks;
-        ``hub``: Kev answers for the whole portfolio (v2 contexts and commands)."""
+        ``hub``: Kev answers for the whole portfolio (v2 contexts and commands), each command's legs
+        going out as one unit, a lagging leg hedged ``leg_timeout_ns`` later as ``leg_hedge`` says
+        (engine/legs.py)."""
         if len(set(symbols)) != len(symbols) or not symbols:
             raise ValueError(f"a portfolio needs distinct symbols, got {list(symbols)}")
         if why := check_pairs(symbols, pairs):
@@ -132,6 +137,8 @@ class Portfolio:
         self.LR = np.zeros((n, 1 + K.LABELS_KEPT), dtype=np.int64)
         self.engines: list[Engine] = []
         self._by_symbol: dict[str, Engine] = {}
+        self.legs = Legs(self.symbols, int(leg_timeout_ns), checked_leg_hedge(leg_hedge) == "cross")
+        self.ending = False  # the driver's input has ended: a leg check with nothing left to wait for is dropped
 
     def join(self, engine: Engine) -> int:
         """``engine`` trades the next symbol; its instrument index."""
@@ -140,6 +147,8 @@ class Portfolio:
             raise ValueError(f"engine for {engine.cfg.symbol} joins a portfolio expecting {self.symbols}")
         self.engines.append(engine)
         self._by_symbol[engine.cfg.symbol] = engine
+        if self.hub:
+            engine.core.S[K.S_UNIT] = 1  # its replies' legs go out with the others' (engine/legs.py)
         return i
 
     def engine(self, symbol: str) -> Engine:
@@ -161,9 +170,39 @@ class Portfolio:
 
     def fan_out(self, source: Engine, cmd: CommandV2, cid: int, rid: int, ts_ctx: int) -> None:
         """Command ``cid`` (the reply to ``source``'s request ``rid``) sets every other instrument's
-        target, in instrument order."""
+        target, in instrument order; then every leg goes out as one unit (engine/legs.py)."""
+        order = [source.inst]
         for i, part in fan_out_parts(self.symbols, source.inst, cmd):
-            self.engines[i].command(cid, rid, ts_ctx, *part)
+            order.append(i)
+            self.engines[i].step(
+                lambda c, b, p=part: K.step_command_part(
+                    cid, rid, ts_ctx, *p, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work,
+                    c.recent, c.eng_book, b, c.OUTI, c.OUTF, c.NOUT, c.SCR,
+                )
+            )  # fmt: skip
+        now = source.clock.now_ns()
+        self.legs.send(self._step, [e.core for e in self.engines], self.PI, self.PF, order, now, ts_ctx)
+        self._arm()
+
+    def _step(self, i: int, fn: Any) -> Any:
+        return self.engines[i].step(fn)
+
+    def _arm(self) -> None:
+        """The leg check due (PI_LEG_DUE) on the engines' clock."""
+        due = int(self.PI[K.PI_LEG_DUE])
+        if due > 0:
+            self.engines[0].clock.schedule(due, K.PRIO_LEG, _LegTimer(self, due))
+
+    def check_legs(self, due: int) -> None:
+        """The leg check at ``due``, unless a later unit moved it (its own timer comes then)."""
+        if int(self.PI[K.PI_LEG_DUE]) != due:
+            return
+        clock = self.engines[0].clock
+        if self.ending and not any(not isinstance(t[3], _LegTimer) for t in getattr(clock, "timers", ())):
+            self.PI[K.PI_LEG_DUE] = 0  # the input ended and nothing is pending that could fill a leg
+            return
+        self.legs.check(self._step, [e.core for e in self.engines], self.PI, self.PF, due)
+        self._arm()
 
     def emergency(self, source: Engine) -> None:
         """An EMERGENCY label on ``source``'s instrument: the others pull their quotes, in instrument
@@ -207,6 +246,18 @@ class Portfolio:
             view = e.portfolio
             total += view.cash if view.position == 0 else view.pnl(mark)
         return total
+
+
+class _LegTimer:
+    """The clock's payload for a leg check."""
+
+    __slots__ = ("pf", "due")
+
+    def __init__(self, pf: Portfolio, due: int) -> None:
+        self.pf, self.due = pf, due
+
+    def __call__(self) -> None:
+        self.pf.check_legs(self.due)
 
 
 class HubState(Protocol):

@@ -126,6 +126,7 @@ ST_GROW_WORK = 7  # the working-order list must grow (fast_path doubles it) befo
 ST_NEED_KEV = 8  # a Kev request started whose advisor answers in Python (C_KEV_ASK): fast_path answers it
 ST_UNSUPPORTED = 9
 ST_HUB = 10  # a portfolio's Kev hub command (PI_FAN) goes to the other instruments before the next step
+ST_LEG = 11  # a hub command's leg timeout (PI_LEG_DUE) is due: engine/legs.py checks the legs
 # why unsupported
 U_NONE, U_PX_DECIMALS, U_OVERFLOW, U_TABLE, U_LOOK_AHEAD, U_SIZE = 0, 1, 2, 3, 4, 5
 UNSUPPORTED_TEXT = (
@@ -183,7 +184,10 @@ S_XPOS = 40  # the position as the simulated venue knows it, in lots (SimExchang
 # Cash and fees (integers of 1e-12 USDT) as two words each, HI * 2**32 + LO with 0 <= LO < 2**32 (the
 # risk rules read money so): an int64 of 1e-12 would hold only 9.2 million USDT
 S_CASH_LO, S_FEES_LO = 41, 42
-S_SIZE = 43
+# 1: Kev is a portfolio's hub and its commands go out as one unit (engine/legs.py): a reply that becomes
+# this core's command does not rebalance at once; the unit sends every instrument's leg together
+S_UNIT = 43
+S_SIZE = 44
 # SF (float64 scalars)
 SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
 # 3..5: the rest of the portfolio (the other instruments one engine trades), written before each step
@@ -1023,14 +1027,15 @@ def _requote(
 
 
 @njit
-def _rebalance(
-    S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
-):
+def leg_order(S, SF, C, CF, OI, work):
+    """(side, qty) of the market order this core sends now towards Kev's target (``_rebalance``), or
+    (NO_ORDER, 0.0): none while the advice is stale, the book missing, the last one too recent or a
+    market order still working. A flatten sends what the quotes resting on its side leave uncovered."""
     now = S[S_NOW]
     if S[S_CMD] == 0 or now > S[S_CMD_VALID_UNTIL] or S[S_ENG_BOOK] == 0:
-        return
+        return NO_ORDER, 0.0
     if now - S[S_LAST_REBALANCE] < C[C_REBALANCE_MIN]:
-        return
+        return NO_ORDER, 0.0
     side, qty = rebalance_order(
         _target(S, SF, CF, now),
         S[S_POS],
@@ -1040,23 +1045,34 @@ def _rebalance(
         CF[CF_MIN_QTY],
     )
     if side == NO_ORDER:
-        return
+        return NO_ORDER, 0.0
     same = 0  # lots resting on the order's side
     for w in range(S[S_NWORK]):
         o = work[w] & (OI.shape[0] - 1)
         if OI[o, OI_TYPE] == MARKET:
-            return
+            return NO_ORDER, 0.0
         if OI[o, OI_SIDE] == side:
             same += OI[o, OI_LOTS] - OI[o, OI_FILLED]
-    flatten = S[S_CMD_ACTION] == A_FLATTEN
-    if flatten:
+    if S[S_CMD_ACTION] == A_FLATTEN:
         # reduce-only counts the quotes resting on its side (the gateway's reduce_only rule): flatten what
         # they leave uncovered, or wait for them (a requote or a fill) rather than be refused
         room = abs(S[S_POS]) - same
         if room < lots_of(qty, CF[CF_SIZE_STEP]):
             if room <= 0 or size_of(room, C) < CF[CF_MIN_QTY]:
-                return
+                return NO_ORDER, 0.0
             qty = size_of(room, C)
+    return side, qty
+
+
+@njit
+def _rebalance(
+    S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
+):
+    side, qty = leg_order(S, SF, C, CF, OI, work)
+    if side == NO_ORDER:
+        return
+    now = S[S_NOW]
+    flatten = S[S_CMD_ACTION] == A_FLATTEN
     S[S_LAST_REBALANCE] = now
     _send_new(
         S,
@@ -1582,27 +1598,11 @@ def _engine_timer(
             S, SF, C, OUTI, OUTF, NOUT, cid, a, ts_ctx, RI[r, RI_ACTION], RF[r, RF_TARGET], RF[r, RF_HEDGE],
             RF[r, RF_SLIP],
         )  # fmt: skip
-        _rebalance(
-            S,
-            SF,
-            C,
-            CF,
-            OI,
-            OF,
-            HI,
-            HF,
-            olat,
-            work,
-            recent,
-            eng_book,
-            b_loc,
-            ts_ctx,
-            OUTI,
-            OUTF,
-            NOUT,
-            lpx,
-            lq,
-        )
+        if S[S_UNIT] == 0:  # a hub's unit sends every leg together, after every part is applied
+            _rebalance(
+                S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, ts_ctx, OUTI, OUTF, NOUT,
+                lpx, lq,
+            )  # fmt: skip
         if S[S_WHY] != U_NONE:
             return
         _kev_pump(
@@ -1857,6 +1857,66 @@ def step_command(
 
 
 @njit
+def step_command_part(
+    cid, rid, ts_ctx, action, target, hedge, slip, S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book,
+    b_loc, OUTI, OUTF, NOUT, SCR,
+):  # fmt: skip
+    """Kev's portfolio command ``cid``: this instrument's part of it becomes its advice, without the
+    order towards it: a hub's unit (engine/legs.py) sends every leg once every part is applied."""
+    _apply_command(S, SF, C, OUTI, OUTF, NOUT, cid, rid, ts_ctx, action, target, hedge, slip)
+
+
+@njit
+def step_rebalance(
+    origin, S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, OUTI, OUTF, NOUT, SCR
+):  # fmt: skip
+    """This instrument's leg of a hub's unit: the market order towards its target (``leg_order``),
+    through the risk gateway; ``origin``: when the command's context was taken."""
+    lpx, lq, _ = _scratch_f(SCR)
+    _rebalance(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq)
+
+
+@njit
+def step_hedge(
+    side, lots, cross, cancel_oid, S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, OUTI, OUTF,
+    NOUT, SCR,
+):  # fmt: skip
+    """A legging residual of ``lots`` on this instrument is hedged now (engine/legs.py): a market order
+    (``cross``), else a limit order at the far touch (the price that fills now, the rest resting there
+    until the next check reprices it); ``cancel_oid`` (> 0): the previous hedge, cancelled first if it
+    still works. Judged by the risk gateway as an order on Kev's command. Returns the order's id."""
+    lpx, lq, _ = _scratch_f(SCR)
+    mask = OI.shape[0] - 1
+    if cancel_oid > 0 and OI[cancel_oid & mask, OI_OID] == cancel_oid:
+        st = OI[cancel_oid & mask, OI_STATUS]
+        if OI[cancel_oid & mask, OI_TYPE] == LIMIT and (st == PENDING_NEW or st == LIVE):
+            _send_cancel(S, C, OI, OF, HI, HF, olat, cancel_oid, OUTI, OUTF, NOUT)
+    now = S[S_NOW]
+    qty = size_of(lots, C)
+    otype = MARKET
+    px = NAN
+    if not cross:
+        otype = LIMIT
+        px = eng_book[30] if side == BUY else eng_book[0]
+    oid = S[S_OID] + 1
+    _send_new(
+        S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, side, otype, px, qty, now,
+        SF[SF_CMD_SLIP], False, SRC_KEV, now - S[S_CMD_TS_RECV], OUTI, OUTF, NOUT, lpx, lq,
+    )  # fmt: skip
+    return oid
+
+
+@njit
+def order_fill(OI, oid):
+    """(lots filled, whether the order is done) of order ``oid`` as the engine knows it; (-1, True)
+    when its row already serves another order."""
+    r = oid & (OI.shape[0] - 1)
+    if OI[r, OI_OID] != oid:
+        return -1, True
+    return OI[r, OI_FILLED], OI[r, OI_STATUS] == DONE
+
+
+@njit
 def step_kill(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
     """The kill switch: no new orders from now on (the risk gateway's first rule); working limit
     orders are cancelled."""
@@ -1934,9 +1994,15 @@ def step_warm(S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc, SCR):
 # stop). PI_HUB: Kev answers for the whole portfolio; PI_FAN: the request (+1) whose reply to the
 # instrument PI_CUR has just become a command of the hub, which the other instruments take next.
 PI_OID, PI_RID, PI_CMD_ID, PI_SEQ, PI_LAG_USED, PI_WALK, PI_CUR, PI_HUB, PI_FAN = 0, 1, 2, 3, 4, 5, 6, 7, 8
-PI_SIZE = 9
-PF_MARK, PF_DELTA, PF_GROSS, PF_PNL = 0, 1, 2, 3
-PF_COLS = 4
+# PI_LEG_DUE: when a hub command's legs are checked for legging (engine/legs.py; 0: no check pending),
+# a timer of priority PRIO_LEG on the one clock
+PI_LEG_DUE = 9
+PI_SIZE = 10
+PRIO_LEG = 55  # no other timer or input has it: the leg check never ties with one
+# PF_LEG: while a hub command's legs go out (engine/legs.py), the USD notional each instrument's leg adds:
+# the portfolio rules judge each leg against the others after theirs, the portfolio after the command
+PF_MARK, PF_DELTA, PF_GROSS, PF_PNL, PF_LEG = 0, 1, 2, 3, 4
+PF_COLS = 5
 
 
 @njit
@@ -1953,12 +2019,32 @@ def pf_enter(PI, PF, i, S, SF):
     p = 0.0
     for j in range(PF.shape[0]):
         if j != i:
-            d += PF[j, PF_DELTA]
-            g += PF[j, PF_GROSS]
+            leg = PF[j, PF_LEG]
+            if leg == 0.0:
+                d += PF[j, PF_DELTA]
+                g += PF[j, PF_GROSS]
+            else:  # its leg of the command going out: the others judged against it after its leg
+                d += PF[j, PF_DELTA] + leg
+                g += abs(PF[j, PF_DELTA] + leg)
             p += PF[j, PF_PNL]
     SF[SF_OTHERS_DELTA] = d
     SF[SF_OTHERS_GROSS] = g
     SF[SF_OTHERS_PNL] = p
+
+
+@njit
+def pf_leg(PF, i, S, SF, C, CF, OI, work):
+    """Instrument ``i``'s leg of a hub's unit (engine/legs.py): the order ``leg_order`` sends now, as
+    (side, lots), its USD notional at the mark in PF[i, PF_LEG] (0 without one, or no mark)."""
+    side, qty = leg_order(S, SF, C, CF, OI, work)
+    PF[i, PF_LEG] = 0.0
+    if side == NO_ORDER:
+        return NO_ORDER, 0
+    lots = lots_of(qty, CF[CF_SIZE_STEP])
+    m = PF[i, PF_MARK]
+    if m > 0:
+        PF[i, PF_LEG] = (qty if side == BUY else -qty) * m
+    return side, np.int64(lots)
 
 
 @njit

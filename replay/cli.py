@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from engine.bounds import S_MAX, check_seed
+from engine.bounds import S_MAX, add_leg_args, check_seed, leg_fields
 from engine.errors import DualhubError
 from engine.risk import add_risk_args, risk_fields
 from engine.strategies.registry import add_strategy_args, strategy_fields
@@ -99,6 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "target: from the pairs rule on the fitted hedge ratios (engine/kev/pairs.py), or from llama-server "
         "asked the same v2 question (llm: with --kev-mode llm)",
     )
+    add_leg_args(p)
     p.add_argument("--out", type=Path, help="run directory (default SESSION/runs/run-<config hash>)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     p.add_argument(
@@ -356,6 +357,7 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     cfg = ReplayConfig(
         **_symbol(args),
         **({"kev_hub": args.kev_hub} if getattr(args, "kev_hub", None) else {}),
+        **leg_fields(args),
         **({"instruments": instrument_args(args.instrument)} if getattr(args, "instrument", None) else {}),
         seed=args.seed,
         model_path=args.model or DEFAULT_MODEL,

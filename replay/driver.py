@@ -115,6 +115,10 @@ class ReplayConfig:
     pair_entry_z: float = 2.0
     pair_exit_z: float = 0.5
     pair_half_life_ms: int = 60_000
+    # a hub command's legs: one that lags this long after another filled is hedged (engine/legs.py),
+    # "cross" (a market order) or "reprice" (a limit order at the far touch, sent again each timeout)
+    leg_timeout_ms: int = 1_000
+    leg_hedge: str = "cross"
     model_path: Path = DEFAULT_MODEL
     laya_provider: str = "auto"
     laya_mode: str = "batch"  # "batch": features+inference over the whole session; "tick": per snapshot
@@ -248,7 +252,7 @@ class ReplayConfig:
         if not self.instruments:
             del d["instruments"]
         if not self.kev_hub:  # the pairs' settings mean nothing without the hub: run names stay
-            for name in ("kev_hub", "pair_entry_z", "pair_exit_z", "pair_half_life_ms"):
+            for name in ("kev_hub", "pair_entry_z", "pair_exit_z", "pair_half_life_ms", "leg_timeout_ms", "leg_hedge"):
                 del d[name]
         return orjson.loads(orjson.dumps(d, default=str))
 

@@ -369,6 +369,7 @@ class PortfolioRun:
             r.lags = self.lags
             if self.state.hub:
                 r.hub = self
+                r.S[K.S_UNIT] = 1  # the hub's commands go out as units (engine/legs.py)
         # Recorded order latencies (a live portfolio's): one table of each kind for every instrument,
         # looked up in the order the instruments draw, as the per-event engines share the model. The
         # loop's cores then share one olat array (portfolio_unsupported refuses recorded and drawn
@@ -391,9 +392,9 @@ class PortfolioRun:
 
     def _fan_out(self) -> None:
         """The reply to request PI_FAN of instrument PI_CUR has just become its command: every other
-        instrument it names takes its part now, in instrument order (``step_command``), as
-        ``Portfolio.fan_out`` has the per-event engines do."""
-        PI, PF = self.PI, self.PF
+        instrument it names takes its part now, in instrument order (``step_command_part``), then every
+        leg goes out as one unit (engine/legs.py), as ``Portfolio.fan_out`` has the per-event engines do."""
+        PI = self.PI
         j = int(PI[K.PI_CUR])
         rid = int(PI[K.PI_FAN]) - 1
         PI[K.PI_FAN] = 0
@@ -401,36 +402,56 @@ class PortfolioRun:
         src = self.runs[j]
         ts_ctx = int(src.RI[rid & (src.RI.shape[0] - 1), K.RI_TS])
         now, cid = int(src.S[K.S_NOW]), int(PI[K.PI_CMD_ID])
+        order = [j]
         for o, part in fan_out_parts(self.state.symbols, j, cmd):
-            run = self.runs[o]
-            PI[K.PI_CUR] = o
-            while True:  # room for the step (a stop's handling may replace the run's arrays)
-                K.pf_enter(PI, PF, o, run.S, run.SF)
-                st = int(
-                    K.headroom(
-                        run.S, run.OI, run.RI, run.HI, run.NOUT, OUT_CAP, run.lags, run.olat, run.work,
-                        run.inflight,
-                    )
-                )  # fmt: skip
-                if st == K.ST_DONE:
-                    break
-                self.handle(st)
-            S, NOUT = run.S, run.NOUT
-            S[K.S_NOW] = now
-            S[K.S_SENT] = NOUT[K.O_ORDER]
-            before = NOUT.copy()
-            K.step_command(
-                cid, rid, ts_ctx, *part, S, run.SF, run.C, run.CF, run.OI, run.OF, run.HI, run.HF, run.olat,
-                run.work, run.recent, run.eng_book, self.b_loc[o], run.OUTI, run.OUTF, NOUT, run.SCR,
-            )  # fmt: skip
-            K.forward(S, run.C, run.OI, run.HI, run.HF, run.olat, run.OUTI, NOUT)
-            K.tag_rows(run.OUTI, NOUT, before, o)
-            K.pf_leave(PI, PF, o, S, run.C, run.eng_book)
-            if S[K.S_WHY] != K.U_NONE:
-                self.handle(K.ST_UNSUPPORTED)
-            if S[K.S_KEV_ASKED]:
-                self.handle(K.ST_NEED_KEV)
+            order.append(o)
+            self._step(o, now, lambda r, b, p=part: K.step_command_part(
+                cid, rid, ts_ctx, *p, r.S, r.SF, r.C, r.CF, r.OI, r.OF, r.HI, r.HF, r.olat, r.work, r.recent,
+                r.eng_book, b, r.OUTI, r.OUTF, r.NOUT, r.SCR,
+            ))  # fmt: skip
+        self.state.legs.send(
+            lambda o, fn: self._step(o, now, fn), self.runs, PI, self.PF, order, now, ts_ctx
+        )
         PI[K.PI_CUR] = j
+
+    def _legs(self) -> None:
+        """The leg check due at PI_LEG_DUE (engine/legs.py)."""
+        now = int(self.PI[K.PI_LEG_DUE])
+        self.state.legs.check(lambda o, fn: self._step(o, now, fn), self.runs, self.PI, self.PF, now)
+
+    def _step(self, o: int, now: int, fn: Any) -> Any:
+        """``fn(run, b_loc)`` as a step of instrument ``o`` at ``now``, as the loop steps it: room, the
+        portfolio's counters and risk view, its rows tagged, the orders on to its venue."""
+        PI, PF = self.PI, self.PF
+        cur = int(PI[K.PI_CUR])
+        PI[K.PI_CUR] = o
+        run = self.runs[o]
+        while True:  # room for the step (a stop's handling may replace the run's arrays)
+            K.pf_enter(PI, PF, o, run.S, run.SF)
+            st = int(
+                K.headroom(
+                    run.S, run.OI, run.RI, run.HI, run.NOUT, OUT_CAP, run.lags, run.olat, run.work,
+                    run.inflight,
+                )
+            )  # fmt: skip
+            if st == K.ST_DONE:
+                break
+            self.handle(st)
+            run = self.runs[o]
+        S, NOUT = run.S, run.NOUT
+        S[K.S_NOW] = now
+        S[K.S_SENT] = NOUT[K.O_ORDER]
+        before = NOUT.copy()
+        out = fn(run, self.b_loc[o])
+        K.forward(S, run.C, run.OI, run.HI, run.HF, run.olat, run.OUTI, NOUT)
+        K.tag_rows(run.OUTI, NOUT, before, o)
+        K.pf_leave(PI, PF, o, S, run.C, run.eng_book)
+        if S[K.S_WHY] != K.U_NONE:
+            self.handle(K.ST_UNSUPPORTED)
+        if S[K.S_KEV_ASKED]:
+            self.handle(K.ST_NEED_KEV)
+        PI[K.PI_CUR] = cur
+        return out
 
     # ------------------------------------------------------------ the loop's arrays and stops
 
@@ -460,6 +481,9 @@ class PortfolioRun:
             return True
         if status == K.ST_HUB:
             self._fan_out()
+            return True
+        if status == K.ST_LEG:
+            self._legs()
             return True
         again = run.handle(status)
         if status == K.ST_NEED_LATENCIES and self.shared_olat:  # made from the shared one: still one

@@ -222,6 +222,16 @@ def _due(TOP, n, t, p, bounded):
 
 
 @njit(inline="always")
+def _leg_first(PI, TOP, j, t, p):
+    """Whether a hub's leg check (PI_LEG_DUE, priority PRIO_LEG: engine/legs.py) runs before the walk
+    entry at (t, p) and before instrument j's next timer (j < 0: none)."""
+    due = PI[PI_LEG_DUE]
+    if due <= 0 or not (due < t or (due == t and PRIO_LEG < p)):
+        return False
+    return j < 0 or due < TOP[j, 1] or (due == TOP[j, 1] and PRIO_LEG < TOP[j, 2])
+
+
+@njit(inline="always")
 def _enter(j, n, S, SF, NOUT, PI, PF, before):
     """Before a step of instrument j: the portfolio's counters and risk view, and the rows before it
     (another instrument's, handed on already)."""
@@ -402,6 +412,8 @@ def run_pf(
         p = walk_prio[i]
         while True:  # timers that sort before this entry
             j = _due(TOP, n, t, p, True)
+            if _leg_first(PI, TOP, j, t, p):
+                return ST_LEG
             if j < 0:
                 break
             st = _timer_pf(
@@ -429,8 +441,10 @@ def run_all_pf(CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, l
     _tops(TOP, CORES, n)
     while True:
         j = _due(TOP, n, 0, 0, False)
-        if j < 0:
+        if j < 0:  # nothing left that could fill a leg: a leg check still due is left out
             return ST_DONE
+        if _leg_first(PI, TOP, j, TOP[j, 1] + 1, 0):
+            return ST_LEG
         st = _timer_pf(
             j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
         )

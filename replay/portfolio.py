@@ -36,7 +36,9 @@ from engine.core import PRIO_LABEL, Engine, EngineConfig, engine_config_from
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, BookSnapshot
+from engine import kernel as K
 from engine.instruments import Portfolio, instrument_config
+from engine.legs import Legs
 from engine.kev.pairs import RulePairsKev
 from engine.kev.sim import SimKevBackend
 from engine.laya.model import Laya
@@ -397,7 +399,9 @@ def run_portfolio(
                     exchanges[j].on_trade(tapes[j].trade(i))
             if bar is not None:
                 bar.update(c1)
+        portfolio.ending = True  # a leg check with nothing left to fill a leg is left out, as the loop does
         clock.run_all()
+        portfolio.legs.finish(clock.now_ns())
     except BaseException:
         log.abandon()
         raise
@@ -409,8 +413,8 @@ def run_portfolio(
     n_trades = sum(len(t.t_seq) for t in tapes)
     path = f"python (a portfolio of {len(symbols)}, the engine driven per event: {why})"
     return _finish(
-        tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path, quarantine,
-        _Clamped(tapes), kev,
+        tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path,
+        _WithLegs(quarantine, portfolio.legs), _Clamped(tapes), kev,
     )  # fmt: skip
 
 
@@ -431,7 +435,22 @@ def _portfolio(session: Any, cfg: ReplayConfig) -> Portfolio:
         pairs=session_pairs(session.manifest, symbols) if cfg.kev_hub else (),
         hub=bool(cfg.kev_hub),
         pair_half_life_ns=cfg.pair_half_life_ms * 1_000_000,
+        leg_timeout_ns=cfg.leg_timeout_ms * 1_000_000,
+        leg_hedge=cfg.leg_hedge,
     )
+
+
+class _WithLegs:
+    """The run's quarantine, writing the portfolio's ``legging.parquet`` beside its own file."""
+
+    def __init__(self, quarantine: _Quarantine, legs: Legs) -> None:
+        self.quarantine, self.legs = quarantine, legs
+
+    def write(self, events_dir: Path) -> dict[str, dict[str, Any]]:
+        return {**self.quarantine.write(events_dir), **self.legs.write(events_dir)}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.quarantine, name)
 
 
 def _exchange(
@@ -521,8 +540,9 @@ def _run_compiled(
         )
         bar = _progress(progress, walk.total)
         try:
+            state = _portfolio(session, cfg)
             fast_path.run_portfolio_kernel(
-                PortfolioRun(runs, _portfolio(session, cfg)),
+                PortfolioRun(runs, state),
                 walk,
                 [t.levels for t in tapes],
                 [t.b_loc for t in tapes],
@@ -546,9 +566,10 @@ def _run_compiled(
     if all(t.streamed is not None for t in tapes):
         blocks = sum(t.streamed.blocks_read for t in tapes if t.streamed is not None)
         path = f"kernel (a portfolio of {len(symbols)}, books streamed, {blocks} blocks)"
+    state.legs.finish(max(int(r.S[K.S_NOW]) for r in runs))
     return _finish(
-        tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path, quarantine,
-        _Clamped(tapes), kev,
+        tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path,
+        _WithLegs(quarantine, state.legs), _Clamped(tapes), kev,
     )  # fmt: skip
 
 
