@@ -21,9 +21,12 @@ non-HOLD label is offered to an advisor that keeps a request in flight all the t
 :class:`engine.kev.llama.LlamaAdvisor` against a stub llama-server in another process that answers
 after ``--kev-lag-ms``, or a real llama-server with ``--kev-url``. As in live mode, Kev's client runs
 in its own process (:mod:`engine.kev.process`); ``--kev-in-loop`` puts it on the tick path's event
-loop instead. Per-round p99s are printed too: on a shared 2-core machine they move by several us
-from round to round, so compare medians over several rounds. Rounds alternate idle/busy so drift hits
-both alike. Figures also break the label path into its parts measured alone (the general path:
+loop instead. With ``--dashboard`` the rounds compare the live dashboard off and on instead (Kev idle
+in both): "on" runs :class:`live.dashboard.Dashboard` as ``dualhub live --dashboard`` does (its
+snapshot publisher on the loop every 250 ms, its server thread), read from another thread as the page
+reads it (``/api/state`` every 500 ms) and ``/metrics`` every second. Per-round p99s are printed too:
+on a shared 2-core machine they move by several us from round to round, so compare medians over
+several rounds. Rounds alternate idle/busy (off/on) so drift hits both alike. Figures also break the label path into its parts measured alone (the general path:
 decode, features, inference; the compiled one: scan, features, inference, book event), and time
 ``TickLaya`` back to back with no event loop in between (hot caches: the floor of the path).
 """
@@ -39,6 +42,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -125,6 +129,7 @@ async def _round(
     keep_warm: bool = True,
     kev_process: bool = True,
     requote_min_ms: float | None = None,
+    dashboard: bool = False,
 ) -> dict[str, Any]:
     runner = paper_runner(
         laya_provider=provider,
@@ -157,6 +162,15 @@ async def _round(
     st.paper.submit = timed_submit  # type: ignore[union-attr,method-assign]
     runner.feeding = True
     pump = asyncio.create_task(runner._pump())
+    dash = publisher = None
+    scraped = [0]
+    stop_scraping = threading.Event()
+    if dashboard:
+        from live.dashboard import Dashboard
+
+        dash = Dashboard("127.0.0.1:0")
+        publisher = asyncio.create_task(dash.start(runner))
+        threading.Thread(target=_scrape, args=(dash.url, stop_scraping, scraped), daemon=True).start()
     poller = asyncio.create_task(runner.busy_poll()) if spin else None
     busy_frames = n_books = 0
     for i, raw in enumerate(frames):
@@ -173,10 +187,13 @@ async def _round(
             n_books += 1
             busy_frames += bool(runner.kev_tasks)
         await asyncio.sleep(gap_s)  # with --spin the runner's busy_poll task keeps the loop running
-    for t in (pump, poller):
+    for t in (pump, poller, publisher):
         if t is not None:
             t.cancel()
-    await asyncio.gather(*(t for t in (pump, poller) if t is not None), return_exceptions=True)
+    await asyncio.gather(*(t for t in (pump, poller, publisher) if t is not None), return_exceptions=True)
+    stop_scraping.set()
+    if dash is not None:
+        dash.close()
     for t in list(runner.kev_tasks):
         t.cancel()
     await asyncio.gather(*runner.kev_tasks, return_exceptions=True)
@@ -190,7 +207,23 @@ async def _round(
         "order1": first,
         "kev_busy_fraction": busy_frames / max(1, n_books),
         "kev_requests": st.engine.log.counts()["kev_request"],
+        "dashboard_reads": scraped[0],
     }
+
+
+def _scrape(url: str, stop: threading.Event, n: list[int]) -> None:
+    """The dashboard's readers: the page polling its state every 500 ms, Prometheus every second."""
+    import httpx
+
+    with httpx.Client(timeout=5.0) as c:
+        k = 0
+        while not stop.wait(0.5):
+            c.get(url + "api/state").raise_for_status()
+            n[0] += 1
+            if k % 2:
+                c.get(url + "metrics").raise_for_status()
+                n[0] += 1
+            k += 1
 
 
 def _parts(frames: list[bytes], laya: Any, n: int = 2000) -> dict[str, float]:
@@ -278,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the strategy's least time between requotes (default: the engine's); less gives more orders "
         "to measure per round",
     )
+    ap.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="compare rounds with the live dashboard off and on (served and read) instead of Kev idle/busy",
+    )
     ap.add_argument("--out", help="write the figures as JSON")
     args = ap.parse_args(argv)
 
@@ -295,20 +333,20 @@ def main(argv: list[str] | None = None) -> int:
         proc = mp.get_context("spawn").Process(target=_stub_llama, args=(q, args.kev_lag_ms), daemon=True)
         proc.start()
         kev_url = f"http://127.0.0.1:{q.get(timeout=20)}"
+    modes = ("off", "on") if args.dashboard else ("idle", "busy")
+    dashboard_reads = 0
     try:
-        res: dict[str, dict[str, list[int]]] = {
-            "idle": {"labels": [], "order1": [], "orders": []},
-            "busy": {"labels": [], "order1": [], "orders": []},
-        }
+        res: dict[str, dict[str, list[int]]] = {m: {"labels": [], "order1": [], "orders": []} for m in modes}
         busy_fraction: list[float] = []
-        round_p99: dict[str, list[float]] = {"idle": [], "busy": []}
+        round_p99: dict[str, list[float]] = {m: [] for m in modes}
         kev_requests = 0
         for _ in range(args.rounds):
-            for mode in ("idle", "busy"):
+            for mode in modes:
                 r = asyncio.run(
                     _round(
                         frames,
                         busy=mode == "busy",
+                        dashboard=mode == "on",
                         kev_url=kev_url,
                         gap_s=args.gap_ms / 1000,
                         warmup=args.warmup,
@@ -326,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                 if mode == "busy":
                     busy_fraction.append(r["kev_busy_fraction"])
                     kev_requests += r["kev_requests"]
+                dashboard_reads += r["dashboard_reads"]
     finally:
         if proc is not None:
             proc.terminate()
@@ -350,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
             "fraction_of_books": busy_fraction,
             "requests": kev_requests,
         },
+        "modes": list(modes),
+        "dashboard_reads": dashboard_reads,
         "parts_median_us": parts,
         "tight_loop_labels": tight,
     }
@@ -361,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({how}), {os.cpu_count()} cores"
     )
     print(f"{'':<6} {'path':<8} {'n':>6} {'p50 us':>8} {'p90 us':>8} {'p99 us':>8}")
-    for mode in ("idle", "busy"):
+    for mode in modes:
         for path in ("labels", "order1", "orders"):
             xs = res[mode][path]
             if not xs:
@@ -370,13 +411,15 @@ def main(argv: list[str] | None = None) -> int:
             out.setdefault(mode, {})[path] = row
             p50, p90, p99 = row["p50_us"], row["p90_us"], row["p99_us"]
             print(f"{mode:<6} {path:<8} {row['n']:>6} {p50:>8.1f} {p90:>8.1f} {p99:>8.1f}")
+    first, second = modes
+    what = "dashboard" if args.dashboard else "Kev"
     for path in ("labels", "order1", "orders"):
-        i, b = out.get("idle", {}).get(path), out.get("busy", {}).get(path)
+        i, b = out.get(first, {}).get(path), out.get(second, {}).get(path)
         if i and b:
-            out.setdefault("busy_vs_idle_p99", {})[path] = b["p99_us"] / i["p99_us"] - 1
-            print(f"Kev busy vs idle, {path} p99: {100 * (b['p99_us'] / i['p99_us'] - 1):+.1f}%")
+            out.setdefault(f"{second}_vs_{first}_p99", {})[path] = b["p99_us"] / i["p99_us"] - 1
+            print(f"{what} {second} vs {first}, {path} p99: {100 * (b['p99_us'] / i['p99_us'] - 1):+.1f}%")
     out["round_label_p99_us"] = round_p99
-    for mode in ("idle", "busy"):
+    for mode in modes:
         xs = round_p99[mode]
         print(
             f"label p99 per round, {mode}: "
@@ -385,11 +428,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     # a noisy minute on a shared machine lands in whichever round runs then: the median of the rounds'
     # p99s is the comparison that noise moves least
-    mi, mb = statistics.median(round_p99["idle"]), statistics.median(round_p99["busy"])
-    out["busy_vs_idle_p99_round_median"] = mb / mi - 1
-    print(f"Kev busy vs idle, label p99 as the median of rounds: {100 * (mb / mi - 1):+.1f}%")
-    frac = 100 * statistics.mean(busy_fraction)
-    print(f"Kev in flight for {frac:.0f}% of books in busy rounds ({kev_requests} requests)")
+    mi, mb = statistics.median(round_p99[first]), statistics.median(round_p99[second])
+    out[f"{second}_vs_{first}_p99_round_median"] = mb / mi - 1
+    print(f"{what} {second} vs {first}, label p99 as the median of rounds: {100 * (mb / mi - 1):+.1f}%")
+    if busy_fraction:
+        frac = 100 * statistics.mean(busy_fraction)
+        print(f"Kev in flight for {frac:.0f}% of books in busy rounds ({kev_requests} requests)")
+    if args.dashboard:
+        print(f"dashboard read {dashboard_reads} times in the 'on' rounds (state 0.5 s, metrics 1 s apart)")
     print("label path parts (median us, alone): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
     print(
         f"frame -> label back to back (TickLaya alone, {tight['n']} books): p50 {tight['p50_us']:.1f} us, "

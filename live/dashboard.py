@@ -211,6 +211,7 @@ class Dashboard:
         self.assets = {name: (files.joinpath(name).read_bytes(), kind) for name, kind in _ASSETS.items()}
         self.publisher: SnapshotPublisher | None = None
         self._kill: Callable[[], object] | None = None
+        self._metrics: tuple[int, bytes] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(self.latest))
         try:
@@ -263,6 +264,15 @@ class Dashboard:
 
     # ------------------------------------------------------------------ requests (server threads)
 
+    def metrics(self) -> bytes:
+        """The Prometheus text of the latest snapshot, made once per snapshot however many scrape it."""
+        snap = self.latest()
+        seq = -1 if snap is None else snap.seq
+        cached = self._metrics
+        if cached is None or cached[0] != seq:
+            cached = self._metrics = (seq, generate_latest(self.registry))
+        return cached[1]
+
     def token_ok(self, given: str) -> bool:
         return bool(self.token) and hmac.compare_digest(given.encode(), self.token.encode())
 
@@ -292,6 +302,10 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "dualhub-dashboard"
     sys_version = ""
+    # keep-alive: a page polling twice a second reuses one connection (and one thread) instead of a
+    # new one per request; an idle connection is dropped after `timeout` seconds
+    protocol_version = "HTTP/1.1"
+    timeout = 30
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass  # a request line may carry ?token=: nothing of it is written anywhere
@@ -345,7 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
         if dash.public and not dash.token_ok(self._given_token(query)):
             return self._json(403, {"error": "token required"})
         if path == "/metrics":
-            return self._send(200, generate_latest(dash.registry), CONTENT_TYPE_LATEST)
+            return self._send(200, dash.metrics(), CONTENT_TYPE_LATEST)
         snap = dash.latest()
         if snap is None:
             return self._json(503, {"error": "the run has not started"})
@@ -361,7 +375,10 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path != "/api/kill":
             return self._json(404, {"error": "not found"})
         n = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(min(n, 4096)) if n > 0 else b""
+        if n > 4096:  # unread, it would be taken for the next request on this connection
+            self.close_connection = True
+            return self._json(413, {"error": "the body is too large"})
+        body = self.rfile.read(n) if n > 0 else b""
         if not dash.token:
             return self._json(403, {"error": "the kill switch needs the dashboard started with a token"})
         if not dash.token_ok(self._given_token({})):  # a header only: never a token in a POST's URL

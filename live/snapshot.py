@@ -83,8 +83,14 @@ class _Tail:
         return new
 
 
-def _pct(a: np.ndarray, q: float) -> float | None:
-    return float(np.percentile(a, q)) if len(a) else None
+def _quantiles(a: np.ndarray) -> dict[str, float | None]:
+    """p50, p90, p99 and the max of ``a`` (nearest rank: one sort, no interpolation)."""
+    if not len(a):
+        return dict.fromkeys(("p50", "p90", "p99", "max"))
+    s = np.sort(a)
+    n = len(s)
+    at = {k: s[min(n - 1, int(np.ceil(q * n)) - 1)] for k, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))}
+    return {**{k: float(v) for k, v in at.items()}, "max": float(s[-1])}
 
 
 class SnapshotPublisher:
@@ -100,6 +106,9 @@ class SnapshotPublisher:
         self._decisions = self._accepted = 0
         self._t2o = np.zeros(0, dtype=np.int64)
         self._kev_lag = np.zeros(0, dtype=np.int64)
+        # their quantiles, worked out again only when new spans came (a sort: not every snapshot)
+        self._t2o_q: dict[str, float | None] = _quantiles(self._t2o)
+        self._kev_q: dict[str, float | None] = _quantiles(self._kev_lag)
         self._t2o_buckets = np.zeros(len(T2O_BOUNDS_S) + 1, dtype=np.int64)  # last: above every bound
         self._t2o_sum_ns = 0
         self._labels: deque[tuple[int, int]] = deque(maxlen=RATE_WINDOW)
@@ -185,7 +194,7 @@ class SnapshotPublisher:
                 "kev_in_flight": e.kev_in_flight,
                 "kill_switch": e.kill_switch,
             }
-        t2o, lag = self._t2o, self._kev_lag
+        t2o, lag, tq, kq = self._t2o, self._kev_lag, self._t2o_q, self._kev_q
         links = {
             c: {"state": link.state, "detail": r._redact(link.detail)[:200]}
             for c, link in r.venue_health.links.items()
@@ -219,17 +228,17 @@ class SnapshotPublisher:
                 "requests": counts.get("kev_request", 0),
                 "lag_ms": {
                     "last": float(lag[-1]) / 1e6 if len(lag) else None,
-                    "p50": _ms(_pct(lag, 50)),
-                    "p99": _ms(_pct(lag, 99)),
+                    "p50": _ms(kq["p50"]),
+                    "p99": _ms(kq["p99"]),
                 },
             },
             "labels": {"total": counts.get("label", 0), "rate_per_s": rate},
             "tick_to_order_us": {
                 "window": len(t2o),
-                "p50": _us(_pct(t2o, 50)),
-                "p90": _us(_pct(t2o, 90)),
-                "p99": _us(_pct(t2o, 99)),
-                "max": _us(float(t2o.max())) if len(t2o) else None,
+                "p50": _us(tq["p50"]),
+                "p90": _us(tq["p90"]),
+                "p99": _us(tq["p99"]),
+                "max": _us(tq["max"]),
             },
             "tick_to_order_hist": {
                 "bounds_s": list(T2O_BOUNDS_S),
@@ -309,9 +318,11 @@ class SnapshotPublisher:
                 minlength=len(T2O_BOUNDS_S) + 1,
             )
             self._t2o_sum_ns += int(t2o.sum())
+            self._t2o_q = _quantiles(self._t2o)
         kev = pc.filter(durs, pc.equal(names, "kev")).to_numpy()
         if len(kev):
             self._kev_lag = np.concatenate((self._kev_lag, kev))[-LATENCY_WINDOW:]
+            self._kev_q = _quantiles(self._kev_lag)
 
 
 def _us(ns: float | None) -> float | None:

@@ -192,12 +192,12 @@ class DevTools:
             targets = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
             time.sleep(0.1)
         ws_url = next(t for t in targets if t["type"] == "page")["webSocketDebuggerUrl"]
-        self.ws = connect(ws_url, max_size=None, open_timeout=30)
+        self.ws = connect(ws_url, max_size=None, open_timeout=30, proxy=None, legacy=True)
         self.n = 0
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         self.n += 1
-        self.ws.send(orjson.dumps({"id": self.n, "method": method, "params": params}))
+        self.ws.send(orjson.dumps({"id": self.n, "method": method, "params": params}).decode())  # text frames
         while True:
             msg = orjson.loads(self.ws.recv(timeout=60))
             if msg.get("id") == self.n:
