@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from engine.errors import DualhubError
 
-METRICS: Final = ("pnl_usdt", "max_drawdown_usdt", "fills", "loss_stop_at_frac")
+METRICS: Final = ("pnl_usdt", "sharpe", "max_drawdown_usdt", "fills", "loss_stop_at_frac")
 SEED_COLUMN: Final = "p_seed"
 INTEGER_METRICS: Final = (
     "fills",
@@ -45,10 +45,12 @@ def plot_sweep(
     rows: Sequence[Mapping[str, Any]],
     out: Path | str,
     *,
-    metrics: Sequence[str] = METRICS,
+    metrics: Sequence[str] | None = None,
     x: str | None = None,
 ) -> Path:
-    """Write the plot of ``rows`` (a sweep's results, :func:`replay.sweep.read_results`) to ``out`` (PNG)."""
+    """Write the plot of ``rows`` (a sweep's results, :func:`replay.sweep.read_results`) to ``out`` (PNG).
+    ``metrics``: the panels (default :data:`METRICS`, those the results have: an older table has no
+    ``sharpe``)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -68,6 +70,8 @@ def plot_sweep(
     col = x if x.startswith("p_") else "p_" + x.replace(".", "_")
     if not any(col in r for r in ok):
         raise DualhubError(f"no parameter {x!r} in the results; swept: {', '.join(axes_) or 'none'}")
+    if metrics is None:
+        metrics = [m for m in METRICS if m in ok[0]]
     unknown = [m for m in metrics if m not in ok[0]]
     if unknown:
         raise DualhubError(f"no results column {unknown}; e.g. {', '.join(METRICS)}")

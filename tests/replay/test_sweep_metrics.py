@@ -72,7 +72,11 @@ def test_sweep_keeps_digests_and_rows_and_the_logs_asked_for(session, tmp_path, 
     (tmp_path / "grid.toml").write_text(GRID)
     out = tmp_path / "sweep" / "results.parquet"
     cmd = ["sweep", str(tmp_path / "grid.toml"), "--sessions", str(session), "--out", str(out), "--serial"]
-    assert main([*cmd, "--no-progress", "--keep-logs", "best:1", "--best", "pnl_usdt"]) == 0
+    plot = tmp_path / "sweep.png"
+    assert (
+        main([*cmd, "--no-progress", "--keep-logs", "best:1", "--best", "pnl_usdt", "--plot", str(plot)]) == 0
+    )
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     rows = pq.read_table(out).to_pylist()
     assert len(rows) == 4 and not any(r["error"] for r in rows)
@@ -120,3 +124,24 @@ def test_bad_keep_logs_and_metric_are_one_line(session, tmp_path, capsys):
         assert main([*cmd, "--out", str(tmp_path / "r.parquet"), *extra]) == 2
         assert said in capsys.readouterr().err
         assert not (tmp_path / "r.parquet").exists()
+
+
+def test_the_plot_has_sharpe_and_drawdown_panels_and_still_plots_an_older_table(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from engine.report import sweep_plot
+
+    panels = []
+    real = plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda n, m, **kw: panels.append(m) or real(n, m, **kw))
+
+    def row(seed, x, **more):
+        return {"error": "", "session": "s", "p_seed": seed, "p_scale_kev": x, "pnl_usdt": 1.0 * seed,
+                "max_drawdown_usdt": -1.0 * x, "fills": 3, "loss_stop_at_frac": None, **more}  # fmt: skip
+
+    rows = [row(s, x, sharpe=0.1 * s) for s in (1, 2) for x in (0.5, 2.0)]
+    sweep_plot.plot_sweep(rows, tmp_path / "new.png")
+    older = [{k: v for k, v in r.items() if k != "sharpe"} for r in rows]  # a table from before Sharpe
+    sweep_plot.plot_sweep(older, tmp_path / "old.png")
+    assert panels == [len(sweep_plot.METRICS), len(sweep_plot.METRICS) - 1]
+    assert {"sharpe", "max_drawdown_usdt"} <= set(sweep_plot.METRICS)
