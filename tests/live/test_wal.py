@@ -9,7 +9,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from engine.events import ReconcileEvent
+from engine.events import STREAMS, ReconcileEvent
 from engine.kev.cassette import CassetteEntry
 from live.wal import MAGIC, WAL_FILE, JournaledLog, JournaledSink, LiveWal, load_wal, scan_wal
 from tests.helpers import REPO as ROOT
@@ -37,7 +37,16 @@ def _write(path, fsync_ms=0):
     sink = JournaledSink(wal)
     stream = _Stream()
     log.watch({"order": stream})
-    orders = pa.table({"ts_event": [5, 6], "ts_recv": [7, 9_999], "client_oid": ["dh-1", "dh-1"]})
+    no_seq = pa.schema([f for f in STREAMS["order"].schema if f.name != "seq"])  # as the core's tables
+    orders = pa.Table.from_pylist(
+        [
+            {"ts_event": 5, "ts_recv": 7, "client_oid": "dh-1", "symbol": "BTCUSDT", "kind": "new",
+             "side": "buy", "order_type": "limit", "px": 30000.1, "qty": 0.01, "reason": ""},
+            {"ts_event": 6, "ts_recv": 9_999, "client_oid": "dh-1", "symbol": "BTCUSDT", "kind": "ack",
+             "side": "buy", "order_type": "limit", "px": 30000.1, "qty": 0.01, "reason": ""},
+        ],
+        schema=no_seq,
+    )  # fmt: skip
     for i in range(3):
         log.append("label", _label(i))
         sink.add("laya", 1_500 + i, 400 + i)
