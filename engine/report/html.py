@@ -21,7 +21,7 @@ import duckdb
 import numpy as np
 import orjson
 
-from engine.report.report import Section, _q, check_output_file, connect, run_report
+from engine.report.report import Section, _q, check_output_file, connect, leg_titled, run_report
 
 NS_PER_S: Final = 1e9
 STAGES: Final = ("feed", "laya", "kev_queue", "kev", "decide", "order_entry", "fill")
@@ -314,8 +314,12 @@ def write_html(run_dir: Path | str, out_path: Path | str) -> Path:
     sections = run_report(run)
     e = html.escape
     head = tearsheet.header_lines(ts)
-    if pf is not None:
-        head[:0] = portfolio.header_lines(pf, manifest.get("config", {}).get("symbol"))
+    ts_sections = tearsheet.sections(ts)
+    sym = manifest.get("config", {}).get("symbol")
+    if pf is not None:  # as the console: the portfolio leads, the tear sheet is one leg's (report.py)
+        head = [ln for ln in head if not ln.startswith(tearsheet.LOSS_STOP_PREFIXES)]
+        head[:0] = portfolio.header_lines(pf, sym)
+        ts_sections = [leg_titled(s, sym) for s in ts_sections]
     warn = [ln for ln in head if ln.startswith(("IN-SAMPLE", "LOSS STOP"))]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -345,20 +349,20 @@ def write_html(run_dir: Path | str, out_path: Path | str) -> Path:
         "portfolio_exposure": "Net delta and gross exposure",
         "hedge_ratio": "Kev's hedge ratio against the realised beta",
         "risk_rules": "Which risk rule bound when",
+        "hedge_fit": "The hub's hedge ratio against the truth (simulated) and a rolling estimate",
     }
     order = [n for n in titles if n in images] + [n for n in images if n not in titles and n not in pf_figs]
-    ts_sections = tearsheet.sections(ts)
 
     def img(name: str, title: str) -> str:
         return f"<h2>{e(title)}</h2><img alt='{e(name)}' src='data:image/png;base64,{images[name]}'>"
 
-    parts.append("<h2>Tear sheet</h2>")
-    parts.extend(_table_html(s) for s in ts_sections)
-    parts.extend(img(name, titles.get(name, name)) for name in order)
     if pf is not None:
         parts.append("<h2>Portfolio</h2>")
         parts.extend(_table_html(s) for s in portfolio.sections(pf))
         parts.extend(img(name, pf_titles.get(name, name)) for name in pf_figs)
+    parts.append("<h2>Tear sheet</h2>" if pf is None else f"<h2>Tear sheet: {e(str(sym))} alone</h2>")
+    parts.extend(_table_html(s) for s in ts_sections)
+    parts.extend(img(name, titles.get(name, name)) for name in order)
     parts.append("<h2>Report</h2>")
     parts.extend(_table_html(s) for s in sections)
     parts.append("</body></html>")

@@ -4,7 +4,9 @@ One implementation for ``dualhub report RUN`` (console), ``--html`` and ``notebo
 :func:`compute` reads the run through the portfolio views of ``views.sql`` (``run_symbols``,
 ``symbol_equity``, ``portfolio_equity``, ``portfolio_pnl``, ``pair_beta``, ``hedge_ratio``,
 ``pair_regimes``, ``risk_refusals_bucketed``) and runs the tables of ``portfolio.sql``;
-:func:`header_lines`, :func:`sections` and :func:`figures` give its header, tables and plots.
+:func:`header_lines`, :func:`sections` and :func:`figures` give its header, tables and plots. It leads
+with the portfolio, then each leg, and the loss stops (engine/report/portfolio_lead.py), and shows the
+pairs hub's hedge ratio against the truth or a rolling estimate (engine/report/hedge_fit.py).
 docs/ANALYSIS.md ("Portfolio") defines every number. A run with one symbol has no Portfolio section:
 :func:`compute` returns None for it, and its report is the single-instrument report.
 """
@@ -18,10 +20,12 @@ from typing import Any, Final
 import duckdb
 import numpy as np
 
+from engine.report import hedge_fit, portfolio_lead
 from engine.report.report import Section, connect, load_queries
 
 BETA_SAMPLE_NS: Final = 1_000_000_000  # the pairs' mids sampled every second for the realised beta
 BETA_WINDOW: Final = 300  # samples in the rolling beta's window
+SAMPLE_NS: Final = 1_000_000_000  # the portfolio's and each leg's PnL sampled every second for Sharpe
 MAX_BUCKETS: Final = 60  # risk refusals: the bucket is the shortest nice step giving at most this many
 NICE_BUCKETS_S: Final = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
@@ -62,6 +66,8 @@ class PortfolioReport:
     hedge: dict[Pair, dict[str, np.ndarray]] = field(default_factory=dict)  # ts_recv, hedge_ratio
     regimes: dict[Pair, list[tuple[int, int | None, float]]] = field(default_factory=dict)  # start, end, beta
     refusals: dict[str, np.ndarray] = field(default_factory=dict)  # bucket_s, reason, symbol, level, n
+    lead: portfolio_lead.Lead | None = None  # the portfolio and each leg, limits and loss stops
+    fits: dict[Pair, hedge_fit.PairFit] = field(default_factory=dict)  # the hub's hedge ratio over time
 
 
 def compute(
@@ -70,12 +76,13 @@ def compute(
     bucket_ns: int | None = None,
     beta_sample_ns: int = BETA_SAMPLE_NS,
     beta_window: int = BETA_WINDOW,
+    sample_ns: int = SAMPLE_NS,
 ) -> PortfolioReport | None:
     """The Portfolio section of a run (checked against its manifest first), or None when the run has
     one symbol. ``bucket_ns`` (risk refusals per bucket) defaults to :func:`bucket_ns_for` the run's
-    span."""
-    if beta_sample_ns <= 0 or beta_window < 2 or (bucket_ns is not None and bucket_ns <= 0):
-        raise ValueError("beta_sample_ns and bucket_ns must be > 0 and beta_window >= 2")
+    span; ``sample_ns``: the PnL's sampling for Sharpe."""
+    if beta_sample_ns <= 0 or beta_window < 2 or (bucket_ns is not None and bucket_ns <= 0) or sample_ns <= 0:
+        raise ValueError("beta_sample_ns, bucket_ns and sample_ns must be > 0 and beta_window >= 2")
     run = Path(run_dir)
     con = connect(run)
     try:
@@ -133,6 +140,13 @@ def compute(
         refusals = _columns(
             con, "SELECT bucket_s, reason, symbol, level, n FROM risk_refusals_bucketed ORDER BY ALL"
         )
+        import orjson
+
+        manifest = orjson.loads((run / "manifest.json").read_bytes())
+        lead = portfolio_lead.compute(con, manifest, sample_ns)
+        fits = hedge_fit.compute(
+            con, pairs, regimes, hedge, hedge_fit.half_life_ns(manifest), int(beta_sample_ns)
+        )
     finally:
         con.close()
     return PortfolioReport(
@@ -149,6 +163,8 @@ def compute(
         hedge=hedge,
         regimes=regimes,
         refusals=refusals,
+        lead=lead,
+        fits=fits,
     )
 
 
@@ -163,21 +179,42 @@ def header_lines(pf: PortfolioReport, run_symbol: str | None) -> list[str]:
         f"portfolio: {len(pf.symbols)} instruments ({', '.join(pf.symbols)}); the Portfolio section "
         "covers all of them"
         + (
-            f", the tear sheet and the report's other tables {run_symbol} alone (config.symbol)"
+            f"; the tear sheet after it is {run_symbol}'s alone (config.symbol, its tables titled so) and "
+            "the report's tables name each row's symbol"
             if run_symbol
             else ""
         )
     ]
+    if pf.lead is not None:
+        lines.extend(portfolio_lead.header_lines(pf.lead))
     lines.append(
         f"portfolio: realised beta = rolling OLS over {pf.beta_window} samples of "
         f"{_seconds(pf.beta_sample_ns)}; risk refusals counted per {_seconds(pf.bucket_ns)}"
     )
+    if pf.fits:
+        hl = next(iter(pf.fits.values())).half_life_ns
+        lines.append(
+            "portfolio: the hub's hedge ratio = engine/kev/pairs.py's fit (lead-lag corrected regression of "
+            f"log returns, half-life {_seconds(hl)}) re-run over the run's books"
+        )
     return lines
 
 
 def sections(pf: PortfolioReport) -> list[Section]:
-    """The Portfolio section's tables (console and HTML print them as they are)."""
-    return list(pf.tables)
+    """The Portfolio section's tables (console and HTML print them as they are): the portfolio and
+    each leg, the loss stops, the tables of portfolio.sql, then the hedge ratio against the truth
+    (simulated sessions) and against a rolling estimate."""
+    out = portfolio_lead.sections(pf.lead) if pf.lead is not None else []
+    # the legging summary (residual notional, longest episode) belongs here, after the loss stops
+    out.extend(pf.tables)
+    if pf.fits:
+        for s in (
+            hedge_fit.regime_section(pf.fits, pf.start_ns),
+            hedge_fit.rolling_section(pf.fits, pf.start_ns, pf.beta_window, pf.beta_sample_ns),
+        ):
+            if s is not None:
+                out.append(s)
+    return out
 
 
 # -- plots ------------------------------------------------------------------------------------------
@@ -281,4 +318,6 @@ def figures(pf: PortfolioReport) -> dict[str, Any]:
     ax.set_ylabel(f"refusals per {_seconds(pf.bucket_ns)}")
     ax.set_title("which risk rule bound when (hatched: portfolio-wide rules)")
     figs["risk_rules"] = fig
+    if pf.fits:
+        figs["hedge_fit"] = hedge_fit.figure(pf.fits, t0)
     return figs

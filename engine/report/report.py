@@ -140,13 +140,26 @@ def connect(run_dir: Path | str) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def without_null_symbol(s: Section) -> Section:
+    """``s`` without its ``symbol`` column where that column is NULL throughout: a single-symbol run's
+    table (queries.sql names the symbol only in a run of several instruments)."""
+    if "symbol" not in s.columns:
+        return s
+    i = s.columns.index("symbol")
+    if any(r[i] is not None for r in s.rows):
+        return s
+    return Section(s.name, s.title, s.columns[:i] + s.columns[i + 1 :], [r[:i] + r[i + 1 :] for r in s.rows])
+
+
 def run_report(run_dir: Path | str) -> list[Section]:
+    """The report's tables (queries.sql): in a run of several instruments every table of per-instrument
+    rows has a ``symbol`` column; in a single-symbol run none has."""
     con = connect(run_dir)
     try:
         sections = []
         for name, title, sql in load_queries():
             rel = con.sql(sql)
-            sections.append(Section(name, title, list(rel.columns), rel.fetchall()))
+            sections.append(without_null_symbol(Section(name, title, list(rel.columns), rel.fetchall())))
         return sections
     finally:
         con.close()
@@ -218,8 +231,15 @@ def print_report(run_dir: Path | str, console: Any = None, *, run_lines: bool = 
         pf = portfolio.compute(run_dir)
     manifest = ts.manifest
     head = tearsheet.header_lines(ts)
+    ts_sections = tearsheet.sections(ts)
     if pf is not None:
-        head[:0] = portfolio.header_lines(pf, manifest.get("config", {}).get("symbol"))
+        # a portfolio leads: its header (limits, every loss stop) and tables come first; the tear sheet
+        # is one leg's, titled so, and its loss-stop line (any leg's 'loss_stop') gives way to the
+        # Portfolio section's per-leg stops
+        sym = manifest.get("config", {}).get("symbol")
+        head = [ln for ln in head if not ln.startswith(tearsheet.LOSS_STOP_PREFIXES)]
+        head[:0] = portfolio.header_lines(pf, sym)
+        ts_sections = [leg_titled(s, sym) for s in ts_sections]
     # run_lines=False: a replay that just printed its run and digest (``replay --report``, ``demo``)
     ids = (f"run    {run_dir}", f"digest {manifest['digest']}") if run_lines else ()
     for line in (*ids, *head):
@@ -229,6 +249,13 @@ def print_report(run_dir: Path | str, console: Any = None, *, run_lines: bool = 
             width = max(console.width, FIT_COLUMNS) if console.is_terminal else FIT_COLUMNS
             line = textwrap.fill(line, width, subsequent_indent="        ", break_long_words=False)
         console.print(line, soft_wrap=True, markup=False, highlight=False)
-    for s in (*tearsheet.sections(ts), *(portfolio.sections(pf) if pf is not None else ()), *sections):
+    for s in (*(portfolio.sections(pf) if pf is not None else ()), *ts_sections, *sections):
         print_table(console, s)
     return sections
+
+
+def leg_titled(s: Section, symbol: str | None) -> Section:
+    """A tear-sheet table of a portfolio run, its title naming the one leg it covers."""
+    if not symbol:
+        return s
+    return Section(s.name, f"{symbol} (tear sheet of this leg alone): {s.title}", s.columns, s.rows)

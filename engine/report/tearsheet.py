@@ -370,6 +370,9 @@ def _flat(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix, d)]
 
 
+LOSS_STOP_PREFIXES: Final = ("loss stop: ", "LOSS STOP hit at ")  # loss_stop_line's two forms
+
+
 def loss_stop_line(stop: dict[str, Any]) -> str:
     if stop.get("stop_ns") is None:
         return "loss stop: not hit"

@@ -38,7 +38,8 @@ CREATE VIEW decisions AS
 WITH news AS (
     SELECT o.client_oid, o.order_type, o.side, o.ts_recv AS new_ns, t.start_ns AS origin_ns
     FROM "order" o JOIN latency t ON t.name = 'tick_to_order' AND t.ref = o.client_oid
-    WHERE o.kind = 'new'
+    -- the run's symbol (views below): a portfolio's other legs are in its Portfolio section
+    WHERE o.kind = 'new' AND o.symbol = coalesce(getvariable('run_symbol'), o.symbol)
 ),
 lab AS (SELECT book_ts_recv, min(seq) AS seq FROM label GROUP BY book_ts_recv),
 kreq AS (SELECT ts_event, min(request_id) AS request_id FROM kev_request GROUP BY ts_event),
@@ -270,6 +271,10 @@ SELECT DISTINCT symbol FROM (
     UNION ALL SELECT DISTINCT symbol FROM "order"
     UNION ALL SELECT DISTINCT symbol FROM fill
 ) WHERE symbol IS NOT NULL AND symbol <> '';
+-- Whether the run trades several instruments: the report's tables (queries.sql) then carry a `symbol`
+-- column (`CASE WHEN getvariable('by_symbol') THEN symbol END`), NULL in a single-symbol run, whose
+-- report leaves that column out.
+SET VARIABLE by_symbol = (SELECT count(*) > 1 FROM run_symbols);
 
 -- The portfolio's span: the first and last book of any of its instruments.
 CREATE VIEW portfolio_span AS
@@ -450,11 +455,18 @@ FROM y WINDOW w AS (PARTITION BY leader, follower ORDER BY t_ns);
 -- The realised beta of each pair: OLS slope of the follower's log return on the leader's
 -- (`beta_returns`) and of the follower's log mid on the leader's (`beta_levels`) over the last
 -- beta_window samples, at every sample (NULL until the window holds two samples).
+-- `beta_returns_se`: the returns slope's standard error, sqrt(residual variance / sum of the leader's
+-- squared centred returns), residual variance over n - 2 (NULL below 3 returns): its band is the
+-- rolling estimate's confidence band (the report draws +-1.96 se).
 CREATE VIEW pair_beta AS
 SELECT leader, follower, t_ns,
        regr_slope(ry, rx) OVER w AS beta_returns,
        regr_slope(ly, lx) OVER w AS beta_levels,
-       count(rx) OVER w AS n
+       count(rx) OVER w AS n,
+       CASE WHEN regr_count(ry, rx) OVER w > 2 AND regr_sxx(ry, rx) OVER w > 0 THEN
+           sqrt(greatest(regr_syy(ry, rx) OVER w - regr_slope(ry, rx) OVER w * regr_sxy(ry, rx) OVER w, 0)
+                / (regr_count(ry, rx) OVER w - 2) / regr_sxx(ry, rx) OVER w)
+       END AS beta_returns_se
 FROM pair_samples
 WINDOW w AS (PARTITION BY leader, follower ORDER BY t_ns
              ROWS BETWEEN CAST(coalesce(getvariable('beta_window'), 300) AS BIGINT) - 1 PRECEDING
@@ -506,3 +518,112 @@ SELECT s.leader, s.follower,
 FROM s LEFT JOIN h ON h.leader = s.leader AND h.follower = s.follower
     AND h.start_ns IS NOT DISTINCT FROM s.start_ns
 ORDER BY s.leader, s.follower, s.t_first;
+
+-- ---------------------------------------------------------------------------------------------------
+-- The report's lead for a portfolio (engine/report/portfolio_lead.py; docs/ANALYSIS.md "Portfolio"):
+-- the portfolio and each leg as one row each, and its loss stops. `scope` is 'portfolio' or a symbol.
+
+-- Every scope's equity at each of its instants: the portfolio's (portfolio_equity) and each leg's
+-- (symbol_equity): PnL, net delta and gross exposure (USDT), and how long that state held (`dur_ns`:
+-- to the scope's next instant, the last to the portfolio's last book).
+CREATE VIEW scope_equity AS
+WITH e AS (
+    SELECT 'portfolio' AS scope, ts_recv, pnl, net_delta_usd AS net_usd, gross_usd FROM portfolio_equity
+    UNION ALL
+    SELECT symbol, ts_recv, pnl, delta_usd, abs(delta_usd) FROM symbol_equity
+)
+SELECT e.*, coalesce(lead(ts_recv) OVER w, (SELECT end_ns FROM portfolio_span)) - ts_recv AS dur_ns,
+       pnl - max(pnl) OVER (w ROWS UNBOUNDED PRECEDING) AS drawdown
+FROM e WINDOW w AS (PARTITION BY scope ORDER BY ts_recv);
+
+-- Every scope's PnL sampled every sample_ns from the portfolio's first book (the last instant at or
+-- before; a leg before its first book: 0) and its change over the sample: Sharpe's input.
+CREATE VIEW scope_equity_sampled AS
+WITH g AS (
+    SELECT unnest(generate_series(start_ns, end_ns, CAST(coalesce(getvariable('sample_ns'), 1000000000) AS BIGINT)))
+           AS t_ns
+    FROM portfolio_span WHERE start_ns IS NOT NULL
+),
+s AS (SELECT DISTINCT scope FROM scope_equity),
+gs AS (SELECT s.scope, g.t_ns FROM s, g),
+x AS (
+    SELECT gs.scope, gs.t_ns, coalesce(e.pnl, 0) AS pnl
+    FROM gs ASOF LEFT JOIN scope_equity e ON gs.scope = e.scope AND gs.t_ns >= e.ts_recv
+)
+SELECT scope, t_ns, pnl, pnl - lag(pnl) OVER (PARTITION BY scope ORDER BY t_ns) AS ret FROM x;
+
+-- One row per scope, the portfolio first: PnL (mark to mid at the last book, float), max drawdown
+-- (from the running peak, at every instant), Sharpe of the sampled PnL changes per sample and
+-- annualised (x sqrt(samples in 365 days)), net delta and gross exposure time-weighted over the
+-- portfolio's span (a leg counts 0 before its first book) and at their largest, fills and fees.
+CREATE VIEW scope_performance AS
+WITH k AS (
+    SELECT CAST(coalesce(getvariable('sample_ns'), 1000000000) AS BIGINT) AS sample_ns,
+           (SELECT span_ns FROM portfolio_span) AS span_ns
+),
+r AS (
+    SELECT scope, count(ret) AS samples, avg(ret) AS mean, stddev_samp(ret) AS sd
+    FROM scope_equity_sampled GROUP BY scope
+),
+e AS (
+    SELECT scope, arg_max(pnl, ts_recv) AS pnl, min(drawdown) AS max_drawdown,
+           sum(net_usd * dur_ns) AS net_int, sum(abs(net_usd) * dur_ns) AS abs_net_int,
+           max(abs(net_usd)) AS net_abs_max, sum(gross_usd * dur_ns) AS gross_int, max(gross_usd) AS gross_max
+    FROM scope_equity GROUP BY scope
+),
+f AS (
+    SELECT coalesce(symbol, 'portfolio') AS scope, count(*) AS fills, sum(fee) AS fees
+    FROM fill GROUP BY GROUPING SETS ((symbol), ())
+)
+SELECT e.scope, e.pnl, e.max_drawdown, k.sample_ns, r.samples,
+       r.mean / nullif(r.sd, 0) AS sharpe_per_sample,
+       r.mean / nullif(r.sd, 0) * sqrt(365 * 86400e9 / k.sample_ns) AS sharpe_annualised,
+       e.net_int / nullif(k.span_ns, 0) AS net_delta_twa, e.abs_net_int / nullif(k.span_ns, 0) AS abs_net_delta_twa,
+       e.net_abs_max, e.gross_int / nullif(k.span_ns, 0) AS gross_twa, e.gross_max,
+       coalesce(f.fills, 0) AS fills, coalesce(f.fees, 0) AS fees
+FROM e JOIN r USING (scope) CROSS JOIN k LEFT JOIN f USING (scope)
+ORDER BY e.scope <> 'portfolio', e.scope;
+
+-- The loss stops, one row each: every leg's own (risk reason 'loss_stop', limit
+-- config.risk.daily_loss_stop_usd) and the portfolio's ('portfolio_loss_stop', on the summed PnL;
+-- limit config.risk.portfolio_loss_stop_usd, NULL: unbound). Hit: the rule refused an order; `stop_ns`
+-- the first refusal. At that instant the scope's PnL (`pnl_at_stop`, its last instant at or before)
+-- and at the end (`pnl_end`); `after_stop` = pnl_end - pnl_at_stop: what the scope made (+) or lost
+-- (-) while the stop held, its cost when negative (the legs left open moving, the reducing orders'
+-- fees and slippage). The scope's fills from the stop on: `fills_after`, their fees and their
+-- slippage against the mid (fees + slippage: the unwinding's cost, USDT, + = paid).
+CREATE VIEW loss_stops AS
+WITH m AS (SELECT content FROM read_text(getvariable('run') || '/manifest.json')),
+s AS (
+    SELECT symbol AS scope, 'loss_stop' AS rule,
+           CAST(json_extract(m.content, '$.config.risk.daily_loss_stop_usd') AS DOUBLE) AS limit_usd
+    FROM run_symbols, m
+    UNION ALL
+    SELECT 'portfolio', 'portfolio_loss_stop',
+           CAST(json_extract(m.content, '$.config.risk.portfolio_loss_stop_usd') AS DOUBLE) FROM m
+),
+h AS (
+    SELECT s.scope, s.rule, s.limit_usd, min(r.ts_recv) AS stop_ns, count(r.seq) AS refusals
+    FROM s LEFT JOIN risk r ON NOT r.accepted AND r.reason = s.rule AND (s.scope = 'portfolio' OR r.symbol = s.scope)
+    GROUP BY ALL
+),
+p AS (
+    SELECT h.*, e.pnl AS pnl_at_stop
+    FROM h ASOF LEFT JOIN scope_equity e ON e.scope = h.scope AND h.stop_ns >= e.ts_recv
+),
+a AS (
+    SELECT p.scope, count(f.seq) AS fills_after, coalesce(sum(CAST(f.fee AS DOUBLE)), 0) AS fees_after,
+           coalesce(-sum(f.edge), 0) AS slippage_after
+    FROM p LEFT JOIN fills_pnl f ON p.stop_ns IS NOT NULL AND f.ts_recv >= p.stop_ns
+        AND (p.scope = 'portfolio' OR f.symbol = p.scope)
+    GROUP BY p.scope
+),
+z AS (SELECT scope, arg_max(pnl, ts_recv) AS pnl_end FROM scope_equity GROUP BY scope)
+SELECT p.scope, p.rule, p.limit_usd, p.stop_ns IS NOT NULL AS hit, p.stop_ns,
+       (p.stop_ns - (SELECT start_ns FROM portfolio_span)) / 1e9 AS stop_s, p.refusals, p.pnl_at_stop,
+       z.pnl_end, z.pnl_end - p.pnl_at_stop AS after_stop,
+       CASE WHEN p.stop_ns IS NOT NULL THEN a.fills_after END AS fills_after,
+       CASE WHEN p.stop_ns IS NOT NULL THEN a.fees_after END AS fees_after,
+       CASE WHEN p.stop_ns IS NOT NULL THEN a.slippage_after END AS slippage_after
+FROM p JOIN a USING (scope) LEFT JOIN z USING (scope)
+ORDER BY p.scope = 'portfolio' DESC, p.scope;

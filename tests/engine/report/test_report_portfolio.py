@@ -342,8 +342,12 @@ def test_kev_hedge_ratio_beside_the_realised_and_the_true_beta(con, books, sessi
 def test_the_report_has_a_portfolio_section(run) -> None:
     pf = portfolio.compute(run)
     assert pf is not None and pf.symbols == [LEAD, FOLLOW]
-    assert [s.name for s in portfolio.sections(pf)] == ["portfolio_pnl", "portfolio_exposure", "hedge_ratio",
-                                                         "risk_rules"]  # fmt: skip
+    # the portfolio and each leg and the loss stops lead (tests/engine/report/test_report_portfolio_lead.py),
+    # the hub's estimate against the truth and a rolling estimate close
+    assert [s.name for s in portfolio.sections(pf)] == [
+        "portfolio_lead", "loss_stops", "portfolio_pnl", "portfolio_exposure", "hedge_ratio", "risk_rules",
+        "hedge_fit_regimes", "hedge_fit_rolling",
+    ]  # fmt: skip
     total = next(r for r in pf.tables[0].rows if r[0] == "TOTAL")
     assert total[1] == len(FILLS)
     buf = io.StringIO()
@@ -359,7 +363,7 @@ def test_the_report_has_a_portfolio_section(run) -> None:
 
     for f in figs.values():
         plt.close(f)
-    assert sorted(figs) == ["hedge_ratio", "portfolio_exposure", "portfolio_pnl", "risk_rules"]
+    assert sorted(figs) == ["hedge_fit", "hedge_ratio", "portfolio_exposure", "portfolio_pnl", "risk_rules"]
     html = write_html(run, run.parent / "report.html").read_text()
     assert "<h2>Portfolio</h2>" in html
     for name in figs:
@@ -435,4 +439,4 @@ def test_the_portfolio_notebook_runs_on_the_two_symbol_run(run, monkeypatch: pyt
     text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outs)  # rich: data
     assert "portfolio: 2 instruments (BTCUSDT, ETHUSDT)" in text and "Which risk rule bound" in text
     images = [o for o in outs if "image/png" in o.get("data", {})]
-    assert len(images) == 4  # PnL, exposure, hedge ratio, risk rules
+    assert len(images) == 5  # PnL, exposure, hedge ratio, risk rules, the hub's fit vs the truth
