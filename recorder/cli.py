@@ -117,13 +117,18 @@ def register(subparsers: Any) -> None:
         metavar="SPEC",
         help="kind[@frame][:conn=N|all][:duration=S][:count=N][:code=X], repeatable",
     )
-    p.add_argument("--no-checksum", action="store_true", help="books without checksum (as v2 futures)")
     p.add_argument(
-        "--book-variant", choices=("2024", "2026"), default="2024",
-        help="fixed-depth pushes as captured in 2024 (checksum 0, seq) or 2026 (seq, pseq, no checksum)",
+        "--wire-year", choices=("2024", "2025", "2026"), default=None,
+        help="book pushes laid out as Bitget's captures of that year (default 2026): fixed-depth checksum 0 "
+        "without seq (2024), checksum 0 and seq (2025), seq and pseq (2026); books likewise",
+    )  # fmt: skip
+    p.add_argument("--no-checksum", action="store_true", help="books without checksum, whatever the year")
+    p.add_argument(
+        "--book-variant", choices=("2024", "2026"), default=None,
+        help="older name: 2024 is --wire-year 2025 (checksum 0 and seq), 2026 is --wire-year 2026",
     )  # fmt: skip
     p.add_argument(
-        "--trade-snapshot", type=int, default=0, metavar="N",
+        "--trade-snapshot", type=int, default=50, metavar="N",
         help="after each trade subscribe, a snapshot of the last N trades first, as Bitget sends (0: none)",
     )  # fmt: skip
     p.add_argument("--exit-when-done", action="store_true", help="exit once the source is exhausted")
@@ -267,7 +272,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
             faults=faults,
             symbols=symbols,
             port=a.port,
-            books_checksum=not a.no_checksum,
+            wire_year=a.wire_year,
+            books_checksum=False if a.no_checksum else None,
             book_variant=a.book_variant,
             trade_snapshot=max(0, a.trade_snapshot),
             seed=a.seed,

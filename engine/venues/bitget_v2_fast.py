@@ -8,9 +8,9 @@ gives the correctly rounded value, the same double CPython's ``float()`` returns
 
 It only accepts the canonical frame, byte for byte the layout Bitget, the simulator and the local
 server send (``{"action":"snapshot","arg":{...,"channel":"books15","instId":"X"},"data":[{"asks":[..],
-"bids":[..],"checksum":N,"seq":N,"ts":"N"}],"ts":N}``, or the 2026 form ending ``"bids":[..],"ts":"N",
-"seq":N,"pseq":N}],"ts":N}``), with plain decimals, 1..15 positive strictly
-ordered levels a side and an uncrossed book. Anything else (other key order, whitespace, escapes,
+"bids":[..],"checksum":N,"seq":N,"ts":"N"}],"ts":N}``, the 2024 form without ``"seq"``, or the 2026
+form ending ``"bids":[..],"ts":"N","seq":N,"pseq":N}],"ts":N}``), with plain decimals, 1..15 positive
+strictly ordered levels a side and an uncrossed book. Anything else (other key order, whitespace, escapes,
 exponents, too many digits, a bad level, another channel) returns "not mine" and the caller uses the
 general decoder, which also finds the quarantine reason. So the fast path can only ever be faster,
 never different; ``tests/engine/venues/test_bitget_v2_fast.py`` checks equality frame by frame.
@@ -175,19 +175,20 @@ def scan_books15(buf, levels, meta):  # pragma: no cover - compiled
     if i < 0:
         return False
     j = _expect(buf, i, _CHECKSUM)
-    if j >= 0:  # 2024 layout: checksum (0), seq, ts
+    if j >= 0:  # checksum (0), seq, ts; 2024 captures have no seq (decode reads it as 0)
         i = j
         if i < n and buf[i] == _MINUS:  # checksum is a signed int32; decode ignores it
             i += 1
         i = _uint(buf, i, meta, M_TS_MS)  # scratch slot, overwritten below
         if i < 0:
             return False
-        i = _expect(buf, i, _SEQ)
-        if i < 0:
-            return False
-        i = _uint(buf, i, meta, M_SEQ)
-        if i < 0:
-            return False
+        j = _expect(buf, i, _SEQ)
+        if j >= 0:
+            i = _uint(buf, j, meta, M_SEQ)
+            if i < 0:
+                return False
+        else:
+            meta[M_SEQ] = 0
         i = _expect(buf, i, _TS)
         if i < 0:
             return False

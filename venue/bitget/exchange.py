@@ -95,6 +95,7 @@ class _Order:
     filled: float = 0.0
     notional: float = 0.0
     fee: float = 0.0  # negative: paid
+    pnl: float = 0.0  # realized by this order's fills
     cancel_reason: str = ""
     reject_reason: str = ""
     fills: list[dict[str, Any]] = field(default_factory=list)  # its rows of the fills endpoint, in order
@@ -133,6 +134,26 @@ class _Position:
         if abs(self.qty) < 1e-12:
             self.qty, self.avg = 0.0, 0.0
         self.u_time = ts
+
+
+KEEP_MARGIN_RATE: Final = 0.004
+LEVERAGE: Final = 20
+
+
+def _liquidation_price(p: _Position) -> float:
+    """A crossed position's liquidation price at the fixed leverage, ignoring the rest of the account
+    (the local exchange keeps no wallet): where the loss eats the initial margin down to the
+    maintenance rate."""
+    move = 1.0 / LEVERAGE - KEEP_MARGIN_RATE
+    return p.avg * (1 - move) if p.qty > 0 else p.avg * (1 + move)
+
+
+def _rest_fill(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A fill row as the REST fills endpoint has it: ``totalDeductionFee`` null where the channel
+    sends ``"0"``."""
+    out = dict(row)
+    out["feeDetail"] = [{**fd, "totalDeductionFee": None} for fd in row["feeDetail"]]
+    return out
 
 
 def _num(x: float) -> str:
@@ -216,7 +237,9 @@ class LocalExchange:
 
     ``accounts``: API key -> (secret, passphrase). ``contracts``: contract rows (default:
     :func:`default_contract` of each of ``symbols``, and BTCUSDT). ``fill_model``: a name from
-    :data:`venue.fills.FILL_MODELS`, as in replay.
+    :data:`venue.fills.FILL_MODELS`, as in replay. ``wire_year``: the public book pushes' layout
+    (:mod:`venue.bitget.wire_layout`, the latest by default); ``request_time``: REST's ``requestTime``
+    as a ``"number"`` or a ``"string"``.
     """
 
     def __init__(
@@ -237,6 +260,8 @@ class LocalExchange:
         clock_offset_ms: int = 0,
         client_oid_key: str = "clientOid",
         faults: Iterable[Fault] = (),
+        wire_year: str | None = None,
+        request_time: str = "number",
     ) -> None:
         if fill_model not in FILL_MODELS:
             raise ValueError(f"unknown fill model {fill_model!r}; known: {', '.join(FILL_MODELS)}")
@@ -255,7 +280,11 @@ class LocalExchange:
         if rows is None:
             rows = [contract_row(default_contract(s)) for s in sorted(set(symbols) | {"BTCUSDT"})]
         self.rest = BitgetRestServer(
-            host=host, port=rest_port, contracts=rows, clock_offset_ms=clock_offset_ms
+            host=host,
+            port=rest_port,
+            contracts=rows,
+            clock_offset_ms=clock_offset_ms,
+            request_time=request_time,
         )
         self.public = BitgetServer(
             self._rebased(source),
@@ -264,6 +293,7 @@ class LocalExchange:
             host=host,
             port=ws_port,
             path_handlers={PRIVATE_PATH: self._private},
+            wire_year=wire_year,
         )
         self._lock = threading.RLock()
         self.venues: dict[str, _Venue] = {}
@@ -425,7 +455,9 @@ class LocalExchange:
         if o.status in ("new", "live"):
             o.status = "partially_filled"
         pos = self.positions.setdefault((o.uid, o.symbol), _Position())
+        realized = pos.realized
         pos.apply(o.side, px, qty, ts_ms)
+        o.pnl += pos.realized - realized
         trade_id = str(next(self._trade_ids))
         fill = {
             "tradeId": trade_id,
@@ -459,6 +491,7 @@ class LocalExchange:
                     "totalFee": _num(fee),
                 }
             ],
+            "enterPointSource": "API",
             "cTime": str(ts_ms),
             "uTime": str(ts_ms),
         }
@@ -488,9 +521,17 @@ class LocalExchange:
                     "leverage": 20 if ws else "20",
                     "achievedProfits": _num(p.realized),
                     "unrealizedPL": "0",
+                    "liquidationPrice": _num(_liquidation_price(p)),
+                    "keepMarginRate": _num(KEEP_MARGIN_RATE),
                     "cTime": str(p.c_time),
                     "uTime": str(p.u_time),
                 }
+            )
+            # the channel's extra fields ([jk] Position.txt) and REST's (the doc's all-position row)
+            rows[-1].update(
+                {"unrealizedPLR": "0", "marginRate": "0", "autoMargin": "off"}
+                if ws
+                else {"markPrice": _num(p.avg), "marginRatio": "0"}
             )
         return rows
 
@@ -532,6 +573,11 @@ class LocalExchange:
             "cTime": str(o.c_time),
             "uTime": str(o.u_time),
         }
+        if ws:  # the orders channel: the order's notional, and its realized pnl once it has fills
+            ref = o.px if o.order_type == "limit" else o.price_avg
+            row["notionalUsd"] = _num(ref * o.qty)
+            if o.filled:
+                row["pnl"] = _num(o.pnl)
         return row
 
     # ------------------------------------------------------------------ private pushes
@@ -1007,7 +1053,7 @@ class LocalExchange:
             if below is None or int(f["tradeId"]) < below
         ]
         rows.sort(key=lambda f: int(f["tradeId"]), reverse=True)
-        page = rows[:limit]
+        page = [_rest_fill(f) for f in rows[:limit]]
         return ok({"fillList": page or None, "endId": page[-1]["tradeId"] if page else None}, req.ts_ms)
 
     def _all_positions(self, req: Request, uid: str) -> Response:

@@ -9,9 +9,12 @@ a free port; :attr:`BitgetServer.port` reports it) and speaks the protocol of
 Frames come from a *source*: an iterable of ``(ts_ns, frame_bytes)`` in time order (a stored session
 rebuilt through the codec's encoders, the simulator, or any list). One broadcaster walks the source
 in real time or accelerated (``speed``; 0 = as fast as the clients read) and fans each frame out to
-the connections subscribed to its ``(instType, channel, instId)``. ``books`` is derived per
-connection from the ``books15`` frames of the symbol (:class:`~engine.venues.bitget_v2_books.BooksEncoder`:
-a snapshot after each subscribe, then deltas with ``seq``/``pseq`` and a CRC32 checksum).
+the connections subscribed to its ``(instType, channel, instId)``. Book pushes go out in
+one year's wire layout (``wire_year``, :mod:`venue.bitget.wire_layout`; the latest by default): the
+fixed-depth channels are cut from the source's ``books15`` pushes, and ``books`` is the full depth
+(:class:`~venue.bitget.wire_layout.DeepBook`, deeper than the checksum's 25 levels), per connection a
+snapshot after each subscribe, then deltas sorted by price. After a ``trade`` subscribe the recent
+trades come first as one ``snapshot`` push, as Bitget sends them.
 
 Faults (:class:`Fault`) fire on a connection (by accept index, or every connection) when its
 data-frame counter reaches ``at_frame``: ``drop``, ``close``, ``stall``, ``no_pong``, ``garbage``,
@@ -33,7 +36,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final
@@ -43,7 +46,16 @@ import websockets
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from engine.venues.bitget_v2 import INST_TYPE, PING, arg, encode_books15, encode_trades
-from engine.venues.bitget_v2_books import BooksEncoder
+from venue.bitget.wire_layout import (
+    DEFAULT_BOOKS_DEPTH,
+    LATEST,
+    BooksStream,
+    BookView,
+    DeepBook,
+    encode_fixed,
+    is_layout,
+    layout_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +64,9 @@ log = logging.getLogger(__name__)
 # hostile frame for the tests: garbage, another instType, a books5 push)
 FrameSource = Iterable[tuple[int, bytes] | tuple[int, bytes, tuple[str, str, str]]]
 CHANNELS: Final = ("books", "books1", "books5", "books15", "trade")
-BOOK_VARIANTS: Final = ("2024", "2026")
+# the older name of the layout switch: its "2024" was the doc example's layout (checksum 0 and seq),
+# which real captures date to 2025
+BOOK_VARIANTS: Final = {"2024": "2025", "2026": "2026"}
 FIXED_DEPTH: Final = ("books1", "books5", "books15")
 FAULT_KINDS: Final = (
     "drop",  # abort the TCP connection (the client sees 1006)
@@ -136,7 +150,7 @@ class _Conn:
     index: int
     ws: ServerConnection
     subs: set[tuple[str, str, str]] = field(default_factory=set)
-    books: dict[str, BooksEncoder] = field(default_factory=dict)
+    books: dict[str, BooksStream] = field(default_factory=dict)
     queue: deque[Any] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     space: asyncio.Event = field(default_factory=asyncio.Event)
@@ -173,9 +187,11 @@ class BitgetServer:
         symbols: Iterable[str] | None = None,
         max_client_msgs_per_s: int = 10,
         ping_required_s: float = 120.0,
-        books_checksum: bool = True,
-        trade_snapshot: int = 0,
-        book_variant: str = "2024",
+        wire_year: str | None = None,
+        books_checksum: bool | None = None,
+        books_depth: int = DEFAULT_BOOKS_DEPTH,
+        trade_snapshot: int = 50,
+        book_variant: str | None = None,
         unsubscribe_ack: str = "event",
         start_on_subscribe: bool = True,
         keep_frames: bool = True,
@@ -194,15 +210,21 @@ class BitgetServer:
         self.symbols = set(symbols) if symbols is not None else None
         self.max_client_msgs_per_s = max_client_msgs_per_s
         self.ping_required_s = ping_required_s
-        self.books_checksum = books_checksum
         # after a ``trade`` subscribe, a ``snapshot`` push of up to this many recent trades of the
         # symbol (newest first) before the updates, as Bitget does; 0: none
         self.trade_snapshot = trade_snapshot
-        # fixed-depth pushes as captured in 2024 (``checksum: 0``, ``seq``) or in 2026 (``ts``, ``seq``,
-        # ``pseq`` = the previous push's seq on that connection, no checksum)
-        if book_variant not in BOOK_VARIANTS:
-            raise ValueError(f"book_variant is one of {BOOK_VARIANTS}, got {book_variant!r}")
-        self.book_variant = book_variant
+        if book_variant is not None:
+            if book_variant not in BOOK_VARIANTS:
+                raise ValueError(f"book_variant is one of {tuple(BOOK_VARIANTS)}, got {book_variant!r}")
+            if wire_year is None:
+                wire_year = BOOK_VARIANTS[book_variant]
+        layout = layout_of(wire_year if wire_year is not None else LATEST)
+        if books_checksum is not None:  # a checksum on ``books`` whatever the year says (or none)
+            layout = replace(layout, books_checksum=books_checksum)
+        self.layout = layout
+        self.wire_year = layout.year
+        self.books_depth = books_depth
+        self._deep: dict[tuple[str, str], DeepBook] = {}
         self._recent: dict[tuple[str, str], deque[Any]] = {}
         self.unsubscribe_ack = unsubscribe_ack
         self.start_on_subscribe = start_on_subscribe
@@ -211,6 +233,7 @@ class BitgetServer:
         self.host = host
         self._port = port
         self._rng = random.Random(seed)
+        self._seed = seed
         # Other WebSocket paths served on the same port (the local exchange's /v2/ws/private).
         self.path_handlers = dict(path_handlers or {})
         self.log: list[Sent] = []
@@ -322,15 +345,20 @@ class BitgetServer:
             if self.trade_snapshot and key[1] == "trade":
                 recent = self._recent.setdefault((key[0], key[2]), deque(maxlen=self.trade_snapshot))
                 recent.extendleft(reversed(parsed.get("data") or []))  # newest first, as on the wire
-            for c in list(self._conns):  # connections come and go while we await
+            if key[1] != "books15":
+                for c in list(self._conns):  # connections come and go while we await
+                    if not c.closed and key in c.subs:
+                        await self._enqueue(c, ("data", key[1], key[2], frame, None))
+                continue
+            view = self._deep_view(key, parsed)
+            for c in list(self._conns):
                 if c.closed:
                     continue
-                if key in c.subs:
-                    await self._enqueue(c, ("data", key[1], key[2], frame, None))
-                if key[1] == "books15":
-                    for ch in ("books", "books1", "books5"):
-                        if (key[0], ch, key[2]) in c.subs:
-                            await self._enqueue(c, ("data", ch, key[2], frame, parsed))
+                for ch in FIXED_DEPTH:
+                    if (key[0], ch, key[2]) in c.subs:
+                        await self._enqueue(c, ("data", ch, key[2], frame, parsed))
+                if view is not None and (key[0], "books", key[2]) in c.subs:
+                    await self._enqueue(c, ("data", "books", key[2], frame, view))
         # let every connection drain what it has queued, then say so
         while any(c.queue and not c.closed for c in self._conns):
             await asyncio.sleep(0.005)
@@ -419,62 +447,54 @@ class BitgetServer:
         if now < c.stalled_until:
             self.withheld.append(Withheld(c.index, "stall", channel, symbol, time.time_ns()))
             return
-        if parsed:  # a books/books1/books5 view derived from a books15 frame
-            frame = self._derive(c, channel, symbol, parsed)
+        if isinstance(parsed, BookView):
+            frame = self._books(c, symbol, parsed)
             if frame is None:
                 return
-        if parsed is not False and self.book_variant == "2026" and channel in FIXED_DEPTH:
-            frame = self._as_2026(c, channel, symbol, frame)
+        elif parsed:  # a fixed-depth push cut from a books15 frame, in the server's layout
+            frame = self._fixed(c, channel, symbol, frame, parsed)
         if truncate:
             await self._send(c, "truncated", channel, symbol, frame[: max(1, len(frame) // 2)])
             return
         await self._send(c, "data", channel, symbol, frame)
 
-    @staticmethod
-    def _as_2026(c: _Conn, channel: str, symbol: str, frame: bytes) -> bytes:
-        """A fixed-depth push in the 2026 form: ``asks``, ``bids``, ``ts``, ``seq``, ``pseq``."""
-        f = orjson.loads(frame)
-        out = []
-        for d in f["data"]:
-            seq = d.get("seq", 0)
-            pseq = c.last_seq.get((channel, symbol), 0)
-            c.last_seq[(channel, symbol)] = seq
-            out.append({"asks": d["asks"], "bids": d["bids"], "ts": d["ts"], "seq": seq, "pseq": pseq})
-        f["data"] = out
-        return orjson.dumps(f)
+    def _deep_view(self, key: tuple[str, str, str], parsed: dict[str, Any]) -> BookView | None:
+        """The symbol's full book after this books15 push, kept only while a connection wants ``books``
+        (it starts from the push in hand when the first one subscribes)."""
+        bkey = (key[0], key[2])
+        if not any((key[0], "books", key[2]) in c.subs for c in self._conns if not c.closed):
+            self._deep.pop(bkey, None)
+            return None
+        deep = self._deep.get(bkey)
+        if deep is None:
+            deep = self._deep[bkey] = DeepBook(key[2], depth=self.books_depth, seed=self._seed)
+        return deep.update(parsed)
 
-    def _derive(self, c: _Conn, channel: str, symbol: str, parsed: dict[str, Any]) -> bytes | None:
-        d = parsed["data"][0]
-        bids = [tuple(x) for x in d["bids"]]
-        asks = [tuple(x) for x in d["asks"]]
-        ts_ms = int(d["ts"])
-        push = int(parsed.get("ts", ts_ms))
-        if channel in ("books1", "books5"):
-            n = 1 if channel == "books1" else 5
-            out = orjson.loads(
-                encode_books15(
-                    symbol, ts_ms=ts_ms, seq=d.get("seq", 0), bids=bids[:n], asks=asks[:n], push_ts_ms=push
-                )
-            )
-            out["arg"]["channel"] = channel
-            out["arg"]["instType"] = parsed["arg"]["instType"]
-            return orjson.dumps(out)
-        enc = c.books.get(symbol)
-        if enc is None:
-            enc = c.books[symbol] = BooksEncoder(
-                symbol, first_seq=1000 * (c.index + 1), with_checksum=self.books_checksum
-            )
-        started = enc._started
+    def _fixed(self, c: _Conn, channel: str, symbol: str, frame: bytes, parsed: dict[str, Any]) -> bytes:
+        """A fixed-depth push in the server's layout (``pseq``: the previous push's seq on that
+        connection and channel); a books15 source push already in that layout goes out as it is."""
+        data = parsed.get("data") or [{}]
+        pseq = c.last_seq.get((channel, symbol), 0)
+        c.last_seq[(channel, symbol)] = data[-1].get("seq", 0)
+        if channel == "books15" and not self.layout.fixed_pseq and is_layout(frame, self.layout):
+            return frame
+        return encode_fixed(parsed, channel, self.layout, pseq)
+
+    def _books(self, c: _Conn, symbol: str, view: BookView) -> bytes | None:
+        stream = c.books.get(symbol)
+        if stream is None:
+            a = arg("books", symbol, view.inst_type)
+            stream = c.books[symbol] = BooksStream(a, self.layout, first_seq=1000 * (c.index + 1))
+        started = stream._started
         if c.skip_pending and started:
             c.skip_pending = False
-            skipped = enc.encode(bids, asks, ts_ms=ts_ms, push_ts_ms=push)
-            if skipped is not None:
-                self.withheld.append(Withheld(c.index, "skip_seq", channel, symbol, time.time_ns()))
+            if stream.encode(view, burn=True) == b"":
+                self.withheld.append(Withheld(c.index, "skip_seq", "books", symbol, time.time_ns()))
                 return None
-        offset = 0
-        if c.bad_checksum_pending and started and self.books_checksum:
-            offset = 1
-        frame = enc.encode(bids, asks, ts_ms=ts_ms, push_ts_ms=push, checksum_offset=offset)
+            c.skip_pending = True  # nothing changed: the next change is the one withheld
+            return None
+        offset = 1 if c.bad_checksum_pending and started else 0
+        frame = stream.encode(view, checksum_offset=offset)
         if frame is not None and offset:
             c.bad_checksum_pending = False
         return frame
@@ -599,8 +619,8 @@ class BitgetServer:
                 self._ctrl(c, "ack", orjson.dumps({"event": "subscribe", "arg": a}))
                 recent = self._recent.get((a["instType"], inst_id))
                 if a["channel"] == "trade" and recent:
-                    snap = encode_trades(
-                        inst_id, list(recent), push_ts_ms=int(recent[0]["ts"]), action="snapshot"
+                    snap = orjson.dumps(
+                        {"action": "snapshot", "arg": a, "data": list(recent), "ts": int(recent[0]["ts"])}
                     )
                     c.queue.append(("data", "trade", inst_id, snap, None))  # after the ack, as Bitget
                     c.wake.set()

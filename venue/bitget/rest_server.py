@@ -43,6 +43,7 @@ PRODUCT_TYPES: Final = ("usdt-futures",)  # USDT-M only; Bitget also accepts it 
 CODE_NOT_FOUND: Final = "40404"
 CODE_PARAM_EMPTY: Final = "40019"
 CODE_PARAM_INVALID: Final = "40017"
+REQUEST_TIME_FORMS: Final = ("number", "string")
 
 
 def wall_clock_ms() -> int:
@@ -122,8 +123,9 @@ class BitgetRestServer:
     """``with BitgetRestServer(clock_offset_ms=5000) as srv: srv.url`` -> a skewed local Bitget.
 
     ``contracts``: the rows ``/api/v2/mix/market/contracts`` serves (default: the engine's BTCUSDT).
-    ``clock_ms``: the server's time source before the offset. Every request is appended to
-    :attr:`requests` (method, path, query) for tests.
+    ``clock_ms``: the server's time source before the offset. ``request_time``: the envelope's
+    ``requestTime`` as a JSON ``"number"`` or a ``"string"`` (Bitget's doc pages show both). Every
+    request is appended to :attr:`requests` (method, path, query) for tests.
     """
 
     def __init__(
@@ -134,7 +136,11 @@ class BitgetRestServer:
         clock_offset_ms: int = 0,
         contracts: Iterable[Mapping[str, Any]] | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
+        request_time: str = "number",
     ) -> None:
+        if request_time not in REQUEST_TIME_FORMS:
+            raise ValueError(f"request_time is one of {REQUEST_TIME_FORMS}, got {request_time!r}")
+        self.request_time = request_time
         self.host = host
         self._port = port
         self.clock_offset_ms = clock_offset_ms
@@ -177,8 +183,13 @@ class BitgetRestServer:
             self.requests.append((req.method, req.path, dict(req.query)))
         handler = self.routes.get((req.method, req.path))
         if handler is None:
-            return error(CODE_NOT_FOUND, "Request URL NOT FOUND", req.ts_ms, status=404)
-        return handler(req)
+            resp = error(CODE_NOT_FOUND, "Request URL NOT FOUND", req.ts_ms, status=404)
+        else:
+            resp = handler(req)
+        if self.request_time == "string" and isinstance(resp.body.get("requestTime"), int):
+            body = {**resp.body, "requestTime": str(resp.body["requestTime"])}
+            resp = Response(status=resp.status, body=body, headers=resp.headers)
+        return resp
 
     # -- lifecycle ---------------------------------------------------------------------------------
 

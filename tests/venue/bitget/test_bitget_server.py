@@ -129,7 +129,8 @@ def test_unsubscribe_op_style_ack_and_wrong_inst_type_is_silent() -> None:
 
 def test_books_channel_snapshot_updates_seq_and_checksum() -> None:
     async def go() -> None:
-        async with BitgetServer(toy_frames(SYMS, n=3000), speed=100) as srv:
+        # the latest layout (seq, pseq) with a checksum forced on, to check both at once
+        async with BitgetServer(toy_frames(SYMS, n=3000), speed=100, books_checksum=True) as srv:
             ws = await _client(srv.url)
             await ws.send(subscribe_request([arg("books", "ETHUSDT"), arg("books1", "BTCUSDT")]))
             got = await _collect(ws, 0.8)
@@ -398,7 +399,7 @@ def test_session_source_round_trips_through_the_codec(tmp_path: Any) -> None:
 def test_simulator_source_streams() -> None:
     async def go() -> None:
         src = simulator_frames(["BTCUSDT"], minutes=0.2, seed=3)
-        async with BitgetServer(src, speed=0) as srv:
+        async with BitgetServer(src, speed=0, wire_year="2025") as srv:  # books15 verbatim, checksums
             ws = await _client(srv.url)
             await ws.send(
                 subscribe_request(
@@ -423,7 +424,7 @@ def test_simulator_source_serves_each_symbol_to_its_subscribers() -> None:
     assert 0 < len(want) < len(src)
 
     async def go() -> tuple[list[bytes], list[bytes]]:
-        async with BitgetServer(src, speed=0) as srv:
+        async with BitgetServer(src, speed=0, wire_year="2025") as srv:
             eth, btc = await _client(srv.url), await _client(srv.url)
             await eth.send(subscribe_request([arg(c, "ETHUSDT") for c in ("books15", "trade", "books")]))
             await btc.send(subscribe_request([arg("books15", "BTCUSDT")]))
