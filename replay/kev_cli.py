@@ -29,12 +29,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.errors import DualhubError, check_output_path
-from engine.kev.advisor import KevContext
+from engine.kev import timeout_advice
+from engine.kev.advisor import InstrumentState, KevContext, KevContextV2, PairState
 from engine.kev.cassette import CASSETTE_FILE, Cassette
-from engine.kev.command import validate_command
+from engine.kev.command import check_sense, validate_command, validate_command_v2
 from engine.kev.failures import classify
 from engine.kev.health import RECOMMEND_FACTOR, recommend_timeout_ms
 from engine.kev.lag import fit_lag, summarize_ns
+from engine.kev.timeout_advice import PROMPTS
 from engine.store import write_json
 from engine.urls import check_url, redact
 from venue.recorded_latency import RECORDED_FILE
@@ -241,17 +243,15 @@ def cmd_fit_lag(args: argparse.Namespace) -> int:
 def bench_contexts(n: int, seed: int = 0) -> list[KevContext]:
     """``n`` varied, reproducible contexts (symbols, labels, prices, imbalance, positions)."""
     rng = np.random.default_rng(seed)
-    symbols = (("BTCUSDT", 67000.0), ("ETHUSDT", 3400.0), ("SOLUSDT", 145.0))
-    labels = ("LEAN_BUY", "LEAN_SELL", "EMERGENCY")
     out = []
     for i in range(n):
-        sym, px = symbols[i % len(symbols)]
+        sym, px = _BENCH_SYMBOLS[i % len(_BENCH_SYMBOLS)]
         out.append(
             KevContext(
                 request_id=i,
                 ts_ns=i * 1_000_000_000,
                 symbol=sym,
-                label=labels[(i // len(symbols)) % len(labels)],
+                label=_BENCH_LABELS[(i // len(_BENCH_SYMBOLS)) % len(_BENCH_LABELS)],
                 label_seq=i,
                 p_label=round(float(rng.uniform(0.5, 0.99)), 3),
                 mid=round(px * float(rng.uniform(0.97, 1.03)), 2),
@@ -259,6 +259,52 @@ def bench_contexts(n: int, seed: int = 0) -> list[KevContext]:
                 imbalance=round(float(rng.uniform(-1.0, 1.0)), 3),
                 position=round(float(rng.uniform(-1.0, 1.0)), 2),
                 max_position=1.0,
+            )
+        )
+    return out
+
+
+_BENCH_SYMBOLS = (("BTCUSDT", 67000.0), ("ETHUSDT", 3400.0), ("SOLUSDT", 145.0))
+_BENCH_LABELS = ("LEAN_BUY", "LEAN_SELL", "EMERGENCY")
+
+
+def bench_contexts_v2(n: int, seed: int = 0) -> list[KevContextV2]:
+    """``n`` varied, reproducible portfolio contexts as the pairs hub asks them: BTCUSDT leading
+    ETHUSDT, positions, marks, recent labels, the pair's spread, z-score and hedge ratio."""
+    rng = np.random.default_rng([seed, 2])
+    out = []
+    for i in range(n):
+        insts = []
+        for j, (sym, px) in enumerate(_BENCH_SYMBOLS[:2]):
+            limit = 0.05 if j == 0 else 1.0
+            insts.append(
+                InstrumentState(
+                    symbol=sym,
+                    position=round(float(rng.uniform(-limit, limit)), 3),
+                    mark=round(px * float(rng.uniform(0.97, 1.03)), 2),
+                    spread=round(px * 1e-5 * float(rng.uniform(0.5, 3.0)), 4),
+                    labels=tuple(_BENCH_LABELS[int(k)] for k in rng.integers(0, 2, size=3)),
+                    max_position=limit,
+                )
+            )
+        pair = PairState(
+            leader="BTCUSDT",
+            follower="ETHUSDT",
+            spread=round(float(rng.normal(0.0, 0.002)), 5),
+            z=round(float(rng.normal(0.0, 1.8)), 2),
+            hedge_ratio=round(float(rng.uniform(0.6, 1.1)), 3),
+        )
+        label = _BENCH_LABELS[i % len(_BENCH_LABELS)]
+        out.append(
+            KevContextV2(
+                request_id=i,
+                ts_ns=i * 1_000_000_000,
+                symbol=insts[i % 2].symbol,
+                label=label,
+                label_seq=i,
+                p_label=round(float(rng.uniform(0.5, 0.99)), 3),
+                instruments=tuple(insts),
+                pairs=(pair,),
             )
         )
     return out
@@ -275,77 +321,144 @@ def _why(e: BaseException) -> str:
     return text
 
 
-async def run_bench(url: str, n: int, *, warmup: int = 1, timeout_s: float = 60.0) -> dict[str, Any]:
-    """``n`` sequential real calls (after ``warmup`` unmeasured ones); latency percentiles in ms."""
-    import httpx
+def _pct(values: list[float], scale: float = 1.0) -> dict[str, float]:
+    if not values:
+        return {}
+    a = np.asarray(values, dtype=np.float64) * scale
+    return {f"p{p}": round(float(np.percentile(a, p)), 1) for p in (50, 90, 99)} | {
+        "max": round(float(a.max()), 1)
+    }
 
-    from engine.kev.llama import LlamaAdvisor, LlamaConfig
 
-    cfg = LlamaConfig(base_url=url, timeout_s=timeout_s, retries=0, breaker_failures=1_000_000)
+def _sense(ctx: KevContext | KevContextV2, raw: Any) -> str:
+    """ "" for an answer the engine would act on, else why not (schema, or for a portfolio command
+    the same sense checks the engine applies)."""
+    if isinstance(ctx, KevContext):
+        got = validate_command(raw)
+        return got if isinstance(got, str) else ""
+    got2 = validate_command_v2(raw, ctx.symbols, ctx.pair_keys)
+    if isinstance(got2, str):
+        return got2
+    return check_sense(
+        got2,
+        {i.symbol: i.position for i in ctx.instruments},
+        {i.symbol: i.mark for i in ctx.instruments},
+        {i.symbol: i.max_position for i in ctx.instruments},
+    )
+
+
+async def _time_prompt(kev: Any, contexts: list[Any], warmup: list[Any]) -> dict[str, Any]:
+    """Sequential calls of ``contexts`` (after the unmeasured ``warmup`` ones): wall time, the
+    server's own timings, and how many answers the engine would act on."""
     walls, prompt_ms, predicted_ms, ptok, ctok = [], [], [], [], []
     ok = valid = 0
     errors: list[str] = []
-    async with LlamaAdvisor(cfg) as kev:
-        try:  # reachable at all? One line naming the URL, not N failed calls and a traceback
-            props = await kev.props()
-        except httpx.HTTPError as e:
-            raise DualhubError(f"cannot reach llama-server at {redact(url)}: {_why(e)}") from None
-        for ctx in bench_contexts(warmup, seed=1):
-            await kev.advise(ctx)
-        for ctx in bench_contexts(n):
-            t0 = time.perf_counter_ns()
-            reply = await kev.advise(ctx)
-            walls.append(time.perf_counter_ns() - t0)
-            if reply.raw is None:
-                errors.append(reply.error)
-                continue
-            ok += 1
-            valid += not isinstance(validate_command(reply.raw), str)
-            t = reply.timings
-            prompt_ms.append(t.get("prompt_ms", 0.0))
-            predicted_ms.append(t.get("predicted_ms", 0.0))
-            ptok.append(t.get("prompt_tokens", 0.0))
-            ctok.append(t.get("completion_tokens", 0.0))
-
-    def pct(values: list[float], scale: float = 1.0) -> dict[str, float]:
-        if not values:
-            return {}
-        a = np.asarray(values, dtype=np.float64) * scale
-        return {f"p{p}": round(float(np.percentile(a, p)), 1) for p in (50, 90, 99)} | {
-            "max": round(float(a.max()), 1)
-        }
-
+    refused: dict[str, int] = {}
+    for ctx in warmup:
+        await kev.advise(ctx)
+    for ctx in contexts:
+        t0 = time.perf_counter_ns()
+        reply = await kev.advise(ctx)
+        walls.append(time.perf_counter_ns() - t0)
+        if reply.raw is None:
+            errors.append(reply.error)
+            continue
+        ok += 1
+        why = _sense(ctx, reply.raw)
+        if why:
+            key = why.split(":", 1)[0] if why.startswith("command_inconsistent") else "schema"
+            refused[key] = refused.get(key, 0) + 1
+        else:
+            valid += 1
+        t = reply.timings
+        prompt_ms.append(t.get("prompt_ms", 0.0))
+        predicted_ms.append(t.get("predicted_ms", 0.0))
+        ptok.append(t.get("prompt_tokens", 0.0))
+        ctok.append(t.get("completion_tokens", 0.0))
     return {
-        "kind": "dualhub.kev_bench",
-        "url": url,
-        "n": n,
+        "n": len(contexts),
         "ok": ok,
-        "schema_valid": valid,
+        "usable": valid,
+        "refused": refused,
         "errors": errors[:5],
-        "model": props.get("model_alias") or props.get("model_path", ""),
-        "model_path": props.get("model_path", ""),
-        "total_slots": props.get("total_slots"),
-        "build_info": props.get("build_info", ""),
-        "wall_ms": pct(walls, 1e-6),
-        "prompt_ms": pct(prompt_ms),
-        "predicted_ms": pct(predicted_ms),
-        "prompt_tokens": pct(ptok),
-        "completion_tokens": pct(ctok),
+        "wall_ms": _pct(walls, 1e-6),
+        "prompt_ms": _pct(prompt_ms),
+        "predicted_ms": _pct(predicted_ms),
+        "prompt_tokens": _pct(ptok),
+        "completion_tokens": _pct(ctok),
         "wall_ns_summary": summarize_ns(walls) if walls else {},
         "recommended_kev_timeout_ms": recommend_timeout_ms(walls),
     }
 
 
+async def run_bench(
+    url: str, n: int, *, warmup: int = 1, timeout_s: float = 60.0, prompts: tuple[str, ...] = PROMPTS
+) -> dict[str, Any]:
+    """``n`` sequential real calls of each prompt in ``prompts`` (``single``: one instrument's
+    question; ``portfolio``: the pairs hub's), after ``warmup`` unmeasured ones; latency percentiles
+    in ms. The recommendation is the slowest prompt's."""
+    import httpx
+
+    from engine.kev.llama import LlamaAdvisor, LlamaConfig
+
+    cfg = LlamaConfig(base_url=url, timeout_s=timeout_s, retries=0, breaker_failures=1_000_000)
+    makers = {"single": bench_contexts, "portfolio": bench_contexts_v2}
+    async with LlamaAdvisor(cfg) as kev:
+        try:  # reachable at all? One line naming the URL, not N failed calls and a traceback
+            props = await kev.props()
+        except httpx.HTTPError as e:
+            raise DualhubError(f"cannot reach llama-server at {redact(url)}: {_why(e)}") from None
+        per = {
+            p: await _time_prompt(kev, makers[p](n), makers[p](warmup, seed=1)) for p in prompts
+        }  # fmt: skip
+    recs = [v["recommended_kev_timeout_ms"] for v in per.values() if v["recommended_kev_timeout_ms"]]
+    first = per[prompts[0]]
+    return {
+        "kind": "dualhub.kev_bench",
+        "url": url,
+        "n": n,
+        "ok": sum(v["ok"] for v in per.values()),
+        "model": props.get("model_alias") or props.get("model_path", ""),
+        "model_path": props.get("model_path", ""),
+        "total_slots": props.get("total_slots"),
+        "build_info": props.get("build_info", ""),
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "prompts": per,
+        # the figures of the first prompt, under the names the single-prompt bench always used
+        "schema_valid": first["usable"],
+        "errors": first["errors"],
+        **{
+            k: first[k]
+            for k in ("wall_ms", "prompt_ms", "predicted_ms", "prompt_tokens", "completion_tokens")
+        },
+        "wall_ns_summary": first["wall_ns_summary"],
+        "recommended_kev_timeout_ms": max(recs) if recs else None,
+    }
+
+
+_FIGURES = ("wall_ms", "prompt_ms", "predicted_ms", "prompt_tokens", "completion_tokens")
+
+
 def bench_table(result: dict[str, Any]) -> str:
     lines = [
-        f"Kev latency: {result['n']} sequential calls, {result['ok']} answered, "
-        f"{result['schema_valid']} schema-valid; model {Path(result['model_path']).name or result['model']}",
-        f"{'metric':<20}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}",
+        f"Kev latency: {result['n']} sequential calls per prompt; model "
+        f"{Path(result['model_path']).name or result['model']}",
+        f"{'prompt':<11}{'metric':<19}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}",
     ]
-    for name in ("wall_ms", "prompt_ms", "predicted_ms", "prompt_tokens", "completion_tokens"):
-        s = result[name]
-        if s:
-            lines.append(f"{name:<20}{s['p50']:>9.1f}{s['p90']:>9.1f}{s['p99']:>9.1f}{s['max']:>9.1f}")
+    for prompt, fig in result["prompts"].items():
+        for name in _FIGURES:
+            s = fig[name]
+            if s:
+                lines.append(
+                    f"{prompt:<11}{name:<19}{s['p50']:>9.1f}{s['p90']:>9.1f}{s['p99']:>9.1f}{s['max']:>9.1f}"
+                )
+    lines.append(f"{'prompt':<11}{'answered':>9}{'usable':>8}  refused (why)          recommended timeout")
+    for prompt, fig in result["prompts"].items():
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(fig["refused"].items())) or "-"
+        rec = fig["recommended_kev_timeout_ms"]
+        lines.append(
+            f"{prompt:<11}{fig['ok']:>9}{fig['usable']:>8}  {refused:<22} {f'{rec} ms' if rec else '-'}"
+        )
     return "\n".join(lines)
 
 
@@ -354,19 +467,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise DualhubError("-n must be at least 1")
     if args.out:
         check_output_path(args.out, directory=False)
+    prompts = PROMPTS if args.prompt == "both" else (args.prompt,)
     if args.url:
         check_url(args.url, "--url")
-        result = asyncio.run(run_bench(args.url, args.n, warmup=args.warmup))
+        result = asyncio.run(run_bench(args.url, args.n, warmup=args.warmup, prompts=prompts))
     else:
         from engine.kev.server import LlamaServer
 
         with LlamaServer() as srv:
             print(f"started {srv} in {srv.startup_s:.2f} s", file=sys.stderr)
-            result = asyncio.run(run_bench(srv.url, args.n, warmup=args.warmup))
+            result = asyncio.run(run_bench(srv.url, args.n, warmup=args.warmup, prompts=prompts))
     print(bench_table(result))
     recommended = result["recommended_kev_timeout_ms"]
     if recommended is not None:
-        print(f"recommended --kev-timeout-ms {recommended} (p99 wall x {RECOMMEND_FACTOR:g})")
+        why = f"p99 wall x {RECOMMEND_FACTOR:g}, the slowest prompt"
+        print(f"recommended --kev-timeout-ms {recommended} ({why})")
+        kept = timeout_advice.save(result)
+        if kept is not None:
+            print(f"kept for `replay --kev-mode llm` and `live --kev-url` with this model: {kept}")
     if args.out:
         write_json(Path(args.out), result)
         print(f"wrote {args.out}")
@@ -411,5 +529,11 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--url", help="a running llama-server (default: start one from the LLM venv)")
     bench.add_argument("-n", type=int, default=20, help="measured calls (default 20)")
     bench.add_argument("--warmup", type=int, default=1, help="unmeasured calls first (default 1)")
+    bench.add_argument(
+        "--prompt",
+        choices=("single", "portfolio", "both"),
+        default="both",
+        help="which question to time: one instrument's, the portfolio hub's (--kev-hub), or both (default)",
+    )
     bench.add_argument("--out", metavar="BENCH_JSON", help="write the figures as JSON")
     bench.set_defaults(func=cmd_bench)

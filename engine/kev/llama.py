@@ -42,13 +42,13 @@ from engine.kev.advisor import (
     KevReply,
     context_body_v2,
 )
+from engine.kev.choices import CHOICES_VERSION, FLATTEN, TRADING_ACTIONS, choices, pair_hedges
 from engine.kev.command import (
     ACTIONS,
     COMMAND_SCHEMA,
     HEDGE_RATIO_RANGE,
     MAX_REASON_CHARS,
     MAX_SLIPPAGE_BPS_RANGE,
-    PAIR_HEDGE_RATIO_RANGE,
     SCHEMA_VERSION_V2,
     TARGET_POSITION_ABS_MAX,
     command_schema_v2,
@@ -167,30 +167,28 @@ def request_key(ctx: KevContext, model_id: str, params: Mapping[str, Any]) -> st
 # ---------------------------------------------------------------------------------------------------
 # Prompt v2: the portfolio (a KevContextV2), answered with a v2 command (engine.kev.command)
 
-PROMPT_VERSION_V2: Final = "kev-prompt-v2"
+PROMPT_VERSION_V2: Final = "kev-prompt-v3"
+# a reason is for people reading the log; a small model left 120 characters fills them, one token each
+CHOICE_REASON_CHARS: Final = 40
 SYSTEM_PROMPT_V2: Final = (
-    "You are Kev, the portfolio advisor of a crypto futures trading engine that trades several "
-    "instruments at once. A fast classifier flagged the market state of one of them; the user sends "
-    "every instrument and every hedged pair. Answer with one JSON object and nothing else, with "
-    "exactly these fields:\n"
+    "You are Kev, the portfolio advisor of a crypto futures trading engine that trades hedged pairs. "
+    "A fast classifier flagged one instrument; the user sends every instrument, every pair and the "
+    "target positions you may choose from. Answer with one JSON object and nothing else, with exactly "
+    "these fields:\n"
     f"schema_version: {SCHEMA_VERSION_V2}\n"
-    f"action: one of {', '.join(ACTIONS)}\n"
-    "targets: an object with one entry per instrument, symbol: the position to move towards, a "
-    f"number from -{TARGET_POSITION_ABS_MAX:g} to {TARGET_POSITION_ABS_MAX:g} in that instrument's "
-    "units\n"
-    "pairs: an array with one object per pair, in the order given: leader, follower, and hedge_ratio, "
-    f"a number from {PAIR_HEDGE_RATIO_RANGE[0]:g} to {PAIR_HEDGE_RATIO_RANGE[1]:g}: the leader's USD "
-    "notional per USD of the follower\n"
+    f"action: one of {', '.join(ACTIONS)} (EMERGENCY_FLATTEN only with the flat targets)\n"
+    "targets: one of the target choices, copied exactly\n"
+    "pairs: the pairs as given, each with its hedge_ratio\n"
     f"max_slippage_bps: number from {MAX_SLIPPAGE_BPS_RANGE[0]:g} to {MAX_SLIPPAGE_BPS_RANGE[1]:g}\n"
-    f"reason: a few words, at most {MAX_REASON_CHARS} characters\n"
-    'Example: {"schema_version": 2, "action": "LEAN_SELL", "targets": {"BTCUSDT": 0.04, '
-    '"ETHUSDT": -1.0}, "pairs": [{"leader": "BTCUSDT", "follower": "ETHUSDT", "hedge_ratio": 1.2}], '
-    '"max_slippage_bps": 5, "reason": "ETH rich against BTC"}'
+    f"reason: a few words, at most {CHOICE_REASON_CHARS} characters\n"
+    "A pair's z-score above 2 means its follower is rich against its leader: sell the follower and buy "
+    "the leader; below -2 the other way round; near 0 the spread is back: go flat. Otherwise hold."
 )
 USER_TEMPLATE_V2: Final = (
     "signal: {label} on {symbol} (probability {p_label})\n"
     "instruments:\n{instruments}\n"
-    "pairs (spread = log follower - alpha - hedge_ratio * log leader):\n{pairs}"
+    "pairs (spread = log follower - alpha - hedge_ratio * log leader):\n{pairs}\n"
+    "target choices:\n{choices}"
 )
 INSTRUMENT_LINE_V2: Final = (
     "- {symbol}: position {position} (limit {max_position}), mark {mark}, spread {spread}, "
@@ -199,6 +197,7 @@ INSTRUMENT_LINE_V2: Final = (
 PAIR_LINE_V2: Final = (
     "- {follower} on {leader}: spread {spread}, z-score {z}, fitted hedge_ratio {hedge_ratio}"
 )
+CHOICE_LINE_V2: Final = "- {name}: {targets}"
 PROMPT_TEMPLATE_V2_SHA256: Final = sha256_hex(
     _canonical(
         {
@@ -207,6 +206,8 @@ PROMPT_TEMPLATE_V2_SHA256: Final = sha256_hex(
             "user": USER_TEMPLATE_V2,
             "instrument": INSTRUMENT_LINE_V2,
             "pair": PAIR_LINE_V2,
+            "choice": CHOICE_LINE_V2,
+            "choices": CHOICES_VERSION,
         }
     )
 )
@@ -214,6 +215,11 @@ PROMPT_TEMPLATE_V2_SHA256: Final = sha256_hex(
 
 def _num_v2(x: float) -> str:
     return _num(x) if math.isfinite(x) else "n/a"
+
+
+def _json(obj: Any) -> str:
+    """The compact JSON text a choice is offered, constrained and parsed as."""
+    return orjson.dumps(obj).decode()
 
 
 def render_messages_v2(ctx: KevContextV2) -> list[dict[str, str]]:
@@ -242,14 +248,49 @@ def render_messages_v2(ctx: KevContextV2) -> list[dict[str, str]]:
         )
         or "- none"
     )
+    offered = "\n".join(
+        CHOICE_LINE_V2.format(name=c.name, targets=_json(dict(c.targets))) for c in choices(ctx)
+    )
     user = USER_TEMPLATE_V2.format(
-        label=ctx.label, symbol=ctx.symbol, p_label=_num(ctx.p_label), instruments=instruments, pairs=pairs
+        label=ctx.label,
+        symbol=ctx.symbol,
+        p_label=_num(ctx.p_label),
+        instruments=instruments,
+        pairs=pairs,
+        choices=offered,
     )
     return [{"role": "system", "content": SYSTEM_PROMPT_V2}, {"role": "user", "content": user}]
 
 
+def _pairs_answer(ctx: KevContextV2) -> list[dict[str, Any]]:
+    return [
+        {"leader": h.leader, "follower": h.follower, "hedge_ratio": h.hedge_ratio} for h in pair_hedges(ctx)
+    ]
+
+
 def command_schema_v2_for(ctx: KevContextV2) -> dict[str, Any]:
-    return command_schema_v2(ctx.symbols, ctx.pair_keys)
+    """The v2 command schema narrowed to ``ctx``'s choices (:mod:`engine.kev.choices`): the flat
+    targets with EMERGENCY_FLATTEN, any offered targets with another action, the pairs' hedge ratios
+    as given. Every command it admits is one :func:`command_schema_v2` admits."""
+    offered = choices(ctx)
+    flat = [dict(c.targets) for c in offered if c.name == "flat"]
+    pairs = _pairs_answer(ctx)
+
+    def variant(actions: tuple[str, ...], targets: list[dict[str, float]]) -> dict[str, Any]:
+        full = command_schema_v2(ctx.symbols, ctx.pair_keys)
+        props = dict(full["properties"])
+        props["action"] = {"type": "string", "enum": list(actions)}
+        props["targets"] = {"enum": targets}
+        props["pairs"] = {"enum": [pairs]}
+        props["reason"] = {**props["reason"], "maxLength": CHOICE_REASON_CHARS}
+        return {**full, "properties": props}
+
+    return {
+        "anyOf": [
+            variant((FLATTEN,), flat),
+            variant(TRADING_ACTIONS, [dict(c.targets) for c in offered]),
+        ]
+    }
 
 
 def _gbnf_literal(text: str) -> str:
@@ -258,32 +299,36 @@ def _gbnf_literal(text: str) -> str:
     return '"' + js.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _gbnf_raw(text: str) -> str:
+    """``text`` itself (JSON already) as a GBNF string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _v1_rules(*names: str) -> list[str]:
     """The named rules of :data:`COMMAND_GRAMMAR`: a v2 command's numbers, action and reason are v1's."""
     rules = {line.split(" ::= ")[0]: line for line in COMMAND_GRAMMAR.splitlines()}
     return [rules[n] for n in names]
 
 
-def command_grammar_v2(symbols: tuple[str, ...], pairs: tuple[tuple[str, str], ...]) -> str:
-    """GBNF of a v2 command over ``symbols`` and ``pairs``: the fields in the schema's order, every
-    instrument's target and every pair's hedge ratio in the context's order."""
-    targets = ' "," ws '.join(f"t-{k}" for k in range(len(symbols)))
-    pair_refs = ' "," ws '.join(f"p-{k}" for k in range(len(pairs)))
+def command_grammar_v2_for(ctx: KevContextV2) -> str:
+    """GBNF of :func:`command_schema_v2_for` (for servers that refuse ``response_format``): the fields
+    in the schema's order, the targets one of ``ctx``'s choices, EMERGENCY_FLATTEN only with flat."""
+    offered = choices(ctx)
+    flat = next(k for k, c in enumerate(offered) if c.name == "flat")
+    trading = " | ".join(_gbnf_literal(a) for a in TRADING_ACTIONS)
     lines = [
-        'root ::= "{" ws f-version "," ws f-action "," ws f-targets "," ws f-pairs "," ws f-bps "," ws '
-        'f-reason "}"',
+        'root ::= "{" ws f-version "," ws (a-flat "," ws t-flat | a-trade "," ws t-any) "," ws f-pairs '
+        '"," ws f-bps "," ws f-reason "}"',
         f'f-version ::= "\\"schema_version\\"" ws ":" ws "{SCHEMA_VERSION_V2}" ws',
-        'f-targets ::= "\\"targets\\"" ws ":" ws "{" ws ' + targets + ' "}" ws',
-        'f-pairs ::= "\\"pairs\\"" ws ":" ws "[" ws ' + (pair_refs + " " if pairs else "") + '"]" ws',
+        f'a-flat ::= "\\"action\\"" ws ":" ws {_gbnf_literal(FLATTEN)} ws',
+        f'a-trade ::= "\\"action\\"" ws ":" ws ({trading}) ws',
+        f't-flat ::= "\\"targets\\"" ws ":" ws c-{flat} ws',
+        't-any ::= "\\"targets\\"" ws ":" ws (' + " | ".join(f"c-{k}" for k in range(len(offered))) + ") ws",
+        f'f-pairs ::= "\\"pairs\\"" ws ":" ws {_gbnf_raw(_json(_pairs_answer(ctx)))} ws',
     ]
-    lines += [f't-{k} ::= {_gbnf_literal(s)} ws ":" ws position ws' for k, s in enumerate(symbols)]
-    lines += [
-        f'p-{k} ::= "{{" ws "\\"leader\\"" ws ":" ws {_gbnf_literal(lead)} ws "," ws "\\"follower\\"" ws '
-        f'":" ws {_gbnf_literal(f)} ws "," ws "\\"hedge_ratio\\"" ws ":" ws hedge ws "}}" ws'
-        for k, (lead, f) in enumerate(pairs)
-    ]
-    lines += _v1_rules("f-action", "f-bps", "f-reason", "action", "position", "bps", "reason", "char", "ws")
-    lines.append('hedge ::= "10" ("." "0"{1,3})? | [0-9] ("." [0-9]{1,3})?')
+    lines += [f"c-{k} ::= {_gbnf_raw(_json(dict(c.targets)))}" for k, c in enumerate(offered)]
+    lines += _v1_rules("f-bps", "f-reason", "bps", "char", "ws")
+    lines.append(f'reason ::= "\\"" char{{0,{CHOICE_REASON_CHARS}}} "\\""')
     return "\n".join(lines)
 
 
@@ -584,7 +629,7 @@ class LlamaAdvisor:
                 "json_schema": {"name": "portfolio_command", "strict": True, "schema": schema},
             }
         else:
-            body["grammar"] = command_grammar_v2(ctx.symbols, ctx.pair_keys) if v2 else COMMAND_GRAMMAR
+            body["grammar"] = command_grammar_v2_for(ctx) if v2 else COMMAND_GRAMMAR
         return body
 
     # -- the advisor protocol ----------------------------------------------------------------------
