@@ -56,9 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--kev-hub",
-        choices=("pairs",),
-        help="several symbols: Kev answers for the whole portfolio (the pairs rule on the hedge ratios "
-        "fitted from the marks, the first symbol leading the others); one command sets every instrument",
+        choices=("pairs", "llm"),
+        help="several symbols: Kev answers for the whole portfolio, one command setting every "
+        "instrument (the first symbol leading the others): the pairs rule on the hedge ratios fitted "
+        "from the marks, or llama-server at --kev-url asked the same question (llm)",
     )
     add_leg_args(p)
     mode = p.add_mutually_exclusive_group()
@@ -73,9 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--kev-timeout-ms",
         type=int,
-        default=2000,
-        help="give up on a Kev answer after this long (default 2000); above the server's latency, or every "
-        "answer is discarded (`dualhub kev bench` and `dualhub doctor` recommend one)",
+        default=None,
+        help="give up on a Kev answer after this long (default 2000; with --kev-url, what `dualhub kev "
+        "bench` measured for the server's model, when it did); below the server's latency every answer is "
+        "discarded",
     )
     p.add_argument(
         "--kev-in-loop",
@@ -229,6 +231,19 @@ def _symbols(text: str) -> tuple[str, ...]:
     return picked
 
 
+def _kev_timeout_ms(args: argparse.Namespace) -> int:
+    """--kev-timeout-ms, or with --kev-url what `dualhub kev bench` measured for the server's model
+    (said at start, as is a given timeout below the measured p50)."""
+    from engine.kev import timeout_advice
+
+    if not args.kev_url:
+        return timeout_advice.DEFAULT_TIMEOUT_MS if args.kev_timeout_ms is None else args.kev_timeout_ms
+    prompt = "portfolio" if args.kev_hub else "single"
+    choice = timeout_advice.choose(args.kev_timeout_ms, timeout_advice.server_model(args.kev_url), prompt)
+    print(choice.line, file=sys.stderr)
+    return choice.timeout_ms
+
+
 def cmd_live(args: argparse.Namespace) -> int:
     from engine.strategies import plugin
     from live.runner import DEFAULT_MODEL, LiveConfig, LiveRunner, credentials_from_env
@@ -240,8 +255,11 @@ def cmd_live(args: argparse.Namespace) -> int:
         check_url(args.ws_url, "--ws-url", WS)
     if args.kev_url:
         check_url(args.kev_url, "--kev-url")
-    if args.kev_timeout_ms <= 0:
+    if args.kev_timeout_ms is not None and args.kev_timeout_ms <= 0:
         raise DualhubError(f"--kev-timeout-ms must be > 0, got {args.kev_timeout_ms}")
+    if args.kev_hub == "llm" and not args.kev_url:
+        raise DualhubError("--kev-hub llm asks llama-server: pass its --kev-url")
+    kev_timeout_ms = _kev_timeout_ms(args)
     creds = credentials_from_env()
     if args.confirm and not args.live:
         raise DualhubError(f"{CONFIRM_FLAG} only goes with --live")
@@ -269,7 +287,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         fill_model=args.fill_model,
         kev_url=args.kev_url,
         kev_process=not args.kev_in_loop,
-        kev_timeout_ms=args.kev_timeout_ms,
+        kev_timeout_ms=kev_timeout_ms,
         kill_file=args.kill_file,
         contract_defaults=args.contract_defaults,
         seed=args.seed,

@@ -243,8 +243,10 @@ class LiveConfig:
         object.__setattr__(self, "instruments", checked_instruments(self.instruments))
         if len(set(self.symbols)) != len(self.symbols):
             raise DualhubError(f"a symbol is given twice in {','.join(self.symbols)}")
-        if self.kev_hub not in ("", "pairs"):
-            raise DualhubError(f"kev_hub must be '' or 'pairs' in live mode, not {self.kev_hub!r}")
+        if self.kev_hub not in ("", "pairs", "llm"):
+            raise DualhubError(f"kev_hub must be '', 'pairs' or 'llm', not {self.kev_hub!r}")
+        if self.kev_hub == "llm" and not self.kev_url:
+            raise DualhubError("kev_hub 'llm' asks llama-server: give its kev_url")
         if self.kev_hub and len(self.symbols) < 2:
             raise DualhubError("Kev as the portfolio hub needs a portfolio: give two symbols or more")
         if not (0 <= self.pair_exit_z < self.pair_entry_z and self.pair_half_life_ms > 0):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -159,9 +160,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--kev-timeout-ms",
         type=int,
-        default=2000,
+        default=None,
         help="the engine gives up on a Kev request after this long on the replay clock (default 2000; "
-        "`dualhub kev bench` recommends one for a server)",
+        "with --kev-mode llm, what `dualhub kev bench` measured for the server's model, when it did)",
     )
     p.add_argument(
         "--kev-lag",
@@ -351,6 +352,7 @@ def _contract(args: argparse.Namespace, manifest: dict[str, Any], symbol: str) -
 
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from engine.instruments import instrument_args
+    from engine.kev.timeout_advice import DEFAULT_TIMEOUT_MS
     from replay.driver import DEFAULT_MODEL, ReplayConfig
     from replay.sweep import apply_scales, parse_scale_latency
 
@@ -373,7 +375,7 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         kev_url=args.kev_url,
         kev_lag_fit=args.kev_lag_fit,
         kev_min_interval_ms=args.kev_min_interval_ms,
-        kev_timeout_ms=args.kev_timeout_ms,
+        kev_timeout_ms=DEFAULT_TIMEOUT_MS if args.kev_timeout_ms is None else args.kev_timeout_ms,
         kev_lag_source=args.kev_lag,
         **strategy_fields(args),
         **risk_fields(args),
@@ -527,6 +529,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from replay.sweep import params_config
 
         cfg = params_config(args.params, cfg)
+    if args.kev_url and (cfg.kev_mode == "llm" or cfg.kev_miss_policy == "live"):
+        import dataclasses
+
+        from engine.kev import timeout_advice
+
+        prompt = "portfolio" if cfg.kev_hub else "single"
+        given = args.kev_timeout_ms  # or --params', when it set one
+        if given is None and cfg.kev_timeout_ms != timeout_advice.DEFAULT_TIMEOUT_MS:
+            given = cfg.kev_timeout_ms
+        model = timeout_advice.server_model(args.kev_url)
+        choice = timeout_advice.choose(given, model, prompt)
+        print(choice.line, file=sys.stderr)
+        cfg = dataclasses.replace(cfg, kev_timeout_ms=choice.timeout_ms)
     with CompileWatch() as compiling:
         res = run_replay(
             args.session,
