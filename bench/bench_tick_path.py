@@ -23,11 +23,12 @@ after ``--kev-lag-ms``, or a real llama-server with ``--kev-url``. As in live mo
 in its own process (:mod:`engine.kev.process`); ``--kev-in-loop`` puts it on the tick path's event
 loop instead. With ``--dashboard`` the rounds compare the live dashboard off and on instead (Kev idle
 in both): "on" runs :class:`live.dashboard.Dashboard` as ``dualhub live --dashboard`` does (its
-snapshot publisher on the loop every 250 ms, its server thread), read from another thread as the page
-reads it (``/api/state`` every 500 ms) and ``/metrics`` every second. Per-round p99s are printed too:
-on a shared 2-core machine they move by several us from round to round, so compare medians over
-several rounds. Rounds alternate idle/busy (off/on) so drift hits both alike. Figures also break the label path into its parts measured alone (the general path:
-decode, features, inference; the compiled one: scan, features, inference, book event), and time
+snapshot publisher on the loop every 250 ms, its server thread), read from another process as a
+browser and Prometheus read it (``/api/state`` every 500 ms, ``/metrics`` every second). Per-round
+p99s are printed too: on a shared 2-core machine they move by several us from round to round, so
+compare medians over several rounds. Rounds alternate idle/busy (off/on) so drift hits both alike.
+Figures also break the label path into its parts measured alone (the general path: decode, features,
+inference; the compiled one: scan, features, inference, book event), and time
 ``TickLaya`` back to back with no event loop in between (hot caches: the floor of the path).
 """
 
@@ -42,7 +43,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -129,7 +129,7 @@ async def _round(
     keep_warm: bool = True,
     kev_process: bool = True,
     requote_min_ms: float | None = None,
-    dashboard: bool = False,
+    dashboard: Any = None,
 ) -> dict[str, Any]:
     runner = paper_runner(
         laya_provider=provider,
@@ -163,14 +163,12 @@ async def _round(
     runner.feeding = True
     pump = asyncio.create_task(runner._pump())
     dash = publisher = None
-    scraped = [0]
-    stop_scraping = threading.Event()
-    if dashboard:
+    if dashboard is not None:  # (the reader process's command queue, its count of reads)
         from live.dashboard import Dashboard
 
         dash = Dashboard("127.0.0.1:0")
         publisher = asyncio.create_task(dash.start(runner))
-        threading.Thread(target=_scrape, args=(dash.url, stop_scraping, scraped), daemon=True).start()
+        dashboard[0].put(dash.url)
     poller = asyncio.create_task(runner.busy_poll()) if spin else None
     busy_frames = n_books = 0
     for i, raw in enumerate(frames):
@@ -191,8 +189,8 @@ async def _round(
         if t is not None:
             t.cancel()
     await asyncio.gather(*(t for t in (pump, poller, publisher) if t is not None), return_exceptions=True)
-    stop_scraping.set()
     if dash is not None:
+        dashboard[0].put("")
         dash.close()
     for t in list(runner.kev_tasks):
         t.cancel()
@@ -207,22 +205,37 @@ async def _round(
         "order1": first,
         "kev_busy_fraction": busy_frames / max(1, n_books),
         "kev_requests": st.engine.log.counts()["kev_request"],
-        "dashboard_reads": scraped[0],
     }
 
 
-def _scrape(url: str, stop: threading.Event, n: list[int]) -> None:
-    """The dashboard's readers: the page polling its state every 500 ms, Prometheus every second."""
+def _scrape(commands: Any, reads: Any) -> None:
+    """The dashboard's readers, in a process of their own as a browser and Prometheus are: the page's
+    state every 500 ms and /metrics every second, from the URL last put on ``commands`` ("": pause)."""
+    import queue
+
     import httpx
 
+    url, k = "", 0
     with httpx.Client(timeout=5.0) as c:
-        k = 0
-        while not stop.wait(0.5):
-            c.get(url + "api/state").raise_for_status()
-            n[0] += 1
-            if k % 2:
-                c.get(url + "metrics").raise_for_status()
-                n[0] += 1
+        while True:
+            try:
+                msg = commands.get(timeout=0.5)
+            except queue.Empty:
+                pass
+            else:
+                if msg is None:
+                    return
+                url = msg
+            if not url:
+                continue
+            try:
+                c.get(url + "api/state").raise_for_status()
+                reads.value += 1
+                if k % 2:
+                    c.get(url + "metrics").raise_for_status()
+                    reads.value += 1
+            except httpx.HTTPError:  # the round ended under a request
+                pass
             k += 1
 
 
@@ -334,7 +347,12 @@ def main(argv: list[str] | None = None) -> int:
         proc.start()
         kev_url = f"http://127.0.0.1:{q.get(timeout=20)}"
     modes = ("off", "on") if args.dashboard else ("idle", "busy")
-    dashboard_reads = 0
+    reader = None
+    if args.dashboard:
+        ctx = mp.get_context("spawn")
+        commands, reads = ctx.Queue(), ctx.Value("i", 0)
+        reader = ctx.Process(target=_scrape, args=(commands, reads), daemon=True)
+        reader.start()
     try:
         res: dict[str, dict[str, list[int]]] = {m: {"labels": [], "order1": [], "orders": []} for m in modes}
         busy_fraction: list[float] = []
@@ -346,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                     _round(
                         frames,
                         busy=mode == "busy",
-                        dashboard=mode == "on",
+                        dashboard=(commands, reads) if mode == "on" else None,
                         kev_url=kev_url,
                         gap_s=args.gap_ms / 1000,
                         warmup=args.warmup,
@@ -364,10 +382,13 @@ def main(argv: list[str] | None = None) -> int:
                 if mode == "busy":
                     busy_fraction.append(r["kev_busy_fraction"])
                     kev_requests += r["kev_requests"]
-                dashboard_reads += r["dashboard_reads"]
     finally:
         if proc is not None:
             proc.terminate()
+        if reader is not None:
+            commands.put(None)
+            reader.join(10)
+    dashboard_reads = reads.value if reader is not None else 0
     from engine.laya.model import Laya, LayaConfig
     from live.runner import DEFAULT_MODEL
 
