@@ -156,10 +156,17 @@ def run_report(run_dir: Path | str) -> list[Section]:
     rows has a ``symbol`` column; in a single-symbol run none has."""
     con = connect(run_dir)
     try:
+        by_symbol = bool(con.sql("SELECT getvariable('by_symbol')").fetchall()[0][0])
         sections = []
         for name, title, sql in load_queries():
             rel = con.sql(sql)
-            sections.append(without_null_symbol(Section(name, title, list(rel.columns), rel.fetchall())))
+            s = without_null_symbol(Section(name, title, list(rel.columns), rel.fetchall()))
+            if by_symbol and "symbol" not in s.columns:
+                # the Kev tables: a portfolio's one queue and hub, whichever instrument's label asked
+                s = Section(
+                    s.name, f"{s.title}, all instruments (the portfolio's one Kev queue)", s.columns, s.rows
+                )
+            sections.append(s)
         return sections
     finally:
         con.close()

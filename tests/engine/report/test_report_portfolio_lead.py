@@ -169,7 +169,10 @@ def test_every_table_of_several_instruments_names_the_symbol(root: Path, report_
         n = sum(int(r[cols.index("n")]) for r in rows if r[0] == sym)
         assert n == pc.sum(pc.equal(fills["symbol"], sym)).as_py()
     for s in run_report(root / "free"):
-        if s.name not in PORTFOLIO_WIDE:
+        if s.name in PORTFOLIO_WIDE:  # no instrument's rows: titled as the portfolio's
+            assert "symbol" not in s.columns
+            assert s.title.endswith("all instruments (the portfolio's one Kev queue)")
+        else:
             assert "symbol" in s.columns, s.name
     # every tear-sheet table is one leg's, and says which
     assert "BTCUSDT (tear sheet of this leg alone): Fee-adjusted markouts" in report_free
