@@ -29,6 +29,7 @@ Notebooks: :func:`open_market` gives an entry as one memory-mapped Arrow table.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -149,9 +150,15 @@ class MarketCache:
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             self.root.mkdir(parents=True, exist_ok=True)
+            lock = os.open(path.with_name(f"{path.name}.lock"), os.O_CREAT | os.O_RDWR, 0o644)
         except OSError:  # a read-only session: the run goes on without a cache
             return None
-        return Builder(self, key, tmp, path, rows, block)
+        try:  # one builder per entry: the sweep's other processes on this machine run without it meanwhile
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(lock)
+            return None
+        return Builder(self, key, tmp, path, rows, block, lock)
 
     def drop(self, path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
@@ -188,9 +195,10 @@ class Builder:
     """Takes a replay's blocks in order as it labels them; :meth:`commit` once every block is in."""
 
     def __init__(
-        self, cache: MarketCache, key: CacheKey, tmp: Path, path: Path, rows: int, block: int
+        self, cache: MarketCache, key: CacheKey, tmp: Path, path: Path, rows: int, block: int, lock: int
     ) -> None:
         self.cache, self.key, self.tmp, self.path = cache, key, tmp, path
+        self._lock = lock  # held (flock) until commit or abandon
         self.rows, self.block = rows, block
         self.n_blocks = (rows + block - 1) // block
         self.files: dict[str, dict[str, object]] = {}
@@ -245,11 +253,18 @@ class Builder:
         except OSError:
             self.abandon()
             return False
+        self._unlock()
         self.cache.evict(keep=self.path)
         return True
 
     def abandon(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock >= 0:
+            os.close(self._lock)  # closing the descriptor releases the flock
+            self._lock = -1
 
 
 class Cached:
@@ -292,7 +307,7 @@ def attach(cache: MarketCache, books: Any, key: CacheKey) -> str:
         return "reused"
     books.building = cache.builder(key, books.num_rows, books.block)
     if books.building is None:
-        return "off (over its size cap, or not writable)"
+        return "off (over its size cap, not writable, or another process is building it)"
     return "building"
 
 

@@ -62,6 +62,7 @@ from replay.sweep import (
     RESULT_SCHEMA,
     Grid,
     SweepSummary,
+    cache_note,
     code_version,
     find_sessions,
     loss_stop_note,
@@ -482,6 +483,7 @@ def ray_sweep(
         write_results_at([row for _, (_, row) in order], out_loc)
 
     ran = failed = 0
+    cache_states: list[str] = []
     if todo:
         ray = _ray()
         started = _start_ray(ray, address, workers, init_kwargs or {})
@@ -523,6 +525,7 @@ def ray_sweep(
                         )
                     row["session_digest"] = row["session_digest"] or job.digest
                     ran += 1
+                    cache_states.append(row.get("market_cache") or "")
                     if row["error"]:
                         failed += 1
                         if bar:
@@ -533,7 +536,9 @@ def ray_sweep(
                     rows[_row_key(row)] = row
                     if bar:
                         bar.advance(
-                            failed=failed, text=f"{Path(job.session).name} {run_key(job.digest, job.key[1])}"
+                            failed=failed,
+                            text=f"{Path(job.session).name} {run_key(job.digest, job.key[1])}",
+                            caches=cache_note(cache_states),
                         )
                 if bar:
                     bar.update(running=min(len(inflight), slots))
@@ -548,7 +553,7 @@ def ray_sweep(
                 ray.shutdown()
     if not out_loc.exists():  # nothing ran (everything skipped): still a table to read
         write()
-    notes = tuple(n for n in (loss_stop_note(list(rows.values())),) if n)
+    notes = tuple(n for n in (loss_stop_note(list(rows.values())), cache_note(cache_states)) if n)
     return SweepSummary(
         out=out_loc.text, ran=ran, skipped=skipped, failed=failed, rows=len(rows), notes=notes
     )
@@ -565,19 +570,20 @@ class _Progress:
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("done, {task.fields[running]} running, [red]{task.fields[failed]} failed[/]"),
+            TextColumn("{task.fields[caches]}"),  # market caches built and reused (replay/market_cache.py)
             TimeRemainingColumn(),
             TextColumn("{task.description}"),
         )
         self.p.start()
         if skipped:
             self.p.console.print(f"{skipped} run(s) already in the results table (--resume): skipped")
-        self.task = self.p.add_task("", total=total, running=0, failed=0)
+        self.task = self.p.add_task("", total=total, running=0, failed=0, caches="")
 
     def update(self, running: int) -> None:
         self.p.update(self.task, running=running)
 
-    def advance(self, failed: int, text: str) -> None:
-        self.p.update(self.task, advance=1, failed=failed, description=text)
+    def advance(self, failed: int, text: str, caches: str = "") -> None:
+        self.p.update(self.task, advance=1, failed=failed, description=text, caches=caches)
 
     def note(self, text: str) -> None:
         self.p.console.print(text)

@@ -648,6 +648,16 @@ def loss_stop_note(rows: Sequence[Mapping[str, Any]]) -> str:
     return line
 
 
+def cache_note(states: Iterable[str]) -> str:
+    """How the runs used the market cache ("" when none asked for it): built and reused counts."""
+    states = [s for s in states if s]
+    if not states:
+        return ""
+    built, reused = states.count("built"), states.count("reused")
+    line = f"market cache: {built} built, {reused} reused"
+    return line + (f", {len(states) - built - reused} without it" if len(states) > built + reused else "")
+
+
 @dataclass(frozen=True)
 class SweepSummary:
     out: Path | str  # a path, or a filesystem URL (Ray sweeps)
@@ -786,6 +796,7 @@ def sweep(
     digests = {s: _session_digest(s) for s in sessions}
 
     ran = skipped = failed = 0
+    cache_states: list[str] = []
     bar = _Progress(len(jobs)) if progress else None
     try:
         for session, params in jobs:
@@ -806,6 +817,7 @@ def sweep(
                 market_cache=market_cache,
             )
             ran += 1
+            cache_states.append(row.get("market_cache") or "")
             if row["error"]:
                 failed += 1
                 if bar:
@@ -828,7 +840,7 @@ def sweep(
         atomic_write_parquet(results_table(rows), out)
     if not out.exists():  # everything skipped and nothing to rewrite, or an empty grid
         atomic_write_parquet(results_table(rows), out)
-    notes = tuple(n for n in (loss_stop_note(rows),) if n)
+    notes = tuple(n for n in (loss_stop_note(rows), cache_note(cache_states)) if n)
     if keep_k:
         notes += (f"event logs kept for the {kept} best run(s) by {rank_by} (--keep-logs best:{keep_k})",)
     return SweepSummary(out=out, ran=ran, skipped=skipped, failed=failed, rows=len(rows), notes=notes)

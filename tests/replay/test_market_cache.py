@@ -32,7 +32,7 @@ def small_blocks(monkeypatch):
 
 def _entries(session) -> list:
     root = session / DIR_NAME
-    return sorted(p for p in root.iterdir() if ".tmp" not in p.name) if root.is_dir() else []
+    return sorted(p for p in root.iterdir() if p.is_dir() and ".tmp" not in p.name) if root.is_dir() else []
 
 
 def test_built_then_reused_to_the_same_digest(session, tmp_path, small_blocks):
@@ -132,3 +132,16 @@ def test_entries_are_evicted_by_size_least_recently_used_first(tmp_path, small_b
     tiny = MarketCache(tmp_path / "tiny", cap=1000)
     r = run_replay(a, CFG, out_dir=tmp_path / "r3", market_cache=tiny)
     assert r.market_cache.startswith("off") and not tiny.entries()
+
+
+def test_one_builder_per_entry_at_a_time(tmp_path):
+    cache = MarketCache(tmp_path / "c", cap=1 << 30)
+    laya = SimpleNamespace(model_sha256="m" * 64, feature_version="v0", active_provider="cpu")
+    key = key_for("d" * 64, "BTCUSDT", laya, "batch")
+    first = cache.builder(key, rows=10, block=64)
+    assert first is not None
+    assert cache.builder(key, rows=10, block=64) is None  # a second process meanwhile runs without one
+    first.abandon()
+    again = cache.builder(key, rows=10, block=64)
+    assert again is not None
+    again.abandon()
