@@ -333,6 +333,8 @@ class Engine:
         self._after(now)
         if label_id == K.L_EMERGENCY and self.pf is not None:
             self.pf.emergency(self)
+        if self.pf is not None and c.S[K.S_UNIT_DUE]:  # its leg goes out with the others' (engine/legs.py)
+            self.pf.unit(self)
 
     def command(
         self, cid: int, rid: int, ts_ctx: Nanos, action: int, target: float, hedge: float, slip: float

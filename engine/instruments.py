@@ -184,6 +184,17 @@ class Portfolio:
         self.legs.send(self._step, [e.core for e in self.engines], self.PI, self.PF, order, now, ts_ctx)
         self._arm()
 
+    def unit(self, source: Engine) -> None:
+        """A label of ``source``'s instrument made its leg due (S_UNIT_DUE): every instrument's leg
+        goes out now, that one's first, as one unit (engine/legs.py)."""
+        S = source.core.S
+        origin = int(S[K.S_UNIT_DUE])
+        S[K.S_UNIT_DUE] = 0
+        order = [source.inst, *(i for i in range(len(self.engines)) if i != source.inst)]
+        now = source.clock.now_ns()
+        self.legs.send(self._step, [e.core for e in self.engines], self.PI, self.PF, order, now, origin)
+        self._arm()
+
     def _step(self, i: int, fn: Any) -> Any:
         return self.engines[i].step(fn)
 

@@ -127,6 +127,7 @@ ST_NEED_KEV = 8  # a Kev request started whose advisor answers in Python (C_KEV_
 ST_UNSUPPORTED = 9
 ST_HUB = 10  # a portfolio's Kev hub command (PI_FAN) goes to the other instruments before the next step
 ST_LEG = 11  # a hub command's leg timeout (PI_LEG_DUE) is due: engine/legs.py checks the legs
+ST_UNIT = 12  # a label of a hub's instrument rebalances (S_UNIT_DUE): every leg goes out (engine/legs.py)
 # why unsupported
 U_NONE, U_PX_DECIMALS, U_OVERFLOW, U_TABLE, U_LOOK_AHEAD, U_SIZE = 0, 1, 2, 3, 4, 5
 UNSUPPORTED_TEXT = (
@@ -187,7 +188,9 @@ S_CASH_LO, S_FEES_LO = 41, 42
 # 1: Kev is a portfolio's hub and its commands go out as one unit (engine/legs.py): a reply that becomes
 # this core's command does not rebalance at once; the unit sends every instrument's leg together
 S_UNIT = 43
-S_SIZE = 44
+# a label of this core would rebalance (S_UNIT): the unit of every leg is due, its origin here (0: none)
+S_UNIT_DUE = 44
+S_SIZE = 45
 # SF (float64 scalars)
 SF_CMD_TARGET, SF_CMD_SLIP, SF_CMD_HEDGE = 0, 1, 2
 # 3..5: the rest of the portfolio (the other instruments one engine trades), written before each step
@@ -1202,6 +1205,10 @@ def _on_label(
         if S[S_WHY] != U_NONE:
             return
     if S[S_CMD] != 0 and now <= S[S_CMD_VALID_UNTIL] and now - S[S_LAST_REBALANCE] >= C[C_REBALANCE_MIN]:
+        if S[S_UNIT] != 0:  # a hub's instrument never trades its leg alone: the unit sends every leg
+            if leg_order(S, SF, C, CF, OI, work)[0] != NO_ORDER:
+                S[S_UNIT_DUE] = origin if origin > 0 else 1
+            return
         _rebalance(
             S,
             SF,
@@ -1884,7 +1891,8 @@ def step_hedge(
     """A legging residual of ``lots`` on this instrument is hedged now (engine/legs.py): a market order
     (``cross``), else a limit order at the far touch (the price that fills now, the rest resting there
     until the next check reprices it); ``cancel_oid`` (> 0): the previous hedge, cancelled first if it
-    still works. Judged by the risk gateway as an order on Kev's command. Returns the order's id."""
+    still works. Judged by the risk gateway as an order on Kev's command (a flatten's: reduce-only,
+    source flatten, which the kill switch lets through). Returns the order's id."""
     lpx, lq, _ = _scratch_f(SCR)
     mask = OI.shape[0] - 1
     if cancel_oid > 0 and OI[cancel_oid & mask, OI_OID] == cancel_oid:
@@ -1899,9 +1907,11 @@ def step_hedge(
         otype = LIMIT
         px = eng_book[30] if side == BUY else eng_book[0]
     oid = S[S_OID] + 1
+    flatten = S[S_CMD_ACTION] == A_FLATTEN  # a flatten's residual: reduce-only, as its legs were
     _send_new(
         S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, side, otype, px, qty, now,
-        SF[SF_CMD_SLIP], False, SRC_KEV, now - S[S_CMD_TS_RECV], OUTI, OUTF, NOUT, lpx, lq,
+        SF[SF_CMD_SLIP], flatten, SRC_FLATTEN if flatten else SRC_KEV, now - S[S_CMD_TS_RECV], OUTI, OUTF,
+        NOUT, lpx, lq,
     )  # fmt: skip
     return oid
 

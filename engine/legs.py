@@ -99,7 +99,6 @@ class Legs:
              origin: int) -> None:  # fmt: skip
         """Every leg of the command just applied to the instruments in ``order`` goes out now, in that
         order (``origin``: when the command's context was taken, the orders' tick-to-order start)."""
-        self._close_all(now, "superseded")
         want: dict[int, int] = {}
         for i in order:
             c = cores[i]
@@ -107,6 +106,10 @@ class Legs:
             side, lots = K.pf_leg(PF, i, c.S, c.SF, c.C, c.CF, c.OI, c.work)
             if side != K.NO_ORDER:
                 want[i] = int(lots) if side == K.BUY else -int(lots)
+        if not want:  # a command that trades nothing now leaves the legs of the last one to their check
+            return
+        self._close_all(now, "superseded")
+        PI[K.PI_LEG_DUE] = 0
         legs: list[_Leg] = []
         try:
             for i in order:

@@ -499,6 +499,11 @@ def verdict(
     # and loss limits, and only such an order is reduce-only.
     worst = worst_position(pos_lots, open_buy, open_sell, side, lots)
     reducing = reduces(pos_lots, open_buy, open_sell, side, lots)
+    # Unwinding: the order alone shrinks the position held without taking it through zero. The
+    # portfolio rules never refuse it: each resting order was judged when it was sent, and counting
+    # them here would keep an unwind (a hedge's leg closing, a flatten) waiting on quotes (reducing
+    # implies unwinding: resting orders on the order's side only move it further).
+    unwinding = only_reduces(pos_lots, side, lots)
     for i in range(rules.shape[0]):
         r = rules[i]
         if r == R_OK:
@@ -534,11 +539,11 @@ def verdict(
             ok = reducing or pnl_above(lim[L_LOSS_STOP], pos_hi, pos_lo, cash_hi, cash_lo, bid, ask, 0.0)
         elif r == R_PF_DELTA:
             # an unwinding leg is never refused by a portfolio rule: that would keep the risk it sheds
-            ok = reducing or portfolio_delta_ok(lim, worst, pos_lots, step, bid, ask, others_delta)
+            ok = unwinding or portfolio_delta_ok(lim, worst, pos_lots, step, bid, ask, others_delta)
         elif r == R_PF_GROSS:
-            ok = reducing or portfolio_gross_ok(lim, worst, step, bid, ask, others_gross)
+            ok = unwinding or portfolio_gross_ok(lim, worst, step, bid, ask, others_gross)
         elif r == R_PF_LOSS:
-            ok = reducing or portfolio_loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, bid, ask, others_pnl)
+            ok = unwinding or portfolio_loss_ok(lim, pos_hi, pos_lo, cash_hi, cash_lo, bid, ask, others_pnl)
         else:
             ok = False  # not a rule: nothing vouches for the order
         if not ok:

@@ -414,6 +414,20 @@ class PortfolioRun:
         )
         PI[K.PI_CUR] = j
 
+    def _unit(self) -> None:
+        """A label of instrument PI_CUR made its leg due (S_UNIT_DUE): every instrument's leg goes out
+        now, that one's first, as one unit (engine/legs.py), as ``Portfolio.unit`` has the per-event
+        engines do."""
+        j = int(self.PI[K.PI_CUR])
+        S = self.runs[j].S
+        origin, now = int(S[K.S_UNIT_DUE]), int(S[K.S_NOW])
+        S[K.S_UNIT_DUE] = 0
+        order = [j, *(o for o in range(len(self.runs)) if o != j)]
+        self.state.legs.send(
+            lambda o, fn: self._step(o, now, fn), self.runs, self.PI, self.PF, order, now, origin
+        )
+        self.PI[K.PI_CUR] = j
+
     def _legs(self) -> None:
         """The leg check due at PI_LEG_DUE (engine/legs.py)."""
         now = int(self.PI[K.PI_LEG_DUE])
@@ -485,6 +499,9 @@ class PortfolioRun:
         if status == K.ST_LEG:
             self._legs()
             return True
+        if status == K.ST_UNIT:
+            self._unit()
+            return True
         again = run.handle(status)
         if status == K.ST_NEED_LATENCIES and self.shared_olat:  # made from the shared one: still one
             for r in self.runs:
@@ -493,6 +510,8 @@ class PortfolioRun:
             self.PI[K.PI_LAG_USED] = run.S[K.S_LAG_USED]
             if self.PI[K.PI_FAN]:  # the step that asked also turned a hub's reply into its command
                 self._fan_out()
+            if run.S[K.S_UNIT_DUE]:  # the label that asked also made the legs due
+                self._unit()
         return again
 
 

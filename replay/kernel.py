@@ -258,6 +258,8 @@ def _stop(j, S, PI):
         return ST_UNSUPPORTED
     if S[S_KEV_ASKED] > 0:
         return ST_NEED_KEV
+    if S[S_UNIT_DUE] != 0:
+        return ST_UNIT
     return ST_DONE
 
 
