@@ -301,3 +301,23 @@ def test_the_html_tear_sheet_leads_with_the_portfolio(root: Path, tmp_path: Path
     assert page.index("The portfolio, then each leg") < page.index("<h2>Tear sheet")
     assert "class='warn'>LOSS STOP hit: portfolio loss stop (20 USD)" in page
     assert "alt='hedge_fit'" in page and "true beta at the end of each regime" in page
+
+
+@pytest.mark.slow
+def test_chromium_renders_the_portfolio_first_with_the_hedge_fit_plot(root: Path, tmp_path: Path) -> None:
+    from tests.engine.report.test_report_browser import browse
+
+    out = tmp_path / "r.html"
+    cli("report", str(root / "stop"), "--html", str(out))
+    dom = browse(out, tmp_path, "--dump-dom").stdout
+    assert (
+        dom.index("<h2>Portfolio</h2>")
+        < dom.index("The portfolio, then each leg")
+        < dom.index("<h2>Tear sheet")
+    )
+    imgs = re.findall(r"<img [^>]*>", dom)
+    alts = [re.search(r'alt="([^"]+)"', i).group(1) for i in imgs]
+    assert alts[:5] == ["portfolio_pnl", "portfolio_exposure", "hedge_ratio", "risk_rules", "hedge_fit"]
+    assert all('src="data:image/png;base64,' in i for i in imgs)
+    pf = portfolio.compute(root / "stop")
+    assert len(re.findall(r"<table", dom)) >= len(portfolio.sections(pf)) + len(run_report(root / "stop"))
