@@ -12,8 +12,9 @@ The grid, the row and the key are :mod:`replay.sweep`'s; this module only distri
 * **Paths.** Sessions and results are local paths (on a cluster: a directory mounted at the same path
   on every node) or filesystem URLs that ``pyarrow.fs.FileSystem.from_uri`` understands (``s3://``,
   ``gs://``, ``hdfs://``, ``file://``). A URL session is copied (manifest and listed files only) to the
-  worker's scratch directory, replayed there, and the run directory is uploaded to
-  ``<results dir>/runs/<key>``; the worker's scratch copy is removed afterwards.
+  node, once, and kept there (:func:`node_session`: the market cache the node's first run of it builds
+  beside it serves the node's later runs), replayed there, and the run directory is uploaded to
+  ``<results dir>/runs/<key>``.
 * **Key, resume.** A run is keyed by (session digest, parameter hash, code version). The driver
   computes the key from the session's manifest before submitting, skips keys that already have a row
   without an error (``resume``), and runs every other key once. A worker refuses to run when its own
@@ -37,6 +38,7 @@ The grid, the row and the key are :mod:`replay.sweep`'s; this module only distri
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import fnmatch
 import logging
 import os
@@ -284,6 +286,29 @@ def _stage_session(session: Location, into: Path) -> Path:
     return into
 
 
+NODE_SESSIONS_ENV: Final = "DUALHUB_SWEEP_SESSIONS"  # where a node keeps sessions staged from URLs
+
+
+def node_session(session: Location) -> Path:
+    """A session behind a URL, copied once per node (by its digest, under ``$DUALHUB_SWEEP_SESSIONS``,
+    default ``<tmp>/dualhub-sweep-sessions``) and kept for the node's later tasks: the market cache the
+    first run builds beside it is then reused, one copy and one cache build per session per node
+    instead of one per task. Each run still checks the copy's files against its manifest."""
+    manifest = read_manifest(session.text)
+    name = Session(Path(), manifest).digest()[:32]
+    root = Path(os.environ.get(NODE_SESSIONS_ENV) or Path(tempfile.gettempdir()) / "dualhub-sweep-sessions")
+    root.mkdir(parents=True, exist_ok=True)
+    dest = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other tasks of this session wait for the one copy
+        if not (dest / MANIFEST).is_file():
+            tmp = root / f"{name}.tmp-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            _stage_session(session, tmp)
+            tmp.rename(dest)  # whole, or not there
+    return dest
+
+
 def _run_staged(
     session: str, params: Mapping[str, Any], runs_dir: str, version: str, runner: Runner
 ) -> dict[str, Any]:
@@ -292,7 +317,7 @@ def _run_staged(
     scratch = Path(tempfile.mkdtemp(prefix="dualhub-sweep-"))
     try:
         try:
-            local_session = _stage_session(s_loc, scratch / "session") if s_loc.remote else Path(s_loc.path)
+            local_session = node_session(s_loc) if s_loc.remote else Path(s_loc.path)
         except (DualhubError, OSError) as e:
             return failed_row(session, session_digest(session), params, version, f"staging {session}: {e}")
         local_runs = scratch / "runs" if r_loc.remote else Path(r_loc.path)
