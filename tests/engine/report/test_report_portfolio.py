@@ -438,5 +438,7 @@ def test_the_portfolio_notebook_runs_on_the_two_symbol_run(run, monkeypatch: pyt
     outs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outs)  # rich: data
     assert "portfolio: 2 instruments (BTCUSDT, ETHUSDT)" in text and "Which risk rule bound" in text
+    assert "The portfolio, then each leg" in text and "Hedge ratio vs the simulator's true beta" in text
+    assert "ETHUSDT on BTCUSDT: " in text and "half-life 60 s; " in text  # the estimate-vs-truth verdict
     images = [o for o in outs if "image/png" in o.get("data", {})]
     assert len(images) == 5  # PnL, exposure, hedge ratio, risk rules, the hub's fit vs the truth
