@@ -206,7 +206,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="DuckDB report over a run: labels, Kev lag and drops, risk rejections, fills, PnL, latency",
         description="Check the run's event files against its manifest (a truncated or edited run is "
         "refused), then print its tear sheet (PnL, Sharpe, round trips, markouts, Laya calibration, "
-        "latency) and the tables of engine/report/queries.sql, computed by DuckDB over the event log.",
+        "latency) and the tables of engine/report/queries.sql, computed by DuckDB over the event log. A run "
+        "of several instruments leads with its portfolio: its limits and every loss stop (hit, when, cost), "
+        "the portfolio's and each leg's PnL, drawdown, Sharpe and exposure, and the pairs hub's hedge ratio "
+        "against the simulator's true beta or a rolling estimate; then the first leg's tear sheet.",
     )
     p.add_argument("run", type=Path, help="run directory written by `dualhub replay`")
     p.add_argument(
