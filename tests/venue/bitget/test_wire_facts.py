@@ -447,3 +447,29 @@ def test_dualhub_record_takes_every_year_without_a_quarantine(year: str, tmp_pat
     crossed = sum(b >= a for b, a in zip(books.column("bid_px_0").to_pylist(),
                                          books.column("ask_px_0").to_pylist(), strict=True))  # fmt: skip
     assert crossed == 0
+
+
+@pytest.mark.parametrize("year", YEARS)
+def test_the_bitget_v2_importer_takes_a_capture_of_every_year(year: str, tmp_path: Path) -> None:
+    """A capture of the local venue in that year's layout (``<ts_recv_ns> <json>`` lines, every book
+    channel and trades, a trade snapshot repeating trades among them) imports without a quarantine,
+    each trade once."""
+    from recorder.importers.bitget_v2_raw import import_bitget_v2_raw
+
+    raw = _session(year, ("books", "books15", "books5", "books1", "trade"))
+    data = [(r, orjson.loads(r)) for r in raw]
+    data = [(r, f) for r, f in data if "data" in f]
+    trades = [f for _, f in data if f["arg"]["channel"] == "trade"]
+    repeat = {**trades[-1], "action": "snapshot", "data": [d for f in trades[-3:] for d in f["data"]][::-1]}
+    data.append((orjson.dumps(repeat), repeat))
+    lines = [f"{(int(f['ts']) + 5) * 1_000_000} ".encode() + r for r, f in data]
+    cap = tmp_path / "cap.txt"
+    cap.write_bytes(b"\n".join(lines) + b"\n")
+    m = import_bitget_v2_raw(cap, tmp_path / "s")
+    imp = m["import"]
+    assert imp["discarded"] == {} and not any(imp["book_faults"].values()) and imp["gaps"] == 0
+    assert set(imp["channels"]) == {"books", "books15", "books5", "books1", "trade"}
+    assert sum(imp["duplicate_trades"].values()) == len(repeat["data"])
+    t = open_session(tmp_path / "s").read_table("trade")
+    n_ids = len({d["tradeId"] for f in trades for d in f["data"]})
+    assert t.num_rows == len(set(t.column("trade_id").to_pylist())) == n_ids
