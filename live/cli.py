@@ -1,7 +1,8 @@
 """Subcommands ``live``, ``serve-exchange`` and ``kill``.
 
 ``dualhub live --symbols BTCUSDT [--paper | --live --i-understand-this-trades-real-money]
-[--exchange-url URL] [--ws-url URL] [--duration S] [--out SESSION_DIR] [--kev-url URL]``
+[--exchange-url URL] [--ws-url URL] [--duration S] [--out SESSION_DIR] [--kev-url URL]
+[--dashboard [HOST:]PORT [--dashboard-token T]]``: the dashboard is live/dashboard.py
 
 ``dualhub serve-exchange SESSION [--realtime | --speed X] [--port P]``: a local Bitget (REST on P,
 public and private WebSockets on P + 1) replaying SESSION and matching orders against its books.

@@ -42,7 +42,7 @@
     latChart = new uPlot({
       ...size(latEl),
       series: [{}, { label: "p50", stroke: "#1565c0" }, { label: "p99", stroke: "#c62828" }],
-      axes: [{}, { label: "us" }], scales: { x: { time: true } },
+      axes: [{}, { label: "us (log)" }], scales: { x: { time: true }, y: { distr: 3 } },
     }, [[], [], []], latEl);
   }
 
