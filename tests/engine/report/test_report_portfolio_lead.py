@@ -321,3 +321,34 @@ def test_chromium_renders_the_portfolio_first_with_the_hedge_fit_plot(root: Path
     assert all('src="data:image/png;base64,' in i for i in imgs)
     pf = portfolio.compute(root / "stop")
     assert len(re.findall(r"<table", dom)) >= len(portfolio.sections(pf)) + len(run_report(root / "stop"))
+
+
+def test_each_legs_own_stop_says_it_was_hit_when_and_what_it_cost(root: Path) -> None:
+    run = root / "legstop"
+    cli("replay", str(root / "s"), "--symbols", f"{LEAD},{FOLLOW}", "--kev-hub", "pairs",
+        "--params", '{"risk.daily_loss_stop_usd": 10}', "--out", str(run))  # fmt: skip
+    out = cli("report", str(run))
+    assert "each leg's own: loss stop 10," in out
+    assert "portfolio loss stop (unbound): not hit" in out
+    risk, fills = events(run, "risk"), events(run, "fill")
+    t0 = int(books(root)["ts_recv"].min())
+    cols, rows = table(out, "Loss stops")
+    got = {r[0]: dict(zip(cols, r, strict=True)) for r in rows}
+    for sym in (LEAD, FOLLOW):
+        mine = risk.filter(pc.and_(pc.equal(risk["symbol"], sym), pc.equal(risk["reason"], "loss_stop")))
+        assert mine.num_rows > 0, sym
+        stop_ns = pc.min(mine["ts_recv"]).as_py()
+        row = got[sym]
+        assert row["hit"] == "True" and float(row["limit_usd"]) == 10.0
+        assert float(row["at_s"]) == pytest.approx((stop_ns - t0) / 1e9, abs=1e-3)
+        assert int(row["refusals"]) == mine.num_rows
+        assert float(row["pnl_at_stop"]) <= -10.0 + 0.5
+        assert float(row["after_stop"]) == pytest.approx(
+            float(row["pnl_end"]) - float(row["pnl_at_stop"]), abs=2e-4
+        )
+        after = fills.filter(
+            pc.and_(pc.equal(fills["symbol"], sym), pc.greater_equal(fills["ts_recv"], stop_ns))
+        )
+        assert int(row["fills_after"]) == after.num_rows
+        assert re.search(rf"LOSS STOP hit: {sym} loss stop \(10 USD\) at t=[\d.]+ s", out)
+    assert got["portfolio"]["hit"] == "False"
