@@ -9,6 +9,10 @@ Each policy journals the same records, one label row per "turn" (what a frame ad
 - ``runner``: what ``dualhub live`` does: commit only on order turns (and every 200 ms: not modelled,
   the run here is shorter), group commit.
 
+And the tick path's share, peers alternated: a label row appended to the run's log without and with
+the journal (``EventLog.append`` vs ``JournaledLog.append``), and the check the runner makes after
+every turn (does the core hold rows to journal: its row counts compared as bytes).
+
 Reported per policy (warm medians over ``--rounds``, policies alternated): records/s, the on-loop
 cost of a commit (p50/p99 us), fsyncs and their latency (p50/p99 us). The journal lives in ``--dir``
 (default: a fresh directory beside this script, on the repository's disk; /tmp may be tmpfs, where
@@ -27,10 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
+from engine.eventlog import EventLog
 from engine.events import STREAMS
-from live.wal import LiveWal
+from live.wal import JournaledLog, LiveWal
 
 HEADER = {"run": "bench", "mode": "paper", "manifest": {"kind": "live"}}
 NO_SEQ = pa.schema([f for f in STREAMS["order"].schema if f.name != "seq"])
@@ -99,6 +105,32 @@ def run(policy: str, d: Path, turns: int, order_every: int) -> dict[str, float]:
     }
 
 
+def tick_share(d: Path, n: int, rounds: int) -> dict[str, float]:
+    """ns per label append without and with the journal, and per end-of-turn check."""
+    wal = LiveWal(d / "tick.wal", HEADER, fsync_ms=50)
+    row = _label(1)
+    nout = np.zeros(8, dtype=np.int64)
+    no_rows = bytes(nout.nbytes)
+    out: dict[str, list[float]] = {"EventLog.append": [], "JournaledLog.append": [], "turn check": []}
+    for _ in range(rounds + 1):  # the first round warms up
+        for name, log in (
+            ("EventLog.append", EventLog(None)),
+            ("JournaledLog.append", JournaledLog(None, wal)),
+        ):
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                log.append("label", row)
+            out[name].append((time.perf_counter_ns() - t0) / n)
+            wal.rows.clear()
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            if nout.tobytes() != no_rows:  # as live/runner.py's _commit_wal
+                break
+        out["turn check"].append((time.perf_counter_ns() - t0) / n)
+    wal.close()
+    return {k: statistics.median(v[1:]) for k, v in out.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--turns", type=int, default=2000)
@@ -126,6 +158,9 @@ def main() -> None:
         for policy, rs in results.items():
             med = {c: statistics.median(r[c] for r in rs) for c in cols}
             print(f"{policy:18s} " + " ".join(f"{med[c]:14.1f}" for c in cols))
+        print("tick path share (ns each, median):")
+        for k, v in tick_share(d, 20_000, a.rounds).items():
+            print(f"  {k:22s} {v:8.0f}")
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
