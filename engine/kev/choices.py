@@ -4,8 +4,8 @@ A small model asked for free numbers writes targets that contradict its own hedg
 long, a flatten that keeps positions). Instead of hoping, the portfolio question offers the targets it
 can act on and the request's schema and grammar (:mod:`engine.kev.llama`) admit only those:
 
-- ``hold``: every position as it is;
 - ``flat``: every position 0 (the only targets an EMERGENCY_FLATTEN may carry);
+- ``hold``: every position as it is (when that is not flat);
 - per pair, entering it either way: the legs the pairs rule (:func:`engine.kev.pairs.pairs_decide`,
   the one sizing of a hedged entry) puts on when the spread is past its entry threshold on that side,
   every other instrument held.
@@ -51,11 +51,12 @@ def pair_hedges(ctx: KevContextV2) -> tuple[PairHedge, ...]:
 
 
 def choices(ctx: KevContextV2) -> tuple[Choice, ...]:
-    """The targets offered for ``ctx``, in a fixed order (hold, flat, then each pair's two entries),
+    """The targets offered for ``ctx``, in a fixed order (flat, hold, then each pair's two entries),
     duplicates and those the sense checks refuse left out."""
     positions = {i.symbol: i.position for i in ctx.instruments}
     held = tuple((i.symbol, _clean(i.position)) for i in ctx.instruments)
-    out = [Choice("hold", held), Choice("flat", tuple((s, 0.0) for s, _ in held))]
+    # flat first: with no positions, holding is going flat, and the flatten needs its choice
+    out = [Choice("flat", tuple((s, 0.0) for s, _ in held)), Choice("hold", held)]
     for p in ctx.pairs:
         for side, z in (("sell", 1.0), ("buy", -1.0)):
             t_l, t_f, _, _ = _decide(ctx, p.leader, p.follower, z * _PAST_ENTRY)

@@ -1,6 +1,8 @@
 """Kev's llama-server prompt, JSON schema and GBNF grammar for a portfolio context (v2), and the v1
 ones unchanged."""
 
+import dataclasses
+
 import jsonschema
 import orjson
 import pytest
@@ -108,7 +110,18 @@ def test_the_v2_request_carries_the_portfolio_its_choices_and_its_schema():
 
 def test_no_entry_is_offered_before_the_pair_has_a_z_score():
     names = [c.name for c in choices(ctx(z=float("nan")))]
-    assert names == ["hold", "flat"]
+    assert names == ["flat", "hold"]
+    c = ctx(z=float("nan"))
+    flat = KevContextV2(
+        **{
+            **{f: getattr(c, f) for f in c.__slots__},
+            "instruments": tuple(dataclasses.replace(i, position=0.0) for i in c.instruments),
+        }
+    )
+    assert [c.name for c in choices(flat)] == ["flat"]  # holding nothing is the flat choice
+    assert "c-0" in command_grammar_v2_for(flat) and command_schema_v2_for(flat)["anyOf"][0]["properties"][
+        "targets"
+    ] == {"enum": [{"BTCUSDT": 0.0, "ETHUSDT": 0.0}]}
 
 
 def _text(obj, indent=False):
