@@ -1,4 +1,13 @@
+import os
+
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _kev_advice_in_the_test_tree(tmp_path_factory):
+    """`dualhub kev bench` keeps its figures in the user's cache; tests neither read the user's (a
+    replay's Kev timeout would depend on the machine's history) nor write there."""
+    os.environ["DUALHUB_KEV_ADVICE_DIR"] = str(tmp_path_factory.mktemp("kev-advice"))
 
 
 def pytest_collection_modifyitems(items):

@@ -306,8 +306,17 @@ def test_bench_cli_against_the_real_server(llama_server, tmp_path, capsys):
     )
     assert rc == 0
     result = orjson.loads(out.read_bytes())
-    assert result["ok"] == 1 and result["schema_valid"] == 1 and result["wall_ms"]["p50"] > 0
-    assert "p50" in capsys.readouterr().out
+    # both prompts timed, one call each; every answer one the engine would act on
+    assert set(result["prompts"]) == {"single", "portfolio"}
+    for fig in result["prompts"].values():
+        assert fig["ok"] == 1 and fig["usable"] == 1 and fig["wall_ms"]["p50"] > 0
+    assert (
+        result["prompts"]["portfolio"]["prompt_tokens"]["p50"]
+        > result["prompts"]["single"]["prompt_tokens"]["p50"]
+    )
+    assert result["ok"] == 2 and result["schema_valid"] == 1
+    printed = capsys.readouterr().out
+    assert "portfolio" in printed and "kept for `replay --kev-mode llm`" in printed
 
 
 # ---------------------------------------------------------------------------------------------------
