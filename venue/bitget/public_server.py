@@ -77,7 +77,7 @@ FAULT_KINDS: Final = (
     "truncated",  # send the frame cut in half instead of the frame
     "error_event",  # send an error event (``code``, number or string) before the frame
     "skip_seq",  # on ``books``: burn one seq (an update is never sent; the next one's pseq mismatches)
-    "bad_checksum",  # on ``books``: the next update's checksum is off by one
+    "bad_checksum",  # on ``books``: the next update carries a wrong checksum (even in a year without one)
 )
 
 

@@ -3,13 +3,13 @@
 Bitget's v2 book frames changed over the years (facts from real captures, ``../shared/docs/bitget-v2.md``
 and issue 53), and clients must take every layout, so the local server can speak each one:
 
-======  ===================================================  =============================================
-year    ``books1``/``books5``/``books15`` (every push whole)  ``books`` (snapshot, then price deltas)
-======  ===================================================  =============================================
-2024    ``checksum: 0``, no ``seq``                          ``checksum`` (0 on snapshots), no ``seq``
-2025    ``checksum: 0`` and ``seq`` (the doc's example)       ``checksum`` and ``seq``, no ``pseq`` (spot)
-2026    ``seq`` and ``pseq``, no ``checksum``                 ``seq`` and ``pseq``, no ``checksum`` (futures)
-======  ===================================================  =============================================
+* 2024: fixed-depth (``books1``/``books5``/``books15``, every push whole) ``checksum: 0`` and no
+  ``seq``; ``books`` a ``checksum`` (0 on a snapshot) and no ``seq``, as the v1 capture in
+  ``../shared/data/real`` has it (no 2024 v2 ``books`` capture is at hand);
+* 2025: ``books`` a ``checksum`` and ``seq``, no ``pseq`` (spot captures); fixed-depth
+  ``checksum: 0`` and ``seq``, the doc's example, between the two captured forms;
+* 2026: fixed-depth ``seq`` and ``pseq``, no checksum; ``books`` ``seq`` and ``pseq``, no checksum
+  (futures captures).
 
 The ``books`` channel is the full depth: :class:`DeepBook` keeps a book deeper than the CRC's 25
 levels. Its top comes from the source's fixed-depth pushes (authoritative over the price range they
