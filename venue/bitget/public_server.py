@@ -485,7 +485,7 @@ class BitgetServer:
         if stream is None:
             a = arg("books", symbol, view.inst_type)
             stream = c.books[symbol] = BooksStream(a, self.layout, first_seq=1000 * (c.index + 1))
-        started = stream._started
+        started = stream.started
         if c.skip_pending and started:
             c.skip_pending = False
             if stream.encode(view, burn=True) == b"":

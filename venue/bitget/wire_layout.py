@@ -229,6 +229,11 @@ class BooksStream:
         self._asks: dict[Decimal, tuple[str, str]] = {}
         self._started = False
 
+    @property
+    def started(self) -> bool:
+        """Whether the snapshot has gone out (the next frame is an update)."""
+        return self._started
+
     def reset(self) -> None:
         """The next frame is a snapshot again (as after a resubscribe)."""
         self._started = False
