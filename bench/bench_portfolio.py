@@ -13,6 +13,8 @@ compiled loop of the repository at git revision REV (a worktree of its own). Med
 runs; run 0 of each is cold and printed as such.
 
     python bench/bench_portfolio.py --data /tmp/gb1m -n 1000000 --repeat 3 --one-core [--peer REV]
+
+``--kev-hub``: Kev as the pairs hub, every command's legs going out as one unit (engine/legs.py).
 """
 
 from __future__ import annotations
@@ -126,6 +128,12 @@ def main() -> None:
     ap.add_argument(
         "--compiled-only", action="store_true", help="leave out the per-event and one-instrument runs"
     )
+    ap.add_argument(
+        "--kev-hub",
+        action="store_true",
+        help="Kev as the pairs hub (kev_hub='pairs'): its commands go out as units, legs checked for "
+        "legging (engine/legs.py); the peer runs the same config",
+    )
     a = ap.parse_args()
     with peer_tree(a.peer) as peer:
         _bench(a, peer)
@@ -135,7 +143,7 @@ def _bench(a: argparse.Namespace, peer: Path | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ni = a.instruments
         pair = pair_session(a.data, Path(tmp) / "pair", a.n, a.shift, ni)
-        pf = f"symbols={SYMBOLS[:ni]!r}"
+        pf = f"symbols={SYMBOLS[:ni]!r}" + (", kev_hub='pairs'" if a.kev_hub else "")
         runs = {f"portfolio, {ni} instruments, compiled loop": (pair, pf, True, None)}
         if not a.compiled_only:
             single = session_from_gen_books(a.data, Path(tmp) / "single", a.n)

@@ -321,3 +321,51 @@ def figures(pf: PortfolioReport) -> dict[str, Any]:
     if pf.fits:
         figs["hedge_fit"] = hedge_fit.figure(pf.fits, t0)
     return figs
+
+
+def legging(run: Path, span_ns: tuple[int, int] | None = None) -> dict[str, Any] | None:
+    """A hub run's legging (engine/legs.py, ``events/legging.parquet``): how many episodes, how each
+    closed, the residual's time-weighted notional (the sum of each episode's notional x its duration,
+    over the run's span: USD held unhedged on average) and the longest episode (seconds, its symbol).
+    ``span_ns``: the run's (first, last) time; by default its labels' first and last receive time. None
+    for a run without the file (one instrument, or written before it existed)."""
+    ev = Path(run) / "events"
+    path = ev / "legging.parquet"
+    if not path.exists():
+        return None
+    con = duckdb.connect()
+    rows = con.execute(
+        "SELECT symbol, residual_notional_usd, start_ns, end_ns, closed FROM read_parquet($p) ORDER BY seq",
+        {"p": str(path)},
+    ).fetchall()
+    if span_ns is None:
+        lo, hi = con.execute(
+            "SELECT min(ts_recv), max(ts_recv) FROM read_parquet($p)", {"p": str(ev / "label.parquet")}
+        ).fetchone() or (None, None)
+        span_ns = (int(lo or 0), int(hi or 0))
+    span = max(1, span_ns[1] - span_ns[0])
+    longest = max(rows, key=lambda r: r[3] - r[2], default=None)
+    closed: dict[str, int] = {}
+    for r in rows:
+        closed[r[4]] = closed.get(r[4], 0) + 1
+    return {
+        "episodes": len(rows),
+        "closed": closed,
+        "time_weighted_notional_usd": sum(r[1] * (r[3] - r[2]) for r in rows) / span,
+        "longest_s": (longest[3] - longest[2]) / 1e9 if longest else 0.0,
+        "longest_symbol": longest[0] if longest else "",
+    }
+
+
+def legging_lines(summary: dict[str, Any] | None) -> list[str]:
+    """:func:`legging` as the report's lines (none without legging data)."""
+    if summary is None:
+        return []
+    if not summary["episodes"]:
+        return ["legging: none (every hub command's legs filled within leg_timeout_ms)"]
+    how = ", ".join(f"{k} {v}" for k, v in sorted(summary["closed"].items()))
+    return [
+        f"legging: {summary['episodes']} episodes ({how}); residual time-weighted "
+        f"{summary['time_weighted_notional_usd']:,.2f} USD; longest {summary['longest_s']:.3f} s "
+        f"({summary['longest_symbol']})"
+    ]

@@ -69,3 +69,46 @@ def test_a_flatten_command_sells_what_the_quotes_resting_on_its_side_leave_uncov
     assert [(o.side, o.order_type, o.qty, o.reduce_only, o.source) for o in sent] == [
         ("sell", "market", 0.008, True, "flatten")
     ]
+
+
+def test_the_portfolio_rules_see_the_others_after_their_legs_of_a_unit():
+    """While a hub command's legs go out (engine/legs.py), each other instrument's leg (PF_LEG) counts
+    in the net delta and gross exposure the portfolio rules read; without one, what it holds."""
+    PI = np.zeros(K.PI_SIZE, dtype=np.int64)
+    PF = np.zeros((3, K.PF_COLS))
+    S = np.zeros(K.S_SIZE, dtype=np.int64)
+    SF = np.zeros(K.SF_SIZE)
+    PF[1, [K.PF_DELTA, K.PF_GROSS, K.PF_PNL]] = (500.0, 500.0, -3.0)
+    PF[2, [K.PF_DELTA, K.PF_GROSS, K.PF_PNL]] = (-200.0, 200.0, 1.0)
+    K.pf_enter(PI, PF, 0, S, SF)
+    assert (SF[K.SF_OTHERS_DELTA], SF[K.SF_OTHERS_GROSS], SF[K.SF_OTHERS_PNL]) == (300.0, 700.0, -2.0)
+    PF[1, K.PF_LEG] = -2000.0  # instrument 1 sells 2000 USD in the same unit
+    K.pf_enter(PI, PF, 0, S, SF)
+    assert (SF[K.SF_OTHERS_DELTA], SF[K.SF_OTHERS_GROSS], SF[K.SF_OTHERS_PNL]) == (-1700.0, 1700.0, -2.0)
+    K.pf_enter(PI, PF, 1, S, SF)  # its own leg is its order, not the others'
+    assert (SF[K.SF_OTHERS_DELTA], SF[K.SF_OTHERS_GROSS]) == (-200.0, 200.0)
+
+
+def test_an_unwinding_order_passes_every_portfolio_rule_even_with_quotes_resting_on_its_side():
+    from engine.risk import OrderIntent, RiskState, check
+
+    rules = "bad_order,kill_switch,no_book,bad_book,reduce_only,portfolio_net_delta,portfolio_gross,portfolio_loss_stop"
+    lim = RiskLimits(
+        rules=rules, portfolio_max_net_delta_usd=1.0, portfolio_max_gross_usd=1.0, portfolio_loss_stop_usd=1.0
+    )
+    book = make_book(100.0, 100.1)
+    # long 0.02, a resting sell quote of 0.002, the rest of the portfolio far over every limit and losing
+    st = RiskState(
+        position_units=2 * 10**10, open_sell_qty=0.002, cash_units=-10**15,
+        others_delta_usd=5e4, others_gross_usd=5e4, others_pnl_usd=-500.0,
+    )  # fmt: skip
+
+    def order(side: str, qty: float) -> tuple[bool, str]:
+        intent = OrderIntent(client_oid="x", symbol="BTCUSDT", intent="new", side=side, order_type="market",
+                             px=float("nan"), qty=qty, source="kev", advice_age_ns=0)  # fmt: skip
+        return check(lim, st, intent, book, book.ts_recv)
+
+    assert order("sell", 0.02) == (True, "ok")  # closes the position: with the quote it would cross zero
+    assert order("sell", 0.01) == (True, "ok")
+    assert order("sell", 0.021)[0] is False  # through zero: the opening part is judged
+    assert order("buy", 0.001) == (False, "portfolio_net_delta")

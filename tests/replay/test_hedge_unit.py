@@ -148,3 +148,26 @@ def test_leg_settings_out_of_range_are_one_error_line(pair, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("dualhub replay: error: ") and why in err[0]
         assert not out.exists()
+
+
+def test_the_report_gives_the_residuals_time_weighted_notional_and_longest_episode(pair, tmp_path):
+    from engine.report.portfolio import legging, legging_lines
+
+    params = json.dumps({"risk.max_slippage_bps": 0.01, "leg_timeout_ms": 400})
+    run = _replay(pair, tmp_path / "r", "--params", params, "--leg-hedge", "reprice")
+    rows = _q(run, "select residual_notional_usd, start_ns, end_ns, symbol from 'EV/legging.parquet'")
+    span = (min(r[1] for r in rows) - 10**9, max(r[2] for r in rows) + 10**9)
+    s = legging(run, span)
+    assert s is not None and s["episodes"] == len(rows) and s["closed"] == {"repriced": len(rows)}
+    expected = sum(n * (e - b) for n, b, e, _ in rows) / (span[1] - span[0])
+    assert s["time_weighted_notional_usd"] == pytest.approx(expected) and expected > 0
+    longest = max(rows, key=lambda r: r[2] - r[1])
+    assert s["longest_s"] == (longest[2] - longest[1]) / 1e9 and s["longest_symbol"] == longest[3]
+    assert legging_lines(s)[0].startswith(f"legging: {len(rows)} episodes (repriced {len(rows)})")
+    # a run without hub legs: an empty file, no episodes; a single-instrument run: no legging at all
+    flat = tmp_path / "flat"
+    assert main(["replay", str(pair), "--symbols", "ALL", "--out", str(flat)]) == 0
+    assert legging(flat)["episodes"] == 0  # type: ignore[index]
+    one = tmp_path / "one"
+    assert main(["replay", str(pair), "--symbol", "BTCUSDT", "--out", str(one)]) == 0
+    assert legging(one) is None and legging_lines(None) == []
