@@ -427,7 +427,7 @@ def test_dualhub_record_takes_every_year_without_a_quarantine(year: str, tmp_pat
     r = s.manifest["recorder"]
     assert r["quarantined"] == 0 and not r["discarded"], r["discarded"]
     assert not any(r["book_faults"].values()), r["book_faults"]
-    assert r["connects"] == 2
+    assert r["connects"] >= 2  # the drop (a loaded machine may add a watchdog reconnect)
     for ch in ("books", "books15", "books5", "books1"):  # every book channel came, and was taken
         assert sum(v["frames"] for k, v in r["received"].items() if k.startswith(f"{ch}:")) > 300, ch
     assert {g["reason"].split(":")[0] for g in r["gaps"]} == {"disconnect"}, r["gaps"]  # the drop alone
