@@ -365,6 +365,7 @@ def _dashboard(args: argparse.Namespace) -> Any:
         return None
     token = args.dashboard_token if args.dashboard_token is not None else os.environ.get(ENV_TOKEN, "")
     dash = Dashboard(args.dashboard, token)
+    dash.serve()  # answers at once ("not started" until the run's loop publishes its first snapshot)
     print(f"dualhub live: dashboard {dash.url}  (Prometheus: {dash.url}metrics)", file=sys.stderr, flush=True)
     return dash
 

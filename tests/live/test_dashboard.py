@@ -338,3 +338,66 @@ def test_a_loopback_dashboard_without_a_token_is_read_only() -> None:
         assert "dualhub_live_up 0.0" in metrics
         r = httpx.post(dash.url + "api/kill", content=b'{"confirm": "KILL"}', timeout=10)
         assert r.status_code == 403 and "token" in r.json()["error"]
+
+
+def test_a_public_dashboard_asks_every_data_route_for_the_token() -> None:
+    """Bound elsewhere than loopback, the state and the metrics need the token (header or the page's
+    ?token=); the page itself and its assets hold no data. (Loopback-bound here, marked public as a
+    non-loopback bind is: the tests reach no other address.)"""
+    with Dashboard("127.0.0.1:0", TOKEN) as dash:
+        dash.public = True
+        dash.serve()
+        get = lambda path, **kw: httpx.get(dash.url + path, timeout=10, **kw)  # noqa: E731
+        assert get("").status_code == 200 and get("assets/dashboard.js").status_code == 200
+        for path in ("api/state", "metrics"):
+            assert get(path).status_code == 403
+            assert get(path, headers={"Authorization": "Bearer nope"}).status_code == 403
+            assert get(path + "?token=nope").status_code == 403
+        assert get("metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        assert get(f"metrics?token={TOKEN}").status_code == 200
+        assert get("api/state", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 503  # no run
+        assert TOKEN not in get("api/state").text
+
+
+def test_dualhub_live_serves_the_dashboard_while_it_runs(tmp_path: Path, capsys) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/"
+    states: list[dict[str, Any]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.3):
+            try:
+                r = httpx.get(url + "api/state", timeout=5)
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                states.append(orjson.loads(r.content))
+
+    frames = list(simulator_frames(["BTCUSDT"], minutes=2, seed=3))
+    with LocalExchangeThread(LocalExchange(frames, speed=SPEED)) as ex:
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            code = main(
+                [
+                    "live", "--exchange-url", ex.rest_url, "--ws-url", ex.ws_url, "--provider", "cpu",
+                    "--duration", "5", "--status-every", "0", "--out", str(tmp_path / "s"),
+                    "--dashboard", str(port),
+                ]
+            )  # fmt: skip
+        finally:
+            done.set()
+            watcher.join(10)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"dualhub live: dashboard {url}" in err
+    assert states, "the dashboard never answered during the run"
+    assert states[-1]["mode"] == "paper" and states[-1]["counts"]["label"] > 0
+    assert len({s["seq"] for s in states}) > 3
+    with pytest.raises(httpx.HTTPError):  # closed with the run
+        httpx.get(url + "api/state", timeout=2)
