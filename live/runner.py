@@ -1447,6 +1447,8 @@ class LiveRunner:
         # 4. files: the session first (its digest goes into the run manifests)
         if self._norm_task is not None:
             await asyncio.gather(self._norm_task, return_exceptions=True)
+        # the files' thread closes the journals (after the log's last rows): no commit from the loop now
+        self._wal_heads = []
         await asyncio.to_thread(self._finish_files)
 
     def _stop_watchdog(self) -> None:
