@@ -1560,6 +1560,9 @@ class LiveRunner:
         q_path = st.tmp / "events" / "input_quarantine.parquet"
         atomic_write_parquet(events_to_table(st.quarantine, "input_quarantine"), q_path)
         files["events/input_quarantine.parquet"] = {"rows": len(st.quarantine), "sha256": sha256_file(q_path)}
+        if self.portfolio is not None:  # a hub's legging episodes (engine/legs.py), as a replay writes them
+            self.portfolio.legs.finish(self.clock.now_ns())
+            files.update(self.portfolio.legs.write(st.tmp / "events"))
         lat = st.sink.write(st.tmp)
         files[RECORDED_FILE] = {"rows": len(st.sink), "sha256": sha256_file(lat)}
         cassette = st.kev.cassette()
