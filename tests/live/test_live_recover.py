@@ -15,9 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from dualhub.cli import main
-from live.recover import recover_live
+from engine.venues.bitget_v2_rest import Credentials
+from live.recover import _reconcile_with_venue, recover_live
 from live.runner import LiveConfig, run_live
-from live.wal import WAL_FILE, load_wal
+from live.wal import WAL_FILE, WalContent, WalScan, load_wal
 from tests.helpers import REPO as ROOT
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
 from venue.bitget.public_server import simulator_frames
@@ -194,3 +195,23 @@ def test_a_finished_runs_journal_rebuilds_the_same_run(frames, tmp_path):
     for f in ("latency_recorded.parquet", "kev_cassette.parquet", "events/reconcile.parquet"):
         assert pq.read_table(r.run_dir / f).equals(pq.read_table(run / f)), f
     assert got["config_sha256"] == m["config_sha256"] and got["engine_config"] == m["engine_config"]
+
+
+def test_an_unreachable_venue_is_one_line_and_the_run_is_unreconciled(tmp_path):
+    header = {
+        "mode": "live",
+        "rest_url": "http://127.0.0.1:9",
+        "run_tag": "dh1-",
+        "manifest": {"symbols": []},
+    }
+    content = WalContent(WalScan(tmp_path / WAL_FILE), header=header)
+    events: list = []
+    got = _reconcile_with_venue(tmp_path, header, content, Credentials("k", "s3cret-x", "p4ss-x"), events)
+    assert got["state"] == "unreconciled" and "not reachable" in got["line"] and "\n" not in got["line"]
+    assert "s3cret-x" not in got["line"] and "p4ss-x" not in got["line"] and events == []
+    got = _reconcile_with_venue(tmp_path, header, content, None, events)
+    assert got["state"] == "unreconciled" and "no API keys" in got["line"]
+    assert (
+        _reconcile_with_venue(tmp_path, {**header, "mode": "paper"}, content, None, events)["state"]
+        == "no_venue"
+    )
