@@ -35,7 +35,8 @@ class Session:
     """A paper run with a dashboard, running in a thread for the module's tests."""
 
     def __init__(self, out: Path) -> None:
-        frames = list(simulator_frames(["BTCUSDT"], minutes=6, seed=3))
+        # 90 s of market data at SPEED: enough for every test of the module on a slow machine
+        frames = list(simulator_frames(["BTCUSDT"], minutes=15, seed=3))
         self.ex = LocalExchangeThread(LocalExchange(frames, speed=SPEED))
         ex = self.ex.__enter__()
         self.dash = Dashboard("127.0.0.1:0", TOKEN)
