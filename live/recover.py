@@ -148,18 +148,20 @@ class _Columns:
 
 
 def _session_span(root: Path, until_ns: int) -> tuple[dict[str, Any], int, int]:
-    """The session's digest and files, its last frame's receive time and its trades up to ``until_ns``."""
+    """The session's digest and files, its last frame's receive time and its trades up to ``until_ns``
+    (the receive times alone are read: a session of hours holds millions of books)."""
     s = open_session(root)
     last, trades = 0, 0
     for stream in ("books15", "trade"):
-        try:
-            t = s.read_table(stream).column("ts_recv")
-        except (KeyError, SessionError, OSError):
-            continue
-        if len(t):
-            last = max(last, int(pc.max(t).as_py()))
-        if stream == "trade":
-            trades = int(pc.sum(pc.less_equal(t, until_ns)).as_py() or 0)
+        for f in s.files(stream):
+            try:
+                t = pq.read_table(f, columns=["ts_recv"]).column("ts_recv")
+            except (pa.ArrowException, OSError) as e:
+                raise DualhubError(f"{f}: cannot read it ({type(e).__name__})") from None
+            if len(t):
+                last = max(last, int(pc.max(t).as_py()))
+            if stream == "trade":
+                trades += int(pc.sum(pc.less_equal(t, until_ns)).as_py() or 0)
     return {"path": str(root.resolve()), "digest": s.digest(), "files": s.manifest["files"]}, last, trades
 
 
