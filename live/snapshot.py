@@ -145,6 +145,8 @@ class SnapshotPublisher:
     # ------------------------------------------------------------------ building
 
     def _build(self) -> dict[str, Any]:
+        # The runner's own fields are read as its status line reads them (this is its companion, on
+        # its loop): its redaction of link details and its last frame's receive time among them.
         r = self.runner
         now = time.time_ns()
         if not self._logs:
