@@ -118,6 +118,16 @@ class Tally:
                     con.register(f"_events_{stream}", self._table(stream))
                 con.execute(f"SET VARIABLE run = '{td}'")
                 con.execute(_EVENTS_VIEW.sub(lambda m: f"_events_{m.group(1)}", sql))
+                # The views as written, over tables made once: the books' few columns the views read (kept
+                # for the process's next run of the session), and the equity curve without its running
+                # peak (read twice below; the peak's window was most of a summary's time: sharpe() and
+                # max_drawdown() take it from the curve). DuckDB binds a view when it is queried, so the
+                # views above read these.
+                con.register("_books15", book_columns(manifest))
+                con.execute("DROP VIEW books15; CREATE VIEW books15 AS SELECT * FROM _books15")
+                curve = "SELECT ts_recv, seq, mid, pnl FROM equity ORDER BY ts_recv, seq"
+                con.execute(f"CREATE TEMP TABLE _equity AS {curve}")
+                con.execute("DROP VIEW equity; CREATE VIEW equity AS SELECT * FROM _equity")
                 out.update(_performance(con))
         finally:
             con.close()
@@ -146,6 +156,24 @@ def needed_views(sql: str, roots: tuple[str, ...]) -> str:
     return ";\n".join(x for n, x in zip(names, stmts, strict=True) if n in want) + ";\n"
 
 
+BOOK_COLUMNS: Final = ["symbol", "ts_recv", "seq", "bid_px_0", "ask_px_0"]  # what the summary's views read
+_books: dict[tuple[tuple[str, int, int], ...], pa.Table] = {}
+
+
+def book_columns(manifest: Mapping[str, Any]) -> pa.Table:
+    """The run's session's books15 rows, :data:`BOOK_COLUMNS` only; the last session's are kept for the
+    next run in this process (a sweep's), keyed by the files' paths, sizes and modification times."""
+    root = Path(manifest["session"]["path"])
+    files = sorted(root / rel for rel in manifest["session"]["files"] if rel.startswith("books15/"))
+    key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    table = _books.get(key)
+    if table is None:
+        table = pq.read_table([str(f) for f in files], columns=BOOK_COLUMNS)
+        _books.clear()  # one session's at a time: memory stays one session's few columns
+        _books[key] = table
+    return table
+
+
 def _one(con: Any, sql: str) -> dict[str, Any]:
     rel = con.sql(sql)
     rows = rel.fetchall()
@@ -159,7 +187,8 @@ def _performance(con: Any) -> dict[str, Any]:
     pnl = _one(con, pnl_sql)
     split = _one(con, "SELECT spread_capture, inventory, fees, turnover_usdt, fills FROM pnl_attribution")
     stop = _one(con, "SELECT after_frac FROM loss_stop")
-    eq = con.sql("SELECT ts_recv, pnl, drawdown FROM equity ORDER BY ts_recv, seq").fetchnumpy()
+    eq = con.sql("SELECT ts_recv, pnl FROM _equity ORDER BY ts_recv, seq").fetchnumpy()
+    pnl_curve = np.asarray(eq["pnl"], dtype=np.float64)
     return {
         "position": float(pnl["position"]) if pnl else 0.0,
         "fees_usdt": pnl.get("fees_usdt"),
@@ -169,10 +198,15 @@ def _performance(con: Any) -> dict[str, Any]:
         "fees_paid_usdt": split.get("fees"),
         "turnover_usdt": split.get("turnover_usdt"),
         "fills": split.get("fills", 0),
-        "max_drawdown_usdt": float(eq["drawdown"].min()) if len(eq["drawdown"]) else None,
+        "max_drawdown_usdt": max_drawdown(pnl_curve),
         "loss_stop_at_frac": stop.get("after_frac"),
-        "sharpe": sharpe(np.asarray(eq["ts_recv"]), np.asarray(eq["pnl"])),
+        "sharpe": sharpe(np.asarray(eq["ts_recv"]), pnl_curve),
     }
+
+
+def max_drawdown(pnl: np.ndarray) -> float | None:
+    """The equity view's ``min(drawdown)``: the PnL's deepest fall below its running peak (<= 0)."""
+    return float(np.min(pnl - np.maximum.accumulate(pnl))) if len(pnl) else None
 
 
 def sharpe(ts: np.ndarray, pnl: np.ndarray, sample_ns: int = SAMPLE_NS) -> float | None:

@@ -836,7 +836,6 @@ def sweep(
             bar.close()
     if keep_k:
         kept = _keep_best(rows, keep_k, rank_by, runner, str(runs_dir), version, market_cache)
-        index.clear()
         atomic_write_parquet(results_table(rows), out)
     if not out.exists():  # everything skipped and nothing to rewrite, or an empty grid
         atomic_write_parquet(results_table(rows), out)

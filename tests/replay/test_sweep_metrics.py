@@ -11,7 +11,7 @@ from dualhub.cli import main
 from engine.report.report import connect
 from engine.risk import RiskLimits
 from replay.driver import ReplayConfig, run_replay
-from replay.run_metrics import sharpe
+from replay.run_metrics import max_drawdown, sharpe
 from replay.sweep import RESULT_SCHEMA, best_table, run_one
 from venue.simulator import simulate_session
 
@@ -55,17 +55,19 @@ def test_a_metrics_only_row_is_the_row_of_the_run_written_in_full(session, tmp_p
     assert light["tick_to_order_p50_ms"] <= light["tick_to_order_p99_ms"]
 
 
-def test_the_rows_sharpe_is_the_performance_views(session, tmp_path):
+def test_the_rows_sharpe_and_drawdown_are_the_views(session, tmp_path):
     cfg = ReplayConfig(seed=2, laya_provider="cpu", risk=RiskLimits(daily_loss_stop_usd=1e9))
     res = run_replay(session, cfg, out_dir=tmp_path / "run")
     con = connect(res.run_dir)
     try:
         (want,) = con.sql("SELECT sharpe_annualised FROM performance").fetchall()[0]
+        ((dd,),) = con.sql("SELECT min(drawdown) FROM equity").fetchall()
         eq = con.sql("SELECT ts_recv, pnl FROM equity ORDER BY ts_recv, seq").fetchnumpy()
     finally:
         con.close()
-    assert want is not None
+    assert want is not None and dd < 0
     assert sharpe(eq["ts_recv"], eq["pnl"]) == pytest.approx(want, rel=1e-9)
+    assert max_drawdown(eq["pnl"]) == dd
 
 
 def test_sweep_keeps_digests_and_rows_and_the_logs_asked_for(session, tmp_path, capsys):
