@@ -199,6 +199,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="a sweep's parameters over the flags' config (a results row's `params`: its replay_command "
         'replays that run, to the same digest), e.g. \'{"seed": 2, "scale_kev": 0.5}\'',
     )
+    p.add_argument(
+        "--market-cache",
+        action="store_true",
+        help="read the session's decoded, labelled books from its market cache (SESSION/cache/market), "
+        "or build it for the next run (replay/market_cache.py): the same events either way",
+    )
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser(
@@ -476,6 +482,8 @@ def _print_result(res, compile_s: float = 0.0) -> None:  # type: ignore[no-untyp
     kev = res.kev
     print(f"Kev: {kev['mode']} ({kev['name']})" + ("" if kev["deterministic"] else ", NOT deterministic"))
     print(f"engine: {res.path}")
+    if res.market_cache:
+        print(f"market cache: {res.market_cache}")
     if kev["mode"] == "cassette":
         print(
             f"Kev cassette: {kev['hits']} hits, {kev['misses']} misses, {kev['fallbacks']} answered by the "
@@ -553,6 +561,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=True,
             kernel=not getattr(args, "python_engine", False),
+            market_cache=getattr(args, "market_cache", False),
         )
     _print_result(res, compiling.seconds)
     if note := _fees_note(args.session, cfg):

@@ -98,7 +98,8 @@ def test_sweep_keeps_digests_and_rows_and_the_logs_asked_for(session, tmp_path, 
     assert argv[:3] == ["dualhub", "replay", str(session.resolve())]
     argv[argv.index("--out") + 1] = str(tmp_path / "again")
     capsys.readouterr()
-    assert main(argv[1:]) == 0
+    assert main([*argv[1:], "--market-cache"]) == 0
+    assert "market cache: reused" in capsys.readouterr().out  # the cache the sweep built
     again = orjson.loads((tmp_path / "again" / "manifest.json").read_bytes())
     assert again["digest"] == row["digest"]
     assert again["config_sha256"] == row["config_sha256"]
