@@ -1,6 +1,6 @@
 """Kev cassettes: recorded answers keyed by request, replayed instead of calling the model.
 
-A cassette holds, per request key (:func:`engine.kev.llama.request_key`), the answers recorded in
+A cassette holds, per request key (:func:`engine.kev.prompt.request_key`), the answers recorded in
 order: the raw JSON text (or the error), the lag and the server timings. It is stored as
 ``kev_cassette.parquet`` (:data:`CASSETTE_SCHEMA`) or rebuilt from a run's ``kev_response`` events.
 

@@ -2,7 +2,7 @@
 
 A small model asked for free numbers writes targets that contradict its own hedge ratio (both legs
 long, a flatten that keeps positions). Instead of hoping, the portfolio question offers the targets it
-can act on and the request's schema and grammar (:mod:`engine.kev.llama`) admit only those:
+can act on and the request's schema and grammar (:mod:`engine.kev.prompt`) admit only those:
 
 - ``flat``: every position 0 (the only targets an EMERGENCY_FLATTEN may carry);
 - ``hold``: every position as it is (when that is not flat);

@@ -19,6 +19,7 @@ import pytest
 from dualhub.cli import main as dualhub_main
 from engine.events import KevRequest, KevResponse, events_to_table
 from engine.kev.advisor import KevContext, KevReply
+from engine.kev.breaker import CircuitBreaker
 from engine.kev.cassette import (
     CASSETTE_FILE,
     Cassette,
@@ -29,15 +30,8 @@ from engine.kev.cassette import (
 )
 from engine.kev.command import CommandFields, validate_command
 from engine.kev.lag import EmpiricalLag, fit_lag
-from engine.kev.llama import (
-    COMMAND_GRAMMAR,
-    PROMPT_TEMPLATE_SHA256,
-    CircuitBreaker,
-    LlamaAdvisor,
-    LlamaConfig,
-    parse_prometheus,
-    request_key,
-)
+from engine.kev.llama import LlamaAdvisor, LlamaConfig, parse_prometheus
+from engine.kev.prompt import COMMAND_GRAMMAR, PROMPT_TEMPLATE_SHA256, request_key
 from engine.kev.rules import RuleKev
 from engine.kev.server import LlamaNotInstalled, LlamaServer, find_binary
 from engine.store import atomic_write_parquet

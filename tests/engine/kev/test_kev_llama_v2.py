@@ -10,18 +10,17 @@ import pytest
 from engine.kev.advisor import InstrumentState, KevContext, KevContextV2, PairState
 from engine.kev.choices import choices
 from engine.kev.command import CommandV2, check_sense, command_schema_v2, validate_command_v2
-from engine.kev.llama import (
+from engine.kev.llama import LlamaAdvisor, LlamaConfig
+from engine.kev.pairs import RulePairsKev
+from engine.kev.prompt import (
     COMMAND_GRAMMAR,
     COMMAND_SCHEMA_SHA256,
     PROMPT_TEMPLATE_SHA256,
-    LlamaAdvisor,
-    LlamaConfig,
     command_grammar_v2_for,
     command_schema_v2_for,
     render_messages,
     render_messages_v2,
 )
-from engine.kev.pairs import RulePairsKev
 from tests.gbnf import matches
 
 V1_CTX = KevContext(
