@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from engine import kernel as K
+from engine.contract import ContractConfig, round_to_step
 from engine.errors import DualhubError
 from engine.kev.advisor import InstrumentState, KevContextV2, PairState
 from engine.kev.command import ACTIONS, CommandV2, check_pairs, command_rows
@@ -93,6 +95,67 @@ def instrument_config(e: EngineConfig, overrides: dict[str, float]) -> EngineCon
     risk = dataclasses.replace(e.risk, **{k: o[k] for k in ("max_position", "max_order_qty") if k in o})
     quotes = dataclasses.replace(e.quotes, **({"quote_qty": o["quote_qty"]} if "quote_qty" in o else {}))
     return dataclasses.replace(e, contract=contract, risk=risk, quotes=quotes)
+
+
+# The sizes a portfolio scales from the first instrument to the others (the rest of INSTRUMENT_FIELDS is
+# each instrument's contract).
+SIZE_FIELDS = ("quote_qty", "max_position", "max_order_qty")
+_PLACEHOLDER = {"quote_qty": "Q", "max_position": "P", "max_order_qty": "O"}
+
+
+def scaled_config(e: EngineConfig, contract: ContractConfig, ratio: float) -> EngineConfig:
+    """``e`` for an instrument whose price is ``1 / ratio`` of the first one's: its sizes scaled to the
+    same notional, rounded down to the size step, at least the minimum order."""
+    if ratio == 1.0:
+        return dataclasses.replace(e, contract=contract)
+
+    def size(q: float) -> float:
+        return max(contract.min_qty, round_to_step(q * ratio, contract.size_step))
+
+    risk = dataclasses.replace(
+        e.risk, max_position=size(e.risk.max_position), max_order_qty=size(e.risk.max_order_qty)
+    )
+    quotes = dataclasses.replace(e.quotes, quote_qty=size(e.quotes.quote_qty))
+    return dataclasses.replace(e, contract=contract, risk=risk, quotes=quotes)
+
+
+def resolve_instruments(
+    base: EngineConfig,
+    symbols: Sequence[str],
+    contracts: Mapping[str, ContractConfig],
+    ref_mids: Mapping[str, float | None],
+    named: Mapping[str, Mapping[str, float]],
+) -> list[EngineConfig]:
+    """Every instrument's engine config, as replay and live both trade them: ``base`` (sizes in the
+    first instrument's units) on the instrument's contract, its sizes scaled to the first instrument's
+    notional at the reference mids (a replay's first books, live's tickers at the start), rounded down
+    to its size step (at least its minimum order), then the settings ``named`` for it over them.
+
+    An instrument whose sizes are all named needs no price; one that needs scaling without a usable
+    price (its own or the first instrument's) is one DualhubError line naming the way out."""
+    out = []
+    for j, sym in enumerate(symbols):
+        own = named.get(sym, {})
+        e = dataclasses.replace(base, symbol=sym)
+        need = [k for k in SIZE_FIELDS if k not in own]
+        if j == 0 or not need:  # the sizes are the config's, or all named: no price to scale by
+            scaled = scaled_config(e, contracts[sym], 1.0)
+        else:
+            lacking = [s for s in (symbols[0], sym) if not _usable(ref_mids.get(s))]
+            if lacking:
+                give = ",".join(f"{k}={_PLACEHOLDER[k]}" for k in need)
+                raise DualhubError(
+                    f"{sym}: no reference price of {' and '.join(lacking)} to scale the first instrument's "
+                    f"sizes to it: give them (--instrument {sym}:{give})"
+                )
+            ratio = float(ref_mids[symbols[0]]) / float(ref_mids[sym])  # type: ignore[arg-type]
+            scaled = scaled_config(e, contracts[sym], ratio)
+        out.append(instrument_config(scaled, dict(own)))
+    return out
+
+
+def _usable(mid: float | None) -> bool:
+    return mid is not None and math.isfinite(mid) and mid > 0
 
 
 class Portfolio:

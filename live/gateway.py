@@ -2,7 +2,7 @@
 
 :class:`BitgetGateway` is the HTTP side (``httpx.AsyncClient``): server-time sync, signed requests
 (:mod:`engine.venues.bitget_v2_rest`), place/cancel/batch-cancel/cancel-all, pending orders, order
-detail, positions and contracts. Orders are rate limited on our side to ``orders_per_s`` (Bitget:
+detail, positions, contracts and tickers. Orders are rate limited on our side to ``orders_per_s`` (Bitget:
 10/s per UID per endpoint) so the venue never has to refuse us. Errors arrive as the typed
 :class:`~engine.venues.bitget_v2_rest.BitgetError` subclasses; network trouble as
 :class:`GatewayTransportError`. Neither ever carries a secret.
@@ -48,6 +48,7 @@ from engine.venues.bitget_v2_rest import (
     PATH_FILLS,
     PATH_PENDING,
     PATH_PLACE,
+    PATH_TICKER,
     PATH_TIME,
     PRODUCT_TYPE,
     BatchResult,
@@ -59,6 +60,7 @@ from engine.venues.bitget_v2_rest import (
     OrderRef,
     OrderRow,
     PositionRow,
+    Ticker,
     batch_cancel_body,
     build_request,
     cancel_all_body,
@@ -72,6 +74,7 @@ from engine.venues.bitget_v2_rest import (
     parse_order_row,
     parse_pending,
     parse_position,
+    parse_ticker,
     place_order_body,
 )
 
@@ -210,6 +213,13 @@ class BitgetGateway:
         params = {"productType": PRODUCT_TYPE, "symbol": symbol}
         env = await self.request("GET", PATH_CONTRACTS, params=params, signed=False)
         return [parse_contract(r) for r in env.data or []]
+
+    async def ticker(self, symbol: str) -> Ticker | None:
+        """The symbol's ticker (unsigned), or None when the venue lists none for it."""
+        params = {"productType": PRODUCT_TYPE, "symbol": symbol}
+        env = await self.request("GET", PATH_TICKER, params=params, signed=False)
+        rows = [parse_ticker(r) for r in env.data or [] if isinstance(r, dict)]
+        return next((t for t in rows if t.symbol == symbol), None)
 
     # -- orders ----------------------------------------------------------------------------------------
 

@@ -31,13 +31,13 @@ import numpy as np
 import pyarrow as pa
 
 from engine.clock import ReplayClock
-from engine.contract import ContractConfig, round_to_step
+from engine.contract import ContractConfig
 from engine.core import PRIO_LABEL, Engine, EngineConfig, engine_config_from
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, BookSnapshot
 from engine import kernel as K
-from engine.instruments import Portfolio, instrument_config
+from engine.instruments import Portfolio, resolve_instruments
 from engine.legs import Legs
 from engine.kev.pairs import RulePairsKev
 from engine.kev.sim import SimKevBackend
@@ -86,22 +86,6 @@ def _rng(seed: int, component: int, inst: int) -> np.random.Generator:
     return np.random.default_rng([seed, component] if inst == 0 else [seed, component, inst])
 
 
-def scaled_config(e: EngineConfig, contract: ContractConfig, ratio: float) -> EngineConfig:
-    """``e`` for an instrument whose price is ``1 / ratio`` of the first one's: its sizes scaled to the
-    same notional, rounded down to the size step, at least the minimum order."""
-    if ratio == 1.0:
-        return dataclasses.replace(e, contract=contract)
-
-    def size(q: float) -> float:
-        return max(contract.min_qty, round_to_step(q * ratio, contract.size_step))
-
-    risk = dataclasses.replace(
-        e.risk, max_position=size(e.risk.max_position), max_order_qty=size(e.risk.max_order_qty)
-    )
-    quotes = dataclasses.replace(e.quotes, quote_qty=size(e.quotes.quote_qty))
-    return dataclasses.replace(e, contract=contract, risk=risk, quotes=quotes)
-
-
 def session_pairs(manifest: dict[str, Any], symbols: list[str]) -> tuple[tuple[str, str], ...]:
     """The pairs a portfolio fits: the simulated session's (leader, follower) pairs among ``symbols``,
     else the first symbol leading each of the others (as a live portfolio pairs them: a live
@@ -142,12 +126,13 @@ def recorded_contract(
     return dataclasses.replace(base, symbol=symbol, tick=tick, size_step=step, min_qty=step)
 
 
-def _first_mid(books: pa.Table) -> float:
+def _first_mid(books: pa.Table) -> float | None:
+    """The mid of the symbol's first usable book (None: none is)."""
     bid = books.column("bid_px_0").to_numpy(zero_copy_only=False)
     ask = books.column("ask_px_0").to_numpy(zero_copy_only=False)
     ok = np.isfinite(bid) & np.isfinite(ask) & (bid > 0) & (ask > bid)
     if not ok.any():
-        raise DualhubError(f"no usable book for {books.column('symbol')[0].as_py()}")
+        return None
     j = int(np.argmax(ok))
     return float((bid[j] + ask[j]) / 2)
 
@@ -463,18 +448,16 @@ def _exchange(
 def _instrument_configs(
     session: Any, cfg: ReplayConfig, symbols: list[str], tables: list[tuple[pa.Table, pa.Table]]
 ) -> list[EngineConfig]:
-    """Each instrument's engine config: the replay's, with its contract, sizes scaled to the first
-    instrument's notional, then the settings named for it."""
+    """Each instrument's engine config (engine.instruments.resolve_instruments, as live resolves them):
+    the replay's, with its contract, sizes scaled to the first instrument's notional at the first books'
+    mids, then the settings named for it."""
     base = engine_config_from(cfg, symbol=symbols[0], contract=cfg.contract)
-    mids = [_first_mid(b) for b, _ in tables]
-    out = []
-    for j, sym in enumerate(symbols):
-        books, trades = tables[j]
-        contract = recorded_contract(session.manifest, books, trades, cfg.contract)
-        ratio = 1.0 if j == 0 else mids[0] / mids[j]  # then the named settings over the scaled ones
-        scaled = scaled_config(dataclasses.replace(base, symbol=sym), contract, ratio)
-        out.append(instrument_config(scaled, cfg.instruments.get(sym, {})))
-    return out
+    contracts = {
+        sym: recorded_contract(session.manifest, books, trades, cfg.contract)
+        for sym, (books, trades) in zip(symbols, tables, strict=True)
+    }
+    mids = {sym: _first_mid(books) for sym, (books, _) in zip(symbols, tables, strict=True)}
+    return resolve_instruments(base, symbols, contracts, mids, cfg.instruments)
 
 
 def _run_compiled(

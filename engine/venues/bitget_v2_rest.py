@@ -11,7 +11,9 @@ Pure: no I/O, no clock reads (the caller passes the timestamp). Shapes and codes
 - responses in the envelope ``{"code": "00000", "msg", "requestTime", "data"}``; any other code, or HTTP
   429, is an error mapped to a typed :class:`BitgetError` subclass by :func:`error_for`;
 - contract rows: price tick = ``priceEndStep`` x 10^-``pricePlace``, size step = ``sizeMultiplier``,
-  minimum size ``minTradeNum``, minimum notional ``minTradeUSDT``.
+  minimum size ``minTradeNum``, minimum notional ``minTradeUSDT``;
+- ticker rows (``/api/v2/mix/market/ticker``: a list of one row): ``lastPr``, ``bidPr``, ``askPr``, ``ts``
+  (the rest, 24 h figures, funding, is not read).
 
 Secrets never leave :class:`Credentials` except into the HMAC and the passphrase header, and neither
 :class:`Credentials` nor :class:`SignedRequest` shows them in ``repr``.
@@ -42,6 +44,7 @@ MAX_BATCH_CANCEL: Final = 50
 
 PATH_TIME: Final = "/api/v2/public/time"
 PATH_CONTRACTS: Final = "/api/v2/mix/market/contracts"
+PATH_TICKER: Final = "/api/v2/mix/market/ticker"
 PATH_PLACE: Final = "/api/v2/mix/order/place-order"
 PATH_CANCEL: Final = "/api/v2/mix/order/cancel-order"
 PATH_BATCH_CANCEL: Final = "/api/v2/mix/order/batch-cancel-orders"
@@ -375,6 +378,46 @@ def parse_contract(row: Mapping[str, Any]) -> ContractSpec:
         raise ValueError(f"contract row lacks {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"contract row {row.get('symbol')!r}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# ticker
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ticker:
+    """One ``/api/v2/mix/market/ticker`` row, parsed (NaN: a price the row leaves empty)."""
+
+    symbol: str
+    last: float
+    bid: float
+    ask: float
+    ts_ms: int
+
+    @property
+    def mid(self) -> float:
+        """The best bid and ask's mid (a book's, as replay reads a session's first book), else the last
+        trade's price; NaN when the row has neither."""
+        if self.bid > 0 and self.ask > self.bid:
+            return (self.bid + self.ask) / 2
+        return self.last if self.last > 0 else math.nan
+
+
+def parse_ticker(row: Mapping[str, Any]) -> Ticker:
+    """Parse a ticker row (``lastPr``, ``bidPr``, ``askPr``, ``ts``); ``ValueError`` names the field that
+    is missing or malformed."""
+    try:
+        return Ticker(
+            symbol=str(row["symbol"]),
+            last=_float(row.get("lastPr"), "lastPr"),
+            bid=_float(row.get("bidPr"), "bidPr"),
+            ask=_float(row.get("askPr"), "askPr"),
+            ts_ms=int(row.get("ts") or 0),
+        )
+    except KeyError as e:
+        raise ValueError(f"ticker row lacks {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"ticker row {row.get('symbol')!r}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ It composes the two local protocol servers and adds a matching engine:
   private WebSocket (``/v2/ws/private``: login, ``orders``, ``fill``, ``positions``);
 - :class:`venue.bitget.rest_server.BitgetRestServer` serves REST with the signed order endpoints added here:
   ``place-order``, ``cancel-order``, ``batch-cancel-orders``, ``cancel-all-orders``, ``orders-pending``,
-  ``detail``, ``all-position`` and ``single-position``. Signatures, timestamps (30 s window) and
-  passphrases are checked and refused with Bitget's codes; parameters are validated against the
+  ``detail``, ``all-position`` and ``single-position``, and the public ``ticker`` (venue/bitget/ticker.py).
+  Signatures, timestamps (30 s window) and passphrases are checked and refused with Bitget's codes; parameters are validated against the
   contract (size step 40808, price tick 41103, minimum size 43006, minimum notional 45110, client oid
   length 40305, missing 40019, wrong 40017); unknown orders are 40768; more than ``orders_per_s``
   requests per second per key on an order endpoint is HTTP 429 with code ``"429"``.
@@ -51,9 +51,10 @@ from engine.events import BookSnapshot, Trade
 from engine.risk import OrderIntent, reduce_only_ok
 from engine.venues.bitget_v2 import StreamCounters, decode
 from engine.venues.bitget_v2_private import PRIVATE_CHANNELS, encode_push, login_sign
-from engine.venues.bitget_v2_rest import ContractSpec, parse_contract, sign
+from engine.venues.bitget_v2_rest import PATH_TICKER, ContractSpec, parse_contract, sign
 from venue.bitget.public_server import BitgetServer, Fault, FrameSource
 from venue.bitget.rest_server import BitgetRestServer, Request, Response, contract_row, error, ok
+from venue.bitget.ticker import FrameLookahead, ticker_row
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
 from venue.latency import ConstantLatency
@@ -209,6 +210,7 @@ class _Venue:
     clock: ReplayClock
     sim: SimExchange
     book: BookSnapshot | None = None
+    last_px: float = math.nan  # the last trade applied (the ticker's lastPr)
 
 
 @dataclass
@@ -286,8 +288,9 @@ class LocalExchange:
             clock_offset_ms=clock_offset_ms,
             request_time=request_time,
         )
+        self._frames = FrameLookahead(source)  # the ticker reads the first books before the broadcast
         self.public = BitgetServer(
-            self._rebased(source),
+            self._rebased(self._frames),
             speed=speed,
             faults=list(faults),
             host=host,
@@ -328,6 +331,7 @@ class LocalExchange:
             ("GET", "/api/v2/mix/position/single-position", self._single_position),
         ):
             self.rest.add_route(method, path, self._signed(handler, path.rsplit("/", 1)[1]))
+        self.rest.add_route("GET", PATH_TICKER, self._ticker)
 
     def _venue(self, spec: ContractSpec) -> _Venue:
         clock = ReplayClock(0)
@@ -427,6 +431,8 @@ class LocalExchange:
                 return
             if isinstance(ev, BookSnapshot):
                 v.book = ev
+            else:
+                v.last_px = ev.px
             self._advance(v)
             (v.sim.on_book if isinstance(ev, BookSnapshot) else v.sim.on_trade)(ev)
             self._drain(v)
@@ -441,6 +447,19 @@ class LocalExchange:
         while due := v.clock.pop_due():
             for _, cb in due:
                 cb()
+
+    def _ticker(self, req: Request) -> Response:
+        """``GET /api/v2/mix/market/ticker``: the exchange's book, or before the broadcast the first one
+        its frames hold (venue/bitget/ticker.py)."""
+        if miss := self._require(req, req.query, "productType", "symbol"):
+            return miss
+        symbol = req.query["symbol"]
+        with self._lock:
+            v = self.venues.get(symbol)
+            book, last = (v.book, v.last_px) if v is not None else (None, math.nan)
+        if v is not None and book is None:
+            book = self._frames.first_book(symbol)
+        return ok([] if book is None else [ticker_row(symbol, book, last, req.ts_ms)], req.ts_ms)
 
     # ------------------------------------------------------------------ fills and positions
 

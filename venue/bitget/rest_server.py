@@ -81,7 +81,7 @@ def error(code: str, msg: str, ts_ms: int, *, status: int = 400) -> Response:
     return Response(status=status, body={"code": code, "msg": msg, "requestTime": ts_ms, "data": None})
 
 
-def _plain(x: float | Decimal) -> str:
+def plain_decimal(x: float | Decimal) -> str:
     """A decimal string without exponent or trailing zeros (0.0010 -> "0.001", 1E+1 -> "10")."""
     d = Decimal(str(x)).normalize()
     return format(d, "f")
@@ -101,14 +101,14 @@ def contract_row(cfg: ContractConfig, **overrides: Any) -> dict[str, Any]:
         "symbol": cfg.symbol,
         "baseCoin": base,
         "quoteCoin": "USDT",
-        "makerFeeRate": _plain(cfg.maker_fee_rate),
-        "takerFeeRate": _plain(cfg.taker_fee_rate),
+        "makerFeeRate": plain_decimal(cfg.maker_fee_rate),
+        "takerFeeRate": plain_decimal(cfg.taker_fee_rate),
         "supportMarginCoins": ["USDT"],
-        "minTradeNum": _plain(cfg.min_qty),
-        "priceEndStep": _plain(tick.scaleb(price_place)),
+        "minTradeNum": plain_decimal(cfg.min_qty),
+        "priceEndStep": plain_decimal(tick.scaleb(price_place)),
         "volumePlace": str(volume_place),
         "pricePlace": str(price_place),
-        "sizeMultiplier": _plain(step),
+        "sizeMultiplier": plain_decimal(step),
         "symbolType": "perpetual",
         "minTradeUSDT": "5",
         "symbolStatus": "normal",
