@@ -138,7 +138,7 @@ class Legs:
         if any(v is None for v in got.values()):  # an order's row serves another: nothing to judge on
             self._close_all(now, "open")
             return
-        some_filled = any(got[id(g)] != 0 for g in self._legs)
+        some_filled = any(got[id(g)][0] != 0 for g in self._legs)  # type: ignore[index]
         again = False
         for g in self._legs:
             filled, working = got[id(g)]  # type: ignore[misc]
@@ -164,6 +164,7 @@ class Legs:
             oid = step(g.inst, lambda c, b, s=side, n=to_hedge, p=prev: _hedge(c, b, s, n, self.cross, p))
             if K.order_fill(c.OI, oid)[0] < 0:
                 self._close(g, now, "refused")
+                g.want = filled  # the gateway keeps this residual: reported, not asked for again
                 continue
             g.oids.append(oid)
             g.episode[3] = "crossed" if self.cross else "repriced"
