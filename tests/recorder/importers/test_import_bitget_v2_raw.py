@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
+import pyarrow.parquet as pq
 import pytest
 
 from dualhub.cli import main
@@ -102,3 +103,15 @@ def test_an_imported_simulated_capture_replays_with_fills(tmp_path: Path) -> Non
     assert m["import"]["discarded"] == {"bad_line": 1}
     res = run_replay(tmp_path / "imp", out_dir=tmp_path / "r")
     assert res.counts.get("fill", 0) > 0
+
+
+def test_an_imported_tardis_machine_capture_replays_with_fills(tmp_path: Path) -> None:
+    frames = _captured(tmp_path, list(simulator_frames(["BTCUSDT"], minutes=2, seed=5)))
+    f = tmp_path / "cap.jsonl"
+    f.write_bytes(_tardis(frames))
+    assert main(["import", "bitget-v2", str(f), "--out", str(tmp_path / "imp")]) == 0
+    m = orjson.loads((tmp_path / "imp" / "manifest.json").read_bytes())
+    assert m["import"]["format"] == "bitget-v2-tardis-machine-raw"
+    assert main(["replay", str(tmp_path / "imp"), "--out", str(tmp_path / "r")]) == 0
+    fills = pq.read_table(tmp_path / "r" / "events" / "fill.parquet")
+    assert fills.num_rows > 0
