@@ -16,9 +16,10 @@ cache), Laya's mode and active provider (a GPU's float sums are not the CPU's) a
 Nothing cached depends on a seed: the latency draws (feed, Laya, orders, Kev) are made by each run.
 
 Trust: the entry's ``manifest.json`` lists every file with its BLAKE3; a block is hashed as it is read
-and one that does not match raises :class:`CacheCorrupt`: the entry is deleted and the replay starts
-over without it (``replay.driver.run_replay``), building it again. A half-built entry is a ``.tmp``
-directory, never read.
+(once per process while the file is unchanged: same inode, size and modification time) and one that
+does not match raises :class:`CacheCorrupt`: the entry is deleted and the replay starts over without it
+(``replay.driver.run_replay``), building it again. A half-built entry is a ``.tmp`` directory, never
+read.
 
 Size: the entries of one cache directory (default ``SESSION/cache/market``) are kept under a cap
 (``DUALHUB_MARKET_CACHE_MB``, default :data:`DEFAULT_CAP_MB`): after a commit the least recently used
@@ -60,6 +61,12 @@ SCHEMA: Final = pa.schema(
 )
 ROW_BYTES: Final = N_LEVELS * 8 + 1 + 4 * 4
 _FEATURES_SRC: Final = Path(__file__).resolve().parent.parent / "engine" / "laya" / "features.py"
+
+
+# Block files this process has hashed, as they were then (device, inode, size, modification time, listed
+# hash): a sweep's later runs read them without hashing them again (hashing was a third of a cached
+# run's reading). A write to a file (size or mtime) or another file in its place is hashed again.
+_verified: set[tuple[int, int, int, int, str]] = set()
 
 
 class CacheCorrupt(RuntimeError):
@@ -282,12 +289,21 @@ class Cached:
         rel = _block_name(b)
         meta = self.manifest["files"].get(rel)
         try:
-            data = (self.path / rel).read_bytes()
+            with open(self.path / rel, "rb") as f:
+                st = os.fstat(f.fileno())
+                data = f.read()
+            seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, meta["blake3"] if meta else "")
         except OSError:
-            data = b""
-        if meta is None or len(data) != meta["bytes"] or _hash_bytes(data) != meta["blake3"]:
+            data, seen = b"", None
+        if (
+            meta is None
+            or len(data) != meta["bytes"]
+            or (seen not in _verified and _hash_bytes(data) != meta["blake3"])
+        ):
             shutil.rmtree(self.path, ignore_errors=True)
             raise CacheCorrupt(f"market cache {self.path / rel} does not match its manifest; rebuilt")
+        if seen is not None:
+            _verified.add(seen)
         batch = pa.ipc.open_file(pa.py_buffer(data)).get_batch(0)
         n = batch.num_rows
         if n != len(levels):

@@ -2,6 +2,7 @@
 keyed by what the cached bits depend on, kept under its size cap."""
 
 import dataclasses
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -73,8 +74,16 @@ def test_a_corrupted_cache_file_is_found_and_rebuilt_never_used(session, tmp_pat
     assert block.read_bytes() != bytes(data)
     assert run_replay(session, CFG, out_dir=tmp_path / "c", market_cache=True).market_cache == "reused"
 
+    # a file this process has checked and read before, then written: checked again, found, rebuilt
+    st = block.stat()
+    good = block.read_bytes()
+    block.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])
+    os.utime(block, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a later write, whatever the clock
+    again = run_replay(session, CFG, out_dir=tmp_path / "d", market_cache=True)
+    assert (again.digest, again.market_cache) == (first.digest, "built")
+
     block.unlink()  # a missing file is corrupt too
-    assert run_replay(session, CFG, out_dir=tmp_path / "d", market_cache=True).market_cache == "built"
+    assert run_replay(session, CFG, out_dir=tmp_path / "e", market_cache=True).market_cache == "built"
 
 
 def test_the_key_names_what_the_cached_bits_depend_on(session):
