@@ -72,7 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_doctor(a: argparse.Namespace) -> int:
-    from engine.diagnostics.checks import DoctorConfig, exit_code, run_all, summary, worst
+    from engine.diagnostics.checks import DoctorConfig, exit_code, summary, worst
+    from engine.diagnostics.run import run_all
     from engine.urls import check_url
 
     for flag, url in (("--kev-url", a.kev_url), ("--exchange-url", a.exchange_url)):

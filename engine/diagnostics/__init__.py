@@ -5,6 +5,7 @@ area: ONNX Runtime (:mod:`.onnx`), GPU (:mod:`.gpu`), Laya (:mod:`.laya`), Kev (
 (:mod:`.exchange`) and the machine (:mod:`.machine`). Nothing here raises for a problem it finds.
 """
 
-from engine.diagnostics.checks import Check, DoctorConfig, exit_code, run_all, summary, worst
+from engine.diagnostics.checks import Check, DoctorConfig, exit_code, summary, worst
+from engine.diagnostics.run import run_all
 
 __all__ = ["Check", "DoctorConfig", "exit_code", "run_all", "summary", "worst"]

@@ -1,4 +1,5 @@
-"""The doctor's result type, its configuration and the runner that calls every area's checks.
+"""The doctor's result type and its configuration (the runner that calls every area's checks is
+:mod:`engine.diagnostics.run`, so that the areas can import this module and it none of them).
 
 A :class:`Check` is one row of the report: what was checked, ``ok``/``warn``/``fail``, the evidence
 (what was measured or read, never a guess) and the fix (a command or a step, empty when there is
@@ -11,7 +12,6 @@ Endpoints: a URL the user passed (``--kev-url``, ``--exchange-url``) that does n
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -123,19 +123,3 @@ def _guarded(area: str, fn: Callable[[], list[Check]]) -> list[Check]:
                 fix="report this as a dualhub bug, with `dualhub doctor --json` output",
             )
         ]
-
-
-def run_all(cfg: DoctorConfig, *, env: Mapping[str, str] | None = None) -> list[Check]:
-    """Every check, in report order: ONNX Runtime and GPU, Laya, Kev, exchange, machine."""
-    from engine.diagnostics import exchange, gpu, kev, laya, machine, onnx
-
-    env = os.environ if env is None else env
-    gpu_info = gpu.probe_gpu()
-    out: list[Check] = []
-    out += _guarded("onnxruntime", lambda: onnx.runtime_checks(gpu_info))
-    out += _guarded("gpu", lambda: [gpu.check_gpu(gpu_info)])
-    out += _guarded("laya", lambda: laya.laya_checks(cfg, gpu_info))
-    out += _guarded("kev", lambda: kev.kev_checks(cfg))
-    out += _guarded("exchange", lambda: exchange.exchange_checks(cfg, env=env))
-    out += _guarded("machine", lambda: machine.machine_checks(cfg))
-    return out
