@@ -82,7 +82,7 @@ from engine.events import (
     VenueStatus,
     events_to_table,
 )
-from engine.instruments import Portfolio, checked_instruments, instrument_config
+from engine.instruments import SIZE_FIELDS, Portfolio, checked_instruments, resolve_instruments
 from engine.kev.advisor import KevAdvisor, KevContext, KevReply
 from engine.kev.cassette import CASSETTE_FILE, Cassette, CassetteEntry, RecordingAdvisor
 from engine.kev.health import answer_times_ns, run_health
@@ -469,6 +469,9 @@ class LiveRunner:
         self.gateway: BitgetGateway | None = None
         self.private: PrivateStream | None = None
         self.contract_source = "defaults"
+        # every instrument's engine config, as replay resolves them (engine.instruments.resolve_instruments)
+        self.engine_configs: dict[str, EngineConfig] = {}
+        self.ref_mids: dict[str, float] = {}  # the tickers' mids a portfolio's sizes were scaled by
         self.shutdown_info: dict[str, Any] = {}
         self.errors: list[str] = []
         self.kev_health: dict[str, dict[str, Any]] = {}  # per symbol, engine.kev.health.run_health
@@ -913,6 +916,43 @@ class LiveRunner:
         self.contract_source = "exchange"
         return {s: specs[s] for s in cfg.symbols}
 
+    async def _resolve(self, specs: dict[str, ContractSpec]) -> None:
+        """Every instrument's engine config, resolved as replay resolves a session's: a portfolio's sizes
+        scaled from the first instrument's at the tickers' mids (asked only where a size is not named),
+        or one error line naming the instrument and the --instrument way out."""
+        cfg = self.cfg
+        contracts = {s: specs[s].config() if s in specs else ContractConfig(symbol=s) for s in cfg.symbols}
+        base = engine_config_from(cfg, symbol=cfg.symbols[0], contract=contracts[cfg.symbols[0]])
+        scaled = [
+            s for s in cfg.symbols[1:] if any(k not in cfg.instruments.get(s, {}) for k in SIZE_FIELDS)
+        ]
+        if scaled:
+            self.ref_mids = await self._ticker_mids([cfg.symbols[0], *scaled])
+        configs = resolve_instruments(base, cfg.symbols, contracts, self.ref_mids, cfg.instruments)
+        self.engine_configs = {e.symbol: e for e in configs}
+
+    async def _ticker_mids(self, symbols: list[str]) -> dict[str, float]:
+        """The symbols' ticker mids; a symbol whose ticker cannot be read is left out (and said)."""
+        gw = self.gateway or BitgetGateway(self.rest_url, timeout_s=3.0)
+        mids: dict[str, float] = {}
+        try:
+            for s in symbols:
+                try:
+                    t = await gw.ticker(s)
+                except (BitgetError, GatewayTransportError, ValueError) as e:
+                    t, why = None, str(e)
+                else:
+                    why = "no ticker listed" if t is None else "no price in its ticker"
+                if t is not None and math.isfinite(t.mid) and t.mid > 0:
+                    mids[s] = t.mid
+                else:
+                    log.warning("%s: ticker unavailable from %s (%s)", s, self.rest_url, why)
+                    self.errors.append(f"ticker {s}: {why}")
+        finally:
+            if gw is not self.gateway:
+                await gw.aclose()
+        return mids
+
     async def _setup_gateway(self) -> None:
         assert self._creds is not None
         self.gateway = gw = BitgetGateway(self.rest_url, self._creds)
@@ -1028,7 +1068,7 @@ class LiveRunner:
                 )
                 execution = paper
             engine = Engine(
-                engine_config(cfg, symbol, contract),
+                self.engine_configs[symbol],
                 clock=self.clock,
                 log=evlog,
                 labeler=tick,
@@ -1074,11 +1114,12 @@ class LiveRunner:
             "symbols": list(self.cfg.symbols),
             "config": self.cfg.to_json(),
             "config_sha256": self.cfg.sha256(),
-            "engine_config": _engine_config_json(engine_config(self.cfg, symbol, contracts[symbol])),
-            # every instrument's (a portfolio's first is engine_config)
-            "engine_configs": {
-                s: _engine_config_json(engine_config(self.cfg, s, c)) for s, c in contracts.items()
-            },
+            "engine_config": _engine_config_json(self.engine_configs[symbol]),
+            # every instrument's as resolved at the start (a portfolio's first is engine_config): what
+            # `dualhub parity` replays them with
+            "engine_configs": {s: _engine_config_json(self.engine_configs[s]) for s in contracts},
+            # the tickers' mids a portfolio's sizes were scaled by (none asked: every size was named)
+            **({"reference_mids": dict(self.ref_mids)} if self.ref_mids else {}),
             "contract_source": self.contract_source,
         }
 
@@ -1131,6 +1172,7 @@ class LiveRunner:
             if self.cfg.mode == "live":
                 await self._setup_gateway()
             specs = await self._contracts()
+            await self._resolve(specs)
             self._build(specs)
             if self.install_signals:
                 for sig, fn in (
@@ -1660,14 +1702,6 @@ def _rmdir_if_empty(path: Path) -> None:
         path.rmdir()
     except OSError:  # not there, or holds what this run did not make
         pass
-
-
-def engine_config(cfg: LiveConfig, symbol: str, contract: ContractConfig) -> EngineConfig:
-    """The engine's config, built from the live config exactly as the replay driver builds it, with the
-    instrument's own settings over it."""
-    return instrument_config(
-        engine_config_from(cfg, symbol=symbol, contract=contract), cfg.instruments.get(symbol, {})
-    )
 
 
 def _engine_config_json(ec: EngineConfig) -> dict[str, Any]:

@@ -248,3 +248,49 @@ def test_instrument_flags_are_checked_settings():
     ):
         with pytest.raises(DualhubError, match=why):
             instrument_args([bad])
+
+
+def test_resolve_instruments_scales_sizes_to_each_size_step_and_names_the_way_out():
+    """The one resolution replay and live share: sizes in the first instrument's units, scaled to the
+    same notional at the reference mids, down to each size step (at least its minimum order), the
+    named settings over them; a size to scale without a price is one line naming the flag."""
+    from engine.errors import DualhubError
+    from engine.instruments import resolve_instruments
+
+    btc = ContractConfig(symbol="BTCUSDT", tick=0.1, size_step=0.001, min_qty=0.001)
+    eth = ContractConfig(symbol="ETHUSDT", tick=0.01, size_step=0.01, min_qty=0.01)
+    sol = ContractConfig(symbol="SOLUSDT", tick=0.001, size_step=0.1, min_qty=1.0)
+    contracts = {c.symbol: c for c in (btc, eth, sol)}
+    base = EngineConfig(symbol="BTCUSDT", contract=btc)  # quote 0.002, max position 0.05, max order 0.02
+    syms = ["BTCUSDT", "ETHUSDT", "SOLUSDT"]
+    mids = {"BTCUSDT": 100_000.0, "ETHUSDT": 3_000.0, "SOLUSDT": 20_000.0}
+
+    def sizes(e: EngineConfig) -> tuple[float, float, float]:
+        return e.quotes.quote_qty, e.risk.max_position, e.risk.max_order_qty
+
+    b, e, s = resolve_instruments(base, syms, contracts, mids, {})
+    assert [x.symbol for x in (b, e, s)] == syms and (b.contract, e.contract, s.contract) == (btc, eth, sol)
+    assert sizes(b) == (0.002, 0.05, 0.02)
+    assert sizes(e) == (0.06, 1.66, 0.66)  # x 33.33: 0.0667, 1.6667, 0.6667 down to 0.01
+    assert sizes(s) == (1.0, 1.0, 1.0)  # x 5: 0.01, 0.25, 0.1, each under SOL's minimum order of 1
+    # named settings over the scaled ones (the first instrument's named sizes are its own: the others
+    # scale the config's)
+    named = {"ETHUSDT": {"quote_qty": 0.05}, "BTCUSDT": {"max_position": 0.1}}
+    b, e, _ = resolve_instruments(base, syms, contracts, mids, named)
+    assert sizes(b) == (0.002, 0.1, 0.02) and sizes(e) == (0.05, 1.66, 0.66)
+
+    lines = []
+    for gone, named in (("ETHUSDT", {}), ("BTCUSDT", {"ETHUSDT": {"quote_qty": 0.05}})):
+        with pytest.raises(DualhubError) as err:
+            resolve_instruments(base, syms[:2], contracts, {**mids, gone: float("nan")}, named)
+        lines.append(str(err.value))
+    assert lines == [
+        "ETHUSDT: no reference price of ETHUSDT to scale the first instrument's sizes to it: give them "
+        "(--instrument ETHUSDT:quote_qty=Q,max_position=P,max_order_qty=O)",
+        "ETHUSDT: no reference price of BTCUSDT to scale the first instrument's sizes to it: give them "
+        "(--instrument ETHUSDT:max_position=P,max_order_qty=O)",
+    ]
+    # every size named: no price needed (a run with no ticker starts with them)
+    given = {"ETHUSDT": {"quote_qty": 0.05, "max_position": 1.0, "max_order_qty": 0.5}}
+    _, e = resolve_instruments(base, syms[:2], contracts, {}, given)
+    assert sizes(e) == (0.05, 1.0, 0.5) and e.contract == eth

@@ -120,12 +120,97 @@ def test_kev_as_the_hub_live_and_its_replay(tmp_path):
     assert rr.counts["command"] == len(cmds)
 
 
-def test_a_quote_size_between_two_of_a_symbols_lots_is_one_error_line(tmp_path, capsys):
-    """The exchange's contract sets ETHUSDT's lot (0.01): the default quote size (0.002) is no whole
-    number of them, so the run stops at its start with one line naming the fix."""
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory):
+    """Live paper on two symbols with no size named for ETHUSDT: its sizes are scaled at the start, by
+    the local exchange's tickers, as replay scales them by the session's first books."""
+    frames = list(simulator_frames(list(SYMBOLS), minutes=2, seed=3))
+    out = tmp_path_factory.mktemp("live") / "scaled"
+    with LocalExchangeThread(LocalExchange(frames, speed=SPEED, symbols=SYMBOLS)) as ex:
+        res = run_live(
+            LiveConfig(
+                out=str(out),
+                exchange_url=ex.rest_url,
+                ws_url=ex.ws_url,
+                laya_provider="cpu",
+                duration_s=6.0,
+                symbols=SYMBOLS,
+                latency_order_entry=JITTER,
+                latency_order_response=JITTER,
+                seed=7,
+            )
+        )
+    assert res.exit_code == 0, res.errors
+    return res
+
+
+def test_live_starts_with_the_instrument_settings_replay_resolves(scaled):
+    """The same resolution (engine.instruments.resolve_instruments): live's engine configs, recorded in
+    its manifest, are those replay resolves for the session it recorded."""
+    from engine.store import open_session
+    from live.runner import _engine_config_json
+    from replay.portfolio import _instrument_configs
+
+    run = scaled.run_dirs["BTCUSDT"]
+    m = orjson.loads((run / "manifest.json").read_bytes())
+    eth = m["engine_configs"]["ETHUSDT"]
+    assert (eth["quotes"]["quote_qty"], eth["risk"]["max_position"], eth["risk"]["max_order_qty"]) == (
+        0.05, 1.49, 0.59,
+    )  # fmt: skip  # BTC's 0.002, 0.05, 0.02 at ~29.9x ETH's price (0.0598, 1.495, 0.598), down to lots of 0.01
+    assert set(m["reference_mids"]) == set(SYMBOLS)
+    cfg = replay_config_for(run, instruments={})  # nothing named: replay resolves the sizes itself
+    session = open_session(scaled.session_dir)
+    tables = list(zip(session.read_symbols("books15", list(SYMBOLS)), session.read_symbols("trade", list(SYMBOLS))))
+    first_mids = {s: float((b.column("bid_px_0")[0].as_py() + b.column("ask_px_0")[0].as_py()) / 2) for s, (b, _) in zip(SYMBOLS, tables)}
+    assert first_mids == m["reference_mids"]  # the tickers answered the books the session starts with
+    replayed = _instrument_configs(session, cfg, list(SYMBOLS), tables)
+    assert {e.symbol: _engine_config_json(e) for e in replayed} == m["engine_configs"]
+
+
+def test_the_scaled_run_replays_identically(scaled, tmp_path):
+    run = scaled.run_dirs["BTCUSDT"]
+    orders = pq.read_table(run / "events" / "order.parquet").to_pylist()
+    eth_new = [o for o in orders if o["symbol"] == "ETHUSDT" and o["kind"] == "new"]
+    assert eth_new and all(round(o["qty"] / 0.01, 6) % 1 == 0 for o in eth_new)  # whole ETH lots
+    p = check_parity(run, tmp_path / "parity")
+    assert not p.diverged and p.compared > 100, p.diff.to_json()["divergence"]
+    # and a replay naming nothing, its sizes resolved from the session, makes the same decisions
+    rr = run_replay(scaled.session_dir, replay_config_for(run, instruments={}), out_dir=tmp_path / "replay")
+    d = diff_runs(run, rr.run_dir, streams=COMPARABLE_STREAMS)
+    assert not d.diverged and d.compared_a == d.compared_b > 100, d.to_json()["divergence"]
+
+
+def test_a_quote_size_between_two_of_a_symbols_lots_is_the_same_line_in_live_and_replay(scaled, tmp_path, capsys):
+    """ETHUSDT's lot is 0.01 (the exchange's contract, the session's): a named quote size of 0.015 is
+    no whole number of them, and both modes stop at the start with the same line naming the fix."""
     from dualhub.cli import main
 
+    bad = ["--symbols", ",".join(SYMBOLS), "--instrument", "ETHUSDT:quote_qty=0.015", "--provider", "cpu"]
     frames = list(simulator_frames(list(SYMBOLS), minutes=1, seed=3))
+    with LocalExchangeThread(LocalExchange(frames, speed=SPEED, symbols=SYMBOLS)) as ex:
+        rc = main(
+            ["live", "--paper", *bad, "--exchange-url", ex.rest_url, "--ws-url", ex.ws_url,
+             "--out", str(tmp_path / "paper"), "--duration", "2"]
+        )  # fmt: skip
+    live_line = capsys.readouterr().err.splitlines()[-1]
+    rc_replay = main(["replay", str(scaled.session_dir), *bad, "--out", str(tmp_path / "replay")])
+    replay_line = capsys.readouterr().err.splitlines()[-1]
+    why = (
+        "ETHUSDT: quote_qty 0.015 is not a whole number of size steps (0.01): "
+        "give the instrument its own (--instrument ETHUSDT:quote_qty=Q)"
+    )
+    assert (rc, rc_replay) == (2, 2)
+    assert (live_line, replay_line) == (f"dualhub live: error: {why}", f"dualhub replay: error: {why}")
+    assert not (tmp_path / "paper").exists()  # BTCUSDT's run was being made: nothing of it is left
+    assert not (tmp_path / "replay").exists()
+
+
+def test_no_ticker_is_one_line_naming_the_way_out(tmp_path, capsys):
+    """The exchange has no price for ETHUSDT (no book of it in its feed): its sizes cannot be scaled,
+    and the run refuses to start with one line naming the flag that gives them."""
+    from dualhub.cli import main
+
+    frames = list(simulator_frames(["BTCUSDT"], minutes=1, seed=3))
     with LocalExchangeThread(LocalExchange(frames, speed=SPEED, symbols=SYMBOLS)) as ex:
         rc = main(
             ["live", "--paper", "--symbols", ",".join(SYMBOLS), "--exchange-url", ex.rest_url,
@@ -133,7 +218,7 @@ def test_a_quote_size_between_two_of_a_symbols_lots_is_one_error_line(tmp_path, 
         )  # fmt: skip
     assert rc == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "dualhub live: error: ETHUSDT: quote_qty 0.002 is not a whole number of size steps (0.01): "
-        "give the instrument its own (--instrument ETHUSDT:quote_qty=Q)"
+        "dualhub live: error: ETHUSDT: no reference price of ETHUSDT to scale the first instrument's sizes "
+        "to it: give them (--instrument ETHUSDT:quote_qty=Q,max_position=P,max_order_qty=O)"
     )
-    assert not (tmp_path / "paper").exists()  # BTCUSDT's run was being made: nothing of it is left
+    assert not (tmp_path / "paper").exists()
