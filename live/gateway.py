@@ -748,5 +748,30 @@ class GatewayExecution:
         return out
 
 
+async def ticker_mids(
+    rest_url: str, symbols: Sequence[str], gateway: BitgetGateway | None = None
+) -> tuple[dict[str, float], dict[str, str]]:
+    """The symbols' ticker mids (``gateway``'s, else a client of its own for the call), and for a symbol
+    whose ticker gives no price, why."""
+    gw = gateway or BitgetGateway(rest_url, timeout_s=3.0)
+    mids: dict[str, float] = {}
+    unread: dict[str, str] = {}
+    try:
+        for s in symbols:
+            try:
+                t = await gw.ticker(s)
+            except (BitgetError, GatewayTransportError, ValueError) as e:
+                unread[s] = str(e)
+                continue
+            if t is not None and math.isfinite(t.mid) and t.mid > 0:
+                mids[s] = t.mid
+            else:
+                unread[s] = "no ticker listed" if t is None else "no price in its ticker"
+    finally:
+        if gw is not gateway:
+            await gw.aclose()
+    return mids, unread
+
+
 def reconcile_event(fields: Mapping[str, Any], *, ts: Nanos, seq: int) -> ReconcileEvent:
     return ReconcileEvent(ts_event=ts, ts_recv=ts, seq=seq, **fields)

@@ -99,7 +99,7 @@ from engine.validate import WireLimits, book_reason, top_ok, trade_ok, trade_rea
 from engine.venues.bitget_v2 import INST_TYPE, REST_BASE_URL, StreamCounters, arg, wire_guard
 from engine.venues.bitget_v2_rest import BitgetError, ContractSpec, Credentials
 from live.clock import LiveClock
-from live.gateway import BitgetGateway, GatewayExecution, GatewayTransportError, reconcile_event
+from live.gateway import BitgetGateway, GatewayExecution, GatewayTransportError, reconcile_event, ticker_mids
 from live.gc_policy import IdleGC
 from live.health import LOST, Change, VenueHealth
 from live.private_ws import PrivateConfig, PrivateStream, describe
@@ -921,37 +921,21 @@ class LiveRunner:
         scaled from the first instrument's at the tickers' mids (asked only where a size is not named),
         or one error line naming the instrument and the --instrument way out."""
         cfg = self.cfg
+        scaled = [s for s in cfg.symbols[1:] if any(k not in cfg.instruments.get(s, {}) for k in SIZE_FIELDS)]
+        if scaled:
+            self.ref_mids, unread = await ticker_mids(self.rest_url, [cfg.symbols[0], *scaled], self.gateway)
+            for sym, why in unread.items():
+                log.warning("%s: no ticker from %s (%s)", sym, self.rest_url, why)
+                self.errors.append(f"ticker {sym}: {why}")
+        self._configs(specs)
+
+    def _configs(self, specs: dict[str, ContractSpec]) -> None:
+        """The engine configs at the reference mids read so far (engine.instruments.resolve_instruments)."""
+        cfg = self.cfg
         contracts = {s: specs[s].config() if s in specs else ContractConfig(symbol=s) for s in cfg.symbols}
         base = engine_config_from(cfg, symbol=cfg.symbols[0], contract=contracts[cfg.symbols[0]])
-        scaled = [
-            s for s in cfg.symbols[1:] if any(k not in cfg.instruments.get(s, {}) for k in SIZE_FIELDS)
-        ]
-        if scaled:
-            self.ref_mids = await self._ticker_mids([cfg.symbols[0], *scaled])
         configs = resolve_instruments(base, cfg.symbols, contracts, self.ref_mids, cfg.instruments)
         self.engine_configs = {e.symbol: e for e in configs}
-
-    async def _ticker_mids(self, symbols: list[str]) -> dict[str, float]:
-        """The symbols' ticker mids; a symbol whose ticker cannot be read is left out (and said)."""
-        gw = self.gateway or BitgetGateway(self.rest_url, timeout_s=3.0)
-        mids: dict[str, float] = {}
-        try:
-            for s in symbols:
-                try:
-                    t = await gw.ticker(s)
-                except (BitgetError, GatewayTransportError, ValueError) as e:
-                    t, why = None, str(e)
-                else:
-                    why = "no ticker listed" if t is None else "no price in its ticker"
-                if t is not None and math.isfinite(t.mid) and t.mid > 0:
-                    mids[s] = t.mid
-                else:
-                    log.warning("%s: ticker unavailable from %s (%s)", s, self.rest_url, why)
-                    self.errors.append(f"ticker {s}: {why}")
-        finally:
-            if gw is not self.gateway:
-                await gw.aclose()
-        return mids
 
     async def _setup_gateway(self) -> None:
         assert self._creds is not None
@@ -969,6 +953,8 @@ class LiveRunner:
 
     def _build(self, specs: dict[str, ContractSpec]) -> None:
         cfg = self.cfg
+        if not self.engine_configs:  # built without _resolve (tests, benches): no ticker asked
+            self._configs(specs)
         laya = Laya(LayaConfig(model_path=Path(cfg.model_path), provider=cfg.laya_provider))
         self.laya = laya
         # decoder + labeler + Laya latency in one: books15 frames are labelled before their event exists

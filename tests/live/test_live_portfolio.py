@@ -156,13 +156,18 @@ def test_live_starts_with_the_instrument_settings_replay_resolves(scaled):
     eth = m["engine_configs"]["ETHUSDT"]
     assert (eth["quotes"]["quote_qty"], eth["risk"]["max_position"], eth["risk"]["max_order_qty"]) == (
         0.05, 1.49, 0.59,
-    )  # fmt: skip  # BTC's 0.002, 0.05, 0.02 at ~29.9x ETH's price (0.0598, 1.495, 0.598), down to lots of 0.01
+    )  # fmt: skip  # BTC's 0.002, 0.05, 0.02 x ~29.9 (0.0598, 1.495, 0.598) down to ETH's lots of 0.01
     assert set(m["reference_mids"]) == set(SYMBOLS)
     cfg = replay_config_for(run, instruments={})  # nothing named: replay resolves the sizes itself
     session = open_session(scaled.session_dir)
-    tables = list(zip(session.read_symbols("books15", list(SYMBOLS)), session.read_symbols("trade", list(SYMBOLS))))
-    first_mids = {s: float((b.column("bid_px_0")[0].as_py() + b.column("ask_px_0")[0].as_py()) / 2) for s, (b, _) in zip(SYMBOLS, tables)}
-    assert first_mids == m["reference_mids"]  # the tickers answered the books the session starts with
+    books, trades = (session.read_symbols(s, list(SYMBOLS)) for s in ("books15", "trade"))
+    tables = list(zip(books, trades, strict=True))
+    first = {
+        s: (b.column("bid_px_0")[0].as_py(), b.column("ask_px_0")[0].as_py())
+        for s, b in zip(SYMBOLS, books, strict=True)
+    }
+    # the tickers answered the books the session starts with
+    assert m["reference_mids"] == {s: (bid + ask) / 2 for s, (bid, ask) in first.items()}
     replayed = _instrument_configs(session, cfg, list(SYMBOLS), tables)
     assert {e.symbol: _engine_config_json(e) for e in replayed} == m["engine_configs"]
 
@@ -180,7 +185,7 @@ def test_the_scaled_run_replays_identically(scaled, tmp_path):
     assert not d.diverged and d.compared_a == d.compared_b > 100, d.to_json()["divergence"]
 
 
-def test_a_quote_size_between_two_of_a_symbols_lots_is_the_same_line_in_live_and_replay(scaled, tmp_path, capsys):
+def test_a_quote_size_between_two_lots_is_the_same_line_in_live_and_replay(scaled, tmp_path, capsys):
     """ETHUSDT's lot is 0.01 (the exchange's contract, the session's): a named quote size of 0.015 is
     no whole number of them, and both modes stop at the start with the same line naming the fix."""
     from dualhub.cli import main

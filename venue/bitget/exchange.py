@@ -8,10 +8,11 @@ It composes the two local protocol servers and adds a matching engine:
 - :class:`venue.bitget.rest_server.BitgetRestServer` serves REST with the signed order endpoints added here:
   ``place-order``, ``cancel-order``, ``batch-cancel-orders``, ``cancel-all-orders``, ``orders-pending``,
   ``detail``, ``all-position`` and ``single-position``, and the public ``ticker`` (venue/bitget/ticker.py).
-  Signatures, timestamps (30 s window) and passphrases are checked and refused with Bitget's codes; parameters are validated against the
-  contract (size step 40808, price tick 41103, minimum size 43006, minimum notional 45110, client oid
-  length 40305, missing 40019, wrong 40017); unknown orders are 40768; more than ``orders_per_s``
-  requests per second per key on an order endpoint is HTTP 429 with code ``"429"``.
+  Signatures, timestamps (30 s window) and passphrases are checked and refused with Bitget's codes;
+  parameters are validated against the contract (size step 40808, price tick 41103, minimum size 43006,
+  minimum notional 45110, client oid length 40305, missing 40019, wrong 40017); unknown orders are
+  40768; more than ``orders_per_s`` requests per second per key on an order endpoint is HTTP 429 with
+  code ``"429"``.
 - Matching is against the exchange's own book, the frames it broadcasts, through the **same fill model
   as replay** (:class:`venue.exchange.SimExchange` with zero latency on the exchange's clock):
   marketable orders walk the book as taker, resting orders fill as maker on trades through the fill
@@ -449,8 +450,7 @@ class LocalExchange:
                 cb()
 
     def _ticker(self, req: Request) -> Response:
-        """``GET /api/v2/mix/market/ticker``: the exchange's book, or before the broadcast the first one
-        its frames hold (venue/bitget/ticker.py)."""
+        """The exchange's book, or before the broadcast the first its frames hold (venue/bitget/ticker.py)."""
         if miss := self._require(req, req.query, "productType", "symbol"):
             return miss
         symbol = req.query["symbol"]

@@ -8,7 +8,7 @@ import pytest
 
 from engine.events import BookSnapshot
 from engine.venues.bitget_v2 import StreamCounters, decode
-from engine.venues.bitget_v2_rest import BitgetParamError, parse_ticker
+from engine.venues.bitget_v2_rest import PATH_TICKER, BitgetParamError, parse_ticker
 from live.gateway import BitgetGateway
 from tests.helpers import make_book
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
@@ -67,7 +67,7 @@ def test_the_ticker_answers_the_first_book_before_the_broadcast_then_the_exchang
         async def no_symbol():
             gw = BitgetGateway(ex.rest_url)
             try:
-                await gw.request("GET", "/api/v2/mix/market/ticker", params={"productType": "USDT-FUTURES"}, signed=False)
+                await gw.request("GET", PATH_TICKER, params={"productType": "USDT-FUTURES"}, signed=False)
             finally:
                 await gw.aclose()
 
@@ -76,9 +76,9 @@ def test_the_ticker_answers_the_first_book_before_the_broadcast_then_the_exchang
 
 
 def test_a_ticker_row_parses_bitget_s_fields():
-    row = {"symbol": "ETHUSDT", "lastPr": "3000.5", "bidPr": "3000.4", "askPr": "3000.6", "ts": "1695794271400"}
+    row = {"symbol": "ETHUSDT", "lastPr": "3000.5", "bidPr": "3000.4", "askPr": "3000.6", "ts": "1695794271"}
     t = parse_ticker(row)
-    assert (t.symbol, t.last, t.mid, t.ts_ms) == ("ETHUSDT", 3000.5, 3000.5, 1695794271400)
+    assert (t.symbol, t.last, t.mid, t.ts_ms) == ("ETHUSDT", 3000.5, 3000.5, 1695794271)
     assert parse_ticker({**row, "bidPr": "", "askPr": ""}).mid == 3000.5  # no book: the last trade
     with pytest.raises(ValueError, match="lastPr"):
         parse_ticker({**row, "lastPr": "x"})
