@@ -525,7 +525,7 @@ def _fees_note(session: Path, cfg: Any) -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from engine.report.report import print_report
+    from engine.report.console import print_report
     from engine.strategies import plugin
     from engine.urls import check_url
     from replay.driver import run_replay
@@ -572,7 +572,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from engine.report.report import print_report
+    from engine.report.console import print_report
 
     if getattr(args, "html", None):
         from engine.optional import need
@@ -589,7 +589,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from engine.report.report import print_report
+    from engine.report.console import print_report
     from replay.driver import ReplayConfig, run_replay
     from venue.simulator import simulate_session
 

@@ -166,20 +166,13 @@ def latency_medians_ms(lat: dict[str, np.ndarray]) -> dict[str, dict[str, float]
     return out
 
 
-STAGE_COLORS: Final = {
-    "feed": "0.7",
-    "laya": "tab:blue",
-    "kev_queue": "tab:olive",
-    "kev": "tab:orange",
-    "decide": "tab:gray",
-    "order_entry": "tab:green",
-    "fill": "tab:red",
-}
 LABEL_COLORS: Final = {"HOLD": "0.6", "LEAN_BUY": "tab:green", "LEAN_SELL": "tab:red", "EMERGENCY": "black"}
 
 
 def plot_latency(ax: Any, lat: dict[str, np.ndarray]) -> None:
     """Stacked horizontal bars: median ms per stage for each kind of decision."""
+    from engine.report.tearsheet import STAGE_COLORS
+
     med = latency_medians_ms(lat)
     seen: set[str] = set()
     for y, name in enumerate(med):

@@ -35,6 +35,17 @@ EPS: Final = 1e-12  # log-loss clips probabilities here: one confident miss is l
 # -- round trips ------------------------------------------------------------------------------------
 
 
+# The colour of each latency stage in every plot of it (the tear sheet's and --html's).
+STAGE_COLORS: Final = {
+    "feed": "0.7",
+    "laya": "tab:blue",
+    "kev_queue": "tab:olive",
+    "kev": "tab:orange",
+    "decide": "tab:gray",
+    "order_entry": "tab:green",
+    "fill": "tab:red",
+}
+
 # What a stage is called where people read it: the view's order_entry_ns (the latency span
 # "order_entry") runs from the order's send to its ack, the venue's entry and response latencies both,
 # so with latency_order_entry=const:5ms it reads 10 ms; the name says so.
@@ -652,8 +663,6 @@ def figures(ts: TearSheet) -> dict[str, Any]:
         figs["calibration"] = fig
 
     if ts.latency_ms:
-        from engine.report.html import STAGE_COLORS
-
         fig, ax = plt.subplots(figsize=(10, 3.6), constrained_layout=True)
         for s, v in ts.latency_ms.items():
             if v.size:

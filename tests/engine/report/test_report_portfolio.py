@@ -32,8 +32,9 @@ from dualhub.cli import main as dualhub
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
 from engine.events import STREAMS, Fill, LabelEvent, OrderEvent, PortfolioCommand, RiskDecision
 from engine.report import portfolio, tearsheet
+from engine.report.console import print_report
 from engine.report.html import write_html
-from engine.report.report import connect, print_report, run_report
+from engine.report.report import connect, run_report
 from engine.store import sha256_file
 
 S = 1_000_000_000

@@ -32,7 +32,8 @@ from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
 from engine.events import STREAMS, Fill, LabelEvent, RiskDecision, events_to_table
 from engine.laya.labels import LabelConfig
 from engine.report import tearsheet
-from engine.report.report import Section, print_report, print_table
+from engine.report.console import print_report
+from engine.report.report import Section, print_table
 from engine.store import sha256_file
 from tests.helpers import make_book
 
