@@ -110,14 +110,13 @@ def _decimals(values: np.ndarray) -> int:
 def recorded_contract(
     manifest: dict[str, Any], books: pa.Table, trades: pa.Table, base: ContractConfig
 ) -> ContractConfig:
-    """A symbol's contract: the simulator's, or for a recorded session that names none, the finest
-    price and size steps its books and trades show (the decimals of the exchange's strings)."""
+    """A symbol's contract: the session's spec (its fees included, as a single-instrument replay
+    takes them), or for a session that names none, the finest price and size steps its books and
+    trades show (the decimals of the exchange's strings) with ``base``'s fees."""
     symbol = books.column("symbol")[0].as_py()
     given = session_contract(manifest, symbol)
     if given is not None:
-        return dataclasses.replace(
-            given, maker_fee_rate=base.maker_fee_rate, taker_fee_rate=base.taker_fee_rate
-        )
+        return given
     col = lambda n: books.column(n).to_numpy(zero_copy_only=False)  # noqa: E731
     tcol = lambda n: trades.column(n).to_numpy(zero_copy_only=False)  # noqa: E731
     px = np.concatenate([col("bid_px_0"), col("ask_px_0"), tcol("px")])

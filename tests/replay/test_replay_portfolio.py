@@ -390,7 +390,9 @@ def test_the_portfolio_limits_bind_on_the_replayed_pair(pair, tmp_path):
     )
 
 
-def test_portfolio_limits_from_the_command_line_reach_the_risk_decisions_and_the_config(pair, tmp_path, capsys):
+def test_portfolio_limits_from_the_command_line_reach_the_risk_decisions_and_the_config(
+    pair, tmp_path, capsys
+):
     """``--portfolio`` sets the portfolio's limits for ``dualhub replay`` (and ``live``): they bind on
     both legs, the run's config holds them, and a limit that is not a finite positive number, an
     unknown or a repeated key is one error line."""
@@ -399,10 +401,16 @@ def test_portfolio_limits_from_the_command_line_reach_the_risk_decisions_and_the
     run = tmp_path / "r"
     argv = ["replay", str(pair), "--symbols", "ALL", "--out", str(run)]
     assert main([*argv, "--portfolio", "gross_usd=200,net_delta_usd=150,loss_stop_usd=75"]) == 0
-    bound = _q(run, "select distinct symbol from 'EV/risk.parquet' where reason like 'portfolio_%' order by 1")
+    bound = _q(
+        run, "select distinct symbol from 'EV/risk.parquet' where reason like 'portfolio_%' order by 1"
+    )
     assert bound == [("BTCUSDT",), ("ETHUSDT",)]
     risk = json.loads((run / "manifest.json").read_text())["config"]["risk"]
-    assert (risk["portfolio_max_gross_usd"], risk["portfolio_max_net_delta_usd"], risk["portfolio_loss_stop_usd"]) == (
+    assert (
+        risk["portfolio_max_gross_usd"],
+        risk["portfolio_max_net_delta_usd"],
+        risk["portfolio_loss_stop_usd"],
+    ) == (
         200.0,
         150.0,
         75.0,
@@ -414,7 +422,10 @@ def test_portfolio_limits_from_the_command_line_reach_the_risk_decisions_and_the
         ("gross_usd=nan", "--portfolio: gross_usd=nan must be a finite number > 0"),
         ("delta=5", "--portfolio: unknown key 'delta' (keys: net_delta_usd, gross_usd, loss_stop_usd)"),
         ("gross_usd=5,gross_usd=6", "--portfolio: gross_usd given twice"),
-        ("gross_usd", "--portfolio 'gross_usd': expected KEY=VALUE (keys: net_delta_usd, gross_usd, loss_stop_usd)"),
+        (
+            "gross_usd",
+            "--portfolio 'gross_usd': expected KEY=VALUE (keys: net_delta_usd, gross_usd, loss_stop_usd)",
+        ),
     ):
         out = tmp_path / "bad"
         assert main(["replay", str(pair), "--symbols", "ALL", "--out", str(out), "--portfolio", spec]) == 2
@@ -586,7 +597,9 @@ def test_llama_server_as_the_hub_answers_one_v2_command_for_both_instruments(
     # every answer is a v2 command the schema took; one that contradicts itself (SmolLM2 sometimes puts
     # both legs long beside a hedge ratio) is refused by the sense check with its reason, never traded
     assert answers and all(json.loads(raw)["schema_version"] == 2 for _, raw, _, _ in answers if raw)
-    assert all(ok or (f == "inconsistent" and e.startswith("command_inconsistent: ")) for ok, _, f, e in answers)
+    assert all(
+        ok or (f == "inconsistent" and e.startswith("command_inconsistent: ")) for ok, _, f, e in answers
+    )
     applied = sum(ok for ok, _, _, _ in answers)
     per_cmd = _q(run, "select count(*), count(distinct symbol) from 'EV/command.parquet' group by command_id")
     assert len(per_cmd) == applied and set(per_cmd) <= {(2, 2)}
@@ -612,3 +625,28 @@ def test_features_v1_label_a_portfolio_on_the_compiled_loop(pair, tmp_path, mode
     assert k.path == "kernel (a portfolio of 2)"
     assert k.counts == p.counts and k.digest == p.digest
     assert len(_q(k.run_dir, "select distinct label from 'EV/label.parquet'")) > 1
+
+
+def test_a_portfolio_trades_each_instruments_fees_from_the_sessions_spec(pair, tmp_path):
+    """As a single-instrument replay does: the manifest's spec of each symbol, fees included."""
+    import shutil
+
+    s = tmp_path / "fees"
+    shutil.copytree(pair, s, ignore=shutil.ignore_patterns("runs"))
+    m = json.loads((s / "manifest.json").read_text())
+    rates = {"BTCUSDT": ("0.0001", "0.0004"), "ETHUSDT": ("0.00015", "0.0005")}
+    m["contracts"] = {
+        sym: {**{k: str(v) for k, v in inst.items()}, "min_qty": str(inst["size_step"]),
+              "maker_fee_rate": rates[sym][0], "taker_fee_rate": rates[sym][1],
+              "contract_type": "perpetual", "spec_source": "known"}
+        for sym, inst in m["simulator"]["instruments"].items()
+    }  # fmt: skip
+    (s / "manifest.json").write_text(json.dumps(m))
+    res = run_replay(
+        s, ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), laya_provider="cpu"), out_dir=tmp_path / "r"
+    )
+    rows = _q(res.run_dir, "SELECT symbol, liquidity, notional::DOUBLE, fee::DOUBLE FROM 'EV/fill.parquet'")
+    assert {r[0] for r in rows} == {"BTCUSDT", "ETHUSDT"}
+    for sym, liq, notional, fee in rows:
+        rate = float(rates[sym][0 if liq == "maker" else 1])
+        assert fee == pytest.approx(notional * rate, rel=1e-6, abs=1e-9), (sym, liq)
