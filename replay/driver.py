@@ -181,9 +181,10 @@ class ReplayConfig:
             )
         if self.kev_hub not in KEV_HUBS:
             raise DualhubError(f"kev_hub must be one of {KEV_HUBS}, not {self.kev_hub!r}")
-        if self.kev_hub == "llm" and self.kev_mode != "llm":
+        if self.kev_hub == "llm" and self.kev_mode not in ("llm", "cassette"):
             raise DualhubError(
-                "kev_hub 'llm' asks the portfolio's questions of llama-server: needs kev_mode llm"
+                "kev_hub 'llm' asks the portfolio's questions of llama-server: needs kev_mode llm "
+                "(or cassette: a run's recorded answers)"
             )
         if self.kev_hub and len(self.symbols) < 2:
             raise DualhubError("Kev as the portfolio hub needs a portfolio: give two symbols or more")
