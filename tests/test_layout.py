@@ -121,3 +121,306 @@ def test_tests_mirror_the_package_tree():
         if not (folder / "__init__.py").is_file():
             offenders.append(f"{folder.relative_to(ROOT)}/ has no __init__.py")
     assert not offenders, "tests/ must mirror the package tree:\n" + "\n".join(offenders)
+
+
+# -- Units a reader can hold ------------------------------------------------------------------------
+# No source file over MAX_FILE_LINES lines and no function with more than MAX_PARAMETERS parameters
+# (a method's self/cls not counted): a function that needs more takes a record. The files and functions
+# over the limits when the rule came in are named below with their size then as a ceiling: they may
+# shrink, never grow, and an entry leaves the list once it is within the limit (the test says so).
+# The import graph (every import, lazy ones too) has no loop beyond the LEGACY_CYCLES, which may only
+# lose modules.
+
+MAX_FILE_LINES = 800
+MAX_PARAMETERS = 8
+
+LEGACY_LONG_FILES: dict[str, int] = {
+    "engine/kernel.py": 2137,
+    "live/runner.py": 1703,
+    "replay/driver.py": 1601,
+    "venue/simulator.py": 1166,
+    "venue/bitget/exchange.py": 1117,
+    "replay/sweep.py": 910,
+    "engine/risk.py": 887,
+}
+LEGACY_WIDE_FUNCTIONS: dict[str, int] = {
+    "engine/risk.py::verdict": 34,
+    "engine/venues/bitget_v2_fast.py::scan_block": 33,
+    "replay/kernel.py::run_pf": 32,
+    "engine/kernel.py::_on_label": 30,
+    "replay/kernel.py::_pf_entry_at": 30,
+    "engine/kernel.py::step_timer": 28,
+    "engine/kernel.py::_engine_timer": 27,
+    "engine/kernel.py::_offer_kev": 27,
+    "engine/kernel.py::_send_new": 27,
+    "engine/kernel.py::step_label": 27,
+    "replay/kernel.py::_timer": 27,
+    "engine/kernel.py::step_command": 24,
+    "engine/kernel.py::step_command_part": 24,
+    "engine/kernel.py::_engine_report": 23,
+    "engine/kernel.py::step_report": 23,
+    "engine/kernel.py::_kev_pump": 22,
+    "engine/kernel.py::_check_new": 21,
+    "engine/kernel.py::step_hedge": 21,
+    "engine/kernel.py::_requote": 20,
+    "venue/bitget/public_server.py::BitgetServer.__init__": 20,
+    "engine/kernel.py::_rebalance": 19,
+    "engine/kernel.py::step_rebalance": 18,
+    "replay/kernel.py::_timer_pf_at": 18,
+    "engine/kernel.py::step_flatten": 17,
+    "venue/bitget/exchange.py::LocalExchange.__init__": 17,
+    "engine/kernel.py::_kev_start_next": 15,
+    "replay/kernel.py::_room": 15,
+    "replay/kernel.py::run_all_pf": 15,
+    "venue/matching.py::trade_fills": 15,
+    "wire/connection.py::ReconnectLoop.__init__": 15,
+    "engine/kernel.py::_risk_row": 14,
+    "replay/driver.py::_finish": 14,
+    "engine/kernel.py::_apply_command": 13,
+    "engine/kernel.py::_heap_insert": 13,
+    "engine/kernel.py::_on_fill": 13,
+    "engine/state.py::CoreState.__init__": 13,
+    "engine/strategies/baseline.py::quote_prices": 13,
+    "venue/kernel.py::x_arrive": 13,
+    "engine/kernel.py::_heap_push": 12,
+    "replay/portfolio.py::_run_compiled": 12,
+    "replay/ray_sweep.py::ray_sweep": 12,
+    "replay/walk.py::_merge": 12,
+    "venue/kernel.py::x_on_trade": 12,
+    "venue/matching.py::book_fills": 12,
+    "engine/kernel.py::_cancel_all": 11,
+    "engine/kernel.py::_order_event": 11,
+    "engine/kernel.py::_send_cancel": 11,
+    "engine/kernel.py::step_kill": 11,
+    "engine/kernel.py::step_pull": 11,
+    "engine/kernel.py::step_warm": 11,
+    "engine/venues/bitget_v2_rest.py::place_order_body": 11,
+    "venue/kernel.py::_report": 11,
+    "engine/core.py::Engine.__init__": 10,
+    "engine/kernel.py::_headroom": 10,
+    "engine/kernel.py::headroom": 10,
+    "engine/kev/pairs.py::pairs_decide": 10,
+    "engine/laya/training.py::fit_export": 10,
+    "engine/risk.py::slippage_ok": 10,
+    "engine/strategies/call.py::_call_entry": 10,
+    "engine/strategies/call.py::_compiled": 10,
+    "engine/strategies/call.py::_compiled_entry": 10,
+    "engine/strategies/call.py::_compiled_entry.impl": 10,
+    "engine/strategies/call.py::quote": 10,
+    "engine/venues/bitget_v2_books.py::encode_books": 10,
+    "replay/driver.py::_run_replay": 10,
+    "replay/fast_path.py::run_kernel": 10,
+    "replay/kernel.py::_leave": 10,
+    "replay/sweep.py::sweep": 10,
+    "venue/kernel.py::_report_fill": 10,
+    "venue/kernel.py::_x_fill": 10,
+    "venue/kernel.py::x_on_book": 10,
+    "venue/matching.py::match_arrival": 10,
+    "engine/kev/rules.py::_key": 9,
+    "engine/kev/rules.py::rule_decide": 9,
+    "engine/laya/features_v1.py::_feed": 9,
+    "engine/risk_call.py::_call_entry": 9,
+    "engine/risk_exact.py::_net_terms": 9,
+    "engine/strategies/plugin.py::call": 9,
+    "engine/strategies/quoter.py::desired_quotes": 9,
+    "engine/strategies/registry.py::_entry_baseline": 9,
+    "engine/strategies/registry.py::_entry_imbalance_lean": 9,
+    "engine/strategies/registry.py::quote": 9,
+    "engine/validate.py::wire_book_code": 9,
+    "engine/validate.py::wire_trades_code": 9,
+    "live/gateway.py::GatewayExecution.__init__": 9,
+    "live/private_ws.py::PrivateStream.__init__": 9,
+    "replay/driver.py::_run_kernel": 9,
+    "replay/fast_path.py::run_portfolio_kernel": 9,
+    "replay/tape_stream.py::StreamedTape.__init__": 9,
+    "replay/train_cli.py::train": 9,
+    "venue/fills.py::on_depth": 9,
+    "venue/fills.py::on_trade": 9,
+    "venue/simulator.py::_SymbolSim.__init__": 9,
+}
+LEGACY_CYCLES: list[set[str]] = [
+    {"engine.core", "engine.instruments", "engine.state"},
+    {"replay.driver", "replay.portfolio"},
+    {"venue.latency", "venue.recorded_latency"},
+]
+
+
+def _sources() -> list[Path]:
+    return sorted(p for top in PACKAGES for p in (ROOT / top).rglob("*.py"))
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def _parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef, method: bool) -> int:
+    a = fn.args
+    names = [x.arg for x in (*a.posonlyargs, *a.args)]
+    n = len(names) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+    return n - 1 if method and names and names[0] in ("self", "cls") else n
+
+
+def _function_widths() -> dict[str, int]:
+    """``path::Outer.name`` -> parameters, for every def in the packages (nested ones too; a name defined
+    twice counts its widest)."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, rel: str, prefix: str, in_class: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                key = f"{rel}::{prefix}{child.name}"
+                out[key] = max(out.get(key, 0), _parameters(child, in_class))
+                visit(child, rel, f"{prefix}{child.name}.", False)
+            elif isinstance(child, ast.ClassDef):
+                visit(child, rel, f"{prefix}{child.name}.", True)
+            else:
+                visit(child, rel, prefix, in_class)
+
+    for path in _sources():
+        rel = path.relative_to(ROOT).as_posix()
+        visit(ast.parse(path.read_text(), filename=str(path)), rel, "", False)
+    return out
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """module -> the repository's modules it imports (any import statement, lazy ones too)."""
+    files = {}
+    for path in _sources():
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                deps |= {resolve(a.name) for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                # `from engine.report import tearsheet` imports the module engine.report.tearsheet
+                deps |= {
+                    resolve(f"{base}.{a.name}" if f"{base}.{a.name}" in files else base) for a in node.names
+                }
+        graph[mod] = {d for d in deps if d is not None and d != mod}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    component = set()
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        component.add(w)
+                        if w == v:
+                            break
+                    if len(component) > 1:
+                        found.append(component)
+    return found
+
+
+def test_no_source_file_grows_past_the_line_limit():
+    offenders, stale = [], []
+    for path in _sources():
+        rel, n = path.relative_to(ROOT).as_posix(), _lines(path)
+        ceiling = LEGACY_LONG_FILES.get(rel, MAX_FILE_LINES)
+        if n > ceiling:
+            offenders.append(f"{rel}: {n} lines > {ceiling}")
+        elif rel in LEGACY_LONG_FILES and n <= MAX_FILE_LINES:
+            stale.append(f"{rel}: {n} lines, within the limit: remove it from LEGACY_LONG_FILES")
+    stale += [
+        f"{rel}: gone: remove it from LEGACY_LONG_FILES"
+        for rel in LEGACY_LONG_FILES
+        if not (ROOT / rel).is_file()
+    ]
+    assert not offenders, (
+        f"source files over {MAX_FILE_LINES} lines (a legacy file over its ceiling): split them by job:\n"
+        + "\n".join(offenders)
+    )
+    assert not stale, "\n".join(stale)
+
+
+def test_no_function_takes_more_parameters_than_the_limit():
+    widths = _function_widths()
+    offenders, stale = [], []
+    for key, n in sorted(widths.items()):
+        ceiling = LEGACY_WIDE_FUNCTIONS.get(key, MAX_PARAMETERS)
+        if n > ceiling:
+            offenders.append(f"{key}: {n} parameters > {ceiling}")
+        elif key in LEGACY_WIDE_FUNCTIONS and n <= MAX_PARAMETERS:
+            stale.append(f"{key}: {n} parameters, within the limit: remove it from LEGACY_WIDE_FUNCTIONS")
+    stale += [
+        f"{key}: gone: remove it from LEGACY_WIDE_FUNCTIONS"
+        for key in LEGACY_WIDE_FUNCTIONS
+        if key not in widths
+    ]
+    assert not offenders, (
+        f"functions over {MAX_PARAMETERS} parameters (a legacy one over its ceiling): pass a record:\n"
+        + "\n".join(offenders)
+    )
+    assert not stale, "\n".join(stale)
+
+
+def test_the_import_graph_has_no_loop_beyond_the_legacy_ones():
+    found = _cycles(_module_graph())
+    new = [sorted(c) for c in found if not any(c <= legacy for legacy in LEGACY_CYCLES)]
+    assert not new, "import loops (break them: the shared part into a module both import):\n" + "\n".join(
+        " <-> ".join(c) for c in new
+    )
+    gone = [sorted(legacy) for legacy in LEGACY_CYCLES if not any(c <= legacy for c in found)]
+    assert not gone, "legacy import loops that are gone: remove them from LEGACY_CYCLES:\n" + "\n".join(
+        " <-> ".join(c) for c in gone
+    )
+
+
+def test_the_layout_checks_see_what_they_are_meant_to():
+    # the checks above must be able to fail: each finds what it looks for in a known shape
+    src = "def f(a, b, /, c, *d, e, **g):\n    class K:\n        def m(self, x): ...\n"
+    tree = ast.parse(src)
+    f = tree.body[0]
+    k = f.body[0]
+    assert _parameters(f, method=False) == 6 and _parameters(k.body[0], method=True) == 1
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    assert "engine/kev/llama.py::LlamaAdvisor.request_body" in _function_widths()
+    graph = _module_graph()
+    assert (
+        "engine.kev.prompt" in graph["engine.kev.llama"] and "engine.kev.breaker" in graph["engine.kev.llama"]
+    )
