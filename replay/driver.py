@@ -800,7 +800,7 @@ def run_replay(
 ) -> RunResult:
     """Replay ``session_dir`` and write the run (events + manifest) to ``out_dir``.
 
-    ``kernel``: run the compiled twin of the engine and simulated exchange (``replay/kernel.py``) when
+    ``kernel``: run the compiled loop (``replay/kernel.py``: the core and the simulated exchange) when
     the configuration is one it reproduces exactly; otherwise, or with ``kernel=False``, the Python
     engine runs. Both give the same events (``tests/replay/test_replay_kernel.py``); ``RunResult.path`` says
     which ran. ``market_cache``: read the books' levels and labels from the session's market cache, or
