@@ -193,8 +193,8 @@ class LiveConfig:
     # live mode: a process of its own cancel-alls the venue when the engine's heartbeat stops this long
     # or the engine dies (kill -9); 0: none (live/watchdog.py). Paper orders never reach a venue: none
     watchdog_s: float = WATCHDOG_S
-    # per-instrument settings over the config (engine.instruments.INSTRUMENT_FIELDS), e.g. the sizes
-    # of an instrument of another price; several symbols trade as one portfolio (engine/instruments.py)
+    # per-instrument settings over the config (engine.instruments.INSTRUMENT_FIELDS); sizes not named
+    # are the first symbol's scaled at the tickers' mids, as replay scales them (resolve_instruments)
     instruments: dict[str, dict[str, float]] = field(default_factory=dict)
     # Kev as the portfolio's hub (several symbols): "" (each asks on its own) or "pairs" (the pairs
     # rule answers for the portfolio, the first symbol leading the others; engine/instruments.py)
