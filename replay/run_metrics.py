@@ -29,6 +29,8 @@ import pyarrow.parquet as pq
 from engine.eventlog import OUTPUT_STREAMS, EventLog
 from engine.events import STREAMS
 
+SUMMARY_THREADS: Final = 1
+SUMMARY_MEMORY: Final = "128MB"
 SAMPLE_NS: Final = 1_000_000_000  # the performance view's default equity sampling (1 s)
 LATENCY_SPANS: Final = ("tick_to_order", "kev")  # percentiles kept in a row's flat columns
 _EVENTS_VIEW: Final = re.compile(r"read_parquet\(getvariable\('run'\) \|\| '/events/(\w+)\.parquet'\)")
@@ -109,9 +111,15 @@ class Tally:
             a = np.concatenate(self._spans[name]) if name in self._spans else np.zeros(0, np.int64)
             for q in (50, 99):
                 out[f"{name}_p{q}_ms"] = float(np.percentile(a, q)) / 1e6 if len(a) else None
-        con = duckdb.connect()
-        try:
-            with tempfile.TemporaryDirectory(prefix="dualhub-metrics-") as td:
+        with tempfile.TemporaryDirectory(prefix="dualhub-metrics-") as td:
+            # The joins and sorts over a million books took ~250 MB above the run's own peak: held to
+            # SUMMARY_MEMORY (past it DuckDB spills to td; one thread, the same time here). No progress
+            # bar on stdout.
+            con = duckdb.connect(
+                config={"threads": SUMMARY_THREADS, "memory_limit": SUMMARY_MEMORY, "temp_directory": td}
+            )
+            try:
+                con.execute("SET enable_progress_bar = false")
                 (Path(td) / "manifest.json").write_text(json.dumps(manifest))
                 sql = needed_views(views_sql(), _ROOTS)
                 for stream in sorted(set(_EVENTS_VIEW.findall(sql))):  # those not kept: empty, same schema
@@ -129,8 +137,8 @@ class Tally:
                 con.execute(f"CREATE TEMP TABLE _equity AS {curve}")
                 con.execute("DROP VIEW equity; CREATE VIEW equity AS SELECT * FROM _equity")
                 out.update(_performance(con))
-        finally:
-            con.close()
+            finally:
+                con.close()
         return out
 
 
