@@ -35,6 +35,7 @@ from engine.kev.command import ACTIONS, CommandFields, CommandV2, as_v2
 from engine.kev.failures import breaker_rows, judge
 from engine.portfolio import dec
 from engine.risk import OrderIntent, RiskLimits
+from engine.risk_codes import SOURCES
 from engine.state import LABEL_NAMES, CoreState
 from engine.strategies.quoter import Quoter
 from engine.strategy import QuoteConfig
@@ -639,7 +640,6 @@ class Engine:
         c.S[K.S_KEV_ASKED] = 0
 
 
-SOURCES = ("quote", "kev", "flatten", "cancel")  # engine.risk SRC_* codes
 # how long before a requote window opens keep-warm runs the order path on the core's shadow
 SHADOW_LEAD_NS = 20_000_000
 

@@ -81,6 +81,7 @@ from engine.risk_codes import (  # noqa: F401 - the gateway's codes, read as eng
     REASONS,
     RULES,
     SELL,
+    SOURCES,
     SRC_CANCEL,
     SRC_FLATTEN,
     SRC_KEV,
@@ -157,7 +158,7 @@ BOOK_RULES: Final = (
 
 _SIDES: Final = {"buy": BUY, "sell": SELL}
 _TYPES: Final = {"limit": LIMIT, "market": MARKET}
-_SOURCES: Final = {"quote": SRC_QUOTE, "kev": SRC_KEV, "flatten": SRC_FLATTEN, "cancel": SRC_CANCEL}
+_SOURCES: Final = {name: code for code, name in enumerate(SOURCES)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

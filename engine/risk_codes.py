@@ -70,6 +70,8 @@ N_RULES: Final = len(RULES)
 BUY, SELL = SIDE_BUY, SIDE_SELL
 LIMIT, MARKET = 0, 1
 SRC_QUOTE, SRC_KEV, SRC_FLATTEN, SRC_CANCEL = 0, 1, 2, 3
+# each source's name (OrderIntent.source, the risk stream's source column), indexed by its code
+SOURCES: Final = ("quote", "kev", "flatten", "cancel")
 
 # RiskLimits as the float64 array the rules read (limits_array)
 (

@@ -29,6 +29,7 @@ from engine.kev.command import ACTIONS, validate_command
 from engine.kev.queue import POLICIES
 from engine.risk import N_RULES, rule_codes
 from engine.risk import entry as risk_entry
+from engine.risk_codes import SOURCES
 from engine.strategies import registry
 from engine.strategy import quote_lots
 
@@ -509,7 +510,7 @@ class CoreState:
                 _text(otype, ints[4]),
                 pa.array(floats[0].copy()),
                 pa.array(floats[1].copy()),
-                _text(("quote", "kev", "flatten", "cancel"), ints[5]),
+                _text(SOURCES, ints[5]),
                 pa.array(ints[6].copy()),
                 pa.array(ints[7].astype(bool)),
                 _text(self.reason_texts, ints[8]),
