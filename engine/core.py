@@ -229,6 +229,22 @@ class Engine:
             1, 0, 0, 0, 0.0, 0.0, 1.0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent,
             c.eng_book, b_loc, c.OUTI, c.OUTF, c.NOUT, c.SCR,
         )  # fmt: skip
+        # a hub's unit of legs and its legging hedges (engine/legs.py)
+        K.step_command_part(
+            1, 0, 0, 0, 0.0, 0.0, 1.0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent,
+            c.eng_book, b_loc, c.OUTI, c.OUTF, c.NOUT, c.SCR,
+        )  # fmt: skip
+        pf = np.zeros((1, K.PF_COLS))
+        K.pf_leg(pf, 0, c.S, c.SF, c.C, c.CF, c.OI, c.work)
+        K.step_rebalance(
+            0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent, c.eng_book, b_loc,
+            c.OUTI, c.OUTF, c.NOUT, c.SCR,
+        )  # fmt: skip
+        K.step_hedge(
+            K.BUY, 1, True, 0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent,
+            c.eng_book, b_loc, c.OUTI, c.OUTF, c.NOUT, c.SCR,
+        )  # fmt: skip
+        K.order_fill(c.OI, 1)
 
     def _hand_over(self) -> None:
         """The core's buffered rows to the log (forwarded already: a step forwards before it returns)."""
