@@ -23,25 +23,24 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from engine import kernel as K
 from engine.clock import ReplayClock
-from engine.contract import ContractConfig
+from engine.contract import ContractConfig, grid_unit
 from engine.core import PRIO_LABEL, Engine, EngineConfig, engine_config_from
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, BookSnapshot
-from engine import kernel as K
 from engine.instruments import Portfolio, resolve_instruments
-from engine.legs import Legs
 from engine.kev.pairs import RulePairsKev
 from engine.kev.sim import SimKevBackend
 from engine.laya.model import Laya
+from engine.legs import Legs
 from engine.store import open_session
 from replay import book_source, fast_path
 from replay.book_source import SMALL_COLUMNS, GroupCache, StreamedBooks
@@ -97,16 +96,6 @@ def session_pairs(manifest: dict[str, Any], symbols: list[str]) -> tuple[tuple[s
     return pairs or tuple((symbols[0], s) for s in symbols[1:])
 
 
-def _decimals(values: np.ndarray) -> int:
-    """The most decimals any of ``values`` (floats parsed from exchange strings) needs, 0..8."""
-    d = 0
-    for x in values[np.isfinite(values) & (values > 0)][:2000].tolist():
-        exp = Decimal(repr(x)).as_tuple().exponent
-        if isinstance(exp, int):
-            d = max(d, -exp)
-    return min(d, 8)
-
-
 def recorded_contract(
     manifest: dict[str, Any], books: pa.Table, trades: pa.Table, base: ContractConfig
 ) -> ContractConfig:
@@ -121,7 +110,10 @@ def recorded_contract(
     tcol = lambda n: trades.column(n).to_numpy(zero_copy_only=False)  # noqa: E731
     px = np.concatenate([col("bid_px_0"), col("ask_px_0"), tcol("px")])
     sz = np.concatenate([col("bid_sz_0"), col("ask_sz_0"), tcol("sz")])
-    tick, step = 10.0 ** -_decimals(px), 10.0 ** -_decimals(sz)
+    tick, step = grid_unit(px), grid_unit(sz)  # the importers' inference (engine/contract.py)
+    if tick is None or step is None:
+        what = "prices" if tick is None else "sizes"
+        raise DualhubError(f"{symbol}: the data's {what} lie on no decimal grid of at most 12 decimals")
     return dataclasses.replace(base, symbol=symbol, tick=tick, size_step=step, min_qty=step)
 
 

@@ -650,3 +650,27 @@ def test_a_portfolio_trades_each_instruments_fees_from_the_sessions_spec(pair, t
     for sym, liq, notional, fee in rows:
         rate = float(rates[sym][0 if liq == "maker" else 1])
         assert fee == pytest.approx(notional * rate, rel=1e-6, abs=1e-9), (sym, liq)
+
+
+def test_a_session_without_a_spec_trades_the_grids_its_data_shows():
+    """The importers' inference (engine.contract.grid_unit), every value read, to 12 decimals."""
+    import pyarrow as pa
+
+    from engine.contract import ContractConfig
+    from replay.portfolio import recorded_contract
+
+    books = pa.table(
+        {
+            "symbol": ["PEPEUSDT"] * 3,
+            "bid_px_0": [0.00001234, 0.00001235, 0.000012341],
+            "ask_px_0": [0.00001236, 0.00001237, 0.00001238],
+            "bid_sz_0": [100.0, 2500.5, 7.0],
+            "ask_sz_0": [1.0, 2.0, 3.0],
+        }
+    )
+    trades = pa.table({"px": [0.00001236], "sz": [0.25]})
+    c = recorded_contract({}, books, trades, ContractConfig())
+    assert (c.symbol, c.tick, c.size_step, c.min_qty) == ("PEPEUSDT", 1e-9, 0.01, 0.01)
+    bad = books.set_column(1, "bid_px_0", pa.array([1e-13, 0.1, 0.2]))
+    with pytest.raises(DualhubError, match="PEPEUSDT: the data's prices lie on no decimal grid"):
+        recorded_contract({}, bad, trades, ContractConfig())
