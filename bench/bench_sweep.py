@@ -124,7 +124,7 @@ def main() -> None:
                 walls, _, rss, _, digest, _ = run_dualhub(
                     session, root / "one", "queue_power2", 1e12, cwd=tree
                 )
-                s = run_sweep(tree, session, root / f"sweep-{r}" / "results.parquet")
+                s = run_sweep(tree, session, root / f"sweep-{name.split()[0]}-{r}" / "results.parquet")
                 res[name]["replay"].append((walls[0], rss, digest))
                 res[name]["sweep"].append(s)
                 walls_s = [row["wall_s"] for row in s["rows"]]

@@ -30,7 +30,7 @@ from engine.eventlog import OUTPUT_STREAMS, EventLog
 from engine.events import STREAMS
 
 SUMMARY_THREADS: Final = 1
-SUMMARY_MEMORY: Final = "128MB"
+SUMMARY_MEMORY: Final = "384MB"
 SAMPLE_NS: Final = 1_000_000_000  # the performance view's default equity sampling (1 s)
 LATENCY_SPANS: Final = ("tick_to_order", "kev")  # percentiles kept in a row's flat columns
 _EVENTS_VIEW: Final = re.compile(r"read_parquet\(getvariable\('run'\) \|\| '/events/(\w+)\.parquet'\)")
@@ -112,9 +112,9 @@ class Tally:
             for q in (50, 99):
                 out[f"{name}_p{q}_ms"] = float(np.percentile(a, q)) / 1e6 if len(a) else None
         with tempfile.TemporaryDirectory(prefix="dualhub-metrics-") as td:
-            # The joins and sorts over a million books took ~250 MB above the run's own peak: held to
-            # SUMMARY_MEMORY (past it DuckDB spills to td; one thread, the same time here). No progress
-            # bar on stdout.
+            # The joins and sorts over a million books took ~400 MB above the run's own peak: held to
+            # SUMMARY_MEMORY, past which DuckDB spills to td (at 128 MB the spilling doubled a 1M-book
+            # summary's time; 384 MB does not spill there). One thread. No progress bar on stdout.
             con = duckdb.connect(
                 config={"threads": SUMMARY_THREADS, "memory_limit": SUMMARY_MEMORY, "temp_directory": td}
             )
@@ -133,7 +133,7 @@ class Tally:
                 # views above read these.
                 con.register("_books15", book_columns(manifest))
                 con.execute("DROP VIEW books15; CREATE VIEW books15 AS SELECT * FROM _books15")
-                curve = "SELECT ts_recv, seq, mid, pnl FROM equity ORDER BY ts_recv, seq"
+                curve = "SELECT ts_recv, seq, mid, pnl FROM equity"
                 con.execute(f"CREATE TEMP TABLE _equity AS {curve}")
                 con.execute("DROP VIEW equity; CREATE VIEW equity AS SELECT * FROM _equity")
                 out.update(_performance(con))
