@@ -68,6 +68,7 @@ class PortfolioReport:
     refusals: dict[str, np.ndarray] = field(default_factory=dict)  # bucket_s, reason, symbol, level, n
     lead: portfolio_lead.Lead | None = None  # the portfolio and each leg, limits and loss stops
     fits: dict[Pair, hedge_fit.PairFit] = field(default_factory=dict)  # the hub's hedge ratio over time
+    legging: dict[str, Any] | None = None  # a hub run's legging episodes (:func:`legging`)
 
 
 def compute(
@@ -165,6 +166,7 @@ def compute(
         refusals=refusals,
         lead=lead,
         fits=fits,
+        legging=legging(run),
     )
 
 
@@ -205,7 +207,8 @@ def sections(pf: PortfolioReport) -> list[Section]:
     each leg, the loss stops, the tables of portfolio.sql, then the hedge ratio against the truth
     (simulated sessions) and against a rolling estimate."""
     out = portfolio_lead.sections(pf.lead) if pf.lead is not None else []
-    # the legging summary (residual notional, longest episode) belongs here, after the loss stops
+    if pf.legging is not None:
+        out.append(legging_section(pf.legging))
     out.extend(pf.tables)
     if pf.fits:
         for s in (
@@ -355,6 +358,26 @@ def legging(run: Path, span_ns: tuple[int, int] | None = None) -> dict[str, Any]
         "longest_s": (longest[3] - longest[2]) / 1e9 if longest else 0.0,
         "longest_symbol": longest[0] if longest else "",
     }
+
+
+def legging_section(summary: dict[str, Any]) -> Section:
+    """:func:`legging` as the report's table: one row, after the loss stops."""
+    how = ", ".join(f"{k} {v}" for k, v in sorted(summary["closed"].items())) or "-"
+    return Section(
+        "legging",
+        "Legging: a hub command's leg left unfilled past leg_timeout_ms, hedged as leg_hedge says "
+        "(residual_twa_usd: the unhedged notional averaged over the run; longest: the longest episode)",
+        ["episodes", "closed", "residual_twa_usd", "longest_s", "longest_symbol"],
+        [
+            (
+                summary["episodes"],
+                how,
+                round(summary["time_weighted_notional_usd"], 2),
+                round(summary["longest_s"], 3),
+                summary["longest_symbol"] or "-",
+            )
+        ],
+    )
 
 
 def legging_lines(summary: dict[str, Any] | None) -> list[str]:

@@ -150,7 +150,7 @@ def test_leg_settings_out_of_range_are_one_error_line(pair, tmp_path, capsys):
         assert not out.exists()
 
 
-def test_the_report_gives_the_residuals_time_weighted_notional_and_longest_episode(pair, tmp_path):
+def test_the_report_gives_the_residuals_time_weighted_notional_and_longest_episode(pair, tmp_path, capsys):
     from engine.report.portfolio import legging, legging_lines
 
     params = json.dumps({"risk.max_slippage_bps": 0.01, "leg_timeout_ms": 400})
@@ -164,6 +164,14 @@ def test_the_report_gives_the_residuals_time_weighted_notional_and_longest_episo
     longest = max(rows, key=lambda r: r[2] - r[1])
     assert s["longest_s"] == (longest[2] - longest[1]) / 1e9 and s["longest_symbol"] == longest[3]
     assert legging_lines(s)[0].startswith(f"legging: {len(rows)} episodes (repriced {len(rows)})")
+    # `dualhub report` shows it after the loss stops, as the run's own span gives it
+    capsys.readouterr()
+    assert main(["report", str(run)]) == 0
+    printed = capsys.readouterr().out
+    assert "Legging: a hub command's leg left unfilled" in printed
+    assert printed.index("Loss stops") < printed.index("Legging:")
+    whole = legging(run)
+    assert f"repriced {len(rows)}" in printed and f"{whole['time_weighted_notional_usd']:.2f}" in printed  # type: ignore[index]
     # a run without hub legs: an empty file, no episodes; a single-instrument run: no legging at all
     flat = tmp_path / "flat"
     assert main(["replay", str(pair), "--symbols", "ALL", "--out", str(flat)]) == 0
