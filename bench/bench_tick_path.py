@@ -389,8 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             commands.put(None)
             reader.join(10)
     dashboard_reads = reads.value if reader is not None else 0
-    from engine.laya.model import Laya, LayaConfig
-    from live.runner import DEFAULT_MODEL
+    from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig
 
     laya = Laya(LayaConfig(model_path=DEFAULT_MODEL, provider=args.provider))
     parts = _parts(frames, laya)

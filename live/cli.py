@@ -207,8 +207,8 @@ def _extend_recover(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def cmd_recover_live(args: argparse.Namespace) -> int:
+    from live.config import credentials_from_env
     from live.recover import recover_live
-    from live.runner import credentials_from_env
 
     def say(line: str) -> None:
         print(line, file=sys.stderr)
@@ -246,8 +246,10 @@ def _kev_timeout_ms(args: argparse.Namespace) -> int:
 
 
 def cmd_live(args: argparse.Namespace) -> int:
+    from engine.laya.model import DEFAULT_MODEL
     from engine.strategies import plugin
-    from live.runner import DEFAULT_MODEL, LiveConfig, LiveRunner, credentials_from_env
+    from live.config import LiveConfig, credentials_from_env
+    from live.runner import LiveRunner
 
     plugin.set_budget_ms(args.strategy_budget_ms)  # None: the environment's or the default
 
@@ -372,7 +374,7 @@ def _dashboard(args: argparse.Namespace) -> Any:
 
 def cmd_serve_exchange(args: argparse.Namespace) -> int:
     from engine.store import open_session
-    from live.runner import credentials_from_env
+    from live.config import credentials_from_env
     from venue.bitget.exchange import DEFAULT_ACCOUNTS, LocalExchange
     from venue.bitget.public_server import session_frames
     from venue.fills import FILL_MODELS
@@ -425,7 +427,7 @@ def cmd_serve_exchange(args: argparse.Namespace) -> int:
 def cmd_kill(args: argparse.Namespace) -> int:
     import orjson
 
-    from live.runner import KILL_FILE, LIVE_JSON
+    from live.config import KILL_FILE, LIVE_JSON
 
     out: Path = args.out
     info = {}

@@ -29,9 +29,10 @@ from engine.risk import OrderIntent
 from engine.store import open_session
 from engine.venues.bitget_v2_rest import Credentials, place_order_body
 from live.clock import LiveClock
+from live.config import endpoints
 from live.gateway import BitgetGateway, GatewayExecution
 from live.private_ws import PrivateConfig, PrivateStream
-from live.runner import LiveConfig, LiveRunner, endpoints, run_live
+from live.runner import LiveConfig, LiveRunner, run_live
 from replay.diff import COMPARABLE_STREAMS, diff_runs
 from replay.driver import run_replay
 from replay.parity import replay_config_for

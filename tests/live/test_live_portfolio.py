@@ -7,7 +7,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from live.runner import PORTFOLIO_RUN, LiveConfig, run_live
+from live.config import PORTFOLIO_RUN
+from live.runner import LiveConfig, run_live
 from replay.diff import COMPARABLE_STREAMS, diff_runs
 from replay.driver import run_replay
 from replay.parity import check_parity, replay_config_for
@@ -148,7 +149,7 @@ def test_live_starts_with_the_instrument_settings_replay_resolves(scaled):
     """The same resolution (engine.instruments.resolve_instruments): live's engine configs, recorded in
     its manifest, are those replay resolves for the session it recorded."""
     from engine.store import open_session
-    from live.runner import _engine_config_json
+    from live.finish import _engine_config_json
     from replay.portfolio import _instrument_configs
 
     run = scaled.run_dirs["BTCUSDT"]
