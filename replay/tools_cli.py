@@ -75,8 +75,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="GRID.toml has [base] (settings for every run) and [grid] (axes: lists of values; the "
         "cartesian product runs, axes sorted by name). Keys are ReplayConfig fields, dotted for risk.*, "
         "quotes.*, contract.*, or scale_latency (a --scale-latency spec); every value is checked before any "
-        "run. Each run's directory goes to runs/<key> beside the --out table; a failed run is a row with its "
-        "error. Each run is a Ray task: on a local Ray instance sized to the machine, or on the cluster at "
+        "run. A run's event log goes to runs/<key> beside the --out table where --keep-logs asks for it "
+        "(each row keeps the run's digest, metrics and replay_command either way; a session's books are read "
+        "and labelled once, into its market cache); a failed run is a row with its error. Each run is a Ray "
+        "task: on a local Ray instance sized to the machine, or on the cluster at "
         "--ray (docs/SCALE.md); --serial runs them one by one in this process. "
         "Exit status 1 when any run failed.",
     )
