@@ -379,7 +379,7 @@ def test_live_delivery_quarantines_a_bad_decoded_book_and_trade(tmp_path):
     seen: list[object] = []
     engine = SimpleNamespace(on_book=seen.append, on_trade=seen.append, keep_warm=lambda: None)
     st = SimpleNamespace(
-        paper=None, engine=engine, log=SimpleNamespace(counts=dict), reconcile=[], quarantine=[]
+        paper=None, engine=engine, log=SimpleNamespace(counts=dict), reconcile=[], quarantine=[], wal=None
     )
     runner.syms = {"BTCUSDT": st}  # type: ignore[dict-item]
     trade = Trade(ts_event=1, ts_recv=1, seq=0, symbol="BTCUSDT", trade_id="t", px=100.0, sz=1.0, side="buy")
