@@ -46,7 +46,7 @@ from recorder.record import RECORD_JSON
 from recorder.recover import recover as recover_session
 from venue.recorded_latency import RECORDED_FILE, LatencySink
 
-LIVE_JSON = "live.json"  # live.runner's; not imported: the runner pulls in the whole engine
+LIVE_JSON = "live.json"  # live.config's; not imported: that module pulls in the engine
 FINISHED_KINDS = ("done", "reject", "cancel_ack")  # an order the engine was told is over
 
 
