@@ -310,11 +310,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass  # a request line may carry ?token=: nothing of it is written anywhere
 
-    def _send(self, code: int, body: bytes, kind: str, *, cache: bool = False) -> None:
+    def _send(self, code: int, body: bytes, kind: str, *, cacheable: bool = False) -> None:
         self.send_response(code)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "max-age=300" if cache else "no-store")
+        self.send_header("Cache-Control", "max-age=300" if cacheable else "no-store")
         self.send_header("Content-Security-Policy", _CSP)
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Referrer-Policy", "no-referrer")
@@ -353,7 +353,7 @@ class _Handler(BaseHTTPRequestHandler):
             asset = dash.assets.get(path[len("/assets/") :])
             if asset is None:
                 return self._json(404, {"error": "no such asset"})
-            return self._send(200, asset[0], asset[1], cache=True)
+            return self._send(200, asset[0], asset[1], cacheable=True)
         if path not in ("/api/state", "/metrics"):
             return self._json(404, {"error": "not found"})
         if dash.public and not dash.token_ok(self._given_token(query)):

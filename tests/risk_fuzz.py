@@ -168,6 +168,9 @@ def breaches(
     worst = pos + same + order
     # reducing: the order with the resting orders on its side shrinks the position, never through zero
     reducing = pos != 0 and (same + order) * pos < 0 and abs(same + order) <= abs(pos)
+    # unwinding: the order alone shrinks the position held, never through zero (resting orders were
+    # judged when they were sent): the portfolio rules never refuse it, whatever the portfolio's state
+    unwinding = pos != 0 and order * pos < 0 and abs(order) <= abs(pos)
     if it.reduce_only and not reducing:
         out.append("reduce_only")
     mid2 = read_prices(book.bid_px[0], book.ask_px[0])
@@ -220,7 +223,7 @@ def breaches(
         out.append("loss_stop")
     od, og, op = _num(st.others_delta_usd), _num(st.others_gross_usd), _num(st.others_pnl_usd)
     pf_d = limits.portfolio_max_net_delta_usd
-    if reducing:
+    if unwinding:
         pass  # an unwinding leg is never refused by a portfolio rule
     elif od is None:
         out.append("portfolio_net_delta")
@@ -229,10 +232,10 @@ def breaches(
         if not ((pf_d == _INF or abs(after) <= Fraction(pf_d)) or abs(after) < abs(before)):
             out.append("portfolio_net_delta")
     pf_g = limits.portfolio_max_gross_usd
-    if not reducing and (og is None or og < 0 or (pf_g < _INF and abs(worst) * mid + og > Fraction(pf_g))):
+    if not unwinding and (og is None or og < 0 or (pf_g < _INF and abs(worst) * mid + og > Fraction(pf_g))):
         out.append("portfolio_gross")
     pf_l = limits.portfolio_loss_stop_usd
-    if not reducing and (op is None or (pf_l < _INF and not pnl + op > -Fraction(pf_l))):
+    if not unwinding and (op is None or (pf_l < _INF and not pnl + op > -Fraction(pf_l))):
         out.append("portfolio_loss_stop")
     return out
 
