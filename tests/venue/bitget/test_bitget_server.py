@@ -133,7 +133,15 @@ def test_books_channel_snapshot_updates_seq_and_checksum() -> None:
         async with BitgetServer(toy_frames(SYMS, n=3000), speed=100, books_checksum=True) as srv:
             ws = await _client(srv.url)
             await ws.send(subscribe_request([arg("books", "ETHUSDT"), arg("books1", "BTCUSDT")]))
-            got = await _collect(ws, 0.8)
+            seen = [0]
+
+            def enough(frames: list[bytes]) -> bool:  # 31 books frames, however slow the machine
+                last = frames[-1]
+                if last.startswith(b'{"action"') and orjson.loads(last)["arg"]["channel"] == "books":
+                    seen[0] += 1
+                return seen[0] > 30
+
+            got = await _collect(ws, 20.0, until=enough)
             books = [d for d in _data(got) if d["arg"]["channel"] == "books"]
             assert books[0]["action"] == "snapshot" and books[0]["data"][0]["pseq"] == 0
             assert all(b["action"] == "update" for b in books[1:]) and len(books) > 30
