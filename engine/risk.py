@@ -17,16 +17,18 @@ The decision core calls :func:`verdict` through the address of its compiled entr
 it does not compile the rules into itself: an edited rule recompiles the entry alone
 (``engine/risk_call.py``).
 
+The gateway's settings and inputs (``RiskLimits``, ``OrderIntent``, ``RiskState``, the rule lists) are in
+``engine/risk_limits.py`` and read as this module's too; the command-line flags that fill them are in
+``engine/risk_args.py``.
+
 To add a rule: a compiled function here, a reason in ``REASONS`` (its code and name, in
 ``engine/risk_codes.py``), a branch in :func:`verdict`, and, if it should run by default, a place in
-:data:`DEFAULT_RULES`.
+:data:`DEFAULT_RULES` (``engine/risk_limits.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-from dataclasses import dataclass, replace
 from typing import Final
 
 import numba as nb
@@ -35,11 +37,9 @@ from numba import carray
 
 from engine.book import LEVELS, WIDTH, as_levels, tradable_top, walk_levels
 from engine.contract import ContractConfig, at_units, grid, lots_of, on_tick_grid
-from engine.errors import DualhubError
 from engine.events import BookSnapshot, Nanos
 from engine.exact import pmin
 from engine.jit import cfunc, njit
-from engine.risk_exact import band_ok, net_towards_zero_ok, pnl_above, slip_ok, usd_within
 from engine.risk_codes import (  # noqa: F401 - the gateway's codes, read as engine.risk's too
     BUY,
     ENTRY_SIGNATURE,
@@ -120,179 +120,22 @@ from engine.risk_codes import (  # noqa: F401 - the gateway's codes, read as eng
     lots_within,
     only_reduces,
 )
-
-DEFAULT_RULES: Final = (
-    "bad_order",
-    "kill_switch",
-    "stale_advice",
-    "no_book",
-    "bad_book",
-    "stale_book",
-    "max_order_qty",
-    "reduce_only",
-    "max_position",
-    "max_net_delta",
-    "price_band",
-    "max_slippage",
-    "order_rate",
-    "loss_stop",
-    "portfolio_net_delta",
-    "portfolio_gross",
-    "portfolio_loss_stop",
-)
-# Never left out: without them a malformed order, an order under the kill switch, an order with no
-# usable book to price it, or a "reduce-only" order that grows the position (the kill switch lets
-# reduce-only flattening through, trusting this rule) could pass.
-MANDATORY_RULES: Final = ("bad_order", "kill_switch", "no_book", "bad_book", "reduce_only")
-# Rules that read the book: they run after no_book and bad_book, which guarantee a finite positive mid.
-BOOK_RULES: Final = (
-    "stale_book",
-    "max_net_delta",
-    "price_band",
-    "max_slippage",
-    "loss_stop",
-    "portfolio_net_delta",
-    "portfolio_gross",
-    "portfolio_loss_stop",
+from engine.risk_exact import band_ok, net_towards_zero_ok, pnl_above, slip_ok, usd_within
+from engine.risk_limits import (  # noqa: F401 - the gateway's settings and inputs, read as engine.risk's too
+    BOOK_RULES,
+    DEFAULT_RULES,
+    MANDATORY_RULES,
+    OrderIntent,
+    RiskLimits,
+    RiskState,
+    checked_rules,
+    limits_array,
+    rule_codes,
 )
 
 _SIDES: Final = {"buy": BUY, "sell": SELL}
 _TYPES: Final = {"limit": LIMIT, "market": MARKET}
 _SOURCES: Final = {name: code for code, name in enumerate(SOURCES)}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RiskLimits:
-    """Trading limits. Sizes in base units (BTC for BTCUSDT), money in USDT, times in ns."""
-
-    max_position: float = 0.05
-    max_net_delta_usd: float = 5_000.0
-    max_order_qty: float = 0.02
-    max_slippage_bps: float = 5.0
-    price_band_bps: float = 50.0
-    max_orders_per_s: int = 10
-    stale_book_ns: Nanos = 2_000_000_000
-    daily_loss_stop_usd: float = 100.0
-    max_advice_age_ns: Nanos = 3_000_000_000  # orders acting on older Kev advice are refused
-    # The portfolio's limits (every instrument one engine trades): net delta and gross exposure in USD,
-    # the loss stop on the summed PnL. Infinite: a single-instrument run never binds on them.
-    portfolio_max_net_delta_usd: float = math.inf
-    portfolio_max_gross_usd: float = math.inf
-    portfolio_loss_stop_usd: float = math.inf
-    # the rules to run, in order (names of RULES; a comma-separated string is read too)
-    rules: tuple[str, ...] = DEFAULT_RULES
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "rules", checked_rules(self.rules))
-        # `not (x > 0)` also refuses NaN, which would switch a rule off (every comparison is false).
-        for name in (
-            "max_position",
-            "max_net_delta_usd",
-            "max_order_qty",
-            "max_slippage_bps",
-            "price_band_bps",
-            "daily_loss_stop_usd",
-            "portfolio_max_net_delta_usd",
-            "portfolio_max_gross_usd",
-            "portfolio_loss_stop_usd",
-        ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"RiskLimits.{name} must be > 0")
-        if not (self.max_orders_per_s > 0 and self.stale_book_ns > 0 and self.max_advice_age_ns > 0):
-            raise ValueError("RiskLimits.max_orders_per_s, stale_book_ns and max_advice_age_ns must be > 0")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OrderIntent:
-    """What a strategy wants to do. ``px`` is NaN for market orders."""
-
-    client_oid: str
-    symbol: str
-    intent: str  # "new" | "cancel"
-    side: str  # "buy" | "sell"
-    order_type: str  # "limit" | "market"
-    px: float
-    qty: float
-    reduce_only: bool = False
-    max_slippage_bps: float | None = None  # a command may tighten the gateway's limit, never widen it
-    source: str = "quote"  # "quote" (strategy), "kev" (acting on a Kev command), "flatten"
-    advice_age_ns: Nanos = -1  # age of the Kev command this order acts on; -1 when none
-
-
-def checked_rules(rules: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """``rules`` (names, or one comma-separated string of them) as a tuple, or a DualhubError (one line)
-    naming what is wrong: an unknown or repeated name, a mandatory rule left out, an order that lets a
-    rule read what the rules before it have not checked (``bad_order`` first; ``no_book``, then
-    ``bad_book``, before the rules that read the book)."""
-    names = tuple(r.strip() for r in rules.split(",")) if isinstance(rules, str) else tuple(rules)
-    for r in names:
-        if r not in RULES:
-            raise DualhubError(f"unknown risk rule {r!r}; known: {', '.join(RULES)}")
-        if names.count(r) > 1:
-            raise DualhubError(f"risk rule {r!r} is listed twice")
-    missing = [r for r in MANDATORY_RULES if r not in names]
-    if missing:
-        raise DualhubError(
-            f"risk rules must include {', '.join(missing)} (never left out: {', '.join(MANDATORY_RULES)})"
-        )
-    if names[0] != "bad_order":
-        raise DualhubError("risk rule 'bad_order' must come first: every other rule reads the order")
-    first_book = min([names.index(r) for r in BOOK_RULES if r in names], default=len(names))
-    if not names.index("no_book") < names.index("bad_book") < first_book:
-        raise DualhubError(
-            "risk rules 'no_book' then 'bad_book' must come before the rules that read the book: "
-            + ", ".join(BOOK_RULES)
-        )
-    return names
-
-
-def rule_codes(limits: RiskLimits) -> np.ndarray:
-    """``limits.rules`` as the codes :func:`verdict` runs: N_RULES int64, in order, padded with R_OK."""
-    a = np.zeros(N_RULES, dtype=np.int64)
-    a[: len(limits.rules)] = [REASONS.index(r) for r in limits.rules]
-    return a
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RiskState:
-    """The slice of portfolio state the rules read. Money and position are integers of 1e-12
-    (:func:`engine.portfolio.units`: the Portfolio's Decimals exactly)."""
-
-    position_units: int = 0  # base units x 1e12
-    open_buy_qty: float = 0.0
-    open_sell_qty: float = 0.0
-    cash_units: int = 0  # USDT x 1e12, net of fees, since the start of the day
-    recent_order_ns: tuple[Nanos, ...] = ()  # send times of accepted new orders
-    kill_switch: bool = False
-    # the rest of the portfolio (the other instruments): net delta, gross exposure and PnL, in USD
-    others_delta_usd: float = 0.0
-    others_gross_usd: float = 0.0
-    others_pnl_usd: float = 0.0
-
-    @property
-    def position(self) -> float:
-        """The position in base units, as the rules read it (correctly rounded)."""
-        return self.position_units / 10**12
-
-
-def limits_array(limits: RiskLimits) -> np.ndarray:
-    """``limits`` as the rules read them (``L_*`` indexes). Build it once per RiskLimits and keep it.
-
-    Times and counts become floats: exact up to 2**53 ns (104 days)."""
-    a = np.empty(L_SIZE)
-    a[L_MAX_POSITION] = limits.max_position
-    a[L_MAX_NET_DELTA] = limits.max_net_delta_usd
-    a[L_MAX_ORDER_QTY] = limits.max_order_qty
-    a[L_MAX_SLIPPAGE] = limits.max_slippage_bps
-    a[L_PRICE_BAND] = limits.price_band_bps
-    a[L_MAX_ORDERS_PER_S] = limits.max_orders_per_s
-    a[L_STALE_BOOK] = limits.stale_book_ns
-    a[L_LOSS_STOP] = limits.daily_loss_stop_usd
-    a[L_MAX_ADVICE_AGE] = limits.max_advice_age_ns
-    a[L_PF_MAX_DELTA] = limits.portfolio_max_net_delta_usd
-    a[L_PF_MAX_GROSS] = limits.portfolio_max_gross_usd
-    a[L_PF_LOSS_STOP] = limits.portfolio_loss_stop_usd
-    return a
 
 
 # ---------------------------------------------------------------- the rules (True: the order passes)
@@ -416,7 +259,9 @@ def portfolio_delta_ok(lim, worst, position, step, bid, ask, others_delta) -> bo
     hi = lo + 1.0
     return net_towards_zero_ok(
         lim[L_PF_MAX_DELTA], worst - position + lo, lo, num, den, bid, ask, others_delta
-    ) and net_towards_zero_ok(lim[L_PF_MAX_DELTA], worst - position + hi, hi, num, den, bid, ask, others_delta)
+    ) and net_towards_zero_ok(
+        lim[L_PF_MAX_DELTA], worst - position + hi, hi, num, den, bid, ask, others_delta
+    )
 
 
 @njit
@@ -820,69 +665,3 @@ def check(
         lims = _last_limits = (limits, limits_array(limits), rule_codes(limits))
     code = verdict_of(lims[1], lims[2], state, intent, book, now_ns, size_step, tick)
     return code == R_OK, REASONS[code]
-
-
-# ``--portfolio`` keys and the RiskLimits field each sets (sweep grids spell them ``portfolio.KEY``)
-PORTFOLIO_KEYS: Final = {
-    "net_delta_usd": "portfolio_max_net_delta_usd",
-    "gross_usd": "portfolio_max_gross_usd",
-    "loss_stop_usd": "portfolio_loss_stop_usd",
-}
-
-
-def portfolio_limits(spec: str) -> dict[str, float]:
-    """``net_delta_usd=3000,gross_usd=9000,loss_stop_usd=150`` as RiskLimits fields, or a DualhubError
-    (one line) naming what is wrong: an unknown or repeated key, or a value that is not a finite number
-    > 0 (1e400 reads as infinity: refused, as an unbound limit is written by leaving the key out)."""
-    out: dict[str, float] = {}
-    for item in spec.split(","):
-        key, eq, value = item.strip().partition("=")
-        if not eq or not key:
-            raise DualhubError(f"--portfolio {item.strip()!r}: expected KEY=VALUE (keys: {', '.join(PORTFOLIO_KEYS)})")
-        if key not in PORTFOLIO_KEYS:
-            raise DualhubError(f"--portfolio: unknown key {key!r} (keys: {', '.join(PORTFOLIO_KEYS)})")
-        if PORTFOLIO_KEYS[key] in out:
-            raise DualhubError(f"--portfolio: {key} given twice")
-        try:
-            v = float(value)
-        except ValueError:
-            raise DualhubError(f"--portfolio: {key}={value!r} is not a number") from None
-        if not (math.isfinite(v) and v > 0):
-            raise DualhubError(f"--portfolio: {key}={value} must be a finite number > 0")
-        out[PORTFOLIO_KEYS[key]] = v
-    return out
-
-
-def add_risk_args(p: argparse.ArgumentParser) -> None:
-    """``--risk-rules NAME,...`` and ``--portfolio KEY=V,...`` (``dualhub replay`` and ``dualhub live``)."""
-    p.add_argument(
-        "--risk-rules",
-        default="",
-        metavar="NAMES",
-        help="the risk rules to run, in order, comma-separated (default: "
-        + ",".join(DEFAULT_RULES)
-        + "); never without "
-        + ", ".join(MANDATORY_RULES),
-    )
-    p.add_argument(
-        "--portfolio",
-        default="",
-        metavar="KEY=V,...",
-        help="the portfolio's risk limits over every instrument the run trades, in USD: net_delta_usd "
-        "(|sum of position x mid|), gross_usd (sum of |position| x mid), loss_stop_usd (the summed PnL's "
-        "stop); each a finite number > 0, unbound when left out. Written into the run's config",
-    )
-
-
-def risk_fields(args: argparse.Namespace, base: RiskLimits | None = None) -> dict[str, RiskLimits]:
-    """The config field of the flags: ``{"risk": ...}`` over ``base``, or nothing when neither is given."""
-    rules = getattr(args, "risk_rules", "")
-    portfolio = getattr(args, "portfolio", "")
-    if not rules and not portfolio:
-        return {}
-    limits = base or RiskLimits()
-    if rules:
-        limits = replace(limits, rules=rules)
-    if portfolio:
-        limits = replace(limits, **portfolio_limits(portfolio))
-    return {"risk": limits}

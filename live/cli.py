@@ -24,7 +24,7 @@ from typing import Any
 from engine.bounds import add_leg_args, check_number, check_port, leg_fields
 from engine.errors import DualhubError
 from engine.instruments import instrument_args
-from engine.risk import add_risk_args, risk_fields
+from engine.risk_args import add_risk_args, risk_fields
 from engine.strategies.registry import add_strategy_args, strategy_fields
 from engine.urls import WS, check_url
 from engine.venues.bitget_v2 import REST_BASE_URL

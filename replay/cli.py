@@ -9,7 +9,7 @@ from typing import Any
 
 from engine.bounds import S_MAX, add_leg_args, check_seed, leg_fields
 from engine.errors import DualhubError
-from engine.risk import add_risk_args, risk_fields
+from engine.risk_args import add_risk_args, risk_fields
 from engine.strategies.registry import add_strategy_args, strategy_fields
 from venue.fills import FILL_MODELS
 

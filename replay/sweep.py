@@ -57,7 +57,7 @@ import pyarrow.parquet as pq
 
 from engine.errors import DualhubError
 from engine.events import Label
-from engine.risk import PORTFOLIO_KEYS
+from engine.risk_args import PORTFOLIO_KEYS
 from engine.store import atomic_write_parquet, open_session
 from engine.strategies.registry import parse_params, resolve
 from replay.driver import ReplayConfig, run_replay
