@@ -24,11 +24,19 @@ SIDE_BUY, SIDE_SELL = 0, 1
 
 
 @njit
+def valid_top(bid: float, bid_sz: float, ask: float, ask_sz: float) -> bool:
+    """A two-sided top the door lets in (``engine.validate.top_ok``, live's tick path, agreeing with the
+    replay's column check): prices finite, positive and not crossed or locked, sizes finite and >= 0.
+    One chain of ``<`` so that NaN fails it."""
+    return 0.0 < bid < ask < math.inf and 0.0 <= bid_sz < math.inf and 0.0 <= ask_sz < math.inf
+
+
+@njit
 def tradable_top(bid: float, bid_sz: float, ask: float, ask_sz: float) -> bool:
-    """A two-sided top whose prices and sizes are finite, positive and not crossed or locked: the only
-    kind the strategy quotes on and the risk gateway lets a new order through on. One chain of ``<``
-    so that NaN fails it."""
-    return 0.0 < bid < ask < math.inf and 0.0 < bid_sz < math.inf and 0.0 < ask_sz < math.inf
+    """A valid top (:func:`valid_top`) with size on both sides: the only kind the strategy quotes on and
+    the risk gateway lets a new order through on. A zero size at the top is valid input (not
+    quarantined, in live and replay alike) but nothing to trade against."""
+    return valid_top(bid, bid_sz, ask, ask_sz) and bid_sz > 0.0 and ask_sz > 0.0
 
 
 @njit

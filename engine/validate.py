@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.book import valid_top
 from engine.events import BOOK_LEVELS, STREAMS, BookSnapshot, Trade
 from engine.jit import njit
 
@@ -267,10 +268,10 @@ def book_reason(book: BookSnapshot) -> str:
 
 
 def top_ok(book: BookSnapshot) -> bool:
-    """The tick path's check: a two-sided, uncrossed, finite, positive top with sizes >= 0 (a few float
-    comparisons; NaN fails every one). Decoded frames were checked level by level by the codec."""
-    b = book.bid_px[0]
-    return 0.0 < b < book.ask_px[0] < _INF and 0.0 <= book.bid_sz[0] < _INF and 0.0 <= book.ask_sz[0] < _INF
+    """The tick path's check: :func:`engine.book.valid_top` of the top (a two-sided, uncrossed, finite,
+    positive top with sizes >= 0; a zero size passes here and is refused as untradable by
+    ``engine.book.tradable_top``). Decoded frames were checked level by level by the codec."""
+    return valid_top(book.bid_px[0], book.bid_sz[0], book.ask_px[0], book.ask_sz[0])
 
 
 def trade_reason(trade: Trade) -> str:
