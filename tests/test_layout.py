@@ -139,7 +139,6 @@ LEGACY_LONG_FILES: dict[str, int] = {
     "replay/driver.py": 1601,
     "venue/simulator.py": 1166,
     "venue/bitget/exchange.py": 1117,
-    "replay/sweep.py": 910,
 }
 LEGACY_WIDE_FUNCTIONS: dict[str, int] = {
     "engine/risk.py::verdict": 34,
