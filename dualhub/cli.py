@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "replay.kev_cli",
     "replay.train_cli",
     "replay.tools_cli",
+    "replay.catalog",
     "dualhub.doctor",
     "live.cli",
 )

@@ -60,7 +60,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Deterministic replay on a virtual clock. Writes the run's event log (Parquet) and a "
         "manifest with the run digest; the same inputs always give the same digest.",
     )
-    p.add_argument("session", type=Path, help="session directory (has manifest.json)")
+    p.add_argument(
+        "session",
+        type=Path,
+        help="session directory (has manifest.json); or several consecutive sessions of the same "
+        "instruments replayed as one run (state carries across, each gap between them is declared): a "
+        "folder of sessions, a quoted glob of session directories, or a catalog folder with --from/--to "
+        "(replay/sessions.py)",
+    )
+    add_range_args(p)
     p.add_argument(
         "--symbol",
         help="the symbol to replay (its books and trades); required for a session of several symbols, "
@@ -524,12 +532,27 @@ def _fees_note(session: Path, cfg: Any) -> str:
     )
 
 
+def add_range_args(p: argparse.ArgumentParser) -> None:
+    """``--from``/``--to``: a day range over a catalog folder of sessions (replay/sessions.py)."""
+    p.add_argument(
+        "--from",
+        dest="date_from",
+        metavar="YYYY-MM-DD",
+        help="with a catalog folder: the sessions whose first row falls on this UTC day or later, "
+        "replayed as one run",
+    )
+    p.add_argument("--to", dest="date_to", metavar="YYYY-MM-DD", help="and on this UTC day or earlier")
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from engine.report.console import print_report
     from engine.strategies import plugin
     from engine.urls import check_url
     from replay.driver import run_replay
+    from replay.sessions import resolve
 
+    # several sessions named: one range directory, a session like any other from here on
+    args.session = resolve(args.session, args.date_from, args.date_to)
     plugin.set_budget_ms(args.strategy_budget_ms)  # None: the environment's or the default
     if args.kev_url:
         check_url(args.kev_url, "--kev-url")
@@ -568,7 +591,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(note)
     if args.report:
         print_report(res.run_dir, run_lines=False)  # the run and its digest are printed just above
+    _print_range(res.run_dir)
     return 0
+
+
+def _print_range(run_dir: Path) -> None:
+    """A run over several sessions: which, and each gap between them (replay/sessions.py)."""
+    from replay.sessions import run_range_lines
+
+    for line in run_range_lines(run_dir):
+        print(line)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -581,6 +613,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         need("matplotlib")  # before the report, not after it
         check_html_path(args.html)
     print_report(args.run)  # refuses a half-written or modified run (report.verify_run) before printing
+    _print_range(args.run)
     if getattr(args, "html", None):
         from engine.report.html import write_html
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from replay.cli import add_range_args
     from replay.diff import COMPARABLE_STREAMS, DECISION_STREAMS
 
     p = sub.add_parser(
@@ -86,10 +87,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--sessions",
         action="append",
-        required=True,
         metavar="GLOB",
         help="session directories (glob, quote it; repeatable); or a filesystem URL glob (s3://, file://)",
     )
+    p.add_argument(
+        "--range",
+        action="append",
+        metavar="FOLDER|GLOB",
+        help="several consecutive sessions of the same instruments as one session of the sweep, each run "
+        "over them all (a folder of sessions, a quoted glob, or a catalog folder with --from/--to; "
+        "replay/sessions.py; repeatable)",
+    )
+    add_range_args(p)
     p.add_argument("--out", default="results.parquet", help="results table: a path or a filesystem URL")
     p.add_argument("--resume", action="store_true", help="skip runs already in --out without an error")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
@@ -253,6 +262,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.resume and args.overwrite:
         raise DualhubError("--resume and --overwrite exclude each other")
+    if not args.sessions and not args.range:
+        raise DualhubError("name the sessions: --sessions GLOB or --range FOLDER|GLOB")
+    if args.range:  # each range: one range directory, a session like any other from here on
+        from replay.sessions import resolve
+
+        ranges = [str(resolve(spec, args.date_from, args.date_to)) for spec in args.range]
+        args.sessions = [*(args.sessions or []), *ranges]
+    elif args.date_from or args.date_to:
+        raise DualhubError("--from/--to pick the sessions of a --range")
     if args.keep_logs:
         parse_keep_logs(args.keep_logs)
     rank_by = args.best or DEFAULT_RANK
@@ -338,6 +356,13 @@ def _connect_target(target: Path) -> duckdb.DuckDBPyConnection:
 
     from engine.report.report import _q, connect, one_line
 
+    if target.is_dir() and not (target / "manifest.json").exists():
+        from replay.sessions import find_sessions
+
+        if find_sessions(target):  # a folder of sessions: the catalog's views over them (replay/catalog.py)
+            from replay.catalog import connect_catalog
+
+            return connect_catalog(target)
     if target.is_dir() or target.suffix != ".parquet":
         return connect(target)
     if not target.is_file():
