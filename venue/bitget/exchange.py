@@ -23,14 +23,20 @@ recorded months ago is served as if it were happening now, at ``speed``.
 
 Divergences from the venue (not verified against it): a duplicate ``clientOid`` answers 40017
 "Duplicate clientOid"; an order before the first book answers 40017 "no market"; ``post_only`` is
-treated as ``gtc`` and ``fok`` as ``ioc``; ``reduceOnly`` is recorded but not enforced; business errors
-use HTTP 400.
+treated as ``gtc`` and ``fok`` as ``ioc``; ``reduceOnly`` is checked once, when the order is placed,
+against the account's position then (an order that would open or increase it is refused with 40017),
+and not again as it fills, so resting reduce-only orders together may take the position through zero;
+business errors use HTTP 400.
+
+The parts live by job: the records (orders, positions, a symbol's venue, a private connection) in
+``venue/bitget/exchange_state.py``, the signed REST endpoints in ``venue/bitget/exchange_rest.py`` and
+the private WebSocket in ``venue/bitget/exchange_private.py`` (both mixed into :class:`LocalExchange`);
+this module keeps the exchange's lifecycle, its book and matching, and the rows it reports.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import logging
 import math
@@ -38,132 +44,38 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any
 
 import orjson
-import websockets
-from websockets.asyncio.server import ServerConnection
 
 from engine.clock import ReplayClock
-from engine.contract import ContractConfig
 from engine.events import BookSnapshot, Trade
-from engine.risk import OrderIntent, reduce_only_ok
 from engine.venues.bitget_v2 import StreamCounters, decode
-from engine.venues.bitget_v2_private import PRIVATE_CHANNELS, encode_push, login_sign
-from engine.venues.bitget_v2_rest import PATH_TICKER, ContractSpec, parse_contract, sign
+from engine.venues.bitget_v2_rest import PATH_TICKER, ContractSpec, parse_contract
+from venue.bitget.exchange_private import PrivateChannels
+from venue.bitget.exchange_rest import RestOrders
+from venue.bitget.exchange_state import (
+    DEFAULT_ACCOUNTS,
+    KEEP_MARGIN_RATE,
+    PRIVATE_PATH,
+    PUBLIC_PATH,
+    _liquidation_price,
+    _num,
+    _Order,
+    _Position,
+    _PrivConn,
+    _Venue,
+    default_contract,
+)
 from venue.bitget.public_server import BitgetServer, Fault, FrameSource
-from venue.bitget.rest_server import BitgetRestServer, Request, Response, contract_row, error, ok
+from venue.bitget.rest_server import BitgetRestServer, Request, Response, contract_row, ok
 from venue.bitget.ticker import FrameLookahead, ticker_row
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
 from venue.latency import ConstantLatency
-from venue.simulator import INSTRUMENTS
 
 log = logging.getLogger(__name__)
-
-PRIVATE_PATH: Final = "/v2/ws/private"
-PUBLIC_PATH: Final = "/v2/ws/public"
-TS_WINDOW_MS: Final = 30_000
-LOGIN_WINDOW_S: Final = 30
-DEFAULT_ACCOUNTS: Final = {"local-key": ("local-secret", "local-passphrase")}
-ORDER_ENDPOINTS: Final = ("place-order", "cancel-order", "batch-cancel-orders", "cancel-all-orders")
-
-
-def _same(given: str, want: str) -> bool:
-    """Constant-time equality of a credential as sent and as expected. As bytes: compare_digest refuses
-    str with non-ASCII characters (TypeError), which a client controls."""
-    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), want.encode("utf-8", "surrogatepass"))
-
-
-@dataclass
-class _Order:
-    order_id: str
-    client_oid: str
-    uid: str
-    symbol: str
-    side: str
-    order_type: str
-    force: str
-    price: str
-    size: str
-    px: float
-    qty: float
-    reduce_only: bool
-    c_time: int
-    u_time: int
-    status: str = "new"  # new -> live | partially_filled | filled | canceled | rejected
-    filled: float = 0.0
-    notional: float = 0.0
-    fee: float = 0.0  # negative: paid
-    pnl: float = 0.0  # realized by this order's fills
-    cancel_reason: str = ""
-    reject_reason: str = ""
-    fills: list[dict[str, Any]] = field(default_factory=list)  # its rows of the fills endpoint, in order
-
-    @property
-    def open(self) -> bool:
-        return self.status in ("new", "live", "partially_filled")
-
-    @property
-    def price_avg(self) -> float:
-        return self.notional / self.filled if self.filled > 0 else 0.0
-
-
-@dataclass
-class _Position:
-    qty: float = 0.0  # signed, one-way mode
-    avg: float = 0.0
-    realized: float = 0.0
-    c_time: int = 0
-    u_time: int = 0
-
-    def apply(self, side: str, px: float, q: float, ts: int) -> None:
-        signed = q if side == "buy" else -q
-        if self.qty == 0 or (self.qty > 0) == (signed > 0):
-            total = abs(self.qty) + q
-            self.avg = (self.avg * abs(self.qty) + px * q) / total
-            if self.qty == 0:
-                self.c_time = ts
-        else:
-            closing = min(abs(self.qty), q)
-            self.realized += closing * (px - self.avg) * (1 if self.qty > 0 else -1)
-            if q > abs(self.qty) + 1e-12:
-                self.avg = px
-                self.c_time = ts
-        self.qty = round(self.qty + signed, 12)
-        if abs(self.qty) < 1e-12:
-            self.qty, self.avg = 0.0, 0.0
-        self.u_time = ts
-
-
-KEEP_MARGIN_RATE: Final = 0.004
-LEVERAGE: Final = 20
-
-
-def _liquidation_price(p: _Position) -> float:
-    """A crossed position's liquidation price at the fixed leverage, ignoring the rest of the account
-    (the local exchange keeps no wallet): where the loss eats the initial margin down to the
-    maintenance rate."""
-    move = 1.0 / LEVERAGE - KEEP_MARGIN_RATE
-    return p.avg * (1 - move) if p.qty > 0 else p.avg * (1 + move)
-
-
-def _rest_fill(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A fill row as the REST fills endpoint has it: ``totalDeductionFee`` null where the channel
-    sends ``"0"``."""
-    out = dict(row)
-    out["feeDetail"] = [{**fd, "totalDeductionFee": None} for fd in row["feeDetail"]]
-    return out
-
-
-def _num(x: float) -> str:
-    """A float as Bitget's plain decimal string (shortest round trip, no exponent)."""
-    if x != x:
-        return ""
-    s = repr(float(x))
-    return format(Decimal(s), "f") if "e" in s or "E" in s else s
 
 
 class _Reports:
@@ -204,38 +116,7 @@ class _Reports:
         self.ex._on_fill(self.ex.orders[order_id], px, qty, liquidity, ts_ns // 1_000_000)
 
 
-@dataclass
-class _Venue:
-    symbol: str
-    spec: ContractSpec
-    clock: ReplayClock
-    sim: SimExchange
-    book: BookSnapshot | None = None
-    last_px: float = math.nan  # the last trade applied (the ticker's lastPr)
-
-
-@dataclass
-class _PrivConn:
-    ws: ServerConnection
-    index: int
-    queue: asyncio.Queue[bytes | str] = field(default_factory=asyncio.Queue)
-    uid: str = ""
-    subs: set[tuple[str, str]] = field(default_factory=set)  # (channel, instId)
-    closed: bool = False
-
-
-def default_contract(symbol: str) -> ContractConfig:
-    """The contract a symbol gets when none is given: the simulator's (venue.simulator.INSTRUMENTS:
-    tick and size step, the step also the minimum size) for a symbol it knows, else the engine's
-    defaults."""
-    inst = INSTRUMENTS.get(symbol)
-    if inst is None:
-        return ContractConfig(symbol=symbol)
-    step = float(inst.size_step)
-    return ContractConfig(symbol=symbol, tick=float(inst.tick), size_step=step, min_qty=step)
-
-
-class LocalExchange:
+class LocalExchange(RestOrders, PrivateChannels):
     """``async with LocalExchange(session_frames(dir), speed=1) as ex:`` -> ``ex.rest_url``, ``ex.ws_url``.
 
     ``accounts``: API key -> (secret, passphrase). ``contracts``: contract rows (default:
@@ -598,490 +479,6 @@ class LocalExchange:
             if o.filled:
                 row["pnl"] = _num(o.pnl)
         return row
-
-    # ------------------------------------------------------------------ private pushes
-
-    def _push_order(self, o: _Order, fill: Mapping[str, Any] | None = None) -> None:
-        row = self._order_row(o, ws=True)
-        if fill:
-            row.update(fill)
-        self._push(o.uid, "orders", o.symbol, [row])
-
-    def _push_positions(self, uid: str) -> None:
-        self._push(uid, "positions", "default", self.position_rows(uid, ws=True))
-
-    def _push(self, uid: str, channel: str, symbol: str, data: list[dict[str, Any]]) -> None:
-        frame: bytes | None = None
-        for c in list(self._conns):
-            if c.closed or c.uid != uid:
-                continue
-            if (channel, "default") not in c.subs and (channel, symbol) not in c.subs:
-                continue
-            if self.mute_private:
-                self.pushes_lost += 1
-                continue
-            if frame is None:
-                frame = encode_push(channel, data, self.now_ns() // 1_000_000)
-            self.pushes += 1
-            self._send_soon(c, frame)
-
-    def _send_soon(self, c: _PrivConn, frame: bytes | str) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            in_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            in_loop = False
-        if in_loop:
-            c.queue.put_nowait(frame)
-        else:
-            loop.call_soon_threadsafe(c.queue.put_nowait, frame)
-
-    def drop_private(self) -> int:
-        """Abort every private connection (the client sees 1006); returns how many."""
-        n = 0
-        for c in list(self._conns):
-            if not c.closed:
-                c.closed = True
-                if self._loop is not None:
-                    self._loop.call_soon_threadsafe(c.ws.transport.abort)
-                n += 1
-        return n
-
-    async def _private(self, ws: ServerConnection) -> None:
-        c = _PrivConn(ws=ws, index=self.private_connections)
-        self.private_connections += 1
-        if self.refuse_private:
-            ws.transport.abort()
-            return
-        self._conns.append(c)
-        sender = asyncio.create_task(self._private_sender(c))
-        try:
-            async for msg in ws:
-                if c.closed:
-                    break
-                if msg == "ping":
-                    c.queue.put_nowait("pong")
-                    continue
-                await self._private_request(c, msg)
-        except websockets.ConnectionClosed:
-            pass
-        finally:
-            c.closed = True
-            self._conns.remove(c)
-            sender.cancel()
-            try:
-                await sender
-            except (asyncio.CancelledError, Exception):
-                pass
-
-    async def _private_sender(self, c: _PrivConn) -> None:
-        while True:
-            frame = await c.queue.get()
-            try:
-                await c.ws.send(frame, text=True)
-            except websockets.ConnectionClosed:
-                return
-
-    def _ws_error(self, c: _PrivConn, code: int | str, msg: str, **extra: Any) -> None:
-        c.queue.put_nowait(orjson.dumps({"event": "error", **extra, "code": code, "msg": msg}).decode())
-
-    async def _private_request(self, c: _PrivConn, msg: str | bytes) -> None:
-        try:
-            req = orjson.loads(msg)
-        except orjson.JSONDecodeError:
-            self._ws_error(c, "30002", "Unrecognized request")
-            return
-        op = req.get("op") if isinstance(req, dict) else None
-        args = req.get("args") if isinstance(req, dict) else None
-        if op == "login":
-            code, why = self._check_login(args)
-            if code:
-                self._ws_error(c, str(code), why, op="login")
-                await asyncio.sleep(0.05)  # let the error go out, then hang up as Bitget does
-                c.closed = True
-                await c.ws.close(4001, "login failed")
-                return
-            assert isinstance(args, list)
-            c.uid = self.accounts[args[0]["apiKey"]][2]
-            self.logins += 1
-            c.queue.put_nowait(orjson.dumps({"event": "login", "code": "0", "msg": ""}).decode())
-            return
-        if op not in ("subscribe", "unsubscribe"):
-            self._ws_error(c, "30003", f"Invalid op: {op!r}")
-            return
-        if not c.uid:
-            self._ws_error(c, 30004, "User not logged in", op=op)
-            return
-        if not isinstance(args, list) or not args:
-            self._ws_error(c, 30016, "Param error", op=op)
-            return
-        for a in args:
-            ch = a.get("channel") if isinstance(a, dict) else None
-            inst = a.get("instId", "default") if isinstance(a, dict) else None
-            if (
-                ch not in PRIVATE_CHANNELS
-                or str(a.get("instType", "")).upper() != "USDT-FUTURES"
-                or not isinstance(inst, str)
-                or (ch == "positions" and inst != "default")
-            ):
-                self._ws_error(c, 30016, "Param error", arg=a, op=op)
-                continue
-            if op == "subscribe":
-                c.subs.add((ch, inst))
-                c.queue.put_nowait(orjson.dumps({"event": "subscribe", "arg": a}).decode())
-                if ch == "positions":
-                    with self._lock:
-                        rows = self.position_rows(c.uid, ws=True)
-                    c.queue.put_nowait(encode_push("positions", rows, self.now_ns() // 1_000_000).decode())
-            else:
-                c.subs.discard((ch, inst))
-                c.queue.put_nowait(orjson.dumps({"event": "unsubscribe", "arg": a}).decode())
-
-    def _check_login(self, args: Any) -> tuple[int, str]:
-        if not isinstance(args, list) or not args or not isinstance(args[0], dict):
-            return 30016, "Param error"
-        a = args[0]
-        acct = self.accounts.get(str(a.get("apiKey", "")))
-        if acct is None:
-            return 30011, "Invalid ACCESS_KEY"
-        secret, passphrase, _ = acct
-        if not _same(str(a.get("passphrase", "")), passphrase):
-            return 30012, "Invalid ACCESS_PASSPHRASE"
-        ts = str(a.get("timestamp", ""))
-        if not ts.isdigit():
-            return 30013, "Invalid ACCESS_TIMESTAMP"
-        now_s = self.now_ns() // 1_000_000_000
-        if abs(now_s - int(ts)) > LOGIN_WINDOW_S:  # a millisecond timestamp lands here too
-            return 30014, "Request timestamp expired"
-        if not _same(str(a.get("sign", "")), login_sign(secret, ts)):
-            return 30015, "Invalid signature"
-        return 0, ""
-
-    # ------------------------------------------------------------------ REST: auth and rate limits
-
-    def _signed(
-        self, handler: Callable[[Request, str], Response], name: str
-    ) -> Callable[[Request], Response]:
-        def wrapped(req: Request) -> Response:
-            uid_or_err = self._authenticate(req)
-            if isinstance(uid_or_err, Response):
-                return uid_or_err
-            if name in ORDER_ENDPOINTS and not self._allow(uid_or_err, name):
-                return error("429", "Too Many Requests", req.ts_ms, status=429)
-            with self._lock:
-                return handler(req, uid_or_err)
-
-        return wrapped
-
-    def _authenticate(self, req: Request) -> str | Response:
-        h = {k.lower(): v for k, v in req.headers.items()}
-        key, sig = h.get("access-key", ""), h.get("access-sign", "")
-        ts, passphrase = h.get("access-timestamp", ""), h.get("access-passphrase", "")
-        if not key:
-            return error("40001", "ACCESS_KEY cannot be empty", req.ts_ms)
-        if not sig:
-            return error("40003", "ACCESS_SIGN cannot be empty", req.ts_ms)
-        if not passphrase:
-            return error("40011", "ACCESS_PASSPHRASE cannot be empty", req.ts_ms)
-        if not ts.isdigit():
-            return error("40005", "Invalid ACCESS_TIMESTAMP", req.ts_ms)
-        if abs(req.ts_ms - int(ts)) > TS_WINDOW_MS:
-            return error("40008", "Request timestamp expired", req.ts_ms)
-        acct = self.accounts.get(key)
-        if acct is None:
-            return error("40006", "Invalid ACCESS_KEY", req.ts_ms)
-        secret, want_pass, uid = acct
-        if not _same(passphrase, want_pass):
-            return error("40012", "apikey/password is incorrect", req.ts_ms)
-        want = sign(secret, ts, req.method, req.path, req.query_string, req.body.decode("utf-8", "replace"))
-        if not _same(sig, want):
-            return error("40009", "sign signature error", req.ts_ms)
-        return uid
-
-    def _allow(self, uid: str, endpoint: str) -> bool:
-        now = time.monotonic()
-        q = self._rate.setdefault((uid, endpoint), deque())
-        while q and now - q[0] >= 1.0:
-            q.popleft()
-        if len(q) >= self.orders_per_s:
-            return False
-        q.append(now)
-        return True
-
-    @staticmethod
-    def _body(req: Request) -> dict[str, Any] | Response:
-        try:
-            body = orjson.loads(req.body) if req.body else {}
-        except orjson.JSONDecodeError:
-            return error("40017", "Parameter verification failed: body is not JSON", req.ts_ms)
-        if not isinstance(body, dict):
-            return error("40017", "Parameter verification failed: body is not an object", req.ts_ms)
-        return body
-
-    @staticmethod
-    def _require(req: Request, params: Mapping[str, Any], *names: str) -> Response | None:
-        for n in names:
-            if params.get(n) in (None, ""):
-                return error("40019", f"Parameter {n} cannot be empty", req.ts_ms)
-        p = str(params.get("productType", "USDT-FUTURES"))
-        if p.upper() != "USDT-FUTURES":
-            return error("40017", f"Parameter productType error: {p}", req.ts_ms)
-        return None
-
-    def _find(self, uid: str, symbol: str, order_id: str, client_oid: str) -> _Order | None:
-        if order_id:  # orderId wins over clientOid
-            o = self.orders.get(order_id)
-        else:
-            o = self.orders.get(self._by_client.get((uid, client_oid), ""))
-        return o if o is not None and o.uid == uid and (not symbol or o.symbol == symbol) else None
-
-    # ------------------------------------------------------------------ REST: orders
-
-    def _place(self, req: Request, uid: str) -> Response:
-        body = self._body(req)
-        if isinstance(body, Response):
-            return body
-        t = req.ts_ms
-        bad = self._require(
-            req, body, "symbol", "productType", "marginMode", "marginCoin", "size", "side", "orderType"
-        )
-        if bad is not None:
-            return bad
-        symbol, side, otype = str(body["symbol"]), str(body["side"]), str(body["orderType"])
-        v = self.venues.get(symbol)
-        if v is None:
-            return error("40017", f"Parameter symbol error: {symbol} does not exist", t)
-        if side not in ("buy", "sell") or otype not in ("limit", "market"):
-            return error("40017", "Parameter verification failed: side/orderType", t)
-        force = str(body.get("force", "gtc")).lower()
-        if force not in ("gtc", "ioc", "fok", "post_only"):
-            return error("40017", f"Parameter force error: {force}", t)
-        client_oid = str(body.get("clientOid", "")) or f"auto-{next(self._order_ids)}"
-        if len(client_oid) > 50:
-            return error("40305", "Client_oid length is not greater than 50", t)
-        if (uid, client_oid) in self._by_client:
-            return error("40017", "Duplicate clientOid", t)
-        spec = v.spec
-        if otype == "limit" and body.get("price") in (None, ""):
-            return error("40019", "Parameter price cannot be empty", t)
-        try:  # NaN, infinity and 1e400 too: Decimal parses them, but comparing or dividing them raises
-            size = Decimal(str(body["size"]))
-            price = Decimal(str(body["price"])) if otype == "limit" else None
-            if not size.is_finite() or (price is not None and not price.is_finite()):
-                raise ArithmeticError
-            size_off = size <= 0 or size % spec.size_step != 0
-            price_off = price is not None and (price <= 0 or price % spec.tick != 0)
-        except ArithmeticError:
-            return error("40017", "Parameter verification failed: size/price", t)
-        if size_off:
-            return error("40808", f"Parameter verification exception size scale error: {body['size']}", t)
-        if price_off:
-            return error("41103", f"param price scale error: {body.get('price')}", t)
-        if size < spec.min_qty:
-            return error("43006", f"The order quantity is less than the minimum {spec.min_qty}", t)
-        mark = v.book.mid if v.book is not None else float(price or 0)
-        notional = float(size) * (float(price) if price is not None else mark)
-        if mark and notional < float(spec.min_notional_usdt):
-            return error("45110", f"less than the minimum amount {spec.min_notional_usdt} USDT", t)
-        open_notional = sum(
-            o.px * (o.qty - o.filled) for o in self.orders.values() if o.open and o.uid == uid
-        )
-        if open_notional + notional > self.max_notional_usdt:
-            return error("40762", "The order amount exceeds the balance", t)
-        reduce_only = str(body.get("reduceOnly", "NO")).upper() == "YES"
-        pos = self.positions.get((uid, symbol))
-        held = pos.qty if pos else 0.0
-        if reduce_only and not reduce_only_ok(held, side, float(size), float(spec.size_step)):
-            return error(
-                "40017",
-                "Parameter verification failed: reduceOnly order would open or increase a position",
-                t,
-            )
-        oid = str(next(self._order_ids))
-        o = _Order(
-            order_id=oid,
-            client_oid=client_oid,
-            uid=uid,
-            symbol=symbol,
-            side=side,
-            order_type=otype,
-            force=force,
-            price=str(body.get("price", "")),
-            size=str(body["size"]),
-            px=float(price) if price is not None else math.nan,
-            qty=float(size),
-            reduce_only=reduce_only,
-            c_time=t,
-            u_time=t,
-        )
-        self.orders[oid] = o
-        self._by_client[(uid, client_oid)] = oid
-        now = self._advance(v)
-        intent = OrderIntent(
-            client_oid=oid,
-            symbol=symbol,
-            intent="new",
-            side=side,
-            order_type=otype,
-            px=o.px,
-            qty=o.qty,
-            # checked above against this account's position; the matching engine is shared by every
-            # account, so its own (venue-wide) reduce-only check must not run again
-            reduce_only=False,
-        )
-        v.sim.submit(intent, now)
-        self._drain(v)
-        if o.status == "rejected":
-            return error("40017", f"order refused: {o.reject_reason}", t)
-        if o.open and force in ("ioc", "fok"):  # what did not match at once expires (fok treated as ioc)
-            self._cancel_one(o)
-        return ok({"clientOid": client_oid, "orderId": oid}, t)
-
-    def _cancel_one(self, o: _Order) -> str:
-        """Cancel ``o`` through the matching engine; "" on success, else the reason."""
-        v = self.venues[o.symbol]
-        if not o.open:
-            return "order is not open"
-        o.reject_reason = ""
-        now = self._advance(v)
-        v.sim.cancel(o.order_id, o.symbol, now)
-        self._drain(v)
-        return "" if o.status == "canceled" else (o.reject_reason or "not cancelled")
-
-    def _cancel(self, req: Request, uid: str) -> Response:
-        body = self._body(req)
-        if isinstance(body, Response):
-            return body
-        bad = self._require(req, body, "symbol", "productType")
-        if bad is not None:
-            return bad
-        order_id, client_oid = str(body.get("orderId", "") or ""), str(body.get("clientOid", "") or "")
-        if not order_id and not client_oid:
-            return error("40019", "Parameter orderId or clientOid cannot be empty", req.ts_ms)
-        o = self._find(uid, str(body["symbol"]), order_id, client_oid)
-        if o is None or self._cancel_one(o):
-            return error("40768", "Order does not exist", req.ts_ms)
-        return ok({"orderId": o.order_id, "clientOid": o.client_oid}, req.ts_ms)
-
-    def _batch(self, orders: Iterable[_Order]) -> dict[str, list[dict[str, str]]]:
-        success, failure = [], []
-        for o in orders:
-            why = self._cancel_one(o)
-            ref = {"orderId": o.order_id, "clientOid": o.client_oid}
-            if why:
-                failure.append({**ref, "errorMsg": "Order does not exist", "errorCode": "40768"})
-            else:
-                success.append(ref)
-        return {"successList": success, "failureList": failure}
-
-    def _batch_cancel(self, req: Request, uid: str) -> Response:
-        body = self._body(req)
-        if isinstance(body, Response):
-            return body
-        bad = self._require(req, body, "productType")
-        if bad is not None:
-            return bad
-        items = body.get("orderIdList")
-        symbol = str(body.get("symbol", "") or "")
-        if items:
-            if not symbol:
-                return error("40019", "Parameter symbol cannot be empty", req.ts_ms)
-            if not isinstance(items, list) or len(items) > 50:
-                return error("40017", "Parameter orderIdList error: at most 50", req.ts_ms)
-            found, missing = [], []
-            for it in items:
-                it = it if isinstance(it, dict) else {}
-                o = self._find(
-                    uid, symbol, str(it.get("orderId", "") or ""), str(it.get("clientOid", "") or "")
-                )
-                (found.append(o) if o is not None else missing.append(it))
-            data = self._batch(found)
-            data["failureList"] += [
-                {
-                    "orderId": str(m.get("orderId", "")),
-                    "clientOid": str(m.get("clientOid", "")),
-                    "errorMsg": "Order does not exist",
-                    "errorCode": "40768",
-                }
-                for m in missing
-            ]
-            return ok(data, req.ts_ms)
-        targets = [
-            o for o in self.orders.values() if o.uid == uid and o.open and (not symbol or o.symbol == symbol)
-        ]
-        return ok(self._batch(targets), req.ts_ms)
-
-    def _cancel_all(self, req: Request, uid: str) -> Response:
-        body = self._body(req)
-        if isinstance(body, Response):
-            return body
-        bad = self._require(req, body, "productType")
-        if bad is not None:
-            return bad
-        self.cancel_all_calls += 1
-        targets = [o for o in self.orders.values() if o.uid == uid and o.open]
-        return ok(self._batch(targets), req.ts_ms)
-
-    def _pending(self, req: Request, uid: str) -> Response:
-        bad = self._require(req, req.query, "productType")
-        if bad is not None:
-            return bad
-        symbol = req.query.get("symbol")
-        rows = [
-            self._order_row(o, ws=False)
-            for o in self.orders.values()
-            if o.uid == uid and o.open and (not symbol or o.symbol == symbol)
-        ]
-        return ok({"entrustedList": rows or None, "endId": rows[-1]["orderId"] if rows else None}, req.ts_ms)
-
-    def _detail(self, req: Request, uid: str) -> Response:
-        bad = self._require(req, req.query, "symbol", "productType")
-        if bad is not None:
-            return bad
-        q = req.query
-        if not q.get("orderId") and not q.get("clientOid"):
-            return error("40019", "Parameter orderId or clientOid cannot be empty", req.ts_ms)
-        o = self._find(uid, q["symbol"], q.get("orderId", ""), q.get("clientOid", ""))
-        if o is None:
-            return error("40109", "The data of the order cannot be found", req.ts_ms)
-        return ok(self._order_row(o, ws=False, state_key="state"), req.ts_ms)
-
-    def _fills(self, req: Request, uid: str) -> Response:
-        """The account's fills, newest first, ``limit`` (<= 100) a page; ``idLessThan`` pages on
-        (the previous page's ``endId``); ``orderId`` and ``symbol`` filter."""
-        bad = self._require(req, req.query, "productType")
-        if bad is not None:
-            return bad
-        q = req.query
-        try:
-            limit = int(q.get("limit") or 100)
-            below = int(q["idLessThan"]) if q.get("idLessThan") else None
-        except ValueError:
-            return error("40020", "Parameter limit or idLessThan error", req.ts_ms)
-        if not 1 <= limit <= 100:
-            return error("40020", f"Parameter limit error: {limit}", req.ts_ms)
-        order_id, symbol = q.get("orderId", ""), q.get("symbol", "")
-        orders = [o for o in self.orders.values() if o.uid == uid and order_id in ("", o.order_id)]
-        rows = [
-            f
-            for o in orders
-            if symbol in ("", o.symbol)
-            for f in o.fills
-            if below is None or int(f["tradeId"]) < below
-        ]
-        rows.sort(key=lambda f: int(f["tradeId"]), reverse=True)
-        page = [_rest_fill(f) for f in rows[:limit]]
-        return ok({"fillList": page or None, "endId": page[-1]["tradeId"] if page else None}, req.ts_ms)
-
-    def _all_positions(self, req: Request, uid: str) -> Response:
-        bad = self._require(req, req.query, "productType")
-        return bad if bad is not None else ok(self.position_rows(uid), req.ts_ms)
-
-    def _single_position(self, req: Request, uid: str) -> Response:
-        bad = self._require(req, req.query, "symbol", "productType", "marginCoin")
-        return bad if bad is not None else ok(self.position_rows(uid, req.query["symbol"]), req.ts_ms)
 
 
 class LocalExchangeThread:
