@@ -124,7 +124,7 @@ def test_the_compiled_loops_reach_every_rule_they_run():
         return {p.relative_to(jit.ROOT).as_posix() for p in jit.reach(jit.ROOT / loop)}
 
     strategies = {"engine/strategies/baseline.py", "engine/strategies/imbalance_lean.py"}
-    for loop in ("replay/kernel.py", "engine/kernel.py", "venue/kernel.py"):
+    for loop in ("replay/kernel.py", "engine/kernel/__init__.py", "venue/kernel.py"):
         assert not strategies & reached(loop), loop
         assert "engine/risk.py" not in reached(loop), loop
     assert strategies <= reached("engine/strategies/registry.py")
@@ -133,7 +133,7 @@ def test_the_compiled_loops_reach_every_rule_they_run():
     core = {p.relative_to(jit.ROOT).as_posix() for p in jit.core_files()}
     assert {"engine/strategies/registry.py", "engine/risk.py"} <= core
     replay_rules = {
-        "engine/kernel.py",
+        "engine/kernel/__init__.py",
         "engine/risk_codes.py",
         "engine/risk_call.py",
         "engine/strategies/call.py",
@@ -145,7 +145,7 @@ def test_the_compiled_loops_reach_every_rule_they_run():
     }
     assert replay_rules <= reached("replay/kernel.py"), replay_rules - reached("replay/kernel.py")
     engine_rules = {"engine/risk_codes.py", "engine/strategy.py", "engine/kev/queue.py", "engine/exact.py"}
-    assert engine_rules <= reached("engine/kernel.py")
+    assert engine_rules <= reached("engine/kernel/__init__.py")
     assert "replay/book_source.py" not in reached("replay/kernel.py")
 
 
