@@ -2,7 +2,7 @@
 
 Simulates BTCUSDT/ETHUSDT sessions (``dualhub simulate --symbols``), feeds the fit
 (``engine.kev.pairs.pair_update``) both legs' mids at every book of either leg, as the portfolio
-hub does (``engine/kernel.py`` ``pf_observe``), and prints, per regime of each session, the true beta,
+hub does (``engine/kernel/`` ``pf_observe``), and prints, per regime of each session, the true beta,
 the estimate and its standard error at the regime's end, and the relative error; a regime that lasted
 at least 3 half-lives is marked ``long`` (the bound of issue 55: within 5%). Saves a PNG of the
 estimate (with a 2-standard-error band) against the truth over time, one panel per seed.

@@ -347,7 +347,7 @@ def data_spec(
     )
 
 
-# The core's integer units (engine/kernel.py): a fill price as an integer of 10**-decimals below this,
+# The core's integer units (engine/kernel/units.py): a fill price as an integer of 10**-decimals below this,
 # positions in units of the size step's decimals below 2**52 (a double holds them exactly), a fill's
 # money in integers of 1e-12 USDT (or finer, price and size decimals together) below 2**62.
 PX_UNITS_MAX = 1e15

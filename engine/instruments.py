@@ -1,4 +1,4 @@
-"""One engine over several instruments: a core per instrument (``engine/kernel.py``), one clock, one
+"""One engine over several instruments: a core per instrument (``engine/kernel/``), one clock, one
 portfolio.
 
 Each instrument keeps the state of its own quoting, orders, Kev requests and money, as a single-
@@ -185,7 +185,7 @@ class Portfolio:
         self.hub = hub
         self.pairs = tuple(pairs)
         self.pair_half_life_ns = float(pair_half_life_ns)
-        # The portfolio's shared arrays (engine/kernel.py "several instruments" and "Kev as the
+        # The portfolio's shared arrays (engine/kernel/portfolio.py "several instruments" and "Kev as the
         # portfolio hub"): the replay's compiled loop runs on these very arrays.
         n = len(symbols)
         self.PI = np.zeros(K.PI_SIZE, dtype=np.int64)

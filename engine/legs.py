@@ -3,7 +3,7 @@
 A portfolio hub's command (``engine/instruments.py``) names a target for several instruments: its legs.
 Once every instrument has applied its part (the asking one first, then the others in instrument order),
 :meth:`Legs.send` sends every leg in the same step at the same time: the order each instrument's
-``leg_order`` (``engine/kernel.py``) wants now, each through the risk gateway. While they go out each
+``leg_order`` (``engine/kernel/orders.py``) wants now, each through the risk gateway. While they go out each
 leg's USD notional is in ``PF_LEG``, so the portfolio rules (``engine/risk.py``) judge a leg against the
 rest of the portfolio *after* the others' legs: a hedged pair whose legs each breach the net-delta limit
 alone, but not together, passes (a leg the gateway refuses is taken out before the next is judged).

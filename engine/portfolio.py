@@ -1,5 +1,5 @@
 """Money as exact decimals: an exchange float back to its decimal, and a Decimal as the integers of
-1e-12 the decision core keeps money in (``engine/kernel.py``)."""
+1e-12 the decision core keeps money in (``engine/kernel/units.py``)."""
 
 from __future__ import annotations
 

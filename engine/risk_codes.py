@@ -1,6 +1,6 @@
 """The risk gateway's codes, shared by the rules (``engine/risk.py``) and by the code that calls them.
 
-The decision core (``engine/kernel.py``) and the simulated venue import this module, never
+The decision core (``engine/kernel/``) and the simulated venue import this module, never
 ``engine/risk.py``: the core calls the rules through the address of their compiled entry
 (``engine/risk_call.py`` says why), so an edited rule recompiles the entry alone, not the replay loop.
 What is here: the reason codes, the order codes, the indexes of the limits, the layout of the

@@ -1,4 +1,4 @@
-"""The decision core's state (``engine/kernel.py``): its arrays, sized and filled from an engine's
+"""The decision core's state (``engine/kernel/``): its arrays, sized and filled from an engine's
 config, grown when a step needs room, and its output rows turned into the event log's Arrow tables.
 
 The replay's compiled loop (``replay/fast_path.py``) and the engine driven one event at a time

@@ -1,6 +1,6 @@
 """What the engine does with a strategy: its quote config, Kev's target, the market order towards it.
 
-The rules are compiled functions over scalars and arrays, called by the core (``engine/kernel.py``)
+The rules are compiled functions over scalars and arrays, called by the core (``engine/kernel/``)
 as they are. This module imports no strategy (the core's cache would then depend on them:
 ``engine/strategies/call.py``); the adapter that runs the configured strategy on a BookSnapshot is
 ``engine/strategies/quoter.py``."""

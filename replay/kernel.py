@@ -1,4 +1,4 @@
-"""The replay's compiled loop: the decision core (``engine/kernel.py``) and the simulated exchange
+"""The replay's compiled loop: the decision core (``engine/kernel/``) and the simulated exchange
 (``venue/kernel.py``) as one state machine over the merged walk of a session.
 
 Each walk entry (a book or trade at the exchange, a book at the engine, a label becoming visible) and
@@ -129,7 +129,7 @@ def _timer(
 # single instrument's as a portfolio of one (run_kernel), where pf_enter/pf_leave and the row tags
 # are skipped. One walk merging every
 # instrument's entries (walk_inst names each one's instrument), a core per instrument, one output
-# buffer, and the portfolio's shared counters and risk view (PI, PF: engine/kernel.py). CORES[j] holds
+# buffer, and the portfolio's shared counters and risk view (PI, PF: engine/kernel/). CORES[j] holds
 # instrument j's arrays as one tuple (S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight,
 # recent, eng_book, x_book, olat), where a numba typed list hands out each array in tens of ns. A step
 # reaches its core through a constant index (:func:`on_core`): ``CORES[j]`` with j a variable makes
@@ -405,7 +405,7 @@ def run_pf(
     """Run the walk from PI[PI_WALK] to walk_end. Returns a status (ST_*); a stop names its instrument
     in PI[PI_CUR]. LV[j] holds instrument j's book levels from row L0[j] on; BL, LB, PR its books'
     receive times, labels and probabilities; TPX, TSZ, TSD its trades. PS, PP, LR: what a hub's Kev
-    context reads (engine/kernel.py pf_observe, pf_note_label)."""
+    context reads (engine/kernel/portfolio.py pf_observe, pf_note_label)."""
     n = PF.shape[0]
     _tops(TOP, CORES, n)
     i = PI[PI_WALK]

@@ -57,7 +57,7 @@ class CommandFields:
 @njit(inline="always")
 def within(f: float, lo: float, hi: float) -> bool:
     """A command number's range test: the gate below, and the compiled rule's verdict on its own
-    command (engine/kernel.py), which never goes through the gate."""
+    command (engine/kernel/kev.py), which never goes through the gate."""
     return lo <= f <= hi
 
 

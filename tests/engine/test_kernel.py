@@ -1,4 +1,4 @@
-"""The core's own order logic (engine/kernel.py), driven one event at a time through engine.core.Engine."""
+"""The core's own order logic (engine/kernel/), driven one event at a time through engine.core.Engine."""
 
 from __future__ import annotations
 
