@@ -133,6 +133,8 @@ def resolve(arg: Path | str, date_from: str | None = None, date_to: str | None =
     elif Path(text).is_dir():
         paths = find_sessions(Path(text))
         what = f"{text} holds no session (a directory with {MANIFEST})"
+        if not paths and not ranged:  # an interrupted recording, say: the replay says what it is
+            return Path(text)
     else:
         # not a folder: the replay refuses it in its own words (no manifest.json)
         return Path(text)
