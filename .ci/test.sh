@@ -15,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 say "installing dualhub[dev]"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
-if [ ! -x /usr/bin/chromium ]; then  # the HTML report is opened in a real browser (tests/engine/report/test_report_browser.py)
+if [ ! -x /usr/bin/chromium ]; then  # the HTML report is opened in a real browser (tests/analysis/test_report_browser.py)
     say "installing chromium (Debian package)"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null

@@ -15,7 +15,7 @@ Any other option is a ``dualhub replay`` option, read by the replay command's ow
 replay --help``): Kev lag (``--kev-lag-p5-ms``, ``--kev-lag-p95-ms``, ``--kev-lag-fit``,
 ``--kev-lag-scale``), ``--scale-latency``, ``--laya-mode``, ``--fill-model``, ``--strategy``,
 ``--python-engine``... Order latencies, which ``ReplayConfig`` takes as spec strings
-(``venue.latency.parse_latency``), have options here: ``--latency-order-entry SPEC`` and so on.
+(``engine.latency.spec.parse_latency``), have options here: ``--latency-order-entry SPEC`` and so on.
 
     .venv/bin/python bench/bench_replay.py --minutes 10 --latency-order-entry lognormal:p5=1ms,p95=9ms \
         --kev-lag-p5-ms 50 --kev-lag-p95-ms 400
@@ -36,9 +36,9 @@ import orjson
 
 from engine.errors import DualhubError
 from engine.store import SessionWriter
-from engine.venues.bitget_v2 import Control, StreamCounters, decode
 from replay import cli as replay_cli
 from replay.driver import ReplayConfig, run_replay
+from wire.bitget.bitget_v2 import Control, StreamCounters, decode
 
 # ReplayConfig's order latency spec fields, one option each (--latency-order-entry SPEC, ...)
 ORDER_LATENCIES = ("latency_order_entry", "latency_order_response", "latency_cancel")

@@ -28,9 +28,9 @@ from peer import module_at  # noqa: E402
 
 from engine.clock import ReplayClock  # noqa: E402
 from engine.events import BookSnapshot, Trade  # noqa: E402
+from engine.latency.models import ConstantLatency  # noqa: E402
 from engine.risk import OrderIntent  # noqa: E402
 from venue.fills import FILL_MODELS  # noqa: E402
-from venue.latency import ConstantLatency  # noqa: E402
 
 
 class _Sink:

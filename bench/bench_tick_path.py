@@ -57,11 +57,11 @@ from engine.laya.features import (
     features_v0_levels,  # noqa: E402
 )
 from engine.strategy import QuoteConfig  # noqa: E402
-from engine.venues.bitget_v2 import StreamCounters, decode  # noqa: E402
-from engine.venues.bitget_v2_fast import Books15Scanner  # noqa: E402
 from live.runner import LiveConfig, LiveRunner  # noqa: E402
 from live.tick import TickLaya  # noqa: E402
 from venue.bitget.public_server import simulator_frames  # noqa: E402
+from wire.bitget.bitget_v2 import StreamCounters, decode  # noqa: E402
+from wire.bitget.bitget_v2_fast import Books15Scanner  # noqa: E402
 
 COMMAND = '{"action":"HOLD","target_position":0.0,"hedge_ratio":0.0,"max_slippage_bps":2.0,"reason":"stub"}'
 

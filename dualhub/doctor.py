@@ -18,7 +18,7 @@ STATUS_STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from engine.diagnostics.checks import DEFAULT_KEV_URL, DEFAULT_RECORD_RATE_MB_PER_H, DEFAULT_SESSION_DIR
+    from doctor.checks import DEFAULT_KEV_URL, DEFAULT_RECORD_RATE_MB_PER_H, DEFAULT_SESSION_DIR
 
     p = sub.add_parser(
         "doctor",
@@ -72,8 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_doctor(a: argparse.Namespace) -> int:
-    from engine.diagnostics.checks import DoctorConfig, exit_code, summary, worst
-    from engine.diagnostics.run import run_all
+    from doctor.checks import DoctorConfig, exit_code, summary, worst
+    from doctor.run import run_all
     from engine.urls import check_url
 
     for flag, url in (("--kev-url", a.kev_url), ("--exchange-url", a.exchange_url)):
@@ -156,7 +156,7 @@ def print_table(checks: list[Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from engine.diagnostics.checks import summary, worst
+    from doctor.checks import summary, worst
 
     # piped, 120 columns: the evidence and fix columns fold, no line is wider
     console = Console(width=None if sys.stdout.isatty() else 120)

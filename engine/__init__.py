@@ -1,4 +1,4 @@
-"""The decision core and what it stands on: events, clock, store, risk, strategies, Laya, Kev.
+"""The decision core and what it stands on: events, clock, store, latency models, risk, strategies, Laya, Kev.
 
 Every other package of the project imports this one first (its ``__init__``), so what is set here
 holds before any of them loads a library."""

@@ -33,13 +33,13 @@ from engine.instruments import command_part
 from engine.kev.advisor import KevContext, KevContextV2, KevReply, context_body, context_body_v2
 from engine.kev.command import ACTIONS, CommandFields, CommandV2, as_v2
 from engine.kev.failures import breaker_rows, judge
+from engine.latency.models import ConstantLatency, LatencyModel
 from engine.portfolio import dec
 from engine.risk import OrderIntent, RiskLimits
 from engine.risk_codes import SOURCES
 from engine.state import LABEL_NAMES, CoreState
 from engine.strategies.quoter import Quoter
 from engine.strategy import QuoteConfig
-from venue.latency import ConstantLatency, LatencyModel
 
 if TYPE_CHECKING:
     from engine.instruments import Portfolio

@@ -26,7 +26,7 @@ import numba as nb
 from numba.core import caching
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE_DIRS = ("engine", "venue", "replay")
+CORE_DIRS = ("engine", "venue", "replay", "wire")
 _MARK = b"from engine.jit import"
 
 
@@ -65,7 +65,7 @@ def _stamp(files: tuple[tuple[Path, int, int], ...]) -> str:
 _OUTSIDE = tuple(
     {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
 )
-OWN = ("engine", "venue", "wire", "recorder", "replay", "live", "dualhub")
+OWN = ("engine", "venue", "wire", "analysis", "doctor", "recorder", "replay", "live", "dualhub")
 
 
 @functools.lru_cache(maxsize=256)

@@ -288,8 +288,8 @@ def trade_ok(trade: Trade) -> bool:
 # -- at the wire (recorder, live, importers) --------------------------------------------------------
 #
 # One implementation of what a decoded frame must satisfy before it becomes an event, called by every
-# decoder: the codec's general parser (``engine.venues.bitget_v2.decode``, the ``books`` channel), the
-# compiled scans (``engine.venues.bitget_v2_fast``: they run the same compiled predicates and hand any
+# decoder: the codec's general parser (``wire.bitget.bitget_v2.decode``, the ``books`` channel), the
+# compiled scans (``wire.bitget.bitget_v2_fast``: they run the same compiled predicates and hand any
 # frame that fails to the general parser, which names the reason), live mode's tick decoder and the
 # importers. A frame that fails is quarantined whole, with its reason; nothing is repaired.
 #
@@ -459,7 +459,7 @@ class WireGuard:
     so the compiled block scan and the general parser update the same slots); ``inst_type`` is the
     subscription's (None: frames of any instType are taken, as an importer of mixed captures needs);
     ``fast`` says whether the compiled scans, which only read the canonical USDT-FUTURES frame, may
-    take frames at all (the codec decides: :func:`engine.venues.bitget_v2.wire_guard`)."""
+    take frames at all (the codec decides: :func:`wire.bitget.bitget_v2.wire_guard`)."""
 
     def __init__(
         self,

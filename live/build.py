@@ -21,10 +21,10 @@ from engine.instruments import SIZE_FIELDS, Portfolio, resolve_instruments
 from engine.kev.cassette import RecordingAdvisor
 from engine.kev.pairs import RulePairsKev
 from engine.kev.rules import RuleKev
+from engine.latency.recorded import RecordingLatency
+from engine.latency.spec import parse_latency
 from engine.laya.model import Laya, LayaConfig
 from engine.validate import WireLimits
-from engine.venues.bitget_v2 import INST_TYPE, wire_guard
-from engine.venues.bitget_v2_rest import BitgetError, ContractSpec
 from live.config import PORTFOLIO_RUN
 from live.finish import wal_header
 from live.gateway import BitgetGateway, GatewayExecution, GatewayTransportError, ticker_mids
@@ -36,8 +36,8 @@ from live.tick import TickLaya
 from live.wal import WAL_FILE, JournaledLog, JournaledSink, LiveWal
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
-from venue.latency import parse_latency
-from venue.recorded_latency import RecordingLatency
+from wire.bitget.bitget_v2 import INST_TYPE, wire_guard
+from wire.bitget.bitget_v2_rest import BitgetError, ContractSpec
 
 log = logging.getLogger("live.runner")  # the run's one logger name (live/feed.py says why)
 

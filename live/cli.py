@@ -27,7 +27,7 @@ from engine.instruments import instrument_args
 from engine.risk_args import add_risk_args, risk_fields
 from engine.strategies.registry import add_strategy_args, strategy_fields
 from engine.urls import WS, check_url
-from engine.venues.bitget_v2 import REST_BASE_URL
+from wire.bitget.bitget_v2 import REST_BASE_URL
 
 CONFIRM_FLAG = "--i-understand-this-trades-real-money"
 

@@ -18,16 +18,16 @@ from engine.bounds import check_count, check_engine_settings, check_ms, check_se
 from engine.errors import DualhubError
 from engine.instruments import checked_instruments
 from engine.kev.queue import POLICIES
+from engine.latency.spec import parse_latency
 from engine.laya.model import DEFAULT_MODEL
 from engine.risk import RiskLimits
 from engine.strategies import plugin
 from engine.strategies.registry import resolve as resolve_strategy
 from engine.strategy import QuoteConfig
-from engine.venues.bitget_v2 import REST_BASE_URL
-from engine.venues.bitget_v2_rest import Credentials
 from live.watchdog import DEFAULT_TIMEOUT_S as WATCHDOG_S
 from venue.fills import FILL_MODELS
-from venue.latency import parse_latency
+from wire.bitget.bitget_v2 import REST_BASE_URL
+from wire.bitget.bitget_v2_rest import Credentials
 
 LIVE_JSON = "live.json"
 KILL_FILE = "KILL"

@@ -25,16 +25,16 @@ from engine.eventlog import RUN_SCHEMA_VERSION
 from engine.events import events_to_table
 from engine.kev.cassette import CASSETTE_FILE
 from engine.kev.health import answer_times_ns, run_health
+from engine.latency.recorded import RECORDED_FILE
 from engine.laya.model import Laya
 from engine.store import MANIFEST, atomic_write_parquet, open_session, sha256_file, write_json
-from engine.venues.bitget_v2 import INST_TYPE
 from live.config import LIVE_JSON
 from live.private_ws import describe
 from live.state import RunState
 from live.symbol import SymbolRun
 from live.wal import LiveWal
 from recorder.record import RECORD_JSON, finish, normalise_segment
-from venue.recorded_latency import RECORDED_FILE
+from wire.bitget.bitget_v2 import INST_TYPE
 
 log = logging.getLogger("live.runner")  # the run's one logger name (live/feed.py says why)
 

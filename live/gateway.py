@@ -1,10 +1,10 @@
 """Live order gateway for Bitget v2 USDT-M: an async REST client and the engine's execution client.
 
 :class:`BitgetGateway` is the HTTP side (``httpx.AsyncClient``): server-time sync, signed requests
-(:mod:`engine.venues.bitget_v2_rest`), place/cancel/batch-cancel/cancel-all, pending orders, order
+(:mod:`wire.bitget.bitget_v2_rest`), place/cancel/batch-cancel/cancel-all, pending orders, order
 detail, positions, contracts and tickers. Orders are rate limited on our side to ``orders_per_s`` (Bitget:
 10/s per UID per endpoint) so the venue never has to refuse us. Errors arrive as the typed
-:class:`~engine.venues.bitget_v2_rest.BitgetError` subclasses; network trouble as
+:class:`~wire.bitget.bitget_v2_rest.BitgetError` subclasses; network trouble as
 :class:`GatewayTransportError`. Neither ever carries a secret.
 
 :class:`GatewayExecution` is the engine's :class:`~engine.core.ExecutionClient`: every accepted
@@ -35,8 +35,8 @@ from engine.core import PRIO_EXCH_OUT
 from engine.errors import DualhubError
 from engine.events import Nanos, ReconcileEvent
 from engine.risk import OrderIntent
-from engine.venues.bitget_v2_private import FillUpdate, OrderUpdate, PositionsUpdate, parse_fill_page
-from engine.venues.bitget_v2_rest import (
+from wire.bitget.bitget_v2_private import FillUpdate, OrderUpdate, PositionsUpdate, parse_fill_page
+from wire.bitget.bitget_v2_rest import (
     MARGIN_COIN,
     MAX_CLIENT_OID_LEN,
     PATH_ALL_POSITIONS,

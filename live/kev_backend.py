@@ -11,9 +11,9 @@ from typing import Any, Protocol
 from engine.core import PRIO_KEV, KevDone
 from engine.kev.advisor import KevContext, KevReply
 from engine.kev.cassette import Cassette, CassetteEntry, RecordingAdvisor
+from engine.latency.recorded import LatencySink
 from live.clock import LiveClock
 from live.wal import LiveWal
-from venue.recorded_latency import LatencySink
 
 
 class KevHost(Protocol):

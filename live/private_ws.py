@@ -3,7 +3,7 @@
 One connection on the shared :class:`~wire.connection.ReconnectLoop` (backoff, keepalive ``ping``,
 staleness watchdog, narrow reconnect policy). Each session: send the login (seconds timestamp from
 the server-synced clock), wait for ``{"event":"login","code":"0"}``, subscribe, then read. Every
-update is parsed by :mod:`engine.venues.bitget_v2_private` and handed to ``on_item`` with its receive
+update is parsed by :mod:`wire.bitget.bitget_v2_private` and handed to ``on_item`` with its receive
 time. After every (re)connection ``on_connected(n)`` runs (n = 1 for the first) alongside the reader:
 the runner reconciles the engine with the exchange's REST view there, because pushes sent while we
 were away are lost.
@@ -29,8 +29,8 @@ import orjson
 from websockets.asyncio.client import ClientConnection
 
 from engine.events import Nanos
-from engine.venues.bitget_v2 import Control
-from engine.venues.bitget_v2_private import (
+from wire.bitget.bitget_v2 import Control
+from wire.bitget.bitget_v2_private import (
     PRIVATE_CHANNELS,
     FillUpdate,
     OrderUpdate,
@@ -40,7 +40,7 @@ from engine.venues.bitget_v2_private import (
     parse_private,
     private_args,
 )
-from engine.venues.bitget_v2_rest import Credentials
+from wire.bitget.bitget_v2_rest import Credentials
 from wire.connection import ConnectionConfig, FatalConnectError, ReconnectLoop
 
 log = logging.getLogger(__name__)

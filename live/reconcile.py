@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from engine.venues.bitget_v2_rest import BitgetError
 from live.gateway import GatewayExecution, GatewayTransportError
 from live.symbol import SymbolRun
+from wire.bitget.bitget_v2_rest import BitgetError
 
 log = logging.getLogger("live.runner")  # the run's one logger name (live/feed.py says why)
 

@@ -38,13 +38,13 @@ from engine.eventlog import OUTPUT_STREAMS, EventLog
 from engine.events import STREAMS, events_to_table
 from engine.kev.cassette import CASSETTE_FILE, Cassette, CassetteEntry
 from engine.kev.health import answer_times_ns, run_health
+from engine.latency.recorded import RECORDED_FILE, LatencySink
 from engine.store import MANIFEST, SessionError, atomic_write_parquet, open_session, sha256_file, write_json
-from engine.venues.bitget_v2_rest import BitgetError, Credentials, net_position
 from live.gateway import BitgetGateway, GatewayTransportError
 from live.wal import EVENT_STREAMS, WAL_FILE, WalContent, load_wal
 from recorder.record import RECORD_JSON
 from recorder.recover import recover as recover_session
-from venue.recorded_latency import RECORDED_FILE, LatencySink
+from wire.bitget.bitget_v2_rest import BitgetError, Credentials, net_position
 
 LIVE_JSON = "live.json"  # live.config's; not imported: that module pulls in the engine
 FINISHED_KINDS = ("done", "reject", "cancel_ack")  # an order the engine was told is over

@@ -64,8 +64,6 @@ from typing import Any
 from engine.errors import DualhubError
 from engine.events import BookSnapshot, Quarantined, Trade
 from engine.validate import top_ok, trade_ok
-from engine.venues.bitget_v2 import arg
-from engine.venues.bitget_v2_rest import ContractSpec
 from live.build import build, read_contracts, resolve, setup_gateway
 from live.config import LiveConfig
 from live.feed import (
@@ -87,6 +85,8 @@ from live.symbol import SymbolRun
 from live.watchdog import Watchdog
 from recorder.normalise import Normaliser
 from recorder.record import JOURNAL_DIR, new_writer, normalise_segment
+from wire.bitget.bitget_v2 import arg
+from wire.bitget.bitget_v2_rest import ContractSpec
 from wire.connection import ConnectionConfig, SlidingWindow
 from wire.journal import JournalWriter
 

@@ -19,8 +19,6 @@ from engine.eventlog import EventLog
 from engine.instruments import Portfolio
 from engine.kev.advisor import KevAdvisor
 from engine.laya.model import Laya
-from engine.venues.bitget_v2 import StreamCounters
-from engine.venues.bitget_v2_rest import Credentials
 from live.clock import LiveClock
 from live.config import KILL_FILE, LiveConfig, endpoints
 from live.feed import FeedConnection, GatedJournal
@@ -34,6 +32,8 @@ from live.tick import TickLaya
 from live.wal import LiveWal
 from live.watchdog import Watchdog
 from recorder.normalise import Normaliser
+from wire.bitget.bitget_v2 import StreamCounters
+from wire.bitget.bitget_v2_rest import Credentials
 
 log = logging.getLogger("live.runner")  # the run's one logger name (live/feed.py says why)
 

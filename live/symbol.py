@@ -10,10 +10,10 @@ from engine.core import Engine
 from engine.eventlog import EventLog
 from engine.events import InputQuarantined, ReconcileEvent, VenueStatus
 from engine.kev.cassette import RecordingAdvisor
+from engine.latency.recorded import LatencySink
 from live.kev_backend import LiveKevBackend
 from live.wal import LiveWal
 from venue.exchange import SimExchange
-from venue.recorded_latency import LatencySink
 
 
 @dataclass

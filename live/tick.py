@@ -2,7 +2,7 @@
 
 Why: the general path (``decode`` -> ``BookSnapshot`` -> ``features_v0`` -> ONNX) spends most of its
 time from frame to label in CPython, parsing 60 decimal strings. Here a canonical books15 frame
-is scanned by the compiled codec fast path (:mod:`engine.venues.bitget_v2_fast`), its features are
+is scanned by the compiled codec fast path (:mod:`wire.bitget.bitget_v2_fast`), its features are
 computed by the features v0 kernel (``features_v0_levels``) straight into Laya's input row, and ONNX
 Runtime runs at once; only then is the ``BookSnapshot`` built and handed to the engine.
 
@@ -25,9 +25,9 @@ from engine.laya.features import features_v0, features_v0_levels
 from engine.laya.features import warm_up as warm_features
 from engine.laya.model import Laya
 from engine.validate import WireGuard
-from engine.venues.bitget_v2 import Control, StreamCounters
-from engine.venues.bitget_v2_fast import Books15Scanner, TradeScanner, decode_fast, decode_not_books15
-from engine.venues.bitget_v2_fast import warm_up as warm_codec
+from wire.bitget.bitget_v2 import Control, StreamCounters
+from wire.bitget.bitget_v2_fast import Books15Scanner, TradeScanner, decode_fast, decode_not_books15
+from wire.bitget.bitget_v2_fast import warm_up as warm_codec
 
 
 class TickLaya:
@@ -57,7 +57,7 @@ class TickLaya:
     def decode(
         self, raw: bytes, ts: Nanos, counters: StreamCounters
     ) -> list[BookSnapshot | Trade | Quarantined | Control]:
-        """:func:`engine.venues.bitget_v2.decode`, labelling a canonical books15 frame on the way."""
+        """:func:`wire.bitget.bitget_v2.decode`, labelling a canonical books15 frame on the way."""
         sc = self.scanner
         guard = self.guard
         # a canonical frame that fails the wire checks goes to the general parser, which says why

@@ -46,8 +46,8 @@ import pyarrow.compute as pc
 
 from engine.eventlog import OUTPUT_STREAMS, EventLog
 from engine.events import STREAMS
+from engine.latency.recorded import LatencySink
 from engine.store import fsync_dir
-from venue.recorded_latency import LatencySink
 
 WAL_FILE: Final = "orders.wal"
 MAGIC: Final = b"DHWAL1\n"

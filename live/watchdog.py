@@ -24,7 +24,7 @@ EOF (a wedged loop, a stopped process) fires after ``timeout_s``.
 
 Firing: ``POST /api/v2/mix/order/cancel-all-orders`` (productType ``USDT-FUTURES``, marginCoin
 ``USDT``: every USDT-M order of the account, the engine's exit cancel-all does the same), signed with
-:func:`engine.venues.bitget_v2_rest.build_request` after a server-time sync, then ``orders-pending`` to
+:func:`wire.bitget.bitget_v2_rest.build_request` after a server-time sync, then ``orders-pending`` to
 check that nothing is left; repeated while orders remain or the venue does not answer, for
 ``give_up_s``. After a silence the engine may come back: beats re-arm the watchdog (the engine's
 reconciliation then finds its orders gone at the venue). After EOF it exits once the venue is clean or
@@ -58,7 +58,7 @@ from typing import Any, Final
 import orjson
 
 from engine.errors import DualhubError
-from engine.venues.bitget_v2_rest import (
+from wire.bitget.bitget_v2_rest import (
     PATH_CANCEL_ALL,
     PATH_PENDING,
     PATH_TIME,

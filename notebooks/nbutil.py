@@ -63,8 +63,8 @@ def real_data(rel: str) -> Path:
 
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
-    """Headline numbers of a run, read through its views (engine/report/views.sql)."""
-    from engine.report.report import connect
+    """Headline numbers of a run, read through its views (analysis/views.sql)."""
+    from analysis.report import connect
 
     con = connect(run_dir)
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.bounds import S_MAX, check_count, check_number, check_port, check_seed
 from engine.errors import DualhubError
-from engine.venues.bitget_v2 import INST_TYPE, REST_BASE_URL, WS_PUBLIC_URL
+from wire.bitget.bitget_v2 import INST_TYPE, REST_BASE_URL, WS_PUBLIC_URL
 
 
 def _csv(s: str) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """Column buffers for one segment's ``books15`` and ``trade`` rows, and their Arrow tables.
 
 Rows come from two places, in journal order: the compiled block scan
-(:func:`engine.venues.bitget_v2_fast.scan_block`) writes canonical frames straight into these
+(:func:`wire.bitget.bitget_v2_fast.scan_block`) writes canonical frames straight into these
 arrays; events from the general path (anything the scan does not own) are appended by
 :meth:`Columns.add_event`. The tables built here hold exactly the values
 ``engine.events.events_to_table`` builds from the same events (NaN levels -> null), in the stream's
@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from engine.events import BOOK_LEVELS, STREAMS, BookSnapshot, Trade
 from engine.validate import WireGuard
-from engine.venues.bitget_v2_fast import (
+from wire.bitget.bitget_v2_fast import (
     MAX_FRAME_TRADES,
     N_STATE,
     S_NB,
@@ -85,7 +85,7 @@ class Columns:
     # ------------------------------------------------------------ compiled scan
 
     def scan(self, buf: np.ndarray, pos: int, guard: WireGuard) -> int:
-        """One :func:`~engine.venues.bitget_v2_fast.scan_block` call from ``pos``; returns its status.
+        """One :func:`~wire.bitget.bitget_v2_fast.scan_block` call from ``pos``; returns its status.
         ``guard``: the feed's wire checks (its symbol ids must be this table's: see ``Normaliser``)."""
         return int(
             scan_block(

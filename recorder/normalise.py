@@ -5,13 +5,13 @@ disconnects, gap windows, silent args) is derived here from the journal alone, s
 finished by ``dualhub recover`` after a crash says the same things a cleanly stopped one does.
 
 Speed: :meth:`Normaliser.feed_block` hands a whole journal block to the compiled scan
-(:func:`engine.venues.bitget_v2_fast.scan_block`), which writes canonical ``books15``/``trade``
+(:func:`wire.bitget.bitget_v2_fast.scan_block`), which writes canonical ``books15``/``trade``
 frames straight into column buffers (:class:`recorder.columns.Columns`) and stops at every other
 record; those are fed here one by one, in order. ``Normaliser(fast=False)`` forces the general path
 for every record (the tests check both give the same session).
 
-Books: ``books15`` pushes go through :func:`engine.venues.bitget_v2.decode`; ``books`` pushes are
-applied to a local book (:mod:`engine.venues.bitget_v2_books`) and, for symbols recorded without
+Books: ``books15`` pushes go through :func:`wire.bitget.bitget_v2.decode`; ``books`` pushes are
+applied to a local book (:mod:`wire.bitget.bitget_v2_books`) and, for symbols recorded without
 ``books15``, their top 15 levels are emitted as ``BookSnapshot`` into the ``books15`` stream (one
 stream per event type); a frame that breaks the book is quarantined with the reason.
 
@@ -33,9 +33,10 @@ import numpy as np
 
 from engine.events import BookSnapshot, Gap, Quarantined, Trade
 from engine.validate import WIRE_TAGS, WireLimits
-from engine.venues.bitget_v2 import INST_TYPE, PARSERS, PONG, Control, StreamCounters, decode, wire_guard
-from engine.venues.bitget_v2_books import BookFault, BooksState, books_frame_events, parse_books_frame
-from engine.venues.bitget_v2_fast import (
+from recorder.columns import Columns
+from wire.bitget.bitget_v2 import INST_TYPE, PARSERS, PONG, Control, StreamCounters, decode, wire_guard
+from wire.bitget.bitget_v2_books import BookFault, BooksState, books_frame_events, parse_books_frame
+from wire.bitget.bitget_v2_fast import (
     CH_TRADE,
     END,
     FULL,
@@ -49,7 +50,6 @@ from engine.venues.bitget_v2_fast import (
     S_PONGS,
     S_POS,
 )
-from recorder.columns import Columns
 from wire.journal import META, RECV, SENT, Record, record_at
 
 Event = BookSnapshot | Trade | Quarantined | Gap
@@ -501,7 +501,7 @@ def warm_up() -> None:
     global _warm
     if _warm:
         return
-    from engine.venues.bitget_v2 import encode_books15, encode_trades
+    from wire.bitget.bitget_v2 import encode_books15, encode_trades
     from wire.journal import _REC
 
     frames = [

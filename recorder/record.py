@@ -37,8 +37,8 @@ from engine.bounds import check_count, check_ms, check_seconds, check_seed
 from engine.errors import DualhubError, os_error_text
 from engine.store import MANIFEST, SessionWriter, write_json
 from engine.validate import WireLimits
-from engine.venues.bitget_v2 import INST_TYPE, WS_PUBLIC_URL, arg
 from recorder.normalise import Normaliser, warm_up
+from wire.bitget.bitget_v2 import INST_TYPE, WS_PUBLIC_URL, arg
 from wire.connection import (
     MAX_CHANNELS_PER_CONNECTION,
     Connection,
@@ -134,7 +134,13 @@ async def exchange_contracts(rest_url: str, symbols: Sequence[str]) -> dict[str,
     import httpx
 
     from engine.contract import spec_of
-    from engine.venues.bitget_v2_rest import PATH_CONTRACTS, PRODUCT_TYPE, BitgetError, parse_contract, parse_envelope
+    from wire.bitget.bitget_v2_rest import (
+        PATH_CONTRACTS,
+        PRODUCT_TYPE,
+        BitgetError,
+        parse_contract,
+        parse_envelope,
+    )
 
     # one unsigned GET: the recorder stands below live mode (tests/test_layout.py), so it asks the
     # endpoint itself with the shared codec rather than through live's gateway

@@ -220,7 +220,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="DuckDB report over a run: labels, Kev lag and drops, risk rejections, fills, PnL, latency",
         description="Check the run's event files against its manifest (a truncated or edited run is "
         "refused), then print its tear sheet (PnL, Sharpe, round trips, markouts, Laya calibration, "
-        "latency) and the tables of engine/report/queries.sql, computed by DuckDB over the event log. A run "
+        "latency) and the tables of analysis/queries.sql, computed by DuckDB over the event log. A run "
         "of several instruments leads with its portfolio: its limits and every loss stop (hit, when, cost), "
         "the portfolio's and each leg's PnL, drawdown, Sharpe and exposure, and the pairs hub's hedge ratio "
         "against the simulator's true beta or a rolling estimate; then the first leg's tear sheet.",
@@ -545,7 +545,7 @@ def add_range_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from engine.report.console import print_report
+    from analysis.console import print_report
     from engine.strategies import plugin
     from engine.urls import check_url
     from replay.driver import run_replay
@@ -604,25 +604,25 @@ def _print_range(run_dir: Path) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from engine.report.console import print_report
+    from analysis.console import print_report
 
     if getattr(args, "html", None):
+        from analysis.html import check_html_path
         from engine.optional import need
-        from engine.report.html import check_html_path
 
         need("matplotlib")  # before the report, not after it
         check_html_path(args.html)
     print_report(args.run)  # refuses a half-written or modified run (report.verify_run) before printing
     _print_range(args.run)
     if getattr(args, "html", None):
-        from engine.report.html import write_html
+        from analysis.html import write_html
 
         print(f"html report: {write_html(args.run, args.html)}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from engine.report.console import print_report
+    from analysis.console import print_report
     from replay.driver import ReplayConfig, run_replay
     from venue.simulator import simulate_session
 

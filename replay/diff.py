@@ -526,7 +526,7 @@ def run_pnl(run: Path) -> str:
     """The run's PnL in USDT (every instrument, marked at its last mid), or why there is none."""
     import duckdb
 
-    from engine.report.report import connect
+    from analysis.report import connect
 
     try:
         con = connect(run)

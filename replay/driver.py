@@ -41,6 +41,9 @@ from engine.kev.pairs import RulePairsKev
 from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
+from engine.latency.batch import sample_each
+from engine.latency.models import LatencyModel, LognormalLatency, ScaledLatency
+from engine.latency.spec import parse_latency
 from engine.laya.features import features_v0, features_v0_batch
 from engine.laya.features_v1 import FeaturesV1, features_v1_batch
 from engine.laya.model import DEFAULT_MODEL, FEATURE_SIZES, N_CLASSES, Laya, LayaConfig, training_sessions
@@ -73,10 +76,8 @@ from replay.tape_stream import (
     streamable,
 )
 from replay.walk import StreamedWalk, WalkStream
-from venue.batch_latency import sample_each
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
-from venue.latency import LatencyModel, LognormalLatency, ScaledLatency, parse_latency
 
 KEV_HUBS = ("", "pairs", "llm")
 CLOCK_WARN_NS = 100_000_000  # a session whose clocks disagree by more than this is warned about
@@ -125,7 +126,7 @@ class ReplayConfig:
     # "auto": the features the model was trained on (its metadata); "v0" (books15) or "v1" (books15 +
     # trades): those, and the model must match
     laya_features: str = "auto"
-    # Latency models: "const:5ms", "lognormal:p5=2ms,p95=8ms" or "empirical:PATH" (see venue.latency).
+    # Latency models: "const:5ms", "lognormal:p5=2ms,p95=8ms" or "empirical:PATH" (see engine.latency.models).
     latency_laya: str = "const:200us"  # Laya compute: the label is an event at book receipt + this
     latency_order_entry: str = "const:5ms"  # local send -> exchange accepts
     latency_order_response: str = "const:5ms"  # exchange -> local (acks, fills, rejects)

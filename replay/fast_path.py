@@ -23,12 +23,12 @@ from engine.kev.command import ACTIONS, CommandV2
 from engine.kev.failures import breaker_rows
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
+from engine.latency.batch import RecordedTable, recorded_table, sample_many
+from engine.latency.models import LatencyModel, ScaledLatency
 from engine.state import CoreState
 from replay import kernel as K
 from replay.walk import StreamedWalk, readonly
-from venue.batch_latency import RecordedTable, recorded_table, sample_many
 from venue.fills import FILL_MODELS
-from venue.latency import LatencyModel, ScaledLatency
 
 
 class LookAheadError(RuntimeError):

@@ -37,9 +37,9 @@ from engine.kev.failures import classify
 from engine.kev.health import RECOMMEND_FACTOR, recommend_timeout_ms
 from engine.kev.lag import fit_lag, summarize_ns
 from engine.kev.timeout_advice import PROMPTS
+from engine.latency.recorded import RECORDED_FILE
 from engine.store import write_json
 from engine.urls import check_url, redact
-from venue.recorded_latency import RECORDED_FILE
 
 RESPONSE_FILE = Path("events") / "kev_response.parquet"
 REQUEST_FILE = Path("events") / "kev_request.parquet"

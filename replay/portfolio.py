@@ -39,6 +39,7 @@ from engine.events import STREAMS, BookSnapshot
 from engine.instruments import Portfolio, resolve_instruments
 from engine.kev.pairs import RulePairsKev
 from engine.kev.sim import SimKevBackend
+from engine.latency.models import LatencyModel, ScaledLatency
 from engine.laya.model import Laya
 from engine.legs import Legs
 from engine.store import open_session
@@ -74,7 +75,6 @@ from replay.label_columns import LabelColumns
 from replay.tape_stream import FeedClock
 from replay.walk import StreamedWalk, WalkStream
 from venue.exchange import SimExchange
-from venue.latency import LatencyModel, ScaledLatency
 
 WALK_CHUNK = 1 << 16
 _PRIO = (PRIO_EXCH_BOOK, PRIO_EXCH_TRADE, PRIO_LOCAL_BOOK)  # a walk entry's priority by its kind

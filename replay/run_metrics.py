@@ -7,7 +7,7 @@ run written in full (``tests/replay/test_sweep_metrics.py``).
 points as a written log (the same digest: ``engine.eventlog``), then handed to a :class:`Tally` instead
 of a Parquet writer. The tally counts what it can as the tables go by and keeps only what the report's
 SQL needs: the fills and the refused risk decisions (a few percent of the events). :meth:`Tally.summary`
-then runs the report's own views (``engine/report/views.sql``) over them with DuckDB, the books from
+then runs the report's own views (``analysis/views.sql``) over them with DuckDB, the books from
 the session's files.
 """
 
@@ -96,7 +96,7 @@ class Tally:
         written or as a metrics-only run would have written it)."""
         import duckdb
 
-        from engine.report.report import views_sql
+        from analysis.report import views_sql
 
         out: dict[str, Any] = {
             "orders": self.orders,
@@ -189,7 +189,7 @@ def _one(con: Any, sql: str) -> dict[str, Any]:
 
 
 def _performance(con: Any) -> dict[str, Any]:
-    from engine.report.report import load_queries
+    from analysis.report import load_queries
 
     pnl_sql = next(sql for name, _, sql in load_queries() if name == "pnl")
     pnl = _one(con, pnl_sql)
@@ -218,7 +218,7 @@ def max_drawdown(pnl: np.ndarray) -> float | None:
 
 
 def sharpe(ts: np.ndarray, pnl: np.ndarray, sample_ns: int = SAMPLE_NS) -> float | None:
-    """The performance view's annualised Sharpe (``engine/report/views.sql``): equity sampled every
+    """The performance view's annualised Sharpe (``analysis/views.sql``): equity sampled every
     ``sample_ns`` from the first book (the last equity row at or before each instant), mean over sample
     standard deviation of its changes, times sqrt(samples in 365 days). None where it is undefined.
     The view's ASOF join takes minutes on a session of a million books; this is its arithmetic on the

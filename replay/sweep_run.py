@@ -69,7 +69,7 @@ def code_sources(root: Path | None = None) -> list[Path]:
             continue
         files.add(path)
         todo.extend(_imported(ast.parse(path.read_bytes(), str(path))))
-    files.update(root.glob("engine/report/*.sql"))
+    files.update(root.glob("analysis/*.sql"))
     files.update(root.glob("data/models/*.onnx"))
     return sorted(files)
 
@@ -150,7 +150,7 @@ def _stats(summary: Mapping[str, Any]) -> dict[str, Any]:
 def run_stats(run_dir: Path | str) -> dict[str, Any]:
     """Counts, PnL and its split, Sharpe, drawdown and latency percentiles of a written run: its event
     log read back through the summary a metrics-only run computes as it goes (``replay.run_metrics``)."""
-    from engine.report.report import verify_run
+    from analysis.report import verify_run
 
     run = Path(run_dir)
     verify_run(run)

@@ -36,11 +36,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.events import STREAMS
+from engine.latency.batch import sample_each, sample_many
+from engine.latency.models import ConstantLatency, LatencyModel, ScaledLatency
 from engine.store import SeqOrderError, SessionError, open_parquet
 from engine.validate import REASONS, side_codes, time_codes, trade_codes
 from replay.book_source import BLOCK, InvalidRows, StreamedBooks, one_symbol, read_group
-from venue.batch_latency import sample_each, sample_many
-from venue.latency import ConstantLatency, LatencyModel, ScaledLatency
 
 __all__ = ["ONE_CLOCK", "FeedClock", "InvalidRows", "StreamedTape", "TapeDisorder", "side_codes"]
 from replay.walk import StreamedWalk, WalkStream

@@ -1,7 +1,7 @@
 """Subcommands ``diff`` (first divergence between two runs), ``parity`` (replay a live session as it
 happened and report the first divergence from what the live run decided: ``replay/parity.py``),
 ``sweep`` (what-if grids) and ``sql`` (DuckDB over a run through the views in
-``engine/report/views.sql``)."""
+``analysis/views.sql``)."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--plot",
         metavar="OUT.png",
         help="also plot the results: metrics by the swept parameter, seeds as error bars "
-        "(engine/report/sweep_plot.py)",
+        "(analysis/sweep_plot.py)",
     )
     p.add_argument(
         "--keep-logs",
@@ -147,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "sql",
         help="DuckDB SQL over a run (event streams, books, decisions, latency, PnL) or a sweep's results",
         description="TARGET is a run directory: its event files are checked against its manifest and "
-        "opened with the views of engine/report/views.sql (one per event stream, books15 from the "
+        "opened with the views of analysis/views.sql (one per event stream, books15 from the "
         "session, and the derived decisions, decision_counts, latency_stages, latency_stage_stats and "
         "fills_pnl; docs/ANALYSIS.md). Or TARGET is a Parquet file (a sweep's results table): the view "
         "is `results`. With QUERY: run it and print the result. Without: read statements from stdin, "
@@ -277,8 +277,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_metric(rank_by)
     grid = load_grid(args.grid)
     if args.plot:
+        from analysis.report import check_output_file
         from engine.optional import need
-        from engine.report.report import check_output_file
 
         need("matplotlib")  # before the runs, not after them
         check_output_file(args.plot)
@@ -335,14 +335,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if "://" not in str(res.out):
         print(f"query: dualhub sql {shlex.quote(str(res.out))} 'SELECT * FROM results'")
     if args.plot:
-        from engine.report.sweep_plot import plot_sweep
+        from analysis.sweep_plot import plot_sweep
         from replay.sweep import read_results
 
         print(f"plot: {plot_sweep(read_results(Path(res.out)), args.plot)}")
     if args.best and "://" not in str(res.out):
         from rich.console import Console
 
-        from engine.report.report import Section, print_table
+        from analysis.report import Section, print_table
         from replay.sweep import best_table, read_results
 
         columns, rows = best_table(read_results(Path(res.out)), args.best)
@@ -354,7 +354,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _connect_target(target: Path) -> duckdb.DuckDBPyConnection:
     import duckdb
 
-    from engine.report.report import _q, connect, one_line
+    from analysis.report import _q, connect, one_line
 
     if target.is_dir() and not (target / "manifest.json").exists():
         from replay.sessions import find_sessions
@@ -444,7 +444,7 @@ def _statements(stream: Any) -> Iterator[str]:
 def cmd_sql(args: argparse.Namespace) -> int:
     import duckdb
 
-    from engine.report.report import one_line
+    from analysis.report import one_line
 
     if args.max_rows < 0:
         raise DualhubError(f"--max-rows must be 0 (all) or more, not {args.max_rows}")

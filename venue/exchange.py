@@ -25,10 +25,10 @@ from engine.clock import ReplayClock
 from engine.contract import NO_PX, lots_of, step_parts, tick_index, tick_parts
 from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
+from engine.latency.models import LatencyModel
 from engine.risk import OrderIntent
 from venue.fills import SIDE_CODE, FillModel
 from venue.kernel import x_arrive, x_arrive_cancel, x_on_book, x_on_trade
-from venue.latency import LatencyModel
 
 _TYPE_CODE = {"limit": K.LIMIT, "market": K.MARKET}
 _LIQUIDITY = {K.LIQ_MAKER: "maker", K.LIQ_TAKER: "taker"}

@@ -4,7 +4,7 @@ Same seed, same bytes: every draw comes from ``numpy.random.default_rng([seed, c
 stream per component, nothing reads the wall clock. Prices are integer ticks of 0.1 and sizes
 integer lots of 0.001 internally (in a multi-symbol session, each contract's tick and size step);
 they become exchange strings (``"90000.1"``, ``"0.250"``) only on the wire, through
-:func:`engine.venues.bitget_v2.encode_books15` / ``encode_trades``.
+:func:`wire.bitget.bitget_v2.encode_books15` / ``encode_trades``.
 
 Model (exchange time, in chunks of 10 s on a 10 ms grid):
 
@@ -51,7 +51,6 @@ import numpy as np
 from engine.bounds import check_seed
 from engine.errors import DualhubError
 from engine.store import SessionWriter
-from engine.venues.bitget_v2 import MS, Control, StreamCounters, decode, encode_books15, encode_trades
 from venue.sim_book import (
     _Market,
 )
@@ -87,6 +86,7 @@ from venue.sim_model import (
 from venue.sim_pair import (
     _Pair,
 )
+from wire.bitget.bitget_v2 import MS, Control, StreamCounters, decode, encode_books15, encode_trades
 
 # ---------------------------------------------------------------- one symbol's frames
 

@@ -38,8 +38,8 @@ import websockets
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
-from engine.venues.bitget_v2 import PONG, subscribe_request
-from engine.venues.bitget_v2_books import BookError, BooksState
+from wire.bitget.bitget_v2 import PONG, subscribe_request
+from wire.bitget.bitget_v2_books import BookError, BooksState
 from wire.journal import JournalWriter
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ The engine logs, per Kev request, ``kev_request.queue_wait_ns`` (label to pick-u
 queue) and ``kev_response.lag_ns`` (pick-up to answer: the service time of the model server, see
 ``engine/core.py``). :func:`fit_lag` keeps the two apart and also reports their sum, the total
 label-to-answer delay. Replay simulates the queue itself, so it samples only the service time, from
-:class:`EmpiricalLag` (a :class:`venue.latency.LatencyModel`).
+:class:`EmpiricalLag` (a :class:`engine.latency.models.LatencyModel`).
 
 Recordings whose ``lag_ns`` already includes the queue wait are fitted with
 ``lag_includes_queue=True`` (service = lag - queue wait).
@@ -17,7 +17,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from venue.latency import EmpiricalLatency, _as_ns_array
+from engine.latency.models import EmpiricalLatency, _as_ns_array
 
 # The Kev lag model is the generic empirical latency model; the old name stays for callers.
 EmpiricalLag = EmpiricalLatency

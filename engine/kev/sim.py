@@ -29,8 +29,8 @@ from engine.clock import Clock
 from engine.core import PRIO_KEV, KevDone
 from engine.events import Nanos
 from engine.kev.advisor import KevAdvisor, KevContext, KevReply
-from venue.latency import LatencyModel
-from venue.recorded_latency import LatencySink
+from engine.latency.models import LatencyModel
+from engine.latency.recorded import LatencySink
 
 
 class SimKevBackend:

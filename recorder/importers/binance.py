@@ -35,10 +35,10 @@ import orjson
 from engine.events import BOOK_LEVELS, BookSnapshot, Trade
 from engine.store import SessionWriter
 from engine.validate import WireGuard
-from engine.venues.bitget_v2 import StreamCounters, wire_guard
-from engine.venues.bitget_v2_books import BookError, LocalBook
 from recorder.importers.common import ImportInputError, contracts, count, read_lines, staged_dir
 from recorder.normalise import GapLog
+from wire.bitget.bitget_v2 import StreamCounters, wire_guard
+from wire.bitget.bitget_v2_books import BookError, LocalBook
 
 MS: Final = 1_000_000
 MARKETS: Final = ("futures", "spot")

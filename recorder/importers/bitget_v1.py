@@ -26,10 +26,10 @@ import orjson
 
 from engine.events import BookSnapshot, Quarantined, Trade
 from engine.store import SessionWriter
-from engine.venues.bitget_v2 import StreamCounters, wire_guard
-from engine.venues.bitget_v2_books import BookFault, BooksOptions, BooksState, decode_with_books
 from recorder.importers.common import ImportInputError, contracts, count, read_lines, staged_dir
 from recorder.normalise import WIRE_CHECKS, GapLog, discard_reason, frame_arg
+from wire.bitget.bitget_v2 import StreamCounters, wire_guard
+from wire.bitget.bitget_v2_books import BookFault, BooksOptions, BooksState, decode_with_books
 
 V1_INST_TYPES: Final = {"sp": "SPOT", "mc": "USDT-FUTURES", "umcbl": "USDT-FUTURES"}
 SUPPORTED: Final = ("books", "trade")

@@ -28,10 +28,10 @@ import orjson
 
 from engine.events import BookSnapshot, Quarantined, Trade
 from engine.store import SessionWriter
-from engine.venues.bitget_v2 import INST_TYPE
-from engine.venues.bitget_v2_books import parse_books_frame
 from recorder.importers.common import ImportInputError, contracts, count, read_lines, staged_dir
 from recorder.normalise import Normaliser, frame_arg
+from wire.bitget.bitget_v2 import INST_TYPE
+from wire.bitget.bitget_v2_books import parse_books_frame
 from wire.journal import RECV, Record
 
 _JOURNAL_LINE: Final = re.compile(rb"^(\d{1,19}) (.*)$", re.S)

@@ -30,9 +30,9 @@ from typing import Any, Final
 
 from engine.events import BOOK_LEVELS, BookSnapshot, Trade
 from engine.store import SessionWriter
-from engine.venues.bitget_v2 import StreamCounters, wire_guard
-from engine.venues.bitget_v2_books import BookError, LocalBook
 from recorder.importers.common import ImportInputError, contracts, count, read_lines, staged_dir
+from wire.bitget.bitget_v2 import StreamCounters, wire_guard
+from wire.bitget.bitget_v2_books import BookError, LocalBook
 
 US: Final = 1_000
 HEAD: Final = ("exchange", "symbol", "timestamp", "local_timestamp")

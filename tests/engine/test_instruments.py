@@ -17,12 +17,12 @@ from engine.eventlog import EventLog
 from engine.instruments import Portfolio
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
+from engine.latency.models import ConstantLatency
 from engine.risk import RiskLimits
 from engine.strategy import QuoteConfig
 from tests.helpers import make_book
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
-from venue.latency import ConstantLatency
 
 S = 1_000_000_000
 HOLD, BUY, SELL, EMERGENCY = 0, 1, 2, 3

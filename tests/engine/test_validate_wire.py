@@ -25,10 +25,10 @@ from engine.validate import (
     book_table_codes,
     trade_codes,
 )
-from engine.venues.bitget_v2 import Control, StreamCounters, decode, encode_trades, wire_guard
-from engine.venues.bitget_v2_books import BooksState, decode_with_books, encode_books
-from engine.venues.bitget_v2_fast import decode_fast
 from recorder.normalise import discard_reason
+from wire.bitget.bitget_v2 import Control, StreamCounters, decode, encode_trades, wire_guard
+from wire.bitget.bitget_v2_books import BooksState, decode_with_books, encode_books
+from wire.bitget.bitget_v2_fast import decode_fast
 
 NOW_NS = time.time_ns()
 NOW_MS = NOW_NS // 1_000_000
@@ -281,8 +281,8 @@ def test_a_big_trade_completes_its_buckets_as_before():
 
 
 def test_the_2026_fixed_depth_layout_takes_the_compiled_path_and_decodes_equal():
-    from engine.venues.bitget_v2_fast import Books15Scanner
     from venue.simulator import generate_frames
+    from wire.bitget.bitget_v2_fast import Books15Scanner
 
     sc = Books15Scanner()
     c_slow, c_fast = StreamCounters(), StreamCounters()

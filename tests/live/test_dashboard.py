@@ -23,7 +23,7 @@ from dualhub.cli import main
 from engine.errors import DualhubError
 from live.dashboard import ENV_TOKEN, Dashboard, is_loopback, parse_address
 from live.runner import LiveConfig, LiveRunner
-from tests.engine.report.test_report_browser import CHROMIUM_FLAGS, chromium
+from tests.analysis.test_report_browser import CHROMIUM_FLAGS, chromium
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
 from venue.bitget.public_server import simulator_frames
 

@@ -25,9 +25,10 @@ from dualhub.cli import main
 from engine.clock import TimerKey
 from engine.core import Engine, PortfolioView
 from engine.errors import DualhubError
+from engine.latency.recorded import RECORDED_FILE
+from engine.latency.spec import parse_latency
 from engine.risk import OrderIntent
 from engine.store import open_session
-from engine.venues.bitget_v2_rest import Credentials, place_order_body
 from live.clock import LiveClock
 from live.config import endpoints
 from live.gateway import BitgetGateway, GatewayExecution
@@ -40,8 +41,7 @@ from tests.helpers import REPO as ROOT
 from tests.helpers import make_book
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
 from venue.bitget.public_server import simulator_frames
-from venue.latency import parse_latency
-from venue.recorded_latency import RECORDED_FILE
+from wire.bitget.bitget_v2_rest import Credentials, place_order_body
 from wire.journal import iter_segment
 
 CONFIRM = "--i-understand-this-trades-real-money"
@@ -634,7 +634,7 @@ def test_missed_fills_are_booked_each_at_its_own_price(monkeypatch):
     not a price on the tick, and the engine books only prices on the tick: the gateway books each
     missed fill from the venue's fill list, at its own price, both from a reconciliation and when a
     later push shows the earlier ones were lost. An order's end waits for its missed fills."""
-    from engine.venues.bitget_v2_private import parse_order
+    from wire.bitget.bitget_v2_private import parse_order
 
     creds = Credentials("local-key", "local-secret", "local-passphrase")
     with LocalExchangeThread(LocalExchange()) as ex:

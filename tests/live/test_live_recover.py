@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from dualhub.cli import main
-from engine.venues.bitget_v2_rest import Credentials
 from live.recover import _reconcile_with_venue, recover_live
 from live.runner import LiveConfig, run_live
 from live.wal import WAL_FILE, WalContent, WalScan, load_wal
 from tests.helpers import REPO as ROOT
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
 from venue.bitget.public_server import simulator_frames
+from wire.bitget.bitget_v2_rest import Credentials
 
 CONFIRM = "--i-understand-this-trades-real-money"
 SPEED = 10.0

@@ -19,12 +19,12 @@ import pytest
 from dualhub.cli import main
 from engine.kev.advisor import KevReply
 from engine.strategy import QuoteConfig
-from engine.venues.bitget_v2_rest import Credentials
 from live.health import VenueHealth
 from live.runner import LiveConfig, LiveRunner
 from tests.helpers import REPO as ROOT
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
 from venue.bitget.public_server import simulator_frames
+from wire.bitget.bitget_v2_rest import Credentials
 
 CONFIRM = "--i-understand-this-trades-real-money"
 LOCAL_KEYS = {

@@ -14,10 +14,10 @@ from engine.book import as_levels
 from engine.events import BookSnapshot
 from engine.laya.features import features_v0, features_v0_levels
 from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig
-from engine.venues.bitget_v2 import StreamCounters, decode, encode_books15
-from engine.venues.bitget_v2_fast import Books15Scanner
 from live.tick import TickLaya
 from venue.simulator import generate_frames
+from wire.bitget.bitget_v2 import StreamCounters, decode, encode_books15
+from wire.bitget.bitget_v2_fast import Books15Scanner
 
 
 @pytest.fixture(scope="module")

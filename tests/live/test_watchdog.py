@@ -19,13 +19,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from engine.venues.bitget_v2_rest import Credentials
 from live.runner import LiveConfig
 from live.watchdog import LOG_FILE, RECORD_FILE, Watchdog, beat_interval_s
 from tests.helpers import REPO as ROOT
 from tests.live.test_live import SPEED, _env, _grep_everything, _live_cmd, _needles
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
 from venue.bitget.public_server import simulator_frames
+from wire.bitget.bitget_v2_rest import Credentials
 
 WATCHDOG_S = 2.0
 # quotes 150 USDT behind the touch (inside the 50 bps price band): they rest, where quotes at the
@@ -261,8 +261,8 @@ def test_watchdog_settings():
 
 def test_a_refused_cancel_all_on_a_clean_venue_still_counts_as_clean(monkeypatch):
     """A venue that answers "nothing to cancel" with an error code: orders-pending decides."""
-    from engine.venues.bitget_v2_rest import PATH_CANCEL_ALL, BitgetError
     from live.watchdog import Venue
+    from wire.bitget.bitget_v2_rest import PATH_CANCEL_ALL, BitgetError
 
     creds = Credentials(*_secrets())
     with LocalExchangeThread(LocalExchange(accounts={creds.api_key: (creds.secret, creds.passphrase)})) as ex:

@@ -15,13 +15,13 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from engine.venues.bitget_v2 import encode_books15, encode_trades
-from engine.venues.bitget_v2_fast import REC_HEADER
 from recorder.columns import Columns
 from recorder.normalise import Normaliser
 from recorder.record import finish, new_writer, normalise_segment
 from tests.recorder.test_recorder import SYMS, record, run
 from venue.bitget.public_server import Fault, simulator_frames, toy_frames
+from wire.bitget.bitget_v2 import encode_books15, encode_trades
+from wire.bitget.bitget_v2_fast import REC_HEADER
 from wire.journal import _REC, JournalWriter, list_segments
 
 ASKED = {"url": "ws://test", "symbols": ["BTCUSDT", "ETHUSDT"], "channels": ["books15", "trade"]}

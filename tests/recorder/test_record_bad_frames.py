@@ -203,7 +203,7 @@ def test_books_channel_snapshot_updates_and_crc_over_25_levels(tmp_path: Path) -
     """A 30-level ``books`` snapshot and its updates, each carrying the CRC32 of the top 25 levels of
     the full book (a 15-level book would give another CRC), one update with a wrong checksum, then a
     new snapshot: every good push is a row, the bad one is quarantined as ``books_checksum``."""
-    from engine.venues.bitget_v2_books import book_checksum, encode_books
+    from wire.bitget.bitget_v2_books import book_checksum, encode_books
 
     eth = SYMS[1]
     bids = {f"{27000.0 - 0.5 * i:.1f}": "1.000" for i in range(30)}

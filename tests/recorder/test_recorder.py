@@ -27,11 +27,11 @@ import websockets
 from websockets.exceptions import InvalidStatus, InvalidURI
 
 from engine.store import open_session
-from engine.venues.bitget_v2 import arg
 from recorder.record import RecordConfig, Recorder, RecordError
 from recorder.recover import recover
 from tests.helpers import REPO
 from venue.bitget.public_server import BitgetServer, Fault, toy_frames
+from wire.bitget.bitget_v2 import arg
 from wire.connection import (
     ConnectionConfig,
     SlidingWindow,

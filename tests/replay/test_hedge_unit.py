@@ -151,7 +151,7 @@ def test_leg_settings_out_of_range_are_one_error_line(pair, tmp_path, capsys):
 
 
 def test_the_report_gives_the_residuals_time_weighted_notional_and_longest_episode(pair, tmp_path, capsys):
-    from engine.report.portfolio import legging, legging_lines
+    from analysis.portfolio import legging, legging_lines
 
     params = json.dumps({"risk.max_slippage_bps": 0.01, "leg_timeout_ms": 400})
     run = _replay(pair, tmp_path / "r", "--params", params, "--leg-hedge", "reprice")

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from dualhub.cli import main
-from engine.venues.bitget_v2_rest import Credentials
 from live.runner import LiveConfig, run_live
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
 from venue.bitget.public_server import simulator_frames
+from wire.bitget.bitget_v2_rest import Credentials
 
 SPEED = 10.0
 

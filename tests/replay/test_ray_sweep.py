@@ -234,7 +234,7 @@ def test_code_version_covers_the_replay_path_only_and_workers_check_it(sessions,
 
     root = REPO
     rel = {p.relative_to(root).as_posix() for p in code_sources()}
-    assert {"replay/driver.py", "replay/sweep.py", "engine/store.py", "engine/report/queries.sql"} <= rel
+    assert {"replay/driver.py", "replay/sweep.py", "engine/store.py", "analysis/queries.sql"} <= rel
     assert {"venue/exchange.py", "venue/kernel.py", "venue/matching.py", "venue/fills.py"} <= rel  # the venue
     # not imported by a replay: the recorder, the CLI, this distribution layer
     assert not any(

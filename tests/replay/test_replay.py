@@ -11,9 +11,9 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from analysis.report import run_report
 from engine.errors import DualhubError
 from engine.eventlog import OUTPUT_STREAMS
-from engine.report.report import run_report
 from engine.store import open_session
 from replay.driver import DEFAULT_MODEL, ReplayConfig, run_replay
 from tests.helpers import REPO

@@ -15,10 +15,10 @@ from engine.clock import ReplayClock
 from engine.eventlog import OUTPUT_STREAMS, EventLog
 from engine.events import BookSnapshot, Fill, LatencySpan, OrderEvent, Trade
 from engine.fastinit import frozen_maker
+from engine.latency.batch import sample_many
+from engine.latency.models import ConstantLatency, ScaledLatency
 from engine.risk import OrderIntent, RiskLimits
 from replay.driver import ReplayConfig, run_replay
-from venue.batch_latency import sample_many
-from venue.latency import ConstantLatency, EmpiricalLatency, ScaledLatency, parse_latency
 from venue.simulator import simulate_session
 
 
@@ -31,44 +31,14 @@ def _files(run) -> dict[str, bytes]:
     return {s: (run.run_dir / "events" / f"{s}.parquet").read_bytes() for s in OUTPUT_STREAMS}
 
 
-@pytest.mark.parametrize(
-    "spec", ["const:200us", "lognormal:p5=100us,p95=2ms", "lognormal:p5=1ms,p95=3ms", "scaled"]
-)
-def test_batch_latency_draws_equal_one_at_a_time(spec):
-    def model(seed: int):
-        rng = np.random.default_rng([seed, 3])
-        if spec == "scaled":
-            return ScaledLatency(parse_latency("lognormal:p5=100us,p95=2ms", rng), 2.5)
-        return parse_latency(spec, rng)
-
-    ts = np.arange(5_000, dtype=np.int64)
-    one = model(7)
-    one_by_one = [one.sample_ns(int(t)) for t in ts]
-    assert sample_many(model(7), ts).tolist() == one_by_one
-
-
-def test_batch_latency_empirical_and_unknown_models():
-    a = EmpiricalLatency([1_000, 5_000, 90_000], rng=np.random.default_rng(1))
-    b = EmpiricalLatency([1_000, 5_000, 90_000], rng=np.random.default_rng(1))
-    ts = np.zeros(500, dtype=np.int64)
-    assert sample_many(a, ts).tolist() == [b.sample_ns(0) for _ in ts]
-    assert sample_many(ConstantLatency(5), ts[:3]).tolist() == [5, 5, 5]
-
-    class Recorded:  # any other model (recorded latencies) is sampled one at a time by the engine
-        def sample_ns(self, ts_ns: int) -> int:
-            return 1
-
-    assert sample_many(Recorded(), ts) is None
-
-
 @pytest.mark.parametrize("factor", [1.0, 1.5, 0.0])
 def test_recorded_table_lookups_equal_sample_ns(factor):
     """A recorded model's table, as the replay kernel holds it, looked up key after key: what the model's
     ``sample_ns`` answers, keys recorded once, several times, used up or never recorded alike."""
+    from engine.latency.batch import recorded_table
+    from engine.latency.recorded import RecordedLatency
     from replay import fast_path
     from replay import kernel as K
-    from venue.batch_latency import recorded_table
-    from venue.recorded_latency import RecordedLatency
 
     rng = np.random.default_rng(12)
     keys = rng.integers(0, 400, 600).tolist()  # repeats: a key answers its durations in recorded order

@@ -213,7 +213,7 @@ ORDER_KINDS = {
 def _recording_models(monkeypatch, sink) -> None:
     """Make the driver's order latency models record every draw into ``sink``, as live mode's do."""
     import replay.driver as driver
-    from venue.recorded_latency import RecordingLatency
+    from engine.latency.recorded import RecordingLatency
 
     real = driver._checked_latency
 
@@ -229,7 +229,7 @@ def test_recorded_order_latencies_are_identical(session, tmp_path, monkeypatch, 
     """Recorded order entry, response and cancel latencies, looked up by the time of each draw: the
     per-event engine's run, hits, fallbacks (keys never recorded or used up) and all. Replayed from a
     run that recorded them, unscaled, they give that run's events back."""
-    from venue.recorded_latency import LatencySink
+    from engine.latency.recorded import LatencySink
 
     base = ReplayConfig(
         seed=9, risk=RiskLimits(daily_loss_stop_usd=1e9), **_drawn_latencies(tmp_path, "lognormal")
@@ -400,7 +400,7 @@ def test_configurations_it_cannot_reproduce_run_in_python(session, tmp_path, mon
     r = run_replay(session, ReplayConfig(seed=3, fill_model="through"), out_dir=tmp_path / "a")
     assert not built  # known from the config: no streamed set-up to throw away
     assert r.path == "python (fill model 'through')"
-    from venue.recorded_latency import LatencySink
+    from engine.latency.recorded import LatencySink
 
     sink = LatencySink()
     sink.add("cancel", 0, -1)  # the kernel cannot tell whether a negative duration will be drawn
@@ -425,8 +425,8 @@ def _recorded_laya(session: Path, tmp: Path) -> tuple[str, set[int]]:
     first is used). Returns the spec and the durations a replay may draw."""
     import pyarrow.compute as pc
 
+    from engine.latency.recorded import LatencySink
     from engine.store import open_session
-    from venue.recorded_latency import LatencySink
 
     recv = np.sort(pc.cast(open_session(session).read_table("books15").column("ts_recv"), "int64").to_numpy())
     durs = np.random.default_rng(8).integers(50_000, 30_000_000, len(recv)).tolist()
@@ -756,9 +756,9 @@ def test_a_multi_symbol_session_reads_its_symbol(tmp_path, monkeypatch):
 def test_the_merged_walk_is_the_sorted_walk(session, feed):
     """replay/walk.py's chunked merge gives tape.order()'s entries in its order, ties included."""
     import replay.driver as driver
+    from engine.latency.spec import parse_latency
     from engine.store import open_session
     from replay.walk import StreamedWalk
-    from venue.latency import parse_latency
 
     s = open_session(session)
     rng = np.random.default_rng(1)

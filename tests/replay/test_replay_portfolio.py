@@ -248,8 +248,8 @@ def test_the_portfolio_walk_merged_a_chunk_at_a_time_is_the_sorted_walk(pair, fe
     ties of one time between instruments, and labels due together across them, included."""
     import engine.store as store
     import replay.driver as driver
+    from engine.latency.spec import parse_latency
     from replay.portfolio import portfolio_walk
-    from venue.latency import parse_latency
 
     s = store.open_session(pair)
     rng = np.random.default_rng(4)
@@ -309,7 +309,7 @@ def test_a_live_portfolios_recorded_latencies_replay_on_the_compiled_loop(pair, 
     of both instruments. Every key is recorded twice, so the order of two draws of one key shows."""
     from dataclasses import replace
 
-    from venue.recorded_latency import LatencySink
+    from engine.latency.recorded import LatencySink
 
     cfg = ReplayConfig(symbols=("BTCUSDT", "ETHUSDT"), seed=2)
     base = run_replay(pair, cfg, out_dir=tmp_path / "base").run_dir

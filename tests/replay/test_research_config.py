@@ -307,7 +307,7 @@ def test_replay_stderr_has_one_provider_line_and_no_onnxruntime_log(sims: dict[s
 def test_doctor_still_collects_onnxruntime_lines() -> None:
     import onnxruntime as ort
 
-    from engine.diagnostics.onnx import capture_output
+    from doctor.onnx import capture_output
 
     with capture_output() as out:
         laya = Laya(LayaConfig(model_path=DEFAULT_MODEL, warmup_runs=1))

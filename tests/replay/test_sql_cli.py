@@ -1,4 +1,4 @@
-"""``dualhub sql``: the views of engine/report/views.sql over a real replay run, a query, statements
+"""``dualhub sql``: the views of analysis/views.sql over a real replay run, a query, statements
 piped on stdin, a sweep's results table, and errors as one line."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from analysis.report import connect
 from dualhub.cli import main
 from engine.events import STREAMS
-from engine.report.report import connect
 from tests.helpers import REPO
 
 

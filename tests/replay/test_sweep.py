@@ -5,9 +5,9 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from analysis.report import run_report
 from dualhub.cli import main
 from engine.errors import DualhubError
-from engine.report.report import run_report
 from engine.risk import RiskLimits
 from replay.driver import ReplayConfig, run_replay
 from replay.sweep import apply_scales, build_config, parse_grid, parse_scale_latency

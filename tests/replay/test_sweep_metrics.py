@@ -7,8 +7,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from analysis.report import connect
 from dualhub.cli import main
-from engine.report.report import connect
 from engine.risk import RiskLimits
 from replay.driver import ReplayConfig, run_replay
 from replay.run_metrics import max_drawdown, sharpe
@@ -132,7 +132,7 @@ def test_bad_keep_logs_and_metric_are_one_line(session, tmp_path, capsys):
 def test_the_plot_has_sharpe_and_drawdown_panels_and_still_plots_an_older_table(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    from engine.report import sweep_plot
+    from analysis import sweep_plot
 
     panels = []
     real = plt.subplots

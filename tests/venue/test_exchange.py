@@ -7,12 +7,12 @@ import random
 
 from engine.clock import ReplayClock
 from engine.events import Trade
+from engine.latency.models import ConstantLatency
 from engine.risk import OrderIntent
 from replay import kernel as K
 from tests.helpers import as_plain_python, make_book
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
-from venue.latency import ConstantLatency
 
 REASONS = {K.R_FILLED: "filled", K.R_IOC: "ioc_remainder_expired"}
 

@@ -9,11 +9,11 @@ import pytest
 from engine.book import SIDE_BUY, SIDE_SELL, as_levels
 from engine.clock import ReplayClock
 from engine.events import Trade
+from engine.latency.models import ConstantLatency
 from engine.risk import OrderIntent
 from tests.helpers import as_plain_python, make_book
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS, FM_QUEUE_LOG, FM_QUEUE_POWER, QueueState, level_qty, prob
-from venue.latency import ConstantLatency
 from venue.matching import AR_FILLED, AR_IOC_EXPIRED, AR_REST, maker_fill, match_arrival
 
 TICK = 0.01  # the contract's tick: the books below are on its grid (100.05 is a price inside the spread)

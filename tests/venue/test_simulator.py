@@ -19,7 +19,6 @@ from dualhub.cli import main
 from engine.contract import ContractConfig
 from engine.events import BOOK_LEVELS, BookSnapshot, Trade
 from engine.store import open_session
-from engine.venues.bitget_v2 import MS, StreamCounters, decode
 from venue.bitget.public_server import simulator_frames
 from venue.simulator import (
     DEFAULT_START_MS,
@@ -32,6 +31,7 @@ from venue.simulator import (
     generate_frames,
     simulate_session,
 )
+from wire.bitget.bitget_v2 import MS, StreamCounters, decode
 
 PX_RE = re.compile(r"^[1-9]\d*\.\d$")  # tick 0.1: exactly one decimal
 SZ_RE = re.compile(r"^\d+\.\d{3}$")  # size step 0.001: exactly three decimals

@@ -20,14 +20,14 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from engine.venues.bitget_v2 import arg, subscribe_request
-from engine.venues.bitget_v2_private import OrderUpdate
-from engine.venues.bitget_v2_rest import Credentials, place_order_body
 from live.gateway import BitgetGateway
 from live.private_ws import PrivateConfig, PrivateStream
 from tests.helpers import make_book
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
 from venue.bitget.public_server import BitgetServer, Fault, toy_frames
+from wire.bitget.bitget_v2 import arg, subscribe_request
+from wire.bitget.bitget_v2_private import OrderUpdate
+from wire.bitget.bitget_v2_rest import Credentials, place_order_body
 from wire.connection import Connection, ConnectionConfig, ReconnectLoop, SlidingWindow
 from wire.journal import JournalWriter
 

@@ -51,8 +51,7 @@ import orjson
 
 from engine.clock import ReplayClock
 from engine.events import BookSnapshot, Trade
-from engine.venues.bitget_v2 import StreamCounters, decode
-from engine.venues.bitget_v2_rest import PATH_TICKER, ContractSpec, parse_contract
+from engine.latency.models import ConstantLatency
 from venue.bitget.exchange_private import PrivateChannels
 from venue.bitget.exchange_rest import RestOrders
 from venue.bitget.exchange_state import (
@@ -73,7 +72,8 @@ from venue.bitget.rest_server import BitgetRestServer, Request, Response, contra
 from venue.bitget.ticker import FrameLookahead, ticker_row
 from venue.exchange import SimExchange
 from venue.fills import FILL_MODELS
-from venue.latency import ConstantLatency
+from wire.bitget.bitget_v2 import StreamCounters, decode
+from wire.bitget.bitget_v2_rest import PATH_TICKER, ContractSpec, parse_contract
 
 log = logging.getLogger(__name__)
 

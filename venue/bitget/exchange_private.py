@@ -16,8 +16,8 @@ import orjson
 import websockets
 from websockets.asyncio.server import ServerConnection
 
-from engine.venues.bitget_v2_private import PRIVATE_CHANNELS, encode_push, login_sign
 from venue.bitget.exchange_state import LOGIN_WINDOW_S, _Order, _PrivConn, _same
+from wire.bitget.bitget_v2_private import PRIVATE_CHANNELS, encode_push, login_sign
 
 
 class PrivateChannels:

@@ -19,9 +19,9 @@ from typing import Any
 import orjson
 
 from engine.risk import OrderIntent, reduce_only_ok
-from engine.venues.bitget_v2_rest import sign
 from venue.bitget.exchange_state import ORDER_ENDPOINTS, TS_WINDOW_MS, _Order, _rest_fill, _same
 from venue.bitget.rest_server import Request, Response, error, ok
+from wire.bitget.bitget_v2_rest import sign
 
 
 class RestOrders:

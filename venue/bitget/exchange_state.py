@@ -18,9 +18,9 @@ from websockets.asyncio.server import ServerConnection
 from engine.clock import ReplayClock
 from engine.contract import ContractConfig
 from engine.events import BookSnapshot
-from engine.venues.bitget_v2_rest import ContractSpec
 from venue.exchange import SimExchange
 from venue.simulator import INSTRUMENTS
+from wire.bitget.bitget_v2_rest import ContractSpec
 
 PRIVATE_PATH: Final = "/v2/ws/private"
 PUBLIC_PATH: Final = "/v2/ws/public"

@@ -45,7 +45,6 @@ import orjson
 import websockets
 from websockets.asyncio.server import Server, ServerConnection, serve
 
-from engine.venues.bitget_v2 import INST_TYPE, PING, arg, encode_books15, encode_trades
 from venue.bitget.wire_layout import (
     DEFAULT_BOOKS_DEPTH,
     LATEST,
@@ -56,6 +55,7 @@ from venue.bitget.wire_layout import (
     is_layout,
     layout_of,
 )
+from wire.bitget.bitget_v2 import INST_TYPE, PING, arg, encode_books15, encode_trades
 
 log = logging.getLogger(__name__)
 

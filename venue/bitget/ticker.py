@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from engine.events import BookSnapshot
-from engine.venues.bitget_v2 import StreamCounters, decode
 from venue.bitget.rest_server import plain_decimal
+from wire.bitget.bitget_v2 import StreamCounters, decode
 
 # frames the ticker reads ahead at most for a symbol's first book (they are held until broadcast)
 LOOKAHEAD_MAX: Final = 100_000

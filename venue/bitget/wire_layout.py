@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import orjson
 
-from engine.venues.bitget_v2_books import book_checksum
+from wire.bitget.bitget_v2_books import book_checksum
 
 YEARS: Final = ("2024", "2025", "2026")
 LATEST: Final = "2026"

@@ -21,22 +21,22 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from doctor import kev as kev_diag
+from doctor.checks import DoctorConfig
 from dualhub.cli import main
 from engine.clock import ReplayClock
-from engine.diagnostics import kev as kev_diag
-from engine.diagnostics.checks import DoctorConfig
 from engine.kev.advisor import KevContext, KevReply
 from engine.kev.cassette import Cassette, answered_by
 from engine.kev.health import answer_times_ns, recommend_timeout_ms
 from engine.kev.sim import SimKevBackend
+from engine.latency.models import ConstantLatency
+from engine.latency.recorded import RECORDED_FILE
 from live.runner import LiveConfig, run_live
 from replay import driver
 from replay.driver import ReplayConfig, run_replay
 from replay.kev_cli import fit_runs
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
 from venue.bitget.public_server import simulator_frames
-from venue.latency import ConstantLatency
-from venue.recorded_latency import RECORDED_FILE
 from venue.simulator import simulate_session
 
 GOOD = orjson.dumps(

@@ -17,6 +17,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from analysis.report import connect, load_queries
 from engine.eventlog import OUTPUT_STREAMS, EventLog, digest_tables
 from engine.events import NON_DECISION_COLUMNS, events_to_table
 from engine.kev.advisor import KevContext, KevReply
@@ -24,7 +25,6 @@ from engine.kev.breaker import CircuitBreaker
 from engine.kev.cassette import Cassette
 from engine.kev.failures import FAILURE_KINDS, classify, judge
 from engine.kev.llama import LlamaAdvisor, LlamaConfig
-from engine.report.report import connect, load_queries
 from replay.diff import diff_runs
 from replay.driver import ReplayConfig, run_replay
 from venue.simulator import simulate_session

@@ -7,7 +7,7 @@ from engine.kev.advisor import KevContext
 from engine.kev.command import validate_command
 from engine.kev.queue import KevQueue
 from engine.kev.rules import RuleKev
-from venue.latency import ConstantLatency, LognormalLatency
+from engine.latency.models import ConstantLatency, LognormalLatency
 
 
 def ctx(rid, ts=0, label="LEAN_BUY", p=0.9, imbalance=0.3, position=0.0):

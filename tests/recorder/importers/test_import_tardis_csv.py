@@ -13,11 +13,11 @@ import pytest
 from dualhub.cli import main
 from engine.events import BookSnapshot, Trade
 from engine.store import open_session
-from engine.venues.bitget_v2 import StreamCounters, decode
 from recorder.importers.tardis_csv import INCREMENTAL, SNAPSHOT, TRADES, import_tardis_csv
 from replay.driver import run_replay
 from venue.bitget.public_server import _plain
 from venue.simulator import generate_frames
+from wire.bitget.bitget_v2 import StreamCounters, decode
 
 
 def _market() -> tuple[list[BookSnapshot], list[Trade]]:

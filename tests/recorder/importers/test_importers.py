@@ -12,11 +12,11 @@ import pytest
 
 from engine.events import BookSnapshot, Gap
 from engine.store import open_session
-from engine.venues.bitget_v2 import StreamCounters
 from recorder.cli import main as recorder_main
 from recorder.importers.binance_usdm import BinanceBookBuilder, import_binance_usdm, iter_lines
 from recorder.importers.bitget_v1 import import_bitget_v1, seconds_to_ns
 from tests.helpers import REPO
+from wire.bitget.bitget_v2 import StreamCounters
 
 REAL = REPO / ".." / "shared" / "data" / "real"
 BINANCE = REAL / "binance-usdm" / "usdm_btcusdt_20240808.gz"

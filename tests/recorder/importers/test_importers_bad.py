@@ -13,12 +13,12 @@ import pytest
 from dualhub.cli import main
 from engine.events import Gap
 from engine.store import open_session
-from engine.venues.bitget_v2 import encode_books15, encode_trades
-from engine.venues.bitget_v2_books import BooksOptions, BooksState
 from recorder.importers.binance import import_binance
 from recorder.importers.bitget_v1 import iter_capture, seconds_to_ns, to_v2
 from recorder.normalise import Normaliser
 from tests.helpers import REPO
+from wire.bitget.bitget_v2 import encode_books15, encode_trades
+from wire.bitget.bitget_v2_books import BooksOptions, BooksState
 from wire.journal import RECV, Record
 
 REAL = REPO / ".." / "shared" / "data" / "real"

@@ -14,9 +14,9 @@ from websockets.asyncio.client import connect
 
 from engine.events import BookSnapshot, Trade
 from engine.store import SessionWriter
-from engine.venues.bitget_v2 import StreamCounters, arg, decode, subscribe_request
-from engine.venues.bitget_v2_books import BookFault, BooksState, decode_with_books
 from venue.bitget.public_server import BitgetServer, Fault, session_frames, simulator_frames, toy_frames
+from wire.bitget.bitget_v2 import StreamCounters, arg, decode, subscribe_request
+from wire.bitget.bitget_v2_books import BookFault, BooksState, decode_with_books
 
 SYMS = ("BTCUSDT", "ETHUSDT")
 

@@ -12,7 +12,11 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect
 
-from engine.venues.bitget_v2_private import (
+from live.gateway import BitgetGateway, RateLimiter
+from tests.helpers import make_book
+from venue.bitget.exchange import LocalExchange, LocalExchangeThread
+from venue.bitget.public_server import toy_frames
+from wire.bitget.bitget_v2_private import (
     FillUpdate,
     OrderUpdate,
     PositionsUpdate,
@@ -20,7 +24,7 @@ from engine.venues.bitget_v2_private import (
     parse_private,
     private_args,
 )
-from engine.venues.bitget_v2_rest import (
+from wire.bitget.bitget_v2_rest import (
     PATH_PLACE,
     BitgetAuthError,
     BitgetNotFoundError,
@@ -30,10 +34,6 @@ from engine.venues.bitget_v2_rest import (
     build_request,
     place_order_body,
 )
-from live.gateway import BitgetGateway, RateLimiter
-from tests.helpers import make_book
-from venue.bitget.exchange import LocalExchange, LocalExchangeThread
-from venue.bitget.public_server import toy_frames
 
 CREDS = Credentials("local-key", "local-secret", "local-passphrase")
 

@@ -7,13 +7,13 @@ import time
 import pytest
 
 from engine.events import BookSnapshot
-from engine.venues.bitget_v2 import StreamCounters, decode
-from engine.venues.bitget_v2_rest import PATH_TICKER, BitgetParamError, parse_ticker
 from live.gateway import BitgetGateway
 from tests.helpers import make_book
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
 from venue.bitget.public_server import simulator_frames
 from venue.bitget.ticker import FrameLookahead
+from wire.bitget.bitget_v2 import StreamCounters, decode
+from wire.bitget.bitget_v2_rest import PATH_TICKER, BitgetParamError, parse_ticker
 
 SYMBOLS = ("BTCUSDT", "ETHUSDT")
 

@@ -24,10 +24,15 @@ import websockets
 
 from engine.events import BookSnapshot, Quarantined
 from engine.store import open_session
-from engine.venues.bitget_v2 import StreamCounters, arg, decode, subscribe_request
-from engine.venues.bitget_v2_books import BookFault, BooksState, book_checksum, decode_with_books
-from engine.venues.bitget_v2_fast import Books15Scanner, decode_fast
-from engine.venues.bitget_v2_private import (
+from live.gateway import BitgetGateway
+from tests.helpers import REPO, make_book
+from venue.bitget.exchange import LocalExchange, LocalExchangeThread
+from venue.bitget.public_server import BitgetServer, Fault, toy_frames
+from venue.bitget.wire_layout import DEFAULT_BOOKS_DEPTH, FIXED_DEPTH, YEARS
+from wire.bitget.bitget_v2 import StreamCounters, arg, decode, subscribe_request
+from wire.bitget.bitget_v2_books import BookFault, BooksState, book_checksum, decode_with_books
+from wire.bitget.bitget_v2_fast import Books15Scanner, decode_fast
+from wire.bitget.bitget_v2_private import (
     OrderUpdate,
     PositionsUpdate,
     PrivateQuarantined,
@@ -35,12 +40,7 @@ from engine.venues.bitget_v2_private import (
     parse_private,
     private_args,
 )
-from engine.venues.bitget_v2_rest import Credentials, parse_envelope, place_order_body
-from live.gateway import BitgetGateway
-from tests.helpers import REPO, make_book
-from venue.bitget.exchange import LocalExchange, LocalExchangeThread
-from venue.bitget.public_server import BitgetServer, Fault, toy_frames
-from venue.bitget.wire_layout import DEFAULT_BOOKS_DEPTH, FIXED_DEPTH, YEARS
+from wire.bitget.bitget_v2_rest import Credentials, parse_envelope, place_order_body
 
 SYM = "BTCUSDT"
 SRC = toy_frames((SYM,), n=80)
