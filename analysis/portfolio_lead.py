@@ -18,7 +18,7 @@ import duckdb
 
 from analysis.report import Section
 
-# --portfolio keys (engine/risk.py PORTFOLIO_KEYS) and the RiskLimits fields the run's config holds
+# --portfolio keys (engine/risk_args.py PORTFOLIO_KEYS) and the RiskLimits fields the run's config holds
 LIMIT_FIELDS: Final = (
     ("net_delta_usd", "portfolio_max_net_delta_usd"),
     ("gross_usd", "portfolio_max_gross_usd"),
