@@ -432,17 +432,22 @@ def _gaps(
 
 def _common_extras(members: list[Member]) -> dict[str, Any]:
     """The members' other manifest keys, each kept where all members have it equal; a dict kept as its
-    entries that are (a simulator's ``instruments`` and ``symbols`` stay; its ``seed`` and ``start_ms``,
-    one per member, are in ``range.sessions``)."""
+    entries that are (a simulator's ``symbols`` and instruments' grids stay; its ``seed`` and
+    ``start_ms``, one per member, are in ``range.sessions``)."""
     manifests = [m.session.manifest for m in members]
+    return _common([{k: v for k, v in mf.items() if k not in _CORE} for mf in manifests])
+
+
+def _common(values: list[dict[str, Any]]) -> dict[str, Any]:
+    """The entries of ``values`` equal in all of them, nested dicts kept as their common entries: a
+    multi-symbol simulator's ``instruments`` keep each symbol's tick and size step, not its price."""
     out: dict[str, Any] = {}
-    for k in sorted(set(manifests[0]) - _CORE):
-        values = [mf.get(k) for mf in manifests]
-        if all(v == values[0] for v in values):
-            out[k] = values[0]
-        elif all(isinstance(v, dict) for v in values):
-            same = {kk: vv for kk, vv in values[0].items() if all(v.get(kk) == vv for v in values)}
-            if same:
+    for k in sorted(values[0]):
+        vs = [v.get(k) for v in values]
+        if all(x == vs[0] for x in vs):
+            out[k] = vs[0]
+        elif all(isinstance(x, dict) for x in vs):
+            if same := _common(vs):  # type: ignore[arg-type]
                 out[k] = same
     return out
 

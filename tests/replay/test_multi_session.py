@@ -278,3 +278,19 @@ def test_a_sweep_runs_over_a_range(runs: dict[str, Path], catalog: Path, tmp_pat
     assert not row["error"]
     range_session = _manifest(runs["range"])["session"]
     assert row["session"] == range_session["path"] and row["session_digest"] == range_session["digest"]
+
+
+def test_a_ranges_market_cache_gives_the_same_run(
+    runs: dict[str, Path], catalog: Path, tmp_path: Path, capsys
+) -> None:
+    """The range's market cache (beside the range directory, keyed by its digest: every member's file
+    hashes) is built by one run and read by the next, with the run's digest unchanged."""
+    digests = []
+    for k, state in enumerate(("built", "reused")):
+        out = tmp_path / f"cached{k}"
+        capsys.readouterr()
+        assert main(["replay", str(catalog), "--market-cache", "--out", str(out)]) == 0
+        assert f"market cache: {state}" in capsys.readouterr().out
+        digests.append(_manifest(out)["digest"])
+    assert digests == [_manifest(runs["range"])["digest"]] * 2
+    assert any((Path(_manifest(runs["range"])["session"]["path"]) / "cache" / "market").iterdir())
