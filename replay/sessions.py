@@ -241,26 +241,39 @@ def build_range(members: list[Member]) -> Path:
     clock = _clock(members)
     out = range_dir(members)
     key = range_key(members)
-    try:
-        have = orjson.loads((out / MANIFEST).read_bytes())
-        if have.get("range", {}).get("key") == key:
-            return out
-    except (OSError, orjson.JSONDecodeError, AttributeError):
-        pass
+    if _has_key(out, key):
+        return out
+    for m in members:  # what is copied must be what each manifest names (a damaged file: one line)
+        m.session.verify()
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
         manifest = _write(tmp, members, clock, key)
         write_json(tmp / MANIFEST, manifest)
-        if out.exists():  # an older format, or a half-removed one: replaced whole
+        if out.exists() and not _has_key(out, key):  # not a range of these sessions (edited by hand)
             shutil.rmtree(out)
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not _has_key(out, key):
+                raise
+            # another process wrote the same range meanwhile (and may be replaying it): theirs stays
+            shutil.rmtree(tmp)
         fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _has_key(out: Path, key: str) -> bool:
+    """Whether ``out`` is a finished range directory of the range ``key`` names."""
+    try:
+        have = orjson.loads((out / MANIFEST).read_bytes())
+        return isinstance(have, dict) and (range_of(have) or {}).get("key") == key
+    except (OSError, orjson.JSONDecodeError):
+        return False
 
 
 @dataclass
