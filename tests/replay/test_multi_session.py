@@ -10,7 +10,13 @@ What "equal where no state crosses" compares, precisely:
   first session, and the timers its run left pending fire inside the gap at the same times;
 - for every session, the label events (Laya's, which depend on each book alone) between its first row
   and the next session's equal that session's own replay's, the book seqs shifted by the offset the
-  range declares for the session (the log's own ``seq`` counts on over the run, so it is left out).
+  range declares for the session (the log's own ``seq`` counts on over the run, so it is left out);
+- in a configuration where no state crosses a boundary (nothing trades: every order is refused by a
+  tiny max_order_qty, so no position and no resting order; Kev's lag scaled to 0, so no request is in
+  flight at a boundary and no lag draw matters), every stream of every session's portion (from its
+  first row on either clock to the next session's) equals that session's own replay, every column,
+  once the counters that run on over a run are rebased to the portion's first (the log's seqs, order,
+  Kev request and command ids, label seqs) and book seqs shifted back by the declared offset.
 What crosses (the position, resting orders, order ids, Kev's request counter, the latency models'
 draws) is checked to carry, not to be equal: a quote resting at the end of one session can fill on the
 next session's first trades."""
@@ -76,7 +82,7 @@ def _events(run: Path, stream: str) -> pa.Table:
 
 def _window(t: pa.Table, lo: int | None, hi: int | None) -> pa.Table:
     """Rows with ``lo <= ts_recv < hi`` (None: unbounded)."""
-    mask = pa.array([True] * t.num_rows)
+    mask = pa.array([True] * t.num_rows, pa.bool_())
     if lo is not None:
         mask = pc.and_(mask, pc.greater_equal(t.column("ts_recv"), lo))
     if hi is not None:
@@ -313,3 +319,56 @@ def test_a_damaged_member_is_refused_before_anything_is_written(
     line = _refused(["replay", str(folder), "--out", str(tmp_path / "r")], capsys)
     assert "does not match its manifest" in line
     assert not (folder / ".ranges").exists()  # checked before the range directory is begun
+
+
+QUIET = '{"risk.max_order_qty": 1e-06, "scale_kev": 0.0}'  # nothing trades; Kev answers at once
+
+
+def _oid(v: str) -> int:
+    return int(v.rsplit("-", 1)[1])
+
+
+def _rebased(tables: dict[str, pa.Table], book_offset: int) -> dict[str, list[dict]]:
+    """Each stream's rows with the counters that run on over a run rebased to the portion's first."""
+    risk = [_oid(x) for x in tables["risk"].column("client_oid").to_pylist() if x]
+    base = {
+        "client_oid": min(risk, default=0),
+        "request_id": min(tables["kev_queue"].column("request_id").to_pylist(), default=0),
+        "command_id": min(tables["command"].column("command_id").to_pylist(), default=0),
+        "label_seq": min(tables["label"].column("seq").to_pylist(), default=0),
+    }
+    out = {}
+    for stream, t in tables.items():
+        rows = _rows(t, drop=("seq",))
+        for r in rows:
+            if r.get("client_oid"):
+                r["client_oid"] = _oid(r["client_oid"]) - base["client_oid"]
+            for k in ("request_id", "command_id", "label_seq"):
+                if isinstance(r.get(k), int):
+                    r[k] -= base[k]
+            if isinstance(r.get("ref"), str) and r["ref"].startswith("kev:"):
+                r["ref"] = int(r["ref"][4:]) - base["request_id"] - 1
+            if "book_seq" in r:
+                r["book_seq"] -= book_offset
+        out[stream] = rows
+    return out
+
+
+def test_where_no_state_crosses_the_run_is_the_sessions_runs_end_to_end(
+    catalog: Path, tmp_path: Path
+) -> None:
+    assert main(["replay", str(catalog), "--params", QUIET, "--out", str(tmp_path / "range")]) == 0
+    sessions = _range_manifest(tmp_path / "range")["range"]["sessions"]
+    bounds = [None] + [_first_row_ns(catalog / s["name"]) for s in sessions[1:]] + [None]
+    compared = 0
+    for k, s in enumerate(sessions):
+        own = tmp_path / s["name"]
+        assert main(["replay", str(catalog / s["name"]), "--params", QUIET, "--out", str(own)]) == 0
+        mine = {st: _window(_events(tmp_path / "range", st), bounds[k], bounds[k + 1]) for st in STREAMS}
+        alone = {st: _events(own, st) for st in STREAMS}
+        got, want = _rebased(mine, s["seq_offsets"]["books15"]), _rebased(alone, 0)
+        for st in STREAMS:
+            assert got[st] == want[st], (s["name"], st)
+            compared += len(want[st])
+        assert want["risk"] and want["kev_request"]  # it decided (and refused), and asked Kev
+    assert compared > 2000
