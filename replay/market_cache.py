@@ -289,12 +289,12 @@ class Cached:
         rel = _block_name(b)
         meta = self.manifest["files"].get(rel)
         try:
-            with open(self.path / rel, "rb") as f:
+            with open(self.path / rel, "rb", buffering=0) as f:
                 st = os.fstat(f.fileno())
-                data = f.read()
+                data = _read_into_scratch(f, st.st_size)
             seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, meta["blake3"] if meta else "")
         except OSError:
-            data, seen = b"", None
+            data, seen = memoryview(b""), None
         if (
             meta is None
             or len(data) != meta["bytes"]
@@ -312,6 +312,23 @@ class Cached:
         levels[:] = batch.column(0).values.to_numpy().reshape(n, N_LEVELS)
         labels[:] = batch.column(1).to_numpy()
         probs[:] = batch.column(2).values.to_numpy().reshape(n, 4)
+
+
+# One buffer the block files are read into, reused block after block and run after run: a fresh bytes
+# object per block paid its page faults on every read of a sweep's runs (a block's levels are then
+# copied out of it, so nothing keeps a view of it).
+_scratch = bytearray()
+
+
+def _read_into_scratch(f: Any, size: int) -> memoryview:
+    global _scratch
+    if len(_scratch) < size + 1:
+        _scratch = bytearray(size + 1)
+    view = memoryview(_scratch)
+    n = 0
+    while got := f.readinto(view[n:]):  # to the end: a file that grew since fstat reads longer
+        n += got
+    return view[:n]
 
 
 def attach(cache: MarketCache, books: Any, key: CacheKey) -> str:

@@ -125,14 +125,18 @@ class Tally:
                 for stream in sorted(set(_EVENTS_VIEW.findall(sql))):  # those not kept: empty, same schema
                     con.register(f"_events_{stream}", self._table(stream))
                 con.execute(f"SET VARIABLE run = '{td}'")
-                con.execute(_EVENTS_VIEW.sub(lambda m: f"_events_{m.group(1)}", sql))
+                sql = _EVENTS_VIEW.sub(lambda m: f"_events_{m.group(1)}", sql)
+                con.execute(sql)
                 # The views as written, over tables made once: the books' few columns the views read (kept
-                # for the process's next run of the session), and the equity curve without its running
+                # for the process's next run of the session), the fills' PnL and the symbol's PnL over the
+                # books they can pick (_narrow_views), and the equity curve without its running
                 # peak (read twice below; the peak's window was most of a summary's time: sharpe() and
                 # max_drawdown() take it from the curve). DuckDB binds a view when it is queried, so the
                 # views above read these.
-                con.register("_books15", book_columns(manifest))
+                books = book_columns(manifest)
+                con.register("_books15", books)
                 con.execute("DROP VIEW books15; CREATE VIEW books15 AS SELECT * FROM _books15")
+                _narrow_views(con, sql, books, self._table("fill"))
                 curve = "SELECT ts_recv, seq, mid, pnl FROM equity"
                 con.execute(f"CREATE TEMP TABLE _equity AS {curve}")
                 con.execute("DROP VIEW equity; CREATE VIEW equity AS SELECT * FROM _equity")
@@ -150,10 +154,8 @@ def needed_views(sql: str, roots: tuple[str, ...]) -> str:
     """The statements of ``sql`` (views.sql) that the views and variables ``roots`` read, transitively,
     in their order: a summary binds a few of its views, not all of them (binding every view of the
     file took most of a summary's time)."""
-    stmts = [re.sub(r"--[^\n]*", "", x) for x in re.split(r";[ \t]*\n", sql)]
-    stmts = [x for x in stmts if _CREATES.search(x)]
-    names = [_CREATES.search(x).group(1) for x in stmts]  # type: ignore[union-attr]
-    body = dict(zip(names, stmts, strict=True))
+    body = view_statements(sql)
+    names = list(body)
     want, todo = set(), list(roots)
     while todo:
         n = todo.pop()
@@ -161,11 +163,91 @@ def needed_views(sql: str, roots: tuple[str, ...]) -> str:
             continue
         want.add(n)
         todo.extend(m for m in names if m != n and re.search(rf"\b{m}\b", body[n]))
-    return ";\n".join(x for n, x in zip(names, stmts, strict=True) if n in want) + ";\n"
+    return ";\n".join(body[n] for n in names if n in want) + ";\n"
+
+
+# Views whose only reads of the books are an ASOF join from the fills (fills_pnl: the latest book at
+# each fill) or the last finite book of each symbol (symbol_pnl's mark): each is made once, as a table,
+# by its own statement over the rows of the books it can pick (:func:`book_rows_met`), not over every
+# book (the ASOF join's sort of a million books was most of a summary's time). The views that read
+# them (equity, pnl_attribution, the pnl query) then read the tables.
+_NARROWED: Final = {"fills_pnl": "fills", "symbol_pnl": "last"}
+
+
+def _narrow_views(con: Any, sql: str, books: pa.Table, fills: pa.Table) -> None:
+    bodies = view_statements(sql)
+    for view, rows in _NARROWED.items():
+        stmt = bodies.get(view)
+        head = re.compile(rf"^\s*CREATE\s+VIEW\s+{view}\s+AS\b", re.I)
+        if stmt is None or not head.search(stmt):
+            continue  # the view is not read by this summary, or not as this expects: left as it is
+        con.register(f"_books_{view}", book_rows_met(books, fills if rows == "fills" else None))
+        body = re.sub(r"\bbooks15\b", f"_books_{view}", head.sub(f"CREATE TEMP TABLE _{view} AS", stmt))
+        con.execute(body)
+        con.execute(f"DROP VIEW {view}; CREATE VIEW {view} AS SELECT * FROM _{view}")
+
+
+def view_statements(sql: str) -> dict[str, str]:
+    """The ``CREATE VIEW``/``SET VARIABLE`` statements of ``sql`` by the name they define."""
+    stmts = [re.sub(r"--[^\n]*", "", x) for x in re.split(r";[ \t]*\n", sql)]
+    stmts = [x for x in stmts if _CREATES.search(x)]
+    return {_CREATES.search(x).group(1): x for x in stmts}  # type: ignore[union-attr]
+
+
+def book_rows_met(books: pa.Table, fills: pa.Table | None) -> pa.Table:
+    """The rows of ``books`` an ASOF join from ``fills`` on (symbol, ts_recv >= books.ts_recv) picks:
+    the book at the latest ``ts_recv`` at or before each fill of its symbol; where such an instant holds
+    several books of the symbol (the join's pick among them is its own), every book of the symbol.
+    ``fills`` None: the last finite book of each symbol by (``ts_recv``, ``seq``), as symbol_pnl's mark
+    takes it. The rows keep their order in ``books``."""
+    keep = np.zeros(books.num_rows, dtype=bool)
+    ts_all = books.column("ts_recv").to_numpy()
+    for s, rows in _symbol_rows(books):
+        ts = ts_all[rows]
+        if fills is None:
+            mid = books.column("bid_px_0").to_numpy()[rows] + books.column("ask_px_0").to_numpy()[rows]
+            ok = rows[np.isfinite(mid)]
+            if len(ok):
+                at_last = ok[ts_all[ok] == ts_all[ok].max()]
+                keep[at_last[np.argmax(books.column("seq").to_numpy()[at_last])]] = True
+            continue
+        f = fills.column("ts_recv").to_numpy()
+        if pc.any(pc.not_equal(fills.column("symbol"), s)).as_py():
+            f = f[pc.equal(fills.column("symbol"), s).to_numpy(zero_copy_only=False)]
+        order = None if len(ts) < 2 or bool(np.all(ts[1:] >= ts[:-1])) else np.argsort(ts, kind="stable")
+        ts_sorted = ts if order is None else ts[order]
+        last = np.searchsorted(ts_sorted, f, side="right") - 1  # the latest book at or before each fill
+        last = last[last >= 0]
+        if (np.searchsorted(ts_sorted, ts_sorted[last], side="left") != last).any():
+            # books at one instant: which of them the join takes is its own choice, which may change
+            # with the rows it is given; every row, as before
+            keep[rows] = True
+            continue
+        keep[rows[last] if order is None else rows[order[last]]] = True
+    return books.filter(pa.array(keep))
+
+
+def _symbol_rows(books: pa.Table) -> list[tuple[str, np.ndarray]]:
+    """Each symbol of ``books`` with its rows, kept with the process's books (:func:`book_columns`)."""
+    key = (id(books), books.num_rows)
+    got = _symbols.get(key)
+    if got is None:
+        sym = books.column("symbol")
+        first = sym[0].as_py() if books.num_rows else ""
+        if not pc.any(pc.not_equal(sym, first)).as_py():  # one symbol, the common case: every row
+            got = [(first, np.arange(books.num_rows))] if books.num_rows else []
+        else:
+            mask = [(s, pc.equal(sym, s).to_numpy(zero_copy_only=False)) for s in pc.unique(sym).to_pylist()]
+            got = [(s, np.flatnonzero(m)) for s, m in mask]
+        if any(b is books for b in _books.values()):
+            _symbols.clear()
+            _symbols[key] = got
+    return got
 
 
 BOOK_COLUMNS: Final = ["symbol", "ts_recv", "seq", "bid_px_0", "ask_px_0"]  # what the summary's views read
 _books: dict[tuple[tuple[str, int, int], ...], pa.Table] = {}
+_symbols: dict[tuple[int, int], list[tuple[str, np.ndarray]]] = {}  # of the table in _books
 
 
 def book_columns(manifest: Mapping[str, Any]) -> pa.Table:

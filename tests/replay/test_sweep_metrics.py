@@ -3,16 +3,19 @@ run written in full; --keep-logs, --best, and a row's replay_command replaying t
 
 import shlex
 
+import duckdb
+import numpy as np
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.report import connect
+from analysis.report import connect, load_queries
 from dualhub.cli import main
 from engine.risk import RiskLimits
 from replay.driver import ReplayConfig, run_replay
-from replay.run_metrics import max_drawdown, sharpe
-from replay.sweep import RESULT_SCHEMA, best_table, run_one
+from replay.run_metrics import book_rows_met, max_drawdown, sharpe
+from replay.sweep import RESULT_SCHEMA, best_table, run_one, run_stats
 from venue.simulator import simulate_session
 
 GRID = """
@@ -68,6 +71,77 @@ def test_the_rows_sharpe_and_drawdown_are_the_views(session, tmp_path):
     assert want is not None and dd < 0
     assert sharpe(eq["ts_recv"], eq["pnl"]) == pytest.approx(want, rel=1e-9)
     assert max_drawdown(eq["pnl"]) == dd
+
+
+def test_the_rows_pnl_and_its_split_are_the_views_over_every_book(session, tmp_path):
+    # the summary's fills_pnl and symbol_pnl read only the books they can pick: the same answers as the
+    # report's views over the written run's files, which read every book
+    cfg = ReplayConfig(seed=3, laya_provider="cpu", risk=RiskLimits(daily_loss_stop_usd=1e9))
+    res = run_replay(session, cfg, out_dir=tmp_path / "run")
+    row = run_stats(res.run_dir)
+    con = connect(res.run_dir)
+    try:
+        split = con.sql("SELECT spread_capture, inventory, fees, turnover_usdt, fills FROM pnl_attribution")
+        (split,) = split.fetchall()
+        pnl_sql = next(sql for name, _, sql in load_queries() if name == "pnl")
+        rel = con.sql(pnl_sql)
+        pnl = dict(zip(rel.columns, rel.fetchall()[0], strict=True))
+    finally:
+        con.close()
+    assert split[-1] > 0
+    assert (
+        row["spread_capture_usdt"],
+        row["inventory_usdt"],
+        row["fees_paid_usdt"],
+        row["turnover_usdt"],
+        row["fills"],
+    ) == split
+    assert (row["pnl_usdt"], row["fees_usdt"], row["position"]) == (
+        pnl["pnl_usdt"],
+        pnl["fees_usdt"],
+        float(pnl["position"]),
+    )
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_book_rows_met_give_an_asof_join_its_answers(ties):
+    # books of two symbols out of time order, NaN mids; with ties, instants shared by several books
+    rng = np.random.default_rng(5)
+    n = 400
+    ts = rng.integers(0, 120, n) * 10 if ties else rng.permutation(n * 3)[:n]
+    books = pa.table(
+        {
+            "symbol": rng.choice(["AAA", "BBB"], n),
+            "ts_recv": ts,
+            "seq": rng.permutation(n),
+            "bid_px_0": np.where(rng.random(n) < 0.05, np.nan, rng.normal(100, 1, n)),
+            "ask_px_0": rng.normal(101, 1, n),
+        }
+    )
+    fills = pa.table(
+        {
+            "symbol": rng.choice(["AAA", "BBB"], 90),
+            "ts_recv": rng.integers(-5, 1300, 90),
+            "seq": np.arange(90),
+        }
+    )
+    asof = """SELECT f.seq, b.ts_recv, b.mid FROM f ASOF LEFT JOIN
+        (SELECT symbol, ts_recv, (bid_px_0 + ask_px_0) / 2 AS mid FROM b) b
+        ON f.symbol = b.symbol AND f.ts_recv >= b.ts_recv ORDER BY f.seq"""
+    last = """SELECT symbol, (bid_px_0 + ask_px_0) / 2 FROM b WHERE isfinite(bid_px_0 + ask_px_0)
+        QUALIFY row_number() OVER (PARTITION BY symbol ORDER BY ts_recv DESC, seq DESC) = 1 ORDER BY symbol"""
+    met, at_end = book_rows_met(books, fills), book_rows_met(books, None)
+    assert (met.num_rows == n) == ties and at_end.num_rows == 2
+    con = duckdb.connect()
+    try:
+        con.register("f", fills)
+        for query, narrow in ((asof, met), (last, at_end)):
+            con.register("b", books)
+            want = con.sql(query).fetchall()
+            con.register("b", narrow)
+            assert str(con.sql(query).fetchall()) == str(want)  # str: NaN == NaN
+    finally:
+        con.close()
 
 
 def test_sweep_keeps_digests_and_rows_and_the_logs_asked_for(session, tmp_path, capsys):
