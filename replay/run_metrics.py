@@ -203,10 +203,17 @@ def book_rows_met(books: pa.Table, fills: pa.Table | None) -> pa.Table:
     keep = np.zeros(books.num_rows, dtype=bool)
     ts_all = books.column("ts_recv").to_numpy()
     for s, rows in _symbol_rows(books):
-        ts = ts_all[rows]
+
+        def of(a: np.ndarray, rows: np.ndarray | None = rows) -> np.ndarray:
+            return a if rows is None else a[rows]  # a column's values at the symbol's rows
+
+        def where(i: np.ndarray, rows: np.ndarray | None = rows) -> np.ndarray:
+            return i if rows is None else rows[i]  # the symbol's i-th rows, as rows of books
+
+        ts = of(ts_all)
         if fills is None:
-            mid = books.column("bid_px_0").to_numpy()[rows] + books.column("ask_px_0").to_numpy()[rows]
-            ok = rows[np.isfinite(mid)]
+            mid = of(books.column("bid_px_0").to_numpy()) + of(books.column("ask_px_0").to_numpy())
+            ok = where(np.flatnonzero(np.isfinite(mid)))
             if len(ok):
                 at_last = ok[ts_all[ok] == ts_all[ok].max()]
                 keep[at_last[np.argmax(books.column("seq").to_numpy()[at_last])]] = True
@@ -221,21 +228,22 @@ def book_rows_met(books: pa.Table, fills: pa.Table | None) -> pa.Table:
         if (np.searchsorted(ts_sorted, ts_sorted[last], side="left") != last).any():
             # books at one instant: which of them the join takes is its own choice, which may change
             # with the rows it is given; every row, as before
-            keep[rows] = True
+            keep[where(np.arange(len(ts)))] = True
             continue
-        keep[rows[last] if order is None else rows[order[last]]] = True
+        keep[where(last if order is None else order[last])] = True
     return books.filter(pa.array(keep))
 
 
-def _symbol_rows(books: pa.Table) -> list[tuple[str, np.ndarray]]:
-    """Each symbol of ``books`` with its rows, kept with the process's books (:func:`book_columns`)."""
+def _symbol_rows(books: pa.Table) -> list[tuple[str, np.ndarray | None]]:
+    """Each symbol of ``books`` with its rows (None: every row, the common case of one symbol), kept
+    with the process's books (:func:`book_columns`)."""
     key = (id(books), books.num_rows)
     got = _symbols.get(key)
     if got is None:
         sym = books.column("symbol")
         first = sym[0].as_py() if books.num_rows else ""
-        if not pc.any(pc.not_equal(sym, first)).as_py():  # one symbol, the common case: every row
-            got = [(first, np.arange(books.num_rows))] if books.num_rows else []
+        if not pc.any(pc.not_equal(sym, first)).as_py():
+            got = [(first, None)] if books.num_rows else []
         else:
             mask = [(s, pc.equal(sym, s).to_numpy(zero_copy_only=False)) for s in pc.unique(sym).to_pylist()]
             got = [(s, np.flatnonzero(m)) for s, m in mask]
@@ -247,7 +255,7 @@ def _symbol_rows(books: pa.Table) -> list[tuple[str, np.ndarray]]:
 
 BOOK_COLUMNS: Final = ["symbol", "ts_recv", "seq", "bid_px_0", "ask_px_0"]  # what the summary's views read
 _books: dict[tuple[tuple[str, int, int], ...], pa.Table] = {}
-_symbols: dict[tuple[int, int], list[tuple[str, np.ndarray]]] = {}  # of the table in _books
+_symbols: dict[tuple[int, int], list[tuple[str, np.ndarray | None]]] = {}  # of the table in _books
 
 
 def book_columns(manifest: Mapping[str, Any]) -> pa.Table:
