@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import orjson
@@ -88,27 +88,6 @@ class EngineConfig:
     kev_timeout_ns: Nanos = 2_000_000_000  # no reply by then: "no advice", the slot is freed
 
 
-def engine_config_from(settings: Any, *, symbol: str, contract: ContractConfig) -> EngineConfig:
-    """The engine's config from a replay or live config (same field names, times in ms), so replay and
-    live build it the same way."""
-    ms = 1_000_000
-    return EngineConfig(
-        symbol=symbol,
-        contract=contract,
-        risk=settings.risk,
-        quotes=settings.quotes,
-        strategy=settings.strategy,
-        strategy_params=dict(settings.strategy_params),
-        kev_queue_max=settings.kev_queue_max,
-        kev_queue_policy=settings.kev_queue_policy,
-        kev_max_in_flight=settings.kev_max_in_flight,
-        kev_timeout_ns=settings.kev_timeout_ms * ms,
-        kev_stale_after_ns=settings.kev_stale_after_ms * ms,
-        kev_advice_ttl_ns=settings.kev_advice_ttl_ms * ms,
-        kev_min_interval_ns=settings.kev_min_interval_ms * ms,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class PortfolioView:
     """The engine's money as the core keeps it (integers of 1e-12), as exact Decimals."""
@@ -128,10 +107,6 @@ class Engine:
     exchange. Every decision is the core's; this class only moves events in and results out: it
     hands accepted orders and cancels to the execution client, asks Kev, keeps Kev's timers on the
     clock and gives the core's rows to the event log."""
-
-    # on_trade does nothing (public trades are context; fills come from execution reports), so a
-    # replay need not deliver them. Set True the day the core reads them: drivers then deliver all.
-    uses_trades: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -321,7 +296,8 @@ class Engine:
         return self.labeler(book)
 
     def on_trade(self, trade: Trade) -> None:
-        """Public trades reach the engine for context; fills are driven by the execution side."""
+        """Public trades reach the engine for context; fills are driven by the execution side. The core
+        reads none (a replay's walk does not deliver them): the day it does, it reads them in both."""
 
     def on_label(self, book: BookSnapshot, label_id: int, probs: np.ndarray, *, logged: bool = False) -> None:
         """Laya's label of ``book`` becomes visible now (its compute latency after the book).

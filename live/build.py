@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from engine import assemble
+from engine.assemble import Wiring, build_engine
 from engine.contract import ContractConfig
-from engine.core import Engine, engine_config_from
 from engine.errors import DualhubError
-from engine.instruments import SIZE_FIELDS, Portfolio, resolve_instruments
+from engine.instruments import SIZE_FIELDS
 from engine.kev.cassette import RecordingAdvisor
 from engine.kev.pairs import RulePairsKev
 from engine.kev.rules import RuleKev
@@ -35,7 +36,6 @@ from live.symbol import SymbolRun
 from live.tick import TickLaya
 from live.wal import WAL_FILE, JournaledLog, JournaledSink, LiveWal
 from venue.exchange import SimExchange
-from venue.fills import FILL_MODELS
 from wire.bitget.bitget_v2 import INST_TYPE, wire_guard
 from wire.bitget.bitget_v2_rest import BitgetError, ContractSpec
 
@@ -83,11 +83,10 @@ async def resolve(r: RunState, specs: dict[str, ContractSpec]) -> None:
 
 
 def resolve_configs(r: RunState, specs: dict[str, ContractSpec]) -> None:
-    """The engine configs at the reference mids read so far (engine.instruments.resolve_instruments)."""
+    """The engine configs at the reference mids read so far (engine.assemble.instrument_configs)."""
     cfg = r.cfg
     contracts = {s: specs[s].config() if s in specs else ContractConfig(symbol=s) for s in cfg.symbols}
-    base = engine_config_from(cfg, symbol=cfg.symbols[0], contract=contracts[cfg.symbols[0]])
-    configs = resolve_instruments(base, cfg.symbols, contracts, r.ref_mids, cfg.instruments)
+    configs = assemble.instrument_configs(cfg, cfg.symbols, contracts, r.ref_mids)
     r.engine_configs = {e.symbol: e for e in configs}
 
 
@@ -148,16 +147,7 @@ def build(r: RunState, specs: dict[str, ContractSpec]) -> None:
     rng_root = int(cfg.seed)
     # several symbols: one engine over them (engine/instruments.py), one run, one log, one Kev
     portfolio = (
-        Portfolio(
-            cfg.symbols,
-            pairs=tuple((cfg.symbols[0], x) for x in cfg.symbols[1:]) if cfg.kev_hub else (),
-            hub=bool(cfg.kev_hub),
-            pair_half_life_ns=cfg.pair_half_life_ms * 1_000_000,
-            leg_timeout_ns=cfg.leg_timeout_ms * 1_000_000,
-            leg_hedge=cfg.leg_hedge,
-        )
-        if cfg.portfolio
-        else None
+        assemble.portfolio(cfg, cfg.symbols, assemble.lead_pairs(cfg.symbols)) if cfg.portfolio else None
     )
     shared: tuple[Any, ...] | None = None
     contracts = {s: specs[s].config() if s in specs else ContractConfig(symbol=s) for s in cfg.symbols}
@@ -193,33 +183,18 @@ def build(r: RunState, specs: dict[str, ContractSpec]) -> None:
             # symbol the streams are replay's own (a seed sequence pads its entropy with zeros), so
             # a replay with the run's seed and models draws what the paper venue drew.
             entry, response, cancel = (np.random.default_rng([rng_root, c, i]) for c in (4, 5, 6))
-            paper = SimExchange(
-                r.clock,  # type: ignore[arg-type]  # schedule/now_ns: the live clock fits
-                fill_model=FILL_MODELS[cfg.fill_model](),
-                entry_latency=RecordingLatency(
-                    parse_latency(cfg.latency_order_entry, entry), "order_entry", sink
-                ),
-                response_latency=RecordingLatency(
-                    parse_latency(cfg.latency_order_response, response), "order_response", sink
-                ),
-                cancel_latency=RecordingLatency(parse_latency(cfg.latency_cancel, cancel), "cancel", sink),
-                size_step=contract.size_step,
-                tick=contract.tick,
+            models = (
+                RecordingLatency(parse_latency(cfg.latency_order_entry, entry), "order_entry", sink),
+                RecordingLatency(parse_latency(cfg.latency_order_response, response), "order_response", sink),
+                RecordingLatency(parse_latency(cfg.latency_cancel, cancel), "cancel", sink),
             )
+            # schedule/now_ns: the live clock fits the replay clock's place
+            paper = SimExchange.simulated(r.clock, cfg.fill_model, models, contract)  # type: ignore[arg-type]
             execution = paper
-        engine = Engine(
-            r.engine_configs[symbol],
-            clock=r.clock,
-            log=evlog,
-            labeler=tick,
-            kev=kev,
-            execution=execution,
-            advisor_name=advisor.name,
-            laya_latency=RecordingLatency(tick, "laya", sink),
-            portfolio=portfolio,
+        wiring = Wiring(clock=r.clock, log=evlog, kev=kev, advisor_name=advisor.name, portfolio=portfolio)
+        engine = build_engine(
+            r.engine_configs[symbol], wiring, execution, tick, RecordingLatency(tick, "laya", sink)
         )
-        if paper is not None:
-            paper.engine = engine
         if r.execution is not None:
             r.execution.engines[symbol] = engine
         r.syms[symbol] = SymbolRun(

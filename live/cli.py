@@ -258,8 +258,6 @@ def cmd_live(args: argparse.Namespace) -> int:
         check_url(args.ws_url, "--ws-url", WS)
     if args.kev_url:
         check_url(args.kev_url, "--kev-url")
-    if args.kev_timeout_ms is not None and args.kev_timeout_ms <= 0:
-        raise DualhubError(f"--kev-timeout-ms must be > 0, got {args.kev_timeout_ms}")
     if args.kev_hub == "llm" and not args.kev_url:
         raise DualhubError("--kev-hub llm asks llama-server: pass its --kev-url")
     kev_timeout_ms = _kev_timeout_ms(args)

@@ -7,25 +7,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
 import orjson
 
-from engine.bounds import check_count, check_engine_settings, check_ms, check_seconds
+from engine.bounds import check_count, check_ms, check_seconds
 from engine.errors import DualhubError
-from engine.instruments import checked_instruments
-from engine.kev.queue import POLICIES
-from engine.latency.spec import parse_latency
 from engine.laya.model import DEFAULT_MODEL
-from engine.risk import RiskLimits
+from engine.settings import EngineSettings
 from engine.strategies import plugin
-from engine.strategies.registry import resolve as resolve_strategy
-from engine.strategy import QuoteConfig
 from live.watchdog import DEFAULT_TIMEOUT_S as WATCHDOG_S
-from venue.fills import FILL_MODELS
+from venue.fills import check_fill_model
 from wire.bitget.bitget_v2 import REST_BASE_URL
 from wire.bitget.bitget_v2_rest import Credentials
 
@@ -36,8 +30,9 @@ PORTFOLIO_RUN = "live-portfolio"  # the run of several symbols traded as one eng
 
 
 @dataclass(frozen=True, kw_only=True)
-class LiveConfig:
-    """Everything a live run needs (never the keys). Its sha256 goes into the manifests."""
+class LiveConfig(EngineSettings):
+    """Everything a live run needs (never the keys): the engine's settings (engine/settings.py), where
+    it connects, and how it is kept and watched. Its sha256 goes into the manifests."""
 
     out: str
     symbols: tuple[str, ...] = ("BTCUSDT",)
@@ -57,28 +52,11 @@ class LiveConfig:
     busy_poll: bool = False
     busy_poll_warm_us: int = 20
     fill_model: str = "touch"  # paper execution: the replay fill model
-    latency_order_entry: str = "const:5ms"  # paper execution: modelled like replay (and recorded)
-    latency_order_response: str = "const:5ms"
-    latency_cancel: str = "const:5ms"
-    kev_url: str = ""  # llama-server; "" = the rule advisor
     # llama-server's client runs in its own process (engine/kev/process.py), so its HTTP and JSON work
     # never evicts the tick path from this core's caches; False keeps it on the event loop
     kev_process: bool = True
-    kev_queue_max: int = 2
-    kev_stale_after_ms: int = 1000
-    kev_advice_ttl_ms: int = 5000
-    kev_min_interval_ms: int = 0
-    kev_queue_policy: str = "drop_oldest"
-    kev_max_in_flight: int = 1
-    kev_timeout_ms: int = 2000
-    risk: RiskLimits = field(default_factory=RiskLimits)
-    quotes: QuoteConfig = field(default_factory=QuoteConfig)
-    # how the engine quotes (engine/strategies, docs/STRATEGY.md) and that strategy's parameters
-    strategy: str = "baseline"
-    strategy_params: dict[str, float] = field(default_factory=dict)
     contract_defaults: bool = False  # paper: skip the contracts request, use ContractConfig defaults
     kill_file: str = ""  # "" = <out>/KILL
-    seed: int = 1
     flush_interval_ms: int = 200
     # the run's write-ahead journal (live/wal.py): fsynced by a background thread this often when
     # something was written (group commit); 0: fsync inside every commit, on the loop
@@ -99,34 +77,18 @@ class LiveConfig:
     # live mode: a process of its own cancel-alls the venue when the engine's heartbeat stops this long
     # or the engine dies (kill -9); 0: none (live/watchdog.py). Paper orders never reach a venue: none
     watchdog_s: float = WATCHDOG_S
-    # per-instrument settings over the config (engine.instruments.INSTRUMENT_FIELDS); sizes not named
-    # are the first symbol's scaled at the tickers' mids, as replay scales them (resolve_instruments)
-    instruments: dict[str, dict[str, float]] = field(default_factory=dict)
-    # Kev as the portfolio's hub (several symbols): "" (each asks on its own) or "pairs" (the pairs
-    # rule answers for the portfolio, the first symbol leading the others; engine/instruments.py)
-    kev_hub: str = ""
-    pair_entry_z: float = 2.0
-    pair_exit_z: float = 0.5
-    pair_half_life_ms: int = 60_000
-    # a hub command's legs: one that lags this long after another filled is hedged (engine/legs.py),
-    # "cross" (a market order) or "reprice" (a limit order at the far touch, sent again each timeout)
-    leg_timeout_ms: int = 1_000
-    leg_hedge: str = "cross"
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise DualhubError(f"mode must be one of {MODES}, not {self.mode!r}")
         if not self.symbols:
             raise DualhubError("no symbols to trade")
-        if self.fill_model not in FILL_MODELS:
-            raise DualhubError(f"unknown fill model {self.fill_model!r}; known: {', '.join(FILL_MODELS)}")
-        if self.kev_queue_policy not in POLICIES:
-            raise DualhubError(f"unknown Kev queue policy {self.kev_queue_policy!r}")
+        EngineSettings.check(self)
+        if self.mode not in MODES:
+            raise DualhubError(f"mode must be one of {MODES}, not {self.mode!r}")
+        check_fill_model(self.fill_model)
         if self.duration_s is not None and self.duration_s <= 0:
             raise DualhubError("duration_s must be > 0")
         if not (self.feed_stale_s > 0 and self.venue_lost_s > 0 and self.status_every_s >= 0):
             raise DualhubError("feed_stale_s and venue_lost_s must be > 0, status_every_s >= 0")
-        check_engine_settings(self)
         if self.duration_s is not None:
             check_seconds(self.duration_s, "duration_s")
         for name in ("feed_stale_s", "venue_lost_s", "drain_timeout_s", "feed_silence_s"):
@@ -139,25 +101,8 @@ class LiveConfig:
         check_ms(self.wal_fsync_ms, "wal_fsync_ms", zero=True)
         check_ms(self.reconcile_settle_ms, "reconcile_settle_ms", zero=True)
         check_count(self.busy_poll_warm_us, "busy_poll_warm_us")
-        rng = np.random.default_rng(0)
-        for name in ("latency_order_entry", "latency_order_response", "latency_cancel"):
-            try:
-                parse_latency(getattr(self, name), rng)
-            except ValueError as e:
-                raise DualhubError(f"{name}: {e}") from None
-        object.__setattr__(self, "strategy", plugin.canonical(self.strategy))
-        resolve_strategy(self.strategy, self.strategy_params, self.quotes)
-        object.__setattr__(self, "instruments", checked_instruments(self.instruments))
-        if len(set(self.symbols)) != len(self.symbols):
-            raise DualhubError(f"a symbol is given twice in {','.join(self.symbols)}")
-        if self.kev_hub not in ("", "pairs", "llm"):
-            raise DualhubError(f"kev_hub must be '', 'pairs' or 'llm', not {self.kev_hub!r}")
         if self.kev_hub == "llm" and not self.kev_url:
             raise DualhubError("kev_hub 'llm' asks llama-server: give its kev_url")
-        if self.kev_hub and len(self.symbols) < 2:
-            raise DualhubError("Kev as the portfolio hub needs a portfolio: give two symbols or more")
-        if not (0 <= self.pair_exit_z < self.pair_entry_z and self.pair_half_life_ms > 0):
-            raise DualhubError("pairs: need 0 <= pair_exit_z < pair_entry_z and pair_half_life_ms > 0")
 
     @property
     def portfolio(self) -> bool:

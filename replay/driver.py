@@ -24,30 +24,29 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine import validate
-from engine.bounds import check_engine_settings, check_ms
+from engine.assemble import Wiring, build_engine, instrument_configs
+from engine.bounds import check_ms
 from engine.clock import ReplayClock
 from engine.contract import ContractConfig, check_units, contract_of, tick_parts
-from engine.core import PRIO_LABEL, Engine, engine_config_from, engine_identity
+from engine.core import PRIO_LABEL, Engine, engine_identity
 from engine.errors import DualhubError, check_output_path
 from engine.eventlog import RUN_SCHEMA_VERSION, EventLog
 from engine.events import STREAMS, BookSnapshot, Trade
 from engine.fastinit import frozen_maker
-from engine.instruments import checked_instruments, instrument_config
 from engine.kev.cassette import Cassette, CassetteAdvisor, answered_by
 from engine.kev.health import run_health
 from engine.kev.lag import EmpiricalLag
 from engine.kev.llama import LlamaAdvisor, LlamaConfig
 from engine.kev.pairs import RulePairsKev
-from engine.kev.queue import POLICIES
 from engine.kev.rules import RuleKev
 from engine.kev.sim import SimKevBackend
 from engine.latency.batch import sample_each
 from engine.latency.models import LatencyModel, LognormalLatency, ScaledLatency
-from engine.latency.spec import parse_latency
 from engine.laya.features import features_v0, features_v0_batch
 from engine.laya.features_v1 import FeaturesV1, features_v1_batch
 from engine.laya.model import DEFAULT_MODEL, FEATURE_SIZES, N_CLASSES, Laya, LayaConfig, training_sessions
-from engine.risk import DEFAULT_RULES, RiskLimits
+from engine.risk import DEFAULT_RULES
+from engine.settings import EngineSettings, check_latency
 from engine.store import (
     SeqOrderError,
     SessionError,
@@ -57,11 +56,9 @@ from engine.store import (
     write_json,
 )
 from engine.strategies import plugin
-from engine.strategies.registry import resolve as resolve_strategy
-from engine.strategy import QuoteConfig
 from replay import fast_path
 from replay.book_source import InvalidRows, StreamedBooks, one_symbol
-from replay.fast_path import KernelRun, KernelUnsupported, LookAheadError, config_unsupported, unsupported
+from replay.fast_path import KernelRun, LookAheadError, refuse
 from replay.label_columns import LabelColumns
 from replay.market_cache import CacheCorrupt, MarketCache, attach, key_for
 from replay.run_metrics import MetricsLog
@@ -77,9 +74,8 @@ from replay.tape_stream import (
 )
 from replay.walk import StreamedWalk, WalkStream
 from venue.exchange import SimExchange
-from venue.fills import FILL_MODELS
+from venue.fills import check_fill_model
 
-KEV_HUBS = ("", "pairs", "llm")
 CLOCK_WARN_NS = 100_000_000  # a session whose clocks disagree by more than this is warned about
 KEV_MODES = ("sim", "cassette", "llm")
 KEV_LAG_SOURCES = ("measured", "model")
@@ -89,66 +85,34 @@ PRIO_EXCH_BOOK, PRIO_EXCH_TRADE = 5, 6
 PRIO_LOCAL_BOOK, PRIO_LOCAL_TRADE = STREAMS["books15"].priority, STREAMS["trade"].priority
 
 
-def _checked_latency(spec: str, rng: np.random.Generator, name: str) -> LatencyModel:
-    try:
-        return parse_latency(spec, rng)
-    except ValueError as e:
-        raise DualhubError(f"{name}: {e}") from None
+# the run's latency models (a name of this module: tests put models of their own in its place)
+_checked_latency = check_latency
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ReplayConfig:
-    """Everything that determines a replay's output. Its sha256 is part of the run manifest."""
+class ReplayConfig(EngineSettings):
+    """Everything that determines a replay's output: the engine's settings (engine/settings.py) and
+    where its data, labels, latencies and Kev's answers come from. Its sha256 is part of the run
+    manifest."""
 
-    seed: int = 1
-    symbol: str = "BTCUSDT"
-    # several instruments traded as one portfolio (replay/portfolio.py); empty: ``symbol`` alone
-    symbols: tuple[str, ...] = ()
-    # Kev as the portfolio's hub: "" (each instrument asks Kev on its own, v1), "pairs" (one v2
-    # command over every instrument from the pairs rule, engine/kev/pairs.py, on the pairs' fitted
-    # hedge ratios; the pairs are the session's simulated ones, else the first symbol leads the others)
-    # or "llm" (the same v2 question to llama-server: kev_mode llm)
-    kev_hub: str = ""
-    # per-instrument settings over the config (engine.instruments.INSTRUMENT_FIELDS: contract steps and
-    # sizes), {symbol: {field: value}}, over the session's contract and the config's sizes at the first
-    # instrument's notional
-    instruments: dict[str, dict[str, float]] = field(default_factory=dict)
-    pair_entry_z: float = 2.0
-    pair_exit_z: float = 0.5
-    pair_half_life_ms: int = 60_000
-    # a hub command's legs: one that lags this long after another filled is hedged (engine/legs.py),
-    # "cross" (a market order) or "reprice" (a limit order at the far touch, sent again each timeout)
-    leg_timeout_ms: int = 1_000
-    leg_hedge: str = "cross"
+    symbol: str = "BTCUSDT"  # the instrument, when ``symbols`` names no portfolio
     model_path: Path = DEFAULT_MODEL
     laya_provider: str = "auto"
     laya_mode: str = "batch"  # "batch": features+inference over the whole session; "tick": per snapshot
     # "auto": the features the model was trained on (its metadata); "v0" (books15) or "v1" (books15 +
     # trades): those, and the model must match
     laya_features: str = "auto"
-    # Latency models: "const:5ms", "lognormal:p5=2ms,p95=8ms" or "empirical:PATH" (see engine.latency.models).
     latency_laya: str = "const:200us"  # Laya compute: the label is an event at book receipt + this
-    latency_order_entry: str = "const:5ms"  # local send -> exchange accepts
-    latency_order_response: str = "const:5ms"  # exchange -> local (acks, fills, rejects)
-    latency_cancel: str = "const:5ms"  # local cancel -> exchange
     latency_feed: str = "recorded"  # exchange -> local market data: the recorded ts_recv, or a model
     # When the simulated exchange sees market data: "event" (exchange time, as a venue does) or "local"
     # (at local receipt, as live mode's paper exchange did: what replaying a paper run needs).
     exchange_feed: str = "event"
     kev_lag_p5_ms: float = 200.0
     kev_lag_p95_ms: float = 350.0
-    kev_queue_max: int = 2
-    kev_stale_after_ms: int = 1000
-    kev_advice_ttl_ms: int = 5000
-    kev_min_interval_ms: int = 0  # spacing of Kev requests; 0 = every non-HOLD label is offered
-    kev_queue_policy: str = "drop_oldest"  # "drop_oldest", "fifo" (refuse new when full), "conflate"
-    kev_max_in_flight: int = 1
-    kev_timeout_ms: int = 2000
     kev_mode: str = "sim"  # "sim": rule advisor + lag model; "cassette": recorded replies and lags;
     #                        "llm": a running llama-server, cached by key, lag per kev_lag_source
     kev_cassette: str = ""  # cassette.parquet or a run directory (cassette mode)
     kev_miss_policy: str = "fail"  # cassette miss: "fail", "sim" (rules + lag model) or "live" (llm)
-    kev_url: str = ""  # llama-server base URL (llm mode, and live misses)
     kev_lag_fit: str = ""  # lag.json from `dualhub kev fit-lag`: measured lag instead of lognormal
     fill_model: str = "queue_power2"  # venue.fills.FILL_MODELS; a queue position, not touch's none
     # What-if multipliers on modelled latencies (``--scale-latency kev=2,laya=1,order=0.5,feed=1``).
@@ -156,11 +120,6 @@ class ReplayConfig:
     scale_laya: float = 1.0
     scale_order: float = 1.0
     scale_feed: float = 1.0
-    risk: RiskLimits = field(default_factory=RiskLimits)
-    quotes: QuoteConfig = field(default_factory=QuoteConfig)
-    # how the engine quotes (engine/strategies, docs/STRATEGY.md) and that strategy's parameters
-    strategy: str = "baseline"
-    strategy_params: dict[str, float] = field(default_factory=dict)
     contract: ContractConfig = field(default_factory=ContractConfig)
     # where ``contract`` came from: "" (the engine's default, Bitget's BTCUSDT perpetual, or a simulator
     # session's instrument), "session:exchange|known|inferred" (the session's manifest ``contracts``,
@@ -172,30 +131,18 @@ class ReplayConfig:
     kev_lag_source: str = "measured"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "symbols", tuple(self.symbols))
-        if len(set(self.symbols)) != len(self.symbols):
-            raise DualhubError(f"a symbol is given twice in {','.join(self.symbols)}")
-        object.__setattr__(self, "instruments", checked_instruments(self.instruments))
+        EngineSettings.check(self)
         if self.contract_source not in ("", "flag") and not self.contract_source.startswith("session:"):
             raise DualhubError(
                 f"contract_source must be '', 'flag' or 'session:<spec_source>', not {self.contract_source!r}"
             )
-        if self.kev_hub not in KEV_HUBS:
-            raise DualhubError(f"kev_hub must be one of {KEV_HUBS}, not {self.kev_hub!r}")
         if self.kev_hub == "llm" and self.kev_mode not in ("llm", "cassette"):
             raise DualhubError(
                 "kev_hub 'llm' asks the portfolio's questions of llama-server: needs kev_mode llm "
                 "(or cassette: a run's recorded answers)"
             )
-        if self.kev_hub and len(self.symbols) < 2:
-            raise DualhubError("Kev as the portfolio hub needs a portfolio: give two symbols or more")
-        if not (0 <= self.pair_exit_z < self.pair_entry_z and self.pair_half_life_ms > 0):
-            raise DualhubError("pairs: need 0 <= pair_exit_z < pair_entry_z and pair_half_life_ms > 0")
         if self.kev_lag_source not in KEV_LAG_SOURCES:
             raise DualhubError(f"kev_lag_source must be 'measured' or 'model', not {self.kev_lag_source!r}")
-        if self.kev_timeout_ms <= 0:
-            raise DualhubError(f"kev_timeout_ms must be > 0, got {self.kev_timeout_ms}")
-        check_engine_settings(self)
         check_ms(self.kev_lag_p5_ms, "kev_lag_p5_ms")
         check_ms(self.kev_lag_p95_ms, "kev_lag_p95_ms")
         if not self.kev_lag_p5_ms < self.kev_lag_p95_ms:
@@ -205,8 +152,7 @@ class ReplayConfig:
             raise DualhubError(f"laya_mode must be 'batch' or 'tick', not {self.laya_mode!r}")
         if self.laya_features not in ("auto", *FEATURE_SIZES):
             raise DualhubError(f"laya_features must be 'auto', 'v0' or 'v1', not {self.laya_features!r}")
-        if self.fill_model not in FILL_MODELS:
-            raise DualhubError(f"unknown fill model {self.fill_model!r}; known: {', '.join(FILL_MODELS)}")
+        check_fill_model(self.fill_model)
         if self.exchange_feed not in ("event", "local"):
             raise DualhubError(f"exchange_feed must be 'event' or 'local', not {self.exchange_feed!r}")
         if self.kev_mode not in KEV_MODES:
@@ -215,21 +161,14 @@ class ReplayConfig:
             raise DualhubError("Kev cassette mode needs a cassette (--kev-cassette FILE_OR_RUN)")
         if (self.kev_mode == "llm" or self.kev_miss_policy == "live") and not self.kev_url:
             raise DualhubError("Kev llm mode and the live miss policy need a llama-server URL (--kev-url)")
-        if self.kev_queue_policy not in POLICIES:
-            raise DualhubError(
-                f"unknown Kev queue policy {self.kev_queue_policy!r}; known: {', '.join(POLICIES)}"
-            )
         for name in ("scale_kev", "scale_laya", "scale_order", "scale_feed"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise DualhubError(f"{name} must be a finite number >= 0, got {v}")
         rng = np.random.default_rng(0)
-        for name in ("latency_laya", "latency_order_entry", "latency_order_response", "latency_cancel"):
-            _checked_latency(getattr(self, name), rng, name)
+        check_latency(self.latency_laya, rng, "latency_laya")
         if self.latency_feed != "recorded":
-            _checked_latency(self.latency_feed, rng, "latency_feed")
-        object.__setattr__(self, "strategy", plugin.canonical(self.strategy))
-        resolve_strategy(self.strategy, self.strategy_params, self.quotes)
+            check_latency(self.latency_feed, rng, "latency_feed")
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -254,7 +193,14 @@ class ReplayConfig:
         if not self.instruments:
             del d["instruments"]
         if not self.kev_hub:  # the pairs' settings mean nothing without the hub: run names stay
-            for name in ("kev_hub", "pair_entry_z", "pair_exit_z", "pair_half_life_ms", "leg_timeout_ms", "leg_hedge"):
+            for name in (
+                "kev_hub",
+                "pair_entry_z",
+                "pair_exit_z",
+                "pair_half_life_ms",
+                "leg_timeout_ms",
+                "leg_hedge",
+            ):
                 del d[name]
         return orjson.loads(orjson.dumps(d, default=str))
 
@@ -492,25 +438,22 @@ class _Tape:
         return np.lexsort((self.b_seq, self.b_loc))
 
     def order(
-        self, label_due: np.ndarray | None = None, engine_trades: bool = True
+        self, label_due: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The merged walk: (ts, priority, kind, row), sorted by (ts, priority, stream seq).
 
         kind 0/1 = book/trade at the exchange, 2/3 = book/trade at the engine. With ``label_due``
         (per book row, when its Laya label becomes visible), kind 4 = that label at priority
         ``PRIO_LABEL``; labels due at the same time keep the order the engine received their books
-        in, as timers scheduled by ``Engine.on_book`` would. Without ``engine_trades`` there are no
-        kind-3 entries (an engine that ignores public trades: timers still run in the same order).
+        in, as timers scheduled by ``Engine.on_book`` would. There are no kind-3 entries: the engine
+        takes no public trades (``Engine.on_trade``), and timers run in the same order without them.
         """
         nb, nt = len(self.b_seq), len(self.t_seq)
         parts = [
             (self.b_exch, PRIO_EXCH_BOOK, self.b_seq, 0, nb),
             (self.t_exch, PRIO_EXCH_TRADE, self.t_seq, 1, nt),
             (self.b_loc, PRIO_LOCAL_BOOK, self.b_seq, 2, nb),
-            (self.t_loc, PRIO_LOCAL_TRADE, self.t_seq, 3, nt),
         ]
-        if not engine_trades:
-            del parts[3]
         if label_due is not None:
             rank = np.empty(nb, dtype=np.int64)
             rank[self.engine_book_order()] = np.arange(nb)
@@ -664,6 +607,9 @@ def _kev_backend(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBack
     )
 
 
+# Every label is scheduled ahead as a walk entry; the clock takes no timer in its past.
+_NEGATIVE_LAYA = "a Laya latency drawn below zero (a label would be due before its book arrived)"
+
 _ADVISOR_COUNTS = ("hits", "misses", "fallbacks", "live_calls")  # a cassette's, where the advisor is one
 
 
@@ -707,24 +653,17 @@ def _sim_exchange(
     cfg: ReplayConfig,
     clock: ReplayClock,
     latency: Callable[[str, np.random.Generator, float, str], LatencyModel],
-    rng_order: np.random.Generator,
-    rng_response: np.random.Generator,
-    rng_cancel: np.random.Generator,
+    rngs: tuple[np.random.Generator, np.random.Generator, np.random.Generator],
     contract: ContractConfig,
 ) -> SimExchange:
     """The simulated exchange of a replay (of one instrument of a portfolio, whose contract is
-    ``contract``), its order latencies drawn from the streams given."""
-    return SimExchange(
-        clock,
-        fill_model=FILL_MODELS[cfg.fill_model](),
-        entry_latency=latency(cfg.latency_order_entry, rng_order, cfg.scale_order, "order entry"),
-        response_latency=latency(
-            cfg.latency_order_response, rng_response, cfg.scale_order, "latency_order_response"
-        ),
-        cancel_latency=latency(cfg.latency_cancel, rng_cancel, cfg.scale_order, "latency_cancel"),
-        size_step=contract.size_step,
-        tick=contract.tick,
+    ``contract``), its order entry, response and cancel latencies drawn from the streams given."""
+    names = ("order entry", "latency_order_response", "latency_cancel")
+    specs = (cfg.latency_order_entry, cfg.latency_order_response, cfg.latency_cancel)
+    models = tuple(
+        latency(spec, rng, cfg.scale_order, n) for spec, rng, n in zip(specs, rngs, names, strict=True)
     )
+    return SimExchange.simulated(clock, cfg.fill_model, models, contract)  # type: ignore[arg-type]
 
 
 def _for_symbol(table: pa.Table, symbol: str) -> pa.Table:
@@ -827,69 +766,44 @@ def run_replay(
             from replay.portfolio import run_portfolio
 
             try:
-                try:
-                    return run_portfolio(
-                        session_dir,
-                        cfg,
-                        laya,
-                        out_dir=run_dir,
-                        overwrite=overwrite,
-                        progress=progress,
-                        kernel=kernel,
-                    )
-                except InvalidRows:  # as below: whole tables, where such rows are dropped and reported
-                    return run_portfolio(
-                        session_dir,
-                        cfg,
-                        laya,
-                        out_dir=run_dir,
-                        overwrite=True,
-                        progress=progress,
-                        kernel=kernel,
-                        stream_books=False,
-                    )
-            except KernelUnsupported as e:  # as below: the per-event driver runs it
-                result = run_portfolio(
-                    session_dir, cfg, laya, out_dir=run_dir, overwrite=True, progress=progress, kernel=False
+                return run_portfolio(
+                    session_dir,
+                    cfg,
+                    laya,
+                    out_dir=run_dir,
+                    overwrite=overwrite,
+                    progress=progress,
+                    kernel=kernel,
                 )
-                return dataclasses.replace(result, path=f"python ({e})")
+            except InvalidRows:  # as below: whole tables, where such rows are dropped and reported
+                return run_portfolio(
+                    session_dir, cfg, laya, out_dir=run_dir, overwrite=True, progress=progress, kernel=kernel,
+                    stream_books=False,
+                )  # fmt: skip
         extra = _Extras(market_cache, metrics_only)
-        try:
-            whole, stream_books = "", True
-            while True:
-                try:
-                    return _run_replay(
-                        session_dir,
-                        cfg,
-                        laya,
-                        out_dir=run_dir,
-                        overwrite=overwrite or bool(whole),
-                        progress=progress,
-                        kernel=kernel,
-                        whole_tape=whole,
-                        stream_books=stream_books,
-                        extra=extra,
-                    )
-                except CacheCorrupt:  # the entry is gone: this run builds it again
-                    continue
-                except (TapeDisorder, InvalidRows) as e:
-                    # Rows out of order in the files: the whole-table tape sorts them. Rows that fail
-                    # validation: whole tables, where they are dropped and reported. Each once at most.
-                    if not stream_books or (whole and isinstance(e, TapeDisorder)):
-                        raise
-                    whole, stream_books = str(e), not isinstance(e, InvalidRows)
-        except KernelUnsupported as e:  # met mid-run: nothing of it is kept, the per-event driver runs it
-            result = _run_replay(
-                session_dir,
-                cfg,
-                laya,
-                out_dir=run_dir,
-                overwrite=True,
-                progress=progress,
-                kernel=False,
-                extra=extra,
-            )
-            return dataclasses.replace(result, path=f"python ({e})")
+        whole, stream_books = "", True
+        while True:
+            try:
+                return _run_replay(
+                    session_dir,
+                    cfg,
+                    laya,
+                    out_dir=run_dir,
+                    overwrite=overwrite or bool(whole),
+                    progress=progress,
+                    kernel=kernel,
+                    whole_tape=whole,
+                    stream_books=stream_books,
+                    extra=extra,
+                )
+            except CacheCorrupt:  # the entry is gone: this run builds it again
+                continue
+            except (TapeDisorder, InvalidRows) as e:
+                # Rows out of order in the files: the whole-table tape sorts them. Rows that fail
+                # validation: whole tables, where they are dropped and reported. Each once at most.
+                if not stream_books or (whole and isinstance(e, TapeDisorder)):
+                    raise
+                whole, stream_books = str(e), not isinstance(e, InvalidRows)
     except BaseException:  # an error or Ctrl-C mid-run: the half-written run goes (a finished one is moved)
         shutil.rmtree(_tmp_dir(run_dir), ignore_errors=True)
         raise
@@ -940,9 +854,6 @@ def _run_replay(
     tables, which streamed levels could not follow)."""
     t0 = time.perf_counter()
     cache_state = "off (not asked)" if extra.market_cache else ""
-    early = config_unsupported(cfg) if kernel else ""
-    if early:  # known from the config: the per-event driver from the start
-        kernel = False
     session = open_session(session_dir)
     session.verify()
     if "books15" not in session.manifest["streams"]:
@@ -960,8 +871,6 @@ def _run_replay(
         return model if scale == 1.0 else ScaledLatency(model, scale)
 
     laya_latency = latency(cfg.latency_laya, rng_laya, cfg.scale_laya, "latency_laya")
-    # Engine.on_trade is a no-op unless the engine says otherwise: then its walk entries are skipped.
-    engine_trades = Engine.uses_trades
     # The kernel with v0 labels streams the book levels a block at a time, and, when the files
     # hold every stream in order, the per-row columns too (replay/tape_stream.py: flat memory); any
     # other run reads the whole table.
@@ -985,8 +894,6 @@ def _run_replay(
     feed = None if recorded else _checked_latency(cfg.latency_feed, rng_feed, "latency_feed")
     if whole_tape:
         why_whole = whole_tape
-    elif engine_trades:
-        why_whole = "the engine reads trades"
     else:
         why_whole = streamable(feed, cfg.scale_feed, cfg.exchange_feed)
     walk: StreamedWalk | None = None
@@ -1030,14 +937,16 @@ def _run_replay(
         tape = _Tape(book_table, trade_table, feed, cfg.scale_feed, cfg.exchange_feed, streamed, clock)
         n_books, n_trades = book_table.num_rows, trade_table.num_rows
         label_due = _label_due(tape, laya_latency)
+        if kernel and label_due is None:
+            raise DualhubError(_NEGATIVE_LAYA)
         labels_walked = label_due is not None  # else Engine.on_book schedules each label on the clock
         # The kernel takes the walk a chunk at a time from a merge of the streams; the per-event driver
         # walks the whole sorted order. The same entries in the same order (replay/walk.py).
-        if kernel and label_due is not None and not engine_trades:
+        if kernel and label_due is not None:
             walk = StreamedWalk(tape.walk_streams(label_due), fast_path.WALK_CHUNK)
             start_ns, n_walk = walk.first_ts(), walk.total
         else:
-            ts, prio, kind, row = tape.order(label_due, engine_trades)
+            ts, prio, kind, row = tape.order(label_due)
             start_ns, n_walk = int(ts[0]), len(ts)
         del label_due
     clock = ReplayClock(start_ns=start_ns)
@@ -1071,39 +980,25 @@ def _run_replay(
         tmp = _start_run_dir(run_dir, overwrite)
         log = EventLog(tmp / "events")
     advisor, kev = _kev_backend(cfg, clock)
-    # the instrument's own settings over the config, as live mode's engine_config puts them
-    ec = instrument_config(
-        engine_config_from(cfg, symbol=cfg.symbol, contract=cfg.contract), cfg.instruments.get(cfg.symbol, {})
-    )
-    exchange = _sim_exchange(cfg, clock, latency, rng_order, rng_response, rng_cancel, ec.contract)
-    engine = Engine(
-        ec,
-        clock=clock,
-        log=log,
-        labeler=labeler,
-        kev=kev,
-        execution=exchange,
-        advisor_name=advisor.name,
-        laya_latency=laya_latency,
-        warm=False,
-    )
-    exchange.engine = engine
+    (ec,) = instrument_configs(cfg, [cfg.symbol], {cfg.symbol: cfg.contract}, {})
+    exchange = _sim_exchange(cfg, clock, latency, (rng_order, rng_response, rng_cancel), ec.contract)
+    wiring = Wiring(clock=clock, log=log, kev=kev, advisor_name=advisor.name, warm=False)
+    engine = build_engine(ec, wiring, exchange, labeler, laya_latency)
 
     bar = _progress(progress, n_walk)
-    why = early or (
-        "kernel=False" if not kernel else unsupported(cfg, engine, exchange, advisor, labels_walked)
-    )
-    if why and (streamed is not None or walk is not None):  # the per-event driver needs the whole tape
-        log.abandon()
-        raise KernelUnsupported(why)
-    if not why:
+    if kernel:
+        try:
+            refuse(engine, exchange)
+        except DualhubError:
+            log.abandon()
+            raise
         if not isinstance(labeler, _BatchLabeler):  # v1 per tick: a pass over the books first
             assert isinstance(tape, _Tape)
             labeler = _tick_labels(labeler, tape, clock)
         try:
             assert walk is not None
             _run_kernel(cfg, engine, exchange, advisor, log, tape, labeler, walk, bar)
-        except BaseException:  # KernelUnsupported (rerun in Python by run_replay), or a real error
+        except BaseException:
             log.abandon()
             if streamed is not None and streamed.building is not None:
                 streamed.building.abandon()
@@ -1128,7 +1023,6 @@ def _run_replay(
     if bar is not None:  # a slow Kev (a real LLM) moves the bar per answer, not only per walk chunk
         kev.on_answer = lambda: bar.update(int(np.searchsorted(ts, clock.t_ns, side="right")), kev.answers)
     books_in_flight: dict[int, BookSnapshot] = {}  # seen by the exchange, not yet by the engine
-    trades_in_flight: dict[int, Trade] = {}
     # Labels drawn up front (label_due): received books waiting for their label's time.
     labels_in_flight: dict[int, tuple[BookSnapshot, int, np.ndarray]] = {}
     receive_book, on_label = engine.receive_book, engine.on_label
@@ -1158,14 +1052,8 @@ def _run_replay(
                     book, label_id, probs = labels_in_flight.pop(i)
                     add_label(i, t, label_id, probs)
                     on_label(book, label_id, probs, logged=True)
-                elif k == 1:
-                    if engine_trades:
-                        trade = trades_in_flight[i] = tape.trade(i)
-                        exchange.on_trade(trade)
-                    elif exchange.resting:  # a trade can only fill resting orders: else nothing to do
-                        exchange.on_trade(tape.trade(i))
-                else:
-                    engine.on_trade(trades_in_flight.pop(i))
+                elif exchange.resting:  # k == 1: a trade can only fill resting orders, else nothing to do
+                    exchange.on_trade(tape.trade(i))
         clock.run_all()
     except BaseException:
         log.abandon()  # its writer thread stops before run_replay removes the directory
@@ -1185,7 +1073,7 @@ def _run_replay(
         n_trades,
         advisor,
         t0,
-        f"python ({why})",
+        "python (kernel=False)",
         quarantine,
         tape,
         kev,

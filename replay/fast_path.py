@@ -1,9 +1,10 @@
 """Drive :mod:`replay.kernel` over a replay's walk and hand its events to the event log.
 
-:func:`unsupported` says why a replay cannot take the compiled path (then the driver runs the Python
-engine, as always); :func:`run_kernel` runs it. The kernel's rows become the same Arrow tables, flush
-points and files the per-event driver's rows give: streams are written in row groups of the log's
-``flush_rows`` whatever produced them, and the digest is per stream.
+Every replay runs here. :func:`refuse` names, before the run, what the loop's tables cannot hold (a
+latency model it cannot draw ahead, a recorded delay below zero): the run stops with that line instead.
+:func:`run_kernel` runs it. The kernel's rows become the same Arrow tables, flush points and files the
+per-event engine's rows give (live's, and ``run_replay(kernel=False)``'s): streams are written in row
+groups of the log's ``flush_rows`` whatever produced them, and the digest is per stream.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.contract import ContractConfig
 from engine.core import Engine, EngineConfig, reply_verdict, timing_fields
+from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.fastinit import frozen_maker
 from engine.instruments import Portfolio, command_part, fan_out_parts, hub_context
@@ -36,10 +37,6 @@ class LookAheadError(RuntimeError):
 
 
 _kev_context = frozen_maker(KevContext)
-
-
-class KernelUnsupported(RuntimeError):
-    """The run met something the kernel cannot reproduce exactly (the driver reruns it in Python)."""
 
 
 FILL_MODEL_CODES = {name: (m.kind, m.n) for name, m in ((k, make()) for k, make in FILL_MODELS.items())}
@@ -75,29 +72,14 @@ def _keyed_row(table: RecordedTable | None) -> np.ndarray | None:
     return row
 
 
-def config_unsupported(cfg: Any) -> str:
-    """:func:`unsupported`'s answer where the replay config alone decides it, asked before any data is
-    read (so a run the kernel cannot take is not set up twice). "" does not promise the kernel runs."""
-    if cfg.fill_model not in FILL_MODEL_CODES:
-        return f"fill model {cfg.fill_model!r}"
-    return ""
-
-
-def unsupported(cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_walked: bool) -> str:
-    """Why this replay must run on the per-event driver ("" when the kernel can run it): the config's
-    reasons, then what only the built engine, exchange and advisor tell."""
-    why = config_unsupported(cfg)
-    if why:
-        return why
-    kev = engine.kev
-    if type(kev) is not SimKevBackend:
-        return "a Kev backend other than the simulated one"
-    if sample_many(kev.lag, np.zeros(0, dtype=np.int64)) is None:
-        return "a Kev lag model that cannot be drawn in a batch"
-    if not labels_walked:
-        return "a Laya latency drawn below zero (each label scheduled on the clock, which refuses it)"
-    if Engine.uses_trades or type(engine) is not Engine:
-        return "an engine that reads public trades"
+def refuse(engine: Engine, exchange: Any) -> None:
+    """Refuse, before the run, what the loop cannot take: order latencies it cannot draw ahead (drawn
+    in batches, or looked up in a recorded table), two of them sharing one random stream (their draws
+    would depend on how they interleave), or a recorded delay below zero (the clock cannot go back).
+    The Kev lag model is one of the replay's own (drawn in batches, or recorded in a cassette)."""
+    assert (
+        type(engine.kev) is SimKevBackend and sample_many(engine.kev.lag, np.zeros(0, np.int64)) is not None
+    )
     streams: list[Any] = []
     for name, m in (
         ("order entry", exchange.entry_latency),
@@ -107,17 +89,19 @@ def unsupported(cfg: Any, engine: Engine, exchange: Any, advisor: Any, labels_wa
         table = recorded_table(m)
         if table is not None:  # looked up by key as it is drawn
             if table.fallback_ns < 0 or bool((table.dur_ns < 0).any()):
-                return f"a recorded {name} latency below zero (the clock refuses it)"
+                raise DualhubError(
+                    f"the recorded {name} latencies hold a delay below zero (the clock cannot go back)"
+                )
             continue
         if sample_many(m, np.zeros(0, dtype=np.int64)) is None:
-            return f"a latency model the kernel cannot draw in a batch ({name}: {type(m).__name__})"
+            raise DualhubError(
+                f"the {name} latency model {type(m).__name__} cannot be drawn ahead: replay takes "
+                "const, lognormal, empirical and recorded latencies"
+            )
         rng = _stream(m)
         if rng is not None and any(rng is r for r in streams):
-            return f"order latencies drawn from one random stream ({name} and another)"
+            raise DualhubError(f"the {name} latency draws from another order latency's random stream")
         streams.append(rng)
-    if type(engine.cfg.contract) is not ContractConfig:
-        return "a contract of a class of its own"
-    return ""
 
 
 class KernelRun(CoreState):
@@ -148,7 +132,7 @@ class KernelRun(CoreState):
             advisor=advisor,
             strategy=(engine.quoter.kind, engine.quoter.params),
             fill_model=cfg.fill_model,
-            # rows K.OLAT_ENTRY, K.OLAT_RESPONSE, K.OLAT_CANCEL (unsupported() checked each draws in a batch)
+            # rows K.OLAT_ENTRY, K.OLAT_RESPONSE, K.OLAT_CANCEL (refuse() checked each draws in a batch)
             olat_models=(exchange.entry_latency, exchange.response_latency, exchange.cancel_latency),
             # Python answers each request at a Kev stop unless the kernel has the advisor compiled.
             ask=not (RULES_COMPILED and type(advisor) is RuleKev),
@@ -165,7 +149,7 @@ class KernelRun(CoreState):
     ) -> None:
         super().__init__(e, fill_model=FILL_MODEL_CODES[fill_model], rows=INITIAL_ROWS, out_cap=OUT_CAP, **kw)
         C = self.C
-        # rows K.OLAT_ENTRY, K.OLAT_RESPONSE, K.OLAT_CANCEL (unsupported() checked each draws in a batch
+        # rows K.OLAT_ENTRY, K.OLAT_RESPONSE, K.OLAT_CANCEL (refuse() checked each draws in a batch
         # or is a recorded table, which the kernel looks each draw up in)
         self.olat_models = olat_models
         self.olat_keyed = [_keyed_row(recorded_table(m)) for m in olat_models]
@@ -227,7 +211,7 @@ class KernelRun(CoreState):
             ctx = self._context(rid) if self.hub is None else self.hub.context(self, rid)
             reply, lag = self.kev.answer(ctx, now, self._model_lag)
             if lag < 0:
-                raise KernelUnsupported("a Kev reply due before its request")
+                raise DualhubError(f"the replay cannot go on: a Kev reply due {-lag} ns before its request")
             verdict, error, failure, key, raw = reply_verdict(ctx, reply)
             reason = ""
             if isinstance(verdict, CommandV2):  # the hub's: this instrument's part, the others' later
@@ -277,7 +261,7 @@ class KernelRun(CoreState):
         elif status == K.ST_UNSUPPORTED:
             if int(self.S[K.S_WHY]) == K.U_LOOK_AHEAD:
                 raise LookAheadError(K.UNSUPPORTED_TEXT[K.U_LOOK_AHEAD])
-            raise KernelUnsupported(K.UNSUPPORTED_TEXT[int(self.S[K.S_WHY])])
+            raise DualhubError(f"the replay cannot go on: {K.UNSUPPORTED_TEXT[int(self.S[K.S_WHY])]}")
         return True
 
     # ------------------------------------------------------------ output
@@ -372,7 +356,7 @@ class PortfolioRun:
                 r.S[K.S_UNIT] = 1  # the hub's commands go out as units (engine/legs.py)
         # Recorded order latencies (a live portfolio's): one table of each kind for every instrument,
         # looked up in the order the instruments draw, as the per-event engines share the model. The
-        # loop's cores then share one olat array (portfolio_unsupported refuses recorded and drawn
+        # loop's cores then share one olat array (refuse_portfolio refuses recorded and drawn
         # order latencies together).
         self.shared_olat = len(runs) > 1 and all(row is not None for r in runs for row in r.olat_keyed)
         self.b_loc: list[np.ndarray] = []  # each instrument's books' receive times (the loop's BL)
@@ -409,9 +393,7 @@ class PortfolioRun:
                 cid, rid, ts_ctx, *p, r.S, r.SF, r.C, r.CF, r.OI, r.OF, r.HI, r.HF, r.olat, r.work, r.recent,
                 r.eng_book, b, r.OUTI, r.OUTF, r.NOUT, r.SCR,
             ))  # fmt: skip
-        self.state.legs.send(
-            lambda o, fn: self._step(o, now, fn), self.runs, PI, self.PF, order, now, ts_ctx
-        )
+        self.state.legs.send(lambda o, fn: self._step(o, now, fn), self.runs, PI, self.PF, order, now, ts_ctx)
         PI[K.PI_CUR] = j
 
     def _unit(self) -> None:

@@ -29,14 +29,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from engine import assemble
 from engine import kernel as K
+from engine.assemble import Wiring, build_engine
 from engine.clock import ReplayClock
 from engine.contract import ContractConfig, grid_unit
-from engine.core import PRIO_LABEL, Engine, EngineConfig, engine_config_from
+from engine.core import PRIO_LABEL, Engine, EngineConfig
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import STREAMS, BookSnapshot
-from engine.instruments import Portfolio, resolve_instruments
+from engine.instruments import Portfolio
 from engine.kev.pairs import RulePairsKev
 from engine.kev.sim import SimKevBackend
 from engine.latency.models import LatencyModel, ScaledLatency
@@ -46,6 +48,7 @@ from engine.store import open_session
 from replay import book_source, fast_path
 from replay.book_source import SMALL_COLUMNS, GroupCache, StreamedBooks
 from replay.driver import (
+    _NEGATIVE_LAYA,
     PRIO_EXCH_BOOK,
     PRIO_EXCH_TRADE,
     PRIO_LOCAL_BOOK,
@@ -70,7 +73,7 @@ from replay.driver import (
     _v1_labeler,
     session_contract,
 )
-from replay.fast_path import KernelRun, KernelUnsupported, PortfolioRun, config_unsupported, unsupported
+from replay.fast_path import KernelRun, PortfolioRun, refuse
 from replay.label_columns import LabelColumns
 from replay.tape_stream import FeedClock
 from replay.walk import StreamedWalk, WalkStream
@@ -171,21 +174,19 @@ def portfolio_walk(tapes: list[_Tape], dues: list[np.ndarray] | None, chunk: int
 _TOP_COLUMNS = ("bid_px_0", "ask_px_0", "bid_sz_0", "ask_sz_0")
 
 
-def portfolio_unsupported(cfg: ReplayConfig) -> str:
-    """Why a portfolio replay runs on the per-event driver, where the config alone says ("" when the
-    compiled loop may run it)."""
-    if why := config_unsupported(cfg):
-        return why
-    if Engine.uses_trades:
-        return "an engine that reads public trades"
+def refuse_portfolio(cfg: ReplayConfig) -> None:
+    """What the portfolio's loop cannot take, refused before the run: recorded order latencies (a live
+    portfolio's: one table of each kind, looked up by every instrument in turn) beside drawn ones (one
+    stream per instrument), as the loop's cores share their latency tables or keep their own."""
     recorded = [
         s.startswith("recorded:")
         for s in (cfg.latency_order_entry, cfg.latency_order_response, cfg.latency_cancel)
     ]
     if any(recorded) and not all(recorded):
-        # the loop shares the order latency tables of every instrument, or none of them
-        return "recorded and drawn order latencies together"
-    return ""
+        raise DualhubError(
+            "a portfolio replays recorded order latencies for entry, response and cancel together or "
+            "none of them (--latency-order-entry/--latency-order-response/--latency-cancel)"
+        )
 
 
 class _Clamped:
@@ -206,8 +207,7 @@ def run_portfolio(
     kernel: bool = True,
     stream_books: bool = True,
 ) -> RunResult:
-    """``kernel``: the compiled loop where it reproduces the configuration (it raises
-    KernelUnsupported for what only shows mid-setup: the caller reruns it per event).
+    """``kernel``: the compiled loop (False: the engines driven per event, as live drives them).
     ``stream_books``: on the compiled loop, each symbol's book levels are read (and labelled) a block
     at a time as the walk needs them, as a single-instrument replay's are; a row that fails validation
     raises InvalidRows, and the caller reruns it on whole tables, where such rows are dropped and
@@ -225,11 +225,12 @@ def run_portfolio(
         )
     features = laya.feature_version
     feed_clock = FeedClock.of_session(session.manifest)
-    why = portfolio_unsupported(cfg) if kernel else "kernel=False"
+    if kernel:
+        refuse_portfolio(cfg)
     streamed: list[StreamedBooks | None] = [None] * len(symbols)
     # v0 labels (batch or per tick) are computed block by block as the levels stream; features v1 are
     # computed before the walk from whole tables, as the per-event engine's.
-    if not why and stream_books and features == "v0":
+    if kernel and stream_books and features == "v0":
         # The symbols walk the same files side by side: a group one reads, the next reads too. A walk
         # chunk holds a share of each symbol's rows: blocks of that size keep what is held small (the
         # labels keep their bits: tests compare batches of 16 rows with whole tables).
@@ -287,7 +288,7 @@ def run_portfolio(
         tables.append((books, trades))
     del books_of, trades_of, books, trades  # `tables` holds them until the engines are built
 
-    if not why:
+    if kernel:
         # A recorded Laya table (one model for every instrument) is keyed by receive time, and the
         # engine takes books of one receive time by instrument: each instrument drawing its books in
         # turn takes each key's delays in the order the per-event engines do.
@@ -296,17 +297,11 @@ def run_portfolio(
             for j, t in enumerate(tapes)
         ]
         if any(d is None for d in dues):
-            why = "a Laya latency drawn below zero"
-            if any(t.streamed is not None for t in tapes):  # the per-event driver reads whole tables
-                return run_portfolio(
-                    session_dir, cfg, laya, out_dir=out_dir, overwrite=overwrite, progress=progress,
-                    stream_books=False,
-                )  # fmt: skip
-        else:
-            return _run_compiled(
-                session, cfg, laya, tapes, tables, [d for d in dues if d is not None], quarantine,
-                latency, out_dir=out_dir, overwrite=overwrite, progress=progress, t0=t0,
-            )  # fmt: skip
+            raise DualhubError(_NEGATIVE_LAYA)
+        return _run_compiled(
+            session, cfg, laya, tapes, tables, [d for d in dues if d is not None], quarantine,
+            latency, out_dir=out_dir, overwrite=overwrite, progress=progress, t0=t0,
+        )  # fmt: skip
 
     # The merged walk, whole: the engine schedules the labels on the clock itself.
     ts, _, kind, row, inst = portfolio_walk(tapes, None, fast_path.WALK_CHUNK).all_entries()
@@ -317,6 +312,7 @@ def run_portfolio(
     advisor, kev = _portfolio_kev(cfg, clock)
     portfolio = _portfolio(session, cfg)
     configs = _instrument_configs(session, cfg, symbols, tables)
+    wiring = Wiring(clock=clock, log=log, kev=kev, advisor_name=advisor.name, portfolio=portfolio, warm=False)
     exchanges: list[SimExchange] = []
     engines: list[Engine] = []
     for j in range(len(symbols)):
@@ -330,19 +326,8 @@ def run_portfolio(
         else:
             labeler = _tick_labeler(laya)
         exchange = _exchange(cfg, clock, latency, j, configs[j].contract)
-        engine = Engine(
-            configs[j],
-            clock=clock,
-            log=log,
-            labeler=labeler,
-            kev=kev,
-            execution=exchange,
-            advisor_name=advisor.name,
-            laya_latency=latency(cfg.latency_laya, _rng(cfg.seed, 3, j), cfg.scale_laya, "latency_laya"),
-            portfolio=portfolio,
-            warm=False,
-        )
-        exchange.engine = engine
+        laya_latency = latency(cfg.latency_laya, _rng(cfg.seed, 3, j), cfg.scale_laya, "latency_laya")
+        engine = build_engine(configs[j], wiring, exchange, labeler, laya_latency)
         exchanges.append(exchange)
         engines.append(engine)
     del tables
@@ -387,7 +372,7 @@ def run_portfolio(
             bar.close()
     n_books = sum(len(t.b_seq) for t in tapes)
     n_trades = sum(len(t.t_seq) for t in tapes)
-    path = f"python (a portfolio of {len(symbols)}, the engine driven per event: {why})"
+    path = f"python (a portfolio of {len(symbols)}, the engine driven per event: kernel=False)"
     return _finish(
         tmp, run_dir, log, session, cfg, laya, n_books, n_trades, advisor, t0, path,
         _WithLegs(quarantine, portfolio.legs), _Clamped(tapes), kev,
@@ -404,16 +389,9 @@ def _portfolio_kev(cfg: ReplayConfig, clock: ReplayClock) -> tuple[Any, SimKevBa
 
 
 def _portfolio(session: Any, cfg: ReplayConfig) -> Portfolio:
-    """The portfolio's shared state; with Kev as the hub, the pairs it fits."""
+    """The portfolio's shared state; with Kev as the hub, the pairs it fits (the session's)."""
     symbols = list(cfg.symbols)
-    return Portfolio(
-        symbols,
-        pairs=session_pairs(session.manifest, symbols) if cfg.kev_hub else (),
-        hub=bool(cfg.kev_hub),
-        pair_half_life_ns=cfg.pair_half_life_ms * 1_000_000,
-        leg_timeout_ns=cfg.leg_timeout_ms * 1_000_000,
-        leg_hedge=cfg.leg_hedge,
-    )
+    return assemble.portfolio(cfg, symbols, session_pairs(session.manifest, symbols) if cfg.kev_hub else ())
 
 
 class _WithLegs:
@@ -433,7 +411,8 @@ def _exchange(
     cfg: ReplayConfig, clock: ReplayClock, latency: Any, j: int, contract: ContractConfig
 ) -> SimExchange:
     """Instrument ``j``'s simulated exchange, its order latencies drawn from its own streams."""
-    return _sim_exchange(cfg, clock, latency, *(_rng(cfg.seed, c, j) for c in (4, 5, 6)), contract)
+    rngs = (_rng(cfg.seed, 4, j), _rng(cfg.seed, 5, j), _rng(cfg.seed, 6, j))
+    return _sim_exchange(cfg, clock, latency, rngs, contract)
 
 
 def _instrument_configs(
@@ -442,13 +421,12 @@ def _instrument_configs(
     """Each instrument's engine config (engine.instruments.resolve_instruments, as live resolves them):
     the replay's, with its contract, sizes scaled to the first instrument's notional at the first books'
     mids, then the settings named for it."""
-    base = engine_config_from(cfg, symbol=symbols[0], contract=cfg.contract)
     contracts = {
         sym: recorded_contract(session.manifest, books, trades, cfg.contract)
         for sym, (books, trades) in zip(symbols, tables, strict=True)
     }
     mids = {sym: _first_mid(books) for sym, (books, _) in zip(symbols, tables, strict=True)}
-    return resolve_instruments(base, symbols, contracts, mids, cfg.instruments)
+    return assemble.instrument_configs(cfg, symbols, contracts, mids)
 
 
 def _run_compiled(
@@ -476,6 +454,7 @@ def _run_compiled(
     log = EventLog(tmp / "events")
     advisor, kev = _portfolio_kev(cfg, clock)
     configs = _instrument_configs(session, cfg, symbols, tables)
+    wiring = Wiring(clock=clock, log=log, kev=kev, advisor_name=advisor.name, warm=False)
     labels, probs = [], []
     runs: list[KernelRun] = []
     try:
@@ -485,18 +464,8 @@ def _run_compiled(
             labels.append(lab)
             probs.append(pr)
             exchange = _exchange(cfg, clock, latency, j, configs[j].contract)
-            engine = Engine(
-                configs[j],
-                clock=clock,
-                log=log,
-                labeler=_no_labeler,
-                kev=kev,
-                execution=exchange,
-                advisor_name=advisor.name,
-                warm=False,
-            )
-            if why := unsupported(cfg, engine, exchange, advisor, True):
-                raise KernelUnsupported(why)
+            engine = build_engine(configs[j], wiring, exchange, _no_labeler)
+            refuse(engine, exchange)
             built.append((engine, exchange))
         # after every Engine: the first run's output streams are the ones the log reads
         for sym, (engine, exchange) in zip(symbols, built, strict=True):

@@ -22,12 +22,12 @@ import numpy as np
 from engine import kernel as K
 from engine.book import LEVELS, as_levels
 from engine.clock import ReplayClock
-from engine.contract import NO_PX, lots_of, step_parts, tick_index, tick_parts
+from engine.contract import NO_PX, ContractConfig, lots_of, step_parts, tick_index, tick_parts
 from engine.core import PRIO_EXCH_IN, PRIO_EXCH_OUT
 from engine.events import BookSnapshot, Nanos, Trade
 from engine.latency.models import LatencyModel
 from engine.risk import OrderIntent
-from venue.fills import SIDE_CODE, FillModel
+from venue.fills import FILL_MODELS, SIDE_CODE, FillModel
 from venue.kernel import x_arrive, x_arrive_cancel, x_on_book, x_on_trade
 
 _TYPE_CODE = {"limit": K.LIMIT, "market": K.MARKET}
@@ -42,6 +42,28 @@ _METHOD = {
 
 
 class SimExchange:
+    @classmethod
+    def simulated(
+        cls,
+        clock: ReplayClock,
+        fill_model: str,
+        latencies: tuple[LatencyModel, LatencyModel, LatencyModel],
+        contract: ContractConfig,
+    ) -> SimExchange:
+        """The simulated venue of one instrument, as replay and paper live both build it: the named
+        fill model (venue.fills.FILL_MODELS), the order entry, response and cancel latency models, and
+        the instrument's contract (lots of its size step, prices in whole ticks)."""
+        entry, response, cancel = latencies
+        return cls(
+            clock,
+            fill_model=FILL_MODELS[fill_model](),
+            entry_latency=entry,
+            response_latency=response,
+            cancel_latency=cancel,
+            size_step=contract.size_step,
+            tick=contract.tick,
+        )
+
     def __init__(
         self,
         clock: ReplayClock,

@@ -28,6 +28,7 @@ from typing import Final
 
 from engine.book import ASK_PX, BID_PX, LEVELS, SIDE_BUY, SIDE_SELL, as_levels
 from engine.contract import tick_index
+from engine.errors import DualhubError
 from engine.events import BookSnapshot, Trade
 from engine.exact import pmax, pmin
 from engine.jit import njit
@@ -223,3 +224,9 @@ FILL_MODELS: Final = {
     "queue_log": partial(FillModel, "queue_log", FM_QUEUE_LOG),
     "risk_averse": partial(FillModel, "risk_averse", FM_RISK_AVERSE),
 }
+
+
+def check_fill_model(name: str) -> None:
+    """One line naming the known fill models when ``name`` is none of them (replay and paper alike)."""
+    if name not in FILL_MODELS:
+        raise DualhubError(f"unknown fill model {name!r}; known: {', '.join(FILL_MODELS)}")

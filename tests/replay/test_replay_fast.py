@@ -247,14 +247,14 @@ def test_loss_stop_regime_keeps_rejecting_the_same_way(session, tmp_path):
 
 
 def test_skipped_trades_change_nothing(session, tmp_path, monkeypatch):
-    """Trades reach the exchange only while an order rests, and the engine not at all (its on_trade
-    is a no-op): delivering every trade everywhere gives the same run."""
-    from engine.core import Engine
+    """Trades reach the exchange only while an order rests (a trade can fill nothing else):
+    delivering every trade to the exchange, as the engine driven per event can, gives the same run."""
+    from venue.exchange import SimExchange
 
     cfg = ReplayConfig(seed=8, fill_model="queue_power2")
     skipped = run_replay(session, cfg, out_dir=tmp_path / "a")
-    monkeypatch.setattr(Engine, "uses_trades", True)
-    delivered = run_replay(session, cfg, out_dir=tmp_path / "b")
+    monkeypatch.setattr(SimExchange, "resting", property(lambda self: True))
+    delivered = run_replay(session, cfg, out_dir=tmp_path / "b", kernel=False)
     assert skipped.counts["fill"] > 0
     assert _files(skipped) == _files(delivered)
 

@@ -1,6 +1,7 @@
 """The compiled replay kernel gives the Python engine's events exactly: the same Parquet files, byte for
 byte, the same manifest and digest, over fill models, Kev queue policies, timeouts, latencies and the
-loss stop; and it hands a run back to the Python engine whenever it cannot be exact."""
+loss stop. It is the one way a replay runs: what it cannot take is refused before the run in one line,
+and what only shows mid-run stops the run, its directory removed."""
 
 import statistics
 from dataclasses import replace
@@ -13,6 +14,7 @@ import pytest
 
 import replay.fast_path as fast_path
 from engine.contract import ContractConfig
+from engine.errors import DualhubError
 from engine.eventlog import OUTPUT_STREAMS
 from engine.jit import njit
 from engine.risk import RiskLimits
@@ -192,15 +194,19 @@ def test_stopping_for_order_latencies_at_every_step_changes_nothing(session, tmp
     assert all(max(used) >= 3 for used in refills[1:])  # each refill came when a model ran short
 
 
-def test_order_latencies_sharing_a_stream_run_in_python(session, tmp_path, monkeypatch):
-    """Models that draw from one generator interleave their draws: they cannot be drawn ahead."""
+def test_order_latencies_sharing_a_stream_are_refused(session, tmp_path, monkeypatch):
+    """Models that draw from one generator interleave their draws: they cannot be drawn ahead, and the
+    run is refused before it starts (the replay gives each model its own stream: only a bug shares one)."""
     import replay.driver as driver
 
     real, shared = driver._rng, np.random.default_rng([9, 4])
     monkeypatch.setattr(driver, "_rng", lambda seed, c: shared if c in (4, 5, 6) else real(seed, c))
     cfg = ReplayConfig(seed=9, **_drawn_latencies(tmp_path, "lognormal"))
-    r = run_replay(session, cfg, out_dir=tmp_path / "r")
-    assert r.path == "python (order latencies drawn from one random stream (order response and another))"
+    with pytest.raises(
+        DualhubError, match="order response latency draws from another order latency's random"
+    ):
+        run_replay(session, cfg, out_dir=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
 
 
 ORDER_KINDS = {
@@ -262,15 +268,15 @@ def test_recorded_order_latencies_are_identical(session, tmp_path, monkeypatch, 
         for s in OUTPUT_STREAMS:
             assert _column(py.run_dir, s, "ts_recv") == _column(src.run_dir, s, "ts_recv"), s
         assert py.digest == src.digest
-    import replay.driver as driver
+    from venue.exchange import SimExchange
 
     runs, exchanges = [], []
-    real_init, real_exchange = fast_path.KernelRun.__init__, driver.SimExchange
+    real_init, real_exchange = fast_path.KernelRun.__init__, SimExchange.__init__
     monkeypatch.setattr(
         fast_path.KernelRun, "__init__", lambda self, *a, **k: runs.append(self) or real_init(self, *a, **k)
     )
     monkeypatch.setattr(
-        driver, "SimExchange", lambda *a, **k: exchanges.append(real_exchange(*a, **k)) or exchanges[-1]
+        SimExchange, "__init__", lambda self, *a, **k: exchanges.append(self) or real_exchange(self, *a, **k)
     )
     py, kn = _same(session, replace(base, **specs(part)), tmp_path, "part")
     assert py.counts["order"] > 100
@@ -390,16 +396,9 @@ def test_the_kev_request_ring_reuses_the_rows_of_finished_requests(tmp_path, mon
         assert rings[-1][2] > 512 and rings[-1][0] < 4
 
 
-def test_configurations_it_cannot_reproduce_run_in_python(session, tmp_path, monkeypatch):
-    import replay.driver as driver
-
-    built = []
-    real = driver.StreamedBooks
-    monkeypatch.setattr(driver, "StreamedBooks", lambda *a, **k: built.append(1) or real(*a, **k))
-    monkeypatch.delitem(fast_path.FILL_MODEL_CODES, "through")  # a venue fill model the kernel lacks
-    r = run_replay(session, ReplayConfig(seed=3, fill_model="through"), out_dir=tmp_path / "a")
-    assert not built  # known from the config: no streamed set-up to throw away
-    assert r.path == "python (fill model 'through')"
+def test_what_the_loop_cannot_take_is_refused_in_one_line(session, tmp_path, capsys):
+    from dualhub.cli import main
+    from engine.latency.models import LognormalLatency
     from engine.latency.recorded import LatencySink
 
     sink = LatencySink()
@@ -407,10 +406,33 @@ def test_configurations_it_cannot_reproduce_run_in_python(session, tmp_path, mon
     sink.add("cancel", 0, 3_000_000)
     sink.add("cancel", 0, 3_000_000)
     sink.write(tmp_path)
-    r = run_replay(
-        session, ReplayConfig(seed=3, latency_cancel=f"recorded:cancel@{tmp_path}"), out_dir=tmp_path / "n"
-    )
-    assert r.path == "python (a recorded cancel latency below zero (the clock refuses it))"
+    out = tmp_path / "n"
+    params = orjson.dumps({"latency_cancel": f"recorded:cancel@{tmp_path}"}).decode()
+    rc = main(["replay", str(session), "--params", params, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert err.strip().splitlines() == [
+        "dualhub replay: error: the recorded cancel latencies hold a delay below zero"
+        " (the clock cannot go back)"
+    ]
+
+    class Custom(LognormalLatency):  # a model of its own: its draws cannot be taken ahead in a batch
+        pass
+
+    with pytest.MonkeyPatch.context() as m:
+        import replay.driver as driver
+
+        real = driver._checked_latency
+        m.setattr(
+            driver,
+            "_checked_latency",
+            lambda spec, rng, name: (
+                Custom(p5_ms=1, p95_ms=5, rng=rng) if name == "latency_cancel" else real(spec, rng, name)
+            ),
+        )
+        with pytest.raises(DualhubError, match="the cancel latency model Custom cannot be drawn ahead"):
+            run_replay(session, ReplayConfig(seed=3), out_dir=tmp_path / "c")
+    assert not (tmp_path / "c").exists()
     from engine.kev.cassette import Cassette
 
     Cassette().write(tmp_path / "empty.parquet")
@@ -506,9 +528,10 @@ def test_a_fitted_kev_lag_is_identical(session, tmp_path, monkeypatch):
     assert len(lags) > 10 and lags != _column(base.run_dir, "kev_response", "lag_ns")
 
 
-def test_a_kernel_that_gives_up_mid_run_leaves_a_python_run(session, tmp_path, monkeypatch):
+def test_a_kernel_that_cannot_go_on_mid_run_leaves_no_run(session, tmp_path, monkeypatch):
+    """Something only seen mid-run (here: a full table, forced after rows were written) stops the run
+    with one line, as live's engine stops; nothing of the partial run is left."""
     cfg = ReplayConfig(seed=7)
-    ref = run_replay(session, cfg, out_dir=tmp_path / "ref", kernel=False)
     calls = {"n": 0}
     handle = fast_path.KernelRun.handle
 
@@ -521,13 +544,10 @@ def test_a_kernel_that_gives_up_mid_run_leaves_a_python_run(session, tmp_path, m
 
     monkeypatch.setattr(fast_path, "OUT_CAP", K.MARGIN + 40)  # stops early, after writing some rows
     monkeypatch.setattr(fast_path.KernelRun, "handle", give_up_on_the_third)
-    r = run_replay(session, cfg, out_dir=tmp_path / "r")
-    assert r.path.startswith("python (more working orders")
-    assert r.digest == ref.digest
-    for s in OUTPUT_STREAMS:
-        assert (r.run_dir / "events" / f"{s}.parquet").read_bytes() == (
-            ref.run_dir / "events" / f"{s}.parquet"
-        ).read_bytes()
+    with pytest.raises(DualhubError, match="the replay cannot go on: more working orders or queued Kev"):
+        run_replay(session, cfg, out_dir=tmp_path / "r")
+    assert calls["n"] == 3 and not (tmp_path / "r").exists()
+    assert not list(tmp_path.glob("*.tmp*"))
     assert not (tmp_path / "r.tmp").exists()
 
 
@@ -770,7 +790,7 @@ def test_the_merged_walk_is_the_sorted_walk(session, feed):
     )
     due = driver._label_due(tape, parse_latency("lognormal:p5=100us,p95=150ms", rng))
     due[::7] = tape.b_loc[::7] + 5  # ties between labels and other entries at one time
-    want = tape.order(due, engine_trades=False)
+    want = tape.order(due)
     walk = StreamedWalk(tape.walk_streams(due), chunk=333)
     got = [[], [], [], []]
     while (chunk := walk.next_chunk()) is not None:
