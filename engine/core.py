@@ -659,7 +659,7 @@ def engine_identity() -> dict[str, str]:
     """What a run's runtime.json names as its engine: the decision core, and the hash of every source
     file compiled into it (``engine.jit.core_stamp``). A replay, on its compiled loop or per event, and
     a live run of the same code name the same one."""
-    return {"engine": "engine/kernel.py", "engine_sha256": jit.core_stamp()}
+    return {"engine": "engine/kernel", "engine_sha256": jit.core_stamp()}
 
 
 def reply_verdict(

@@ -1187,41 +1187,27 @@ def _finish(
         "quarantine": quarantine.counts,
         "files": files,
     }
-    if tmp is None:  # metrics only
+    summary = None
+    if tmp is None:  # metrics only: nothing is written
         assert isinstance(log, MetricsLog)
-        return RunResult(
-            run_dir,
-            log.digest,
-            log.counts(),
-            n_books,
-            n_trades,
-            time.perf_counter() - t0,
-            info,
-            advisor_info,
-            path,
-            quarantine.counts,
-            log.decision_digest,
-            in_sample,
-            feed,
-            _warnings(in_sample, feed, session.manifest, Path(cfg.model_path).name),
-            summary=log.tally.summary(manifest),
+        wall, summary = time.perf_counter() - t0, log.tally.summary(manifest)
+    else:
+        write_json(tmp / "manifest.json", manifest)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(run_dir)
+        # The provider and the engine path are facts about this run's machine and code path, not about
+        # its inputs (both paths give the same events): kept beside the manifest.
+        write_json(
+            run_dir / "runtime.json",
+            {
+                **{k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
+                **engine_identity(),
+                "engine_path": path,  # the compiled loop (how it read the books), or per event
+                "risk_rules": list(cfg.risk.rules),  # the gateway's rules, in the order they ran
+            },
         )
-    write_json(tmp / "manifest.json", manifest)
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(run_dir)
-    # The provider and the engine path are facts about this run's machine and code path, not about its
-    # inputs (both paths give the same events): kept beside the manifest.
-    write_json(
-        run_dir / "runtime.json",
-        {
-            **{k: info.get(k) for k in ("requested_providers", "active_provider", "fallback_reason")},
-            **engine_identity(),
-            "engine_path": path,  # which drove it: the compiled loop, or per event (and why)
-            "risk_rules": list(cfg.risk.rules),  # the gateway's rules, in the order they ran
-        },
-    )
     return RunResult(
         run_dir,
         log.digest,
@@ -1229,7 +1215,7 @@ def _finish(
         n_books,
         n_trades,
         wall,
-        laya.describe(),
+        info,
         advisor_info,
         path,
         quarantine.counts,
@@ -1237,6 +1223,7 @@ def _finish(
         in_sample,
         feed,
         _warnings(in_sample, feed, session.manifest, Path(cfg.model_path).name),
+        summary=summary,
     )
 
 

@@ -27,7 +27,7 @@ from replay.run_metrics import LATENCY_SPANS, Tally
 from replay.sweep_grid import build_config, param_column, param_hash, param_json
 
 CODE_ROOTS: Final = ("replay.sweep",)  # the code version covers these and what they import, transitively
-_PACKAGES: Final = ("engine", "venue", "replay")
+_PACKAGES: Final = ("engine", "wire", "venue", "analysis", "replay")
 
 
 def _module_file(root: Path, name: str) -> Path | None:

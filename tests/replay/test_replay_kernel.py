@@ -821,7 +821,7 @@ def test_the_cli_says_which_engine_ran(session, tmp_path, capsys):
     for run in ("k", "p"):
         runtime = orjson.loads((tmp_path / run / "runtime.json").read_bytes())
         assert {k: runtime[k] for k in ("engine", "engine_sha256")} == engine_identity()
-    assert engine_identity()["engine"] == "engine/kernel.py" and len(engine_identity()["engine_sha256"]) == 64
+    assert engine_identity()["engine"] == "engine/kernel" and len(engine_identity()["engine_sha256"]) == 64
 
 
 @pytest.mark.parametrize("stats", [True, False])

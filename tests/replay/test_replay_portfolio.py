@@ -372,7 +372,7 @@ def test_two_instruments_trade_as_one_portfolio(pair, tmp_path):
         r for (r,) in duckdb.sql(f"select count(*) from '{pair}/books15/*.parquet'").fetchall()
     )
     runtime = json.loads((run / "runtime.json").read_text())
-    assert runtime["engine"] == "engine/kernel.py" and "portfolio of 2" in runtime["engine_path"]
+    assert runtime["engine"] == "engine/kernel" and "portfolio of 2" in runtime["engine_path"]
     assert "portfolio_net_delta" in runtime["risk_rules"]
 
 
