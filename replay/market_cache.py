@@ -312,12 +312,19 @@ class Cached:
         levels[:] = batch.column(0).values.to_numpy().reshape(n, N_LEVELS)
         labels[:] = batch.column(1).to_numpy()
         probs[:] = batch.column(2).values.to_numpy().reshape(n, 4)
+        if (b + 1) * self.block >= self.rows:  # the walk's last block: the buffer is not held past the run
+            _drop_scratch()  # (freed as this returns, with the views of it here)
 
 
-# One buffer the block files are read into, reused block after block and run after run: a fresh bytes
-# object per block paid its page faults on every read of a sweep's runs (a block's levels are then
-# copied out of it, so nothing keeps a view of it).
+# One buffer the block files are read into, reused block after block: a fresh bytes object per block
+# paid its page faults on every read (a block's levels are copied out of it, so nothing keeps a view
+# of it). Dropped after a walk's last block, so a run's later peak (the summary) does not hold it.
 _scratch = bytearray()
+
+
+def _drop_scratch() -> None:
+    global _scratch
+    _scratch = bytearray()
 
 
 def _read_into_scratch(f: Any, size: int) -> memoryview:
