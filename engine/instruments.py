@@ -240,7 +240,7 @@ class Portfolio:
             self.engines[i].step(
                 lambda c, b, p=part: K.step_command_part(
                     cid, rid, ts_ctx, *p, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work,
-                    c.recent, c.eng_book, b, c.OUTI, c.OUTF, c.NOUT, c.SCR,
+                    c.recent, c.eng_book, b, c.out, c.SCR,
                 )
             )  # fmt: skip
         now = source.clock.now_ns()

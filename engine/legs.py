@@ -228,7 +228,7 @@ def _rebalance(c: Any, b_loc: np.ndarray, origin: int) -> int:
     oid = int(c.S[K.S_OID]) + 1
     K.step_rebalance(
         origin, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent, c.eng_book, b_loc,
-        c.OUTI, c.OUTF, c.NOUT, c.SCR,
+        c.out, c.SCR,
     )  # fmt: skip
     return oid
 
@@ -237,6 +237,6 @@ def _hedge(c: Any, b_loc: np.ndarray, side: int, lots: int, cross: bool, prev: i
     return int(
         K.step_hedge(
             side, lots, cross, prev, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.HI, c.HF, c.olat, c.work, c.recent,
-            c.eng_book, b_loc, c.OUTI, c.OUTF, c.NOUT, c.SCR,
+            c.eng_book, b_loc, c.out, c.SCR,
         )  # fmt: skip
     )

@@ -248,6 +248,7 @@ class CoreState:
             share.symbols.append(symbol)
             self.symbols = share.symbols
         # the cores writing to the buffer, by OUT_INST code: a drain reads each row's request from its own
+        self.out = K.Out(self.OUTI, self.OUTF, self.NOUT)  # the steps' one parameter for the buffer
         self.cores: list[CoreState] = share.cores if share is not None else []
         self.cores.append(self)
         # nothing drawn here unless a simulated venue is (fast_path.KernelRun): headroom() never asks

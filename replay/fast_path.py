@@ -315,7 +315,7 @@ def run_kernel(
             before = int(PI[K.PI_WALK])
             status = K.run_pf(
                 ts, prio, kind, row, inst[:n], n, (levels,), L0, BL, LB, PR, TPX, TSZ, TSD, run.lags,
-                (run.core(),), PI, solo.PF, *hub, run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
+                (run.core(),), PI, solo.PF, *hub, run.out, OUT_CAP,
                 *scratch,
             )  # fmt: skip
             after = int(PI[K.PI_WALK])
@@ -329,7 +329,7 @@ def run_kernel(
     PI[K.PI_WALK] = 0  # the walk is over: the bar's position is `done`
     while True:
         status = K.run_all_pf(
-            (run.core(),), PI, solo.PF, BL, run.lags, run.OUTI, run.OUTF, run.NOUT, OUT_CAP,
+            (run.core(),), PI, solo.PF, BL, run.lags, run.out, OUT_CAP,
             *scratch,
         )  # fmt: skip
         if not run.handle(int(status)):
@@ -391,7 +391,7 @@ class PortfolioRun:
             order.append(o)
             self._step(o, now, lambda r, b, p=part: K.step_command_part(
                 cid, rid, ts_ctx, *p, r.S, r.SF, r.C, r.CF, r.OI, r.OF, r.HI, r.HF, r.olat, r.work, r.recent,
-                r.eng_book, b, r.OUTI, r.OUTF, r.NOUT, r.SCR,
+                r.eng_book, b, r.out, r.SCR,
             ))  # fmt: skip
         self.state.legs.send(lambda o, fn: self._step(o, now, fn), self.runs, PI, self.PF, order, now, ts_ctx)
         PI[K.PI_CUR] = j
@@ -550,7 +550,7 @@ def run_portfolio_kernel(
             before = int(PI[K.PI_WALK])
             status = K.run_pf(
                 ts, prio, kind, row, inst, len(ts), LV, L0, BL, LB, PR, TPX, TSZ, TSD, pf.lags,
-                pf.cores(), PI, PF, *hub_arrays(pf.state), run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP, *scratch,
+                pf.cores(), PI, PF, *hub_arrays(pf.state), run0.out, OUT_CAP, *scratch,
             )  # fmt: skip
             after = int(PI[K.PI_WALK])
             if after > before:
@@ -560,9 +560,7 @@ def run_portfolio_kernel(
             if not pf.handle(int(status)):
                 break
     while True:
-        status = K.run_all_pf(
-            pf.cores(), PI, PF, BL, pf.lags, run0.OUTI, run0.OUTF, run0.NOUT, OUT_CAP, *scratch
-        )
+        status = K.run_all_pf(pf.cores(), PI, PF, BL, pf.lags, run0.out, OUT_CAP, *scratch)
         if not pf.handle(int(status)):
             break
     rows = sorted((b for r in pf.runs for b in r.breaker), key=lambda b: b[:2])

@@ -100,14 +100,13 @@ def _timer(
     x_book,
     b_loc,
     lags,
-    OUTI,
-    OUTF,
-    NOUT,
+    out,
     lpx,
     lq,
 ):
     """A timer of the loop's heap: the simulated exchange's (an order or cancel arriving), else the
     engine's."""
+    OUTI, OUTF, NOUT = out
     kind = tmpi[3]
     a = tmpi[4]
     if kind <= T_REPORT:
@@ -119,7 +118,7 @@ def _timer(
     else:
         _engine_timer(
             tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent,
-            eng_book, x_book, b_loc, lags, OUTI, OUTF, NOUT, lpx, lq,
+            eng_book, x_book, b_loc, lags, out, lpx, lq,
         )  # fmt: skip
     forward(S, C, OI, HI, HF, olat, OUTI, NOUT)
 
@@ -290,9 +289,10 @@ def _room(o, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, 
 
 @njit(inline="always")
 def _timer_pf_at(
-    core, j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
+    core, j, n, CORES, PI, PF, BL, lags, out, out_cap, tmpi, tmpf, lpx, lq, before, TOP
 ):  # fmt: skip
     """The next timer of instrument j's heap (``core`` is CORES[j]). Inlined, as :func:`_pf_entry`."""
+    OUTI, OUTF, NOUT = out
     S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
     st = _room(j, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags)
     if st != ST_DONE:
@@ -303,7 +303,7 @@ def _timer_pf_at(
     cid = S[S_CMD_ID]
     _timer(
         tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight, recent, eng_book,
-        x_book, BL[j], lags, OUTI, OUTF, NOUT, lpx, lq,
+        x_book, BL[j], lags, out, lpx, lq,
     )  # fmt: skip
     _leave(j, n, S, C, eng_book, OUTI, NOUT, PI, PF, before)
     _top(TOP, j, S, HI)
@@ -321,12 +321,13 @@ _timer_pf = on_core(_timer_pf_at)
 @njit(inline="always")
 def _pf_entry_at(
     core, t, k, j, r, n, CORES, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags, PI, PF, PS, PP, LR, half_life_ns,
-    OUTI, OUTF, NOUT, out_cap, lpx, lq, before, TOP,
+    out, out_cap, lpx, lq, before, TOP,
 ):  # fmt: skip
     """Walk entry (t, kind k, row r) of instrument j (``core`` is CORES[j]): (status, whether the entry
     is done). Inlined into the loop, which is compiled without reference counting: a portfolio's
     instruments take turns nearly every entry, and each switch unpacks a core's 18 arrays (with
     reference counting, an incref and a decref each; as a call of its own, ~300 scalar arguments)."""
+    OUTI, OUTF, NOUT = out
     S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
     st = _room(j, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags)
     if st != ST_DONE:
@@ -367,7 +368,7 @@ def _pf_entry_at(
         pf_note_label(LR, j, lab)
         _on_label(
             r, lab, PR[j][r, lab], S, SF, C, CF, OI, OF, RI, RF, HI, HF, olat, work, rest, kq, inflight,
-            recent, eng_book, x_book, b_loc, LV[j], L0[j], lags, OUTI, OUTF, NOUT, lpx, lq,
+            recent, eng_book, x_book, b_loc, LV[j], L0[j], lags, out, lpx, lq,
         )  # fmt: skip
         forward(S, C, OI, HI, HF, olat, OUTI, NOUT)
     elif k == 1:  # trade at the exchange
@@ -387,7 +388,7 @@ def _pf_entry_at(
             So, SFo, Co, _, OIo, OFo, _, _, HIo, HFo, worko, _, _, _, _, ebo, _, olo = CORES[o]
             _enter(o, n, So, SFo, NOUT, PI, PF, before)
             So[S_NOW] = t
-            step_pull(So, Co, OIo, OFo, HIo, HFo, olo, worko, OUTI, OUTF, NOUT)
+            step_pull(So, Co, OIo, OFo, HIo, HFo, olo, worko, out)
             forward(So, Co, OIo, HIo, HFo, olo, OUTI, NOUT)
             _leave(o, n, So, Co, ebo, OUTI, NOUT, PI, PF, before)
             _top(TOP, o, So, HIo)
@@ -400,7 +401,7 @@ _pf_entry = on_core(_pf_entry_at)
 @njit
 def run_pf(
     walk_ts, walk_prio, walk_kind, walk_row, walk_inst, walk_end, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags,
-    CORES, PI, PF, PS, PP, LR, half_life_ns, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP,
+    CORES, PI, PF, PS, PP, LR, half_life_ns, out, out_cap, tmpi, tmpf, lpx, lq, before, TOP,
 ):  # fmt: skip
     """Run the walk from PI[PI_WALK] to walk_end. Returns a status (ST_*); a stop names its instrument
     in PI[PI_CUR]. LV[j] holds instrument j's book levels from row L0[j] on; BL, LB, PR its books'
@@ -418,14 +419,12 @@ def run_pf(
                 return ST_LEG
             if j < 0:
                 break
-            st = _timer_pf(
-                j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
-            )
+            st = _timer_pf(j, n, CORES, PI, PF, BL, lags, out, out_cap, tmpi, tmpf, lpx, lq, before, TOP)
             if st != ST_DONE:
                 return st
         st, done = _pf_entry(
             t, walk_kind[i], walk_inst[i], walk_row[i], n, CORES, LV, L0, BL, LB, PR, TPX, TSZ, TSD, lags,
-            PI, PF, PS, PP, LR, half_life_ns, OUTI, OUTF, NOUT, out_cap, lpx, lq, before, TOP,
+            PI, PF, PS, PP, LR, half_life_ns, out, out_cap, lpx, lq, before, TOP,
         )  # fmt: skip
         if not done:
             return st
@@ -437,7 +436,7 @@ def run_pf(
 
 
 @njit
-def run_all_pf(CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP):
+def run_all_pf(CORES, PI, PF, BL, lags, out, out_cap, tmpi, tmpf, lpx, lq, before, TOP):
     """The end of the tape: every instrument's pending timers, in the one order."""
     n = PF.shape[0]
     _tops(TOP, CORES, n)
@@ -447,8 +446,6 @@ def run_all_pf(CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, l
             return ST_DONE
         if _leg_first(PI, TOP, j, TOP[j, 1] + 1, 0):
             return ST_LEG
-        st = _timer_pf(
-            j, n, CORES, PI, PF, BL, lags, OUTI, OUTF, NOUT, out_cap, tmpi, tmpf, lpx, lq, before, TOP
-        )
+        st = _timer_pf(j, n, CORES, PI, PF, BL, lags, out, out_cap, tmpi, tmpf, lpx, lq, before, TOP)
         if st != ST_DONE:
             return st

@@ -365,6 +365,7 @@ from engine.kernel.report import (  # noqa: F401
     _on_fill,
 )
 from engine.kernel.rows import (  # noqa: F401
+    Out,
     _headroom,
     _order_event,
     _queue_note,

@@ -87,12 +87,11 @@ def _offer_kev(
     kq,
     inflight,
     lags,
-    OUTI,
-    OUTF,
-    NOUT,
+    out,
     lpx,
     lq,
 ):
+    OUTI, OUTF, NOUT = out
     now = S[S_NOW]
     S[S_LAST_KEV_OFFER] = now
     rid = S[S_RID] + 1
@@ -144,9 +143,7 @@ def _offer_kev(
             kq,
             inflight,
             lags,
-            OUTI,
-            OUTF,
-            NOUT,
+            out,
             lpx,
             lq,
         )
@@ -176,9 +173,7 @@ def _offer_kev(
         kq,
         inflight,
         lags,
-        OUTI,
-        OUTF,
-        NOUT,
+        out,
         lpx,
         lq,
     )
@@ -203,19 +198,18 @@ def _kev_pump(
     kq,
     inflight,
     lags,
-    OUTI,
-    OUTF,
-    NOUT,
+    out,
     lpx,
     lq,
 ):
     while S[S_INFLIGHT_N] < C[C_KEV_MAX_IN_FLIGHT]:
-        if not _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
+        if not _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, out):
             break
 
 
 @njit
-def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, OUTI, OUTF, NOUT):
+def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, out):
+    OUTI, OUTF, NOUT = out
     now = S[S_NOW]
     n = S[S_KQ_N]
     rid = -1

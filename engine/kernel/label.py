@@ -57,9 +57,7 @@ def _on_label(
     levels,
     level_row0,
     lags,
-    OUTI,
-    OUTF,
-    NOUT,
+    out,
     lpx,
     lq,
 ):
@@ -68,7 +66,7 @@ def _on_label(
     origin = b_loc[r]
     if label_id == L_EMERGENCY:
         S[S_EMERGENCY_UNTIL] = now + C[C_EMERGENCY_HOLD]
-        _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)
+        _cancel_all(S, C, OI, OF, HI, HF, olat, work, out)
     if label_id != L_HOLD and now - S[S_LAST_KEV_OFFER] >= C[C_KEV_MIN_INTERVAL]:
         _offer_kev(
             r,
@@ -93,9 +91,7 @@ def _on_label(
             kq,
             inflight,
             lags,
-            OUTI,
-            OUTF,
-            NOUT,
+            out,
             lpx,
             lq,
         )
@@ -118,9 +114,7 @@ def _on_label(
             b_loc,
             origin,
             False,
-            OUTI,
-            OUTF,
-            NOUT,
+            out,
             lpx,
             lq,
         )
@@ -146,9 +140,7 @@ def _on_label(
             eng_book,
             b_loc,
             origin,
-            OUTI,
-            OUTF,
-            NOUT,
+            out,
             lpx,
             lq,
         )

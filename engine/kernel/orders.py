@@ -228,12 +228,11 @@ def _send_new(
     reduce_only,
     source,
     age,
-    OUTI,
-    OUTF,
-    NOUT,
+    out,
     lpx,
     lq,
 ):
+    OUTI, OUTF, NOUT = out
     oid = S[S_OID] + 1
     S[S_OID] = oid
     now = S[S_NOW]
@@ -263,7 +262,7 @@ def _send_new(
     if S[S_WHY] != U_NONE:
         return
     ok = reason == R_OK
-    _risk_row(OUTI, OUTF, NOUT, now, oid, INTENT_NEW, side, otype, source, age, ok, reason, px, qty)
+    _risk_row(out, now, oid, INTENT_NEW, side, otype, source, age, ok, reason, px, qty)
     if not ok:
         return
     lots = _lots(qty, C)
@@ -296,17 +295,15 @@ def _send_new(
         return
     work[nw] = oid
     S[S_NWORK] = nw + 1
-    _order_event(OUTI, OUTF, NOUT, C, OI, OF, oid, OK_NEW, now, now, R_EMPTY)
+    _order_event(out, C, OI, OF, oid, OK_NEW, now, now, R_EMPTY)
     _span(OUTI, NOUT, SPAN_TICK_TO_ORDER, REF_ORDER, oid, origin, now)
 
 
 @njit
-def _send_cancel(S, C, OI, OF, HI, HF, olat, oid, OUTI, OUTF, NOUT):
+def _send_cancel(S, C, OI, OF, HI, HF, olat, oid, out):
     now = S[S_NOW]
     _risk_row(
-        OUTI,
-        OUTF,
-        NOUT,
+        out,
         now,
         oid,
         INTENT_CANCEL,
@@ -320,11 +317,11 @@ def _send_cancel(S, C, OI, OF, HI, HF, olat, oid, OUTI, OUTF, NOUT):
         size_of(OI[oid & (OI.shape[0] - 1), OI_LOTS] - OI[oid & (OI.shape[0] - 1), OI_FILLED], C),
     )
     OI[oid & (OI.shape[0] - 1), OI_STATUS] = PENDING_CANCEL
-    _order_event(OUTI, OUTF, NOUT, C, OI, OF, oid, OK_CANCEL, now, now, R_EMPTY)
+    _order_event(out, C, OI, OF, oid, OK_CANCEL, now, now, R_EMPTY)
 
 
 @njit
-def _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
+def _cancel_all(S, C, OI, OF, HI, HF, olat, work, out):
     n = S[S_NWORK]
     cap = work.shape[0] // 3
     snapshot = work[cap : 2 * cap]  # scratch: the list as it was (cancels do not change it)
@@ -336,7 +333,7 @@ def _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT):
             OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
             or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
         ):
-            _send_cancel(S, C, OI, OF, HI, HF, olat, o, OUTI, OUTF, NOUT)
+            _send_cancel(S, C, OI, OF, HI, HF, olat, o, out)
 
 
 @njit
@@ -401,9 +398,7 @@ def _requote(
     b_loc,
     origin,
     force,
-    OUTI,
-    OUTF,
-    NOUT,
+    out,
     lpx,
     lq,
 ):
@@ -412,7 +407,7 @@ def _requote(
         return
     S[S_LAST_REQUOTE] = now
     if now < S[S_EMERGENCY_UNTIL] or S[S_KILL] != 0:
-        _cancel_all(S, C, OI, OF, HI, HF, olat, work, OUTI, OUTF, NOUT)
+        _cancel_all(S, C, OI, OF, HI, HF, olat, work, out)
         return
     bid_lots, bid_t, ask_lots, ask_t = _strategy(S, SF, C, CF, eng_book, now)
     want_buy, want_sell = bid_lots > 0, ask_lots > 0
@@ -442,9 +437,7 @@ def _requote(
                 False,
                 SRC_QUOTE,
                 -1,
-                OUTI,
-                OUTF,
-                NOUT,
+                out,
                 lpx,
                 lq,
             )
@@ -474,9 +467,7 @@ def _requote(
                 False,
                 SRC_QUOTE,
                 -1,
-                OUTI,
-                OUTF,
-                NOUT,
+                out,
                 lpx,
                 lq,
             )
@@ -507,7 +498,7 @@ def _requote(
                 OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
                 or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
             ):
-                _send_cancel(S, C, OI, OF, HI, HF, olat, o, OUTI, OUTF, NOUT)
+                _send_cancel(S, C, OI, OF, HI, HF, olat, o, out)
         if want and m == 0:
             _send_new(
                 S,
@@ -532,9 +523,7 @@ def _requote(
                 False,
                 SRC_QUOTE,
                 -1,
-                OUTI,
-                OUTF,
-                NOUT,
+                out,
                 lpx,
                 lq,
             )
@@ -581,9 +570,7 @@ def leg_order(S, SF, C, CF, OI, work):
 
 
 @njit
-def _rebalance(
-    S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, origin, OUTI, OUTF, NOUT, lpx, lq
-):
+def _rebalance(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, origin, out, lpx, lq):
     side, qty = leg_order(S, SF, C, CF, OI, work)
     if side == NO_ORDER:
         return
@@ -613,9 +600,7 @@ def _rebalance(
         flatten,
         SRC_FLATTEN if flatten else SRC_KEV,
         now - S[S_CMD_TS_RECV],
-        OUTI,
-        OUTF,
-        NOUT,
+        out,
         lpx,
         lq,
     )

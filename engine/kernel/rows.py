@@ -5,6 +5,10 @@ overrun a buffer or table stops the run first, to grow it or drain it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
+
 from engine.jit import njit
 from engine.kernel.layout import (
     DONE,
@@ -46,6 +50,18 @@ from engine.kernel.layout import (
 from engine.kernel.units import price_of, size_of
 
 # ---------------------------------------------------------------- output
+
+
+class Out(NamedTuple):
+    """The output buffer, one parameter of every step that writes rows: each stream's int and float
+    columns by row (``OUTI[stream, column, row]``, ``OUTF`` alike) and each stream's row count
+    (``NOUT[stream]``). A NamedTuple, not a structref or jitclass: the core compiles without numba's
+    reference counting, which both need, and a NamedTuple of arrays costs what its arrays passed one
+    by one cost (bench/bench_named_state.py). Its arrays are made once and drained in place."""
+
+    OUTI: np.ndarray
+    OUTF: np.ndarray
+    NOUT: np.ndarray
 
 
 @njit
@@ -98,7 +114,8 @@ def _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight):
 
 
 @njit
-def _order_event(OUTI, OUTF, NOUT, C, OI, OF, oid, kind, ts_event, ts_recv, reason):
+def _order_event(out, C, OI, OF, oid, kind, ts_event, ts_recv, reason):
+    OUTI, OUTF, NOUT = out
     k = NOUT[O_ORDER]
     NOUT[O_ORDER] = k + 1
     OUTI[O_ORDER, 0, k] = ts_event
@@ -134,7 +151,8 @@ def _queue_note(OUTI, NOUT, now, rid, kind, depth):
 
 
 @njit
-def _risk_row(OUTI, OUTF, NOUT, now, oid, intent, side, otype, source, age, ok, reason, px, qty):
+def _risk_row(out, now, oid, intent, side, otype, source, age, ok, reason, px, qty):
+    OUTI, OUTF, NOUT = out
     k = NOUT[O_RISK]
     NOUT[O_RISK] = k + 1
     OUTI[O_RISK, 0, k] = now

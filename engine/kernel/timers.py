@@ -65,14 +65,13 @@ def _engine_timer(
     x_book,
     b_loc,
     lags,
-    OUTI,
-    OUTF,
-    NOUT,
+    out,
     lpx,
     lq,
 ):
     """The engine's timers: an exchange report reaching it (T_REPORT), a Kev request's timeout and
     its reply (T_KEV_TIMEOUT, T_KEV_DONE)."""
+    OUTI, OUTF, NOUT = out
     kind = tmpi[3]
     a = tmpi[4]
     b = tmpi[5]
@@ -97,9 +96,7 @@ def _engine_timer(
             b >> 8,
             tmpf,
             tmpi[6],
-            OUTI,
-            OUTF,
-            NOUT,
+            out,
             lpx,
             lq,
         )
@@ -131,9 +128,7 @@ def _engine_timer(
                 kq,
                 inflight,
                 lags,
-                OUTI,
-                OUTF,
-                NOUT,
+                out,
                 lpx,
                 lq,
             )
@@ -152,8 +147,8 @@ def _engine_timer(
         _span(OUTI, NOUT, SPAN_KEV, REF_KEV, a, now - b, now)
         if ok != 1:  # a reply that is no valid command: the engine notes it and moves on
             _kev_pump(
-                S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, recent, eng_book, b_loc, kq, inflight, lags, OUTI,
-                OUTF, NOUT, lpx, lq,
+                S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, recent, eng_book, b_loc, kq, inflight, lags, out,
+                lpx, lq,
             )  # fmt: skip
             return
         cid = S[S_CMD_ID] + 1
@@ -161,12 +156,12 @@ def _engine_timer(
         r = a & (RI.shape[0] - 1)
         ts_ctx = RI[r, RI_TS]
         _apply_command(
-            S, SF, C, OUTI, OUTF, NOUT, cid, a, ts_ctx, RI[r, RI_ACTION], RF[r, RF_TARGET], RF[r, RF_HEDGE],
+            S, SF, C, out, cid, a, ts_ctx, RI[r, RI_ACTION], RF[r, RF_TARGET], RF[r, RF_HEDGE],
             RF[r, RF_SLIP],
         )  # fmt: skip
         if S[S_UNIT] == 0:  # a hub's unit sends every leg together, after every part is applied
             _rebalance(
-                S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, ts_ctx, OUTI, OUTF, NOUT,
+                S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, ts_ctx, out,
                 lpx, lq,
             )  # fmt: skip
         if S[S_WHY] != U_NONE:
@@ -189,18 +184,17 @@ def _engine_timer(
             kq,
             inflight,
             lags,
-            OUTI,
-            OUTF,
-            NOUT,
+            out,
             lpx,
             lq,
         )
 
 
 @njit
-def _apply_command(S, SF, C, OUTI, OUTF, NOUT, cid, rid, ts_ctx, action, target, hedge, slip):
+def _apply_command(S, SF, C, out, cid, rid, ts_ctx, action, target, hedge, slip):
     """Kev's command ``cid`` (the reply to request ``rid``, asked at ``ts_ctx``) becomes the engine's
     advice now, valid for the advice TTL, and a row of the command stream."""
+    OUTI, OUTF, NOUT = out
     now = S[S_NOW]
     k = NOUT[O_COMMAND]
     NOUT[O_COMMAND] = k + 1
