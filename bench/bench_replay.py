@@ -37,7 +37,8 @@ import orjson
 from engine.errors import DualhubError
 from engine.store import SessionWriter
 from replay import cli as replay_cli
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from wire.bitget.bitget_v2 import Control, StreamCounters, decode
 
 # ReplayConfig's order latency spec fields, one option each (--latency-order-entry SPEC, ...)

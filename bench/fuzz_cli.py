@@ -84,7 +84,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=30.0)
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from replay.driver import ReplayConfig, run_replay
+    from replay.config import ReplayConfig
+    from replay.driver import run_replay
     from venue.simulator import simulate_session
 
     findings = 0

@@ -42,7 +42,8 @@ def run_of(session: Path | None, run: Path | None) -> Path:
         if runs:
             run = runs[-1].parent
         else:
-            from replay.driver import ReplayConfig, run_replay
+            from replay.config import ReplayConfig
+            from replay.driver import run_replay
 
             run = run_replay(session, ReplayConfig(laya_provider="cpu")).run_dir
     manifest = json.loads((run / "manifest.json").read_text()) if (run / "manifest.json").is_file() else {}

@@ -338,7 +338,7 @@ def _contract(args: argparse.Namespace, manifest: dict[str, Any], symbol: str) -
     from decimal import Decimal, InvalidOperation
 
     from engine.contract import ContractConfig
-    from replay.driver import session_contract, session_spec_source
+    from replay.config import session_contract, session_spec_source
 
     given = getattr(args, "contract", None)
     if getattr(args, "contract_defaults", False):
@@ -370,7 +370,8 @@ def _contract(args: argparse.Namespace, manifest: dict[str, Any], symbol: str) -
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from engine.instruments import instrument_args
     from engine.kev.timeout_advice import DEFAULT_TIMEOUT_MS
-    from replay.driver import DEFAULT_MODEL, ReplayConfig
+    from engine.laya.model import DEFAULT_MODEL
+    from replay.config import ReplayConfig
     from replay.sweep import apply_scales, parse_scale_latency
 
     cfg = ReplayConfig(
@@ -623,7 +624,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from analysis.console import print_report
-    from replay.driver import ReplayConfig, run_replay
+    from replay.config import ReplayConfig
+    from replay.driver import run_replay
     from venue.simulator import simulate_session
 
     _check_simulation(args)

@@ -37,8 +37,9 @@ from engine.contract import ContractConfig
 from engine.errors import DualhubError
 from engine.risk import RiskLimits
 from engine.strategy import QuoteConfig
+from replay.config import ReplayConfig
 from replay.diff import COMPARABLE_STREAMS, DiffResult, diff_runs
-from replay.driver import ReplayConfig, run_replay
+from replay.driver import run_replay
 
 # order events that are the venue's answers (the engine's own are "new" and "cancel"); fills too
 REPORT_KINDS: Final = ("ack", "reject", "done", "cancel_ack")

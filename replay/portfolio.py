@@ -44,37 +44,26 @@ from engine.kev.sim import SimKevBackend
 from engine.latency.models import LatencyModel, ScaledLatency
 from engine.laya.model import Laya
 from engine.legs import Legs
+from engine.settings import check_latency
 from engine.store import open_session
 from replay import book_source, fast_path
 from replay.book_source import SMALL_COLUMNS, GroupCache, StreamedBooks
-from replay.driver import (
+from replay.config import ReplayConfig, RunResult, _sim_exchange, session_contract
+from replay.fast_path import KernelRun, PortfolioRun, refuse
+from replay.finish import _finish, _progress, _run_dir, _start_run_dir
+from replay.kev_setup import _kev_backend, _lag_model
+from replay.label_columns import LabelColumns
+from replay.labels import _batch_v0, _BatchLabeler, _tick_labeler, _tick_labels, _v1_labeler
+from replay.tape import (
     _NEGATIVE_LAYA,
     PRIO_EXCH_BOOK,
     PRIO_EXCH_TRADE,
     PRIO_LOCAL_BOOK,
-    ReplayConfig,
-    RunResult,
-    _batch_v0,
-    _BatchLabeler,
     _check_streamable,
-    _checked_latency,
-    _finish,
-    _kev_backend,
     _label_due,
-    _lag_model,
-    _progress,
     _Quarantine,
-    _run_dir,
-    _sim_exchange,
-    _start_run_dir,
     _Tape,
-    _tick_labeler,
-    _tick_labels,
-    _v1_labeler,
-    session_contract,
 )
-from replay.fast_path import KernelRun, PortfolioRun, refuse
-from replay.label_columns import LabelColumns
 from replay.tape_stream import FeedClock
 from replay.walk import StreamedWalk, WalkStream
 from venue.exchange import SimExchange
@@ -262,9 +251,9 @@ def run_portfolio(
         if spec.startswith("recorded:"):
             model = recorded.get((spec, name))
             if model is None:
-                model = recorded[(spec, name)] = _checked_latency(spec, rng, name)
+                model = recorded[(spec, name)] = check_latency(spec, rng, name)
         else:
-            model = _checked_latency(spec, rng, name)
+            model = check_latency(spec, rng, name)
         return model if scale == 1.0 else ScaledLatency(model, scale)
 
     tapes: list[_Tape] = []
@@ -280,7 +269,7 @@ def run_portfolio(
         feed = (
             None
             if cfg.latency_feed == "recorded"
-            else _checked_latency(cfg.latency_feed, _rng(cfg.seed, 2, j), "latency_feed")
+            else check_latency(cfg.latency_feed, _rng(cfg.seed, 2, j), "latency_feed")
         )
         tapes.append(_Tape(books, trades, feed, cfg.scale_feed, cfg.exchange_feed, streamed[j], feed_clock))
         if streamed[j] is not None:  # the tape has its times and seqs: what the contracts still need

@@ -167,7 +167,7 @@ def _member(path: Path) -> Member:
 
 def _instrument(m: Member) -> tuple[Any, ...]:
     """What must be equal for sessions to be one market: the symbols and each one's contract."""
-    from replay.driver import session_contract
+    from replay.config import session_contract
 
     syms = tuple(m.session.manifest.get("symbols") or [])
     return syms, tuple(session_contract(m.session.manifest, s) for s in syms)

@@ -21,7 +21,7 @@ import orjson
 from engine.errors import DualhubError
 from engine.risk_args import PORTFOLIO_KEYS
 from engine.strategies.registry import parse_params, resolve
-from replay.driver import ReplayConfig
+from replay.config import ReplayConfig
 
 SCALE_KEYS: Final = ("kev", "laya", "order", "feed")
 SCALE_LATENCY_KEY: Final = "scale_latency"  # grid/base key taking a --scale-latency spec

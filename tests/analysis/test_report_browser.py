@@ -46,7 +46,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], i
     from analysis import tearsheet
     from analysis.html import write_html
     from analysis.report import run_report
-    from replay.driver import ReplayConfig, run_replay
+    from replay.config import ReplayConfig
+    from replay.driver import run_replay
     from venue.simulator import simulate_session
 
     root = tmp_path_factory.mktemp("browser")

@@ -186,8 +186,7 @@ def test_gpu_machine_with_an_older_driver_is_told_the_release_that_matches():
 
 
 def test_laya_provider_row_is_what_the_session_reports(laya_rows, runtime_rows):
-    from engine.laya.model import Laya, LayaConfig
-    from replay.driver import DEFAULT_MODEL
+    from engine.laya.model import DEFAULT_MODEL, Laya, LayaConfig
 
     row = laya_rows["session provider"]
     laya = Laya(LayaConfig(model_path=DEFAULT_MODEL, provider="auto"))

@@ -21,7 +21,8 @@ import pytest
 
 from dualhub.cli import main
 from engine.store import open_session
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from tests.helpers import REPO
 from venue.simulator import simulate_session
 from wire.journal import RECV, replay
@@ -121,12 +122,12 @@ def test_replay_failing_mid_run_leaves_no_tmp(session, tmp_path, capsys):
 
 def test_replay_disk_error_at_the_end_leaves_no_tmp(session, tmp_path, capsys, monkeypatch):
     # fault injection: the manifest write fails as on a full disk, after the whole event log is written
-    import replay.driver as driver
+    import replay.finish as finish
 
     def enospc(path, obj):
         raise OSError(28, os.strerror(28), str(path))
 
-    monkeypatch.setattr(driver, "write_json", enospc)
+    monkeypatch.setattr(finish, "write_json", enospc)
     rc, err = cli(capsys, "replay", str(session), "--provider", "cpu", "--out", str(tmp_path / "run"))
     line = one_error(err, "replay")
     assert rc == 2 and "No space left on device" in line and "manifest.json" in line

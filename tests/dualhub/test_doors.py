@@ -18,7 +18,8 @@ import pytest
 
 from dualhub.cli import main
 from engine.store import SessionError, open_session
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from tests.dualhub.test_cli_errors import cli, dualhub_proc, no_tmp, one_error
 from tests.helpers import REPO
 from venue.simulator import simulate_session

@@ -15,7 +15,8 @@ import pytest
 from dualhub.cli import main
 from engine import validate as V
 from engine.store import SessionWriter, blake3_file, open_session
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from tests.helpers import make_book
 from venue.simulator import simulate_session
 

@@ -475,7 +475,8 @@ def test_a_replay_runs_the_configured_rules_on_both_paths_and_records_them(tmp_p
     import orjson
     import pyarrow.parquet as pq
 
-    from replay.driver import ReplayConfig, run_replay
+    from replay.config import ReplayConfig
+    from replay.driver import run_replay
     from venue.simulator import simulate_session
 
     def reasons(run) -> set:
@@ -509,7 +510,9 @@ def test_a_replay_runs_the_configured_rules_on_both_paths_and_records_them(tmp_p
 DEFAULTS = RiskLimits()
 
 
-def _book(bid: float, ask: float, *, ts: int = NOW, bid_sz: float = 1.0, ask_sz: float = 1.0, tick: float = 0.1):
+def _book(
+    bid: float, ask: float, *, ts: int = NOW, bid_sz: float = 1.0, ask_sz: float = 1.0, tick: float = 0.1
+):
     book = make_book(bid, ask, ts=ts, tick=tick)
     return replace(book, bid_sz=(bid_sz,) * 15, ask_sz=(ask_sz,) * 15)
 
@@ -586,7 +589,10 @@ def test_reduce_only_counts_resting_orders_on_its_own_side():
     assert check(DEFAULTS, half, replace(flat, qty=0.01), book, NOW) == (True, "ok")
     assert check(DEFAULTS, replace(resting, open_sell_qty=0.0), flat, book, NOW) == (True, "ok")
     # resting buys (the other side) do not make a sell any less reducing
-    assert check(DEFAULTS, replace(resting, open_sell_qty=0.0, open_buy_qty=0.02), flat, book, NOW) == (True, "ok")
+    assert check(DEFAULTS, replace(resting, open_sell_qty=0.0, open_buy_qty=0.02), flat, book, NOW) == (
+        True,
+        "ok",
+    )
 
 
 def test_positions_and_limits_round_to_the_safe_side():
@@ -600,13 +606,20 @@ def test_positions_and_limits_round_to_the_safe_side():
         "max_position",
     )
     assert check(roomy, RiskState(position_units=units(0.049)), limit(qty=0.001), book, NOW) == (True, "ok")
-    assert check(roomy, RiskState(position_units=units(0.0494)), limit("sell", px=100.1, qty=0.001), book, NOW) == (
+    assert check(
+        roomy, RiskState(position_units=units(0.0494)), limit("sell", px=100.1, qty=0.001), book, NOW
+    ) == (
         True,
         "ok",
     )
     tiny = RiskState(position_units=units(0.0005))
-    assert check(roomy, tiny, market("sell", qty=0.001, reduce_only=True), book, NOW) == (False, "reduce_only")
-    assert check(roomy, RiskState(position_units=units(0.0015)), market("sell", qty=0.001, reduce_only=True), book, NOW) == (
+    assert check(roomy, tiny, market("sell", qty=0.001, reduce_only=True), book, NOW) == (
+        False,
+        "reduce_only",
+    )
+    assert check(
+        roomy, RiskState(position_units=units(0.0015)), market("sell", qty=0.001, reduce_only=True), book, NOW
+    ) == (
         True,
         "ok",
     )
@@ -624,12 +637,16 @@ def test_the_band_is_measured_from_the_true_mid_of_an_off_tick_book():
     book = make_book(0.25, 3.0, ts=NOW, tick=0.5)
     band10 = replace(DEFAULTS, price_band_bps=10.0)
     assert check(band10, RiskState(), limit(px=1.5, qty=0.001), book, NOW, tick=0.5) == (False, "price_band")
-    assert check(replace(DEFAULTS, price_band_bps=769.2), RiskState(), limit(px=1.5, qty=0.001), book, NOW, tick=0.5) == (
+    assert check(
+        replace(DEFAULTS, price_band_bps=769.2), RiskState(), limit(px=1.5, qty=0.001), book, NOW, tick=0.5
+    ) == (
         False,
         "price_band",
     )
     # 0.125 / 1.625 = 769.2307... bps: a band of 769.24 holds it
-    assert check(replace(DEFAULTS, price_band_bps=769.24), RiskState(), limit(px=1.5, qty=0.001), book, NOW, tick=0.5) == (
+    assert check(
+        replace(DEFAULTS, price_band_bps=769.24), RiskState(), limit(px=1.5, qty=0.001), book, NOW, tick=0.5
+    ) == (
         True,
         "ok",
     )
@@ -638,7 +655,10 @@ def test_the_band_is_measured_from_the_true_mid_of_an_off_tick_book():
 def test_out_of_range_inputs_are_refused_with_a_reason():
     book = _book(100.0, 100.1)
     # Kev's "no advice" (-1) is no advice to act on
-    assert check(DEFAULTS, RiskState(), market(source="kev", advice_age_ns=-1), book, NOW) == (False, "stale_advice")
+    assert check(DEFAULTS, RiskState(), market(source="kev", advice_age_ns=-1), book, NOW) == (
+        False,
+        "stale_advice",
+    )
     assert check(DEFAULTS, RiskState(), market(source="kev", advice_age_ns=0), book, NOW) == (True, "ok")
     for src in ("QUOTE", "", "cancel", "rebalance"):
         assert check(DEFAULTS, RiskState(), limit(source=src), book, NOW) == (False, "bad_order"), src

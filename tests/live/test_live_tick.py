@@ -128,7 +128,8 @@ def test_engine_keep_warm_changes_no_decision(tmp_path, monkeypatch):
     answer and trade writes the same files as one that never does, and each call leaves the core's
     arrays as they were."""
     from engine.core import SHADOW_LEAD_NS, Engine
-    from replay.driver import ReplayConfig, run_replay
+    from replay.config import ReplayConfig
+    from replay.driver import run_replay
     from venue.simulator import simulate_session
 
     session = simulate_session(tmp_path / "s", minutes=2.0, seed=5)

@@ -18,7 +18,8 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 @pytest.fixture(scope="module")
 def session_and_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from replay.driver import ReplayConfig, run_replay
+    from replay.config import ReplayConfig
+    from replay.driver import run_replay
     from venue.simulator import simulate_session
 
     root = tmp_path_factory.mktemp("nb")

@@ -11,8 +11,9 @@ import pytest
 from dualhub.cli import main
 from engine.errors import DualhubError
 from engine.events import STREAMS
+from replay.config import ReplayConfig
 from replay.diff import DECISION_STREAMS, IGNORED_FIELDS, FieldDiff, diff_runs
-from replay.driver import ReplayConfig, run_replay
+from replay.driver import run_replay
 from venue.simulator import simulate_session
 
 

@@ -14,7 +14,8 @@ import orjson
 import pytest
 
 from engine.risk import RiskLimits
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from venue.simulator import simulate_session
 
 GOLDEN = {

@@ -13,7 +13,8 @@ import pytest
 import replay.book_source as book_source
 from engine.store import open_session
 from engine.validate import LEVEL_COLUMNS
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from replay.market_cache import DIR_NAME, MarketCache, key_for, open_market
 from venue.simulator import simulate_session
 

@@ -11,7 +11,11 @@ import pytest
 from engine.clock import ReplayClock
 from engine.latency.models import ConstantLatency
 from engine.store import open_session
-from replay.driver import LookAheadError, ReplayConfig, _BatchLabeler, _Tape, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
+from replay.fast_path import LookAheadError
+from replay.labels import _BatchLabeler
+from replay.tape import _Tape
 from tests.helpers import make_book
 from venue.simulator import simulate_session
 

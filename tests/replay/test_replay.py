@@ -14,8 +14,10 @@ import pytest
 from analysis.report import run_report
 from engine.errors import DualhubError
 from engine.eventlog import OUTPUT_STREAMS
+from engine.laya.model import DEFAULT_MODEL
 from engine.store import open_session
-from replay.driver import DEFAULT_MODEL, ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from tests.helpers import REPO
 from venue.simulator import simulate_session
 

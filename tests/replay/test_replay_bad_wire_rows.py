@@ -15,7 +15,8 @@ from engine.errors import DualhubError
 from engine.events import BookSnapshot, Trade
 from engine.laya.labels import LabelConfig
 from engine.store import SessionWriter
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from replay.train_cli import train
 from venue.simulator import generate_frames
 from wire.bitget.bitget_v2 import StreamCounters, decode

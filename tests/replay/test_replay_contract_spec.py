@@ -132,7 +132,8 @@ def test_what_the_core_cannot_hold_is_one_line_before_the_run(
 
 def test_a_program_replaying_the_session_trades_its_spec_too(spot: Path, tmp_path: Path) -> None:
     from engine.contract import ContractConfig
-    from replay.driver import ReplayConfig, run_replay
+    from replay.config import ReplayConfig
+    from replay.driver import run_replay
 
     run = run_replay(spot, out_dir=tmp_path / "r").run_dir
     assert _config(run)["contract_source"] == "session:known" and _config(run)["contract"]["tick"] == 0.01

@@ -18,7 +18,8 @@ from engine.fastinit import frozen_maker
 from engine.latency.batch import sample_many
 from engine.latency.models import ConstantLatency, ScaledLatency
 from engine.risk import OrderIntent, RiskLimits
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from venue.simulator import simulate_session
 
 

@@ -19,7 +19,9 @@ from engine.eventlog import OUTPUT_STREAMS
 from engine.jit import njit
 from engine.risk import RiskLimits
 from replay import kernel as K
-from replay.driver import LookAheadError, ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
+from replay.fast_path import LookAheadError
 from venue.simulator import simulate_session
 
 

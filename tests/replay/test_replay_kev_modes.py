@@ -14,7 +14,8 @@ from engine.eventlog import OUTPUT_STREAMS
 from engine.events import NON_DECISION_COLUMNS
 from engine.kev.cassette import Cassette
 from replay import kernel as K
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from replay.kev_cli import fit_runs
 from tests.engine.kev.test_kev_failures import GOOD, FaultServer, completion
 from tests.replay.test_replay_kernel import _same as same_on_both_paths

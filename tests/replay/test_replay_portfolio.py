@@ -15,7 +15,8 @@ from engine.errors import DualhubError
 from engine.risk import RiskLimits
 from engine.strategy import QuoteConfig
 from recorder.importers.bitget_v1 import import_bitget_v1
-from replay.driver import ReplayConfig, run_replay, session_contract
+from replay.config import ReplayConfig, session_contract
+from replay.driver import run_replay
 from tests.helpers import REPO
 from venue.simulator import simulate_session
 
@@ -141,7 +142,7 @@ def test_streamed_books_of_interleaved_symbols_replay_as_whole_tables(pair, tmp_
     import engine.store as store
     import replay.book_source as book_source
     from replay import fast_path
-    from replay.driver import _load_laya
+    from replay.labels import _load_laya
     from replay.portfolio import run_portfolio
 
     monkeypatch.setattr(store, "ROW_GROUP_ROWS", 97)

@@ -25,7 +25,10 @@ from engine.optional import has_nvidia_gpu
 from engine.store import SessionError, open_session
 from replay import fast_path
 from replay.cli import FILL_MODEL_HELP
-from replay.driver import ReplayConfig, _in_sample, _Tape, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
+from replay.finish import _in_sample
+from replay.tape import _Tape
 from replay.tape_stream import FeedClock, exchange_times
 from tests.helpers import REPO
 from venue.fills import FILL_MODELS
@@ -296,7 +299,10 @@ def test_replay_stderr_has_one_provider_line_and_no_onnxruntime_log(sims: dict[s
     if not has_nvidia_gpu():
         # no GPU at all: the fallback is no news, one quiet line on stdout says CPU runs (doctor and
         # runtime.json keep the why)
-        assert about == [] and len(quiet) == (1 if runtime["fallback_reason"] else 0), (proc.stdout, proc.stderr)
+        assert about == [] and len(quiet) == (1 if runtime["fallback_reason"] else 0), (
+            proc.stdout,
+            proc.stderr,
+        )
         return
     # a machine where CUDA comes up says nothing; one where it falls back says so once, with why
     assert len(about) == (1 if runtime["fallback_reason"] else 0), proc.stderr

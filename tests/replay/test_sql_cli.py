@@ -19,7 +19,8 @@ from tests.helpers import REPO
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from replay.driver import ReplayConfig, run_replay
+    from replay.config import ReplayConfig
+    from replay.driver import run_replay
     from venue.simulator import simulate_session
 
     root = tmp_path_factory.mktemp("sql")

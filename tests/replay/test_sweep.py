@@ -9,7 +9,8 @@ from analysis.report import run_report
 from dualhub.cli import main
 from engine.errors import DualhubError
 from engine.risk import RiskLimits
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from replay.sweep import apply_scales, build_config, parse_grid, parse_scale_latency
 from venue.simulator import simulate_session
 
@@ -161,7 +162,7 @@ def test_sweep_grid_rows_match_direct_runs_and_resume_skips(session, tmp_path, c
 
 
 def test_a_run_that_fails_becomes_an_error_row_not_a_crash(session, tmp_path, capsys):
-    from replay.driver import DEFAULT_MODEL
+    from engine.laya.model import DEFAULT_MODEL
 
     # a model that is not there is only found when the run loads it: the run fails, the sweep goes on
     grid = tmp_path / "grid.toml"
@@ -273,8 +274,14 @@ def test_portfolio_keys_in_a_grid_set_the_portfolio_limits_through_the_same_boun
     value of 1e400 (TOML's inf) or an unknown key is one error, as on the command line."""
     from replay.sweep import build_config
 
-    cfg = build_config({"portfolio.net_delta_usd": 3000, "portfolio.gross_usd": 9000.5, "portfolio.loss_stop_usd": 150})
-    assert (cfg.risk.portfolio_max_net_delta_usd, cfg.risk.portfolio_max_gross_usd, cfg.risk.portfolio_loss_stop_usd) == (
+    cfg = build_config(
+        {"portfolio.net_delta_usd": 3000, "portfolio.gross_usd": 9000.5, "portfolio.loss_stop_usd": 150}
+    )
+    assert (
+        cfg.risk.portfolio_max_net_delta_usd,
+        cfg.risk.portfolio_max_gross_usd,
+        cfg.risk.portfolio_loss_stop_usd,
+    ) == (
         3000.0,
         9000.5,
         150.0,

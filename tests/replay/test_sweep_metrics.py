@@ -13,7 +13,8 @@ import pytest
 from analysis.report import connect, load_queries
 from dualhub.cli import main
 from engine.risk import RiskLimits
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from replay.run_metrics import book_rows_met, max_drawdown, sharpe
 from replay.sweep import RESULT_SCHEMA, best_table, run_one, run_stats
 from venue.simulator import simulate_session

@@ -519,7 +519,10 @@ def test_simulate_command_writes_several_symbols(tmp_path: Path, capsys: pytest.
 @pytest.mark.parametrize(
     ("argv", "why"),
     [
-        (["--symbols", "BTCUSDT,ETHUSDT,BTCUSDT"], "--symbols 'BTCUSDT,ETHUSDT,BTCUSDT': BTCUSDT given twice"),
+        (
+            ["--symbols", "BTCUSDT,ETHUSDT,BTCUSDT"],
+            "--symbols 'BTCUSDT,ETHUSDT,BTCUSDT': BTCUSDT given twice",
+        ),
         (["--symbols", "BTCUSDT,,ETHUSDT"], "--symbols 'BTCUSDT,,ETHUSDT': an empty symbol (a stray comma?)"),
         (["--symbols", "BTCUSDT,ethusdt"], "bad symbol 'ethusdt'"),
         (["--symbols", "BTCUSDT,XRPUSDT"], "no simulated contract for XRPUSDT"),
@@ -545,7 +548,8 @@ def test_simulate_command_refuses_bad_symbol_lists(
 def test_a_multi_symbol_session_replays_each_symbol(tmp_path: Path) -> None:
     """`dualhub replay` has no --symbol: ReplayConfig.symbol picks the instrument, each on its contract."""
     from engine.strategy import QuoteConfig
-    from replay.driver import ReplayConfig, run_replay
+    from replay.config import ReplayConfig
+    from replay.driver import run_replay
 
     session = simulate_session(tmp_path / "s", symbols=PAIR, minutes=2.0, seed=3)
     books = Counter(open_session(session).read_table("books15").column("symbol").to_pylist())

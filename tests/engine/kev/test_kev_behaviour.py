@@ -33,7 +33,8 @@ from engine.latency.models import ConstantLatency
 from engine.latency.recorded import RECORDED_FILE
 from live.runner import LiveConfig, run_live
 from replay import driver
-from replay.driver import ReplayConfig, run_replay
+from replay.config import ReplayConfig
+from replay.driver import run_replay
 from replay.kev_cli import fit_runs
 from venue.bitget.exchange import LocalExchange, LocalExchangeThread
 from venue.bitget.public_server import simulator_frames

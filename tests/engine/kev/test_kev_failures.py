@@ -25,8 +25,9 @@ from engine.kev.breaker import CircuitBreaker
 from engine.kev.cassette import Cassette
 from engine.kev.failures import FAILURE_KINDS, classify, judge
 from engine.kev.llama import LlamaAdvisor, LlamaConfig
+from replay.config import ReplayConfig
 from replay.diff import diff_runs
-from replay.driver import ReplayConfig, run_replay
+from replay.driver import run_replay
 from venue.simulator import simulate_session
 
 GOOD = orjson.dumps(

@@ -7,7 +7,7 @@ import pytest
 from engine.errors import DualhubError
 from engine.latency.models import ConstantLatency, EmpiricalLatency, ScaledLatency
 from engine.latency.spec import parse_duration_ns, parse_latency
-from replay.driver import ReplayConfig
+from replay.config import ReplayConfig
 
 
 def test_latency_specs():

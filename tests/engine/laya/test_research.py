@@ -407,7 +407,8 @@ def test_train_cli_v1_model_goes_to_replay(
 def test_v1_replay_tick_equals_batch_under_modelled_feed_latency(
     sim_sessions: list[Path], tmp_path: Path
 ) -> None:
-    from replay.driver import ReplayConfig, run_replay
+    from replay.config import ReplayConfig
+    from replay.driver import run_replay
     from replay.train_cli import train
 
     model = tmp_path / "m.onnx"

@@ -22,8 +22,9 @@ from engine.errors import DualhubError
 from engine.strategies import registry
 from engine.strategy import QuoteConfig
 from live.runner import LiveConfig
+from replay.config import ReplayConfig
 from replay.diff import COMPARABLE_STREAMS, diff_runs
-from replay.driver import ReplayConfig, run_replay
+from replay.driver import run_replay
 from replay.parity import replay_config_for
 from tests.helpers import REPO as ROOT
 from tests.replay.test_golden_digests import GOLDEN

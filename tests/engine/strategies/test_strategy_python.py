@@ -20,8 +20,9 @@ from engine.core import engine_identity
 from engine.errors import DualhubError
 from engine.strategies import plugin, registry
 from live.runner import LiveConfig
+from replay.config import ReplayConfig
 from replay.diff import COMPARABLE_STREAMS, diff_runs
-from replay.driver import ReplayConfig, run_replay
+from replay.driver import run_replay
 from replay.parity import replay_config_for
 from tests.engine.strategies.test_strategy_plugin import _random_book
 from tests.helpers import REPO as ROOT
