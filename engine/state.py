@@ -255,6 +255,11 @@ class CoreState:
         self.olat = np.zeros((3, K.MARGIN + 1), dtype=np.int64)
         self.S[K.S_LAG_N] = 1 << 60
 
+    @property
+    def heap(self) -> K.Heap:
+        """The timer heap's arrays as the core's functions take them (made anew: the arrays grow)."""
+        return K.Heap(self.HI, self.HF)
+
     def state(self) -> tuple[np.ndarray, ...]:
         """The kernel's state arrays, in its functions' argument order (S ... x_book)."""
         return (

@@ -232,7 +232,7 @@ class KernelRun(CoreState):
             if reply.breaker:
                 rows = breaker_rows(reply, now + lag, rid)
                 self.breaker.append((now + lag, int(RI[i, K.RI_DONE_SEQ]), rows))
-            K.kev_replied(S, self.HI, self.HF, self.OI, RI, rid, lag)
+            K.kev_replied(S, self.heap, self.OI, RI, rid, lag)
 
     def breaker_rows(self) -> list[tuple[Any, ...]]:
         """The run's kev_breaker rows, in the order the engine logs them (when each reply arrives)."""
@@ -390,7 +390,7 @@ class PortfolioRun:
         for o, part in fan_out_parts(self.state.symbols, j, cmd):
             order.append(o)
             self._step(o, now, lambda r, b, p=part: K.step_command_part(
-                cid, rid, ts_ctx, *p, r.S, r.SF, r.C, r.CF, r.OI, r.OF, r.HI, r.HF, r.olat, r.work, r.recent,
+                cid, rid, ts_ctx, *p, r.S, r.SF, r.C, r.CF, r.OI, r.OF, r.heap, r.olat, r.work, r.recent,
                 r.eng_book, b, r.out, r.SCR,
             ))  # fmt: skip
         self.state.legs.send(lambda o, fn: self._step(o, now, fn), self.runs, PI, self.PF, order, now, ts_ctx)
@@ -439,7 +439,7 @@ class PortfolioRun:
         S[K.S_SENT] = NOUT[K.O_ORDER]
         before = NOUT.copy()
         out = fn(run, self.b_loc[o])
-        K.forward(S, run.C, run.OI, run.HI, run.HF, run.olat, run.OUTI, NOUT)
+        K.forward(S, run.C, run.OI, run.heap, run.olat, run.OUTI, NOUT)
         K.tag_rows(run.OUTI, NOUT, before, o)
         K.pf_leave(PI, PF, o, S, run.C, run.eng_book)
         if S[K.S_WHY] != K.U_NONE:

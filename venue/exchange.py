@@ -112,10 +112,12 @@ class SimExchange:
             a.copy() for a in (self.S, self.OI, self.OF, self.HI, self.HF, self.olat, self.rest)
         )
         book = np.full(4 * LEVELS, np.nan)
-        x_on_book(S, self.C, self.CF, OI, OF, HI, HF, olat, rest, book)
-        x_on_trade(S, self.C, self.CF, OI, OF, HI, HF, olat, rest, math.nan, 0.0, -1)
-        x_arrive(S, self.C, self.CF, OI, OF, HI, HF, olat, rest, book, 0, self._lpx.copy(), self._lq.copy())
-        x_arrive_cancel(S, self.C, OI, HI, HF, olat, rest, 0)
+        x_on_book(S, self.C, self.CF, OI, OF, K.Heap(HI, HF), olat, rest, book)
+        x_on_trade(S, self.C, self.CF, OI, OF, K.Heap(HI, HF), olat, rest, math.nan, 0.0, -1)
+        x_arrive(
+            S, self.C, self.CF, OI, OF, K.Heap(HI, HF), olat, rest, book, 0, self._lpx.copy(), self._lq.copy()
+        )
+        x_arrive_cancel(S, self.C, OI, K.Heap(HI, HF), olat, rest, 0)
 
     # ---------------------------------------------------------- state
 
@@ -140,6 +142,7 @@ class SimExchange:
         rows = 2 * cap + LEVELS + 2
         self.HI = np.zeros((rows, K.HI_COLS), dtype=np.int64)
         self.HF = np.zeros((rows, K.HF_COLS))
+        self.heap = K.Heap(self.HI, self.HF)  # as the simulated venue's compiled steps take them
         # The venue draws each report's latency from this table: zeros, as the report's real latency is
         # drawn here, from the Python model, when the report is put on the clock.
         self.olat = np.zeros((3, rows), dtype=np.int64)
@@ -231,8 +234,7 @@ class SimExchange:
             self.CF,
             self.OI,
             self.OF,
-            self.HI,
-            self.HF,
+            self.heap,
             self.olat,
             self.rest,
             as_levels(book),
@@ -245,7 +247,7 @@ class SimExchange:
             return
         S[K.S_NOW] = self.clock.now_ns()
         x_on_trade(
-            S, self.C, self.CF, self.OI, self.OF, self.HI, self.HF, self.olat, self.rest,
+            S, self.C, self.CF, self.OI, self.OF, self.heap, self.olat, self.rest,
             trade.px, trade.sz, SIDE_CODE.get(trade.side, -1),
         )  # fmt: skip
         self._report()
@@ -260,7 +262,7 @@ class SimExchange:
         S[K.S_NOW] = self.clock.now_ns()
         book = as_levels(self.book) if self.book is not None else np.full(60, np.nan)
         x_arrive(
-            S, self.C, self.CF, self.OI, self.OF, self.HI, self.HF, self.olat, self.rest, book, i,
+            S, self.C, self.CF, self.OI, self.OF, self.heap, self.olat, self.rest, book, i,
             self._lpx, self._lq,
         )  # fmt: skip
         self._report()
@@ -274,7 +276,7 @@ class SimExchange:
             i = self._slot(client_oid)
         S = self.S
         S[K.S_NOW] = self.clock.now_ns()
-        x_arrive_cancel(S, self.C, self.OI, self.HI, self.HF, self.olat, self.rest, i)
+        x_arrive_cancel(S, self.C, self.OI, self.heap, self.olat, self.rest, i)
         self._report()
         if not self.OI[i, K.OI_RESTING] and i not in self._arriving:
             self._release(i)

@@ -107,33 +107,33 @@ def _recorded(row, key):
 
 
 @njit
-def _report(S, C, OI, HI, HF, olat, method, oid, arg, f1, f2):
+def _report(S, C, OI, heap, olat, method, oid, arg, f1, f2):
     """A report (M_*) to the engine, which hears of it after the response latency, with ts_event = now:
     a timer in the heap, in the order the venue made them."""
     now = S[S_NOW]
     at = now + _draw(S, C, olat, OLAT_RESPONSE)
-    _heap_push(S, HI, HF, OI, at, PRIO_EXCH_OUT, T_REPORT, oid, method | (arg << 8), now, f1, f2)
+    _heap_push(S, heap, OI, at, PRIO_EXCH_OUT, T_REPORT, oid, method | (arg << 8), now, f1, f2)
 
 
 @njit
-def _report_fill(S, C, OI, HI, HF, olat, oid, px, lots, liq):
+def _report_fill(S, C, OI, heap, olat, oid, px, lots, liq):
     """A fill of ``lots`` reported as its size, the double of the exact decimal, as the exchange's
     string for it parses to."""
-    _report(S, C, OI, HI, HF, olat, M_FILL, oid, liq, px, size_of(lots, C))
+    _report(S, C, OI, heap, olat, M_FILL, oid, liq, px, size_of(lots, C))
 
 
 @njit
-def _x_fill(S, C, OI, HI, HF, olat, rest, oid, px, lots):
+def _x_fill(S, C, OI, heap, olat, rest, oid, px, lots):
     """A maker fill of ``lots`` on resting order ``oid``; done when nothing is left of it."""
     i = oid & (OI.shape[0] - 1)
     OI[i, OI_XFILLED], S[S_XPOS], done = maker_fill(
         OI[i, OI_SIDE], OI[i, OI_LOTS], OI[i, OI_XFILLED], S[S_XPOS], lots
     )
-    _report_fill(S, C, OI, HI, HF, olat, oid, px, lots, LIQ_MAKER)
+    _report_fill(S, C, OI, heap, olat, oid, px, lots, LIQ_MAKER)
     if done:
         if drop_id(S, S_NREST, rest, oid):
             OI[i, OI_RESTING] = 0
-        _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED, 0.0, 0.0)
+        _report(S, C, OI, heap, olat, M_DONE, oid, R_FILLED, 0.0, 0.0)
 
 
 @njit(inline="always")  # returns a view: inlined, so no call hands a reference over
@@ -148,7 +148,7 @@ def _x_rest_rows(S, OF, rest):
 
 
 @njit
-def x_on_book(S, C, CF, OI, OF, HI, HF, olat, rest, x_book):
+def x_on_book(S, C, CF, OI, OF, heap, olat, rest, x_book):
     """A new book at the venue: venue.matching.book_fills over the order table, then its maker fills."""
     n = S[S_NREST]
     if n == 0:
@@ -171,11 +171,11 @@ def x_on_book(S, C, CF, OI, OF, HI, HF, olat, rest, x_book):
     for j in range(k):
         r = rows[j]
         left = OI[r, OI_LOTS] - OI[r, OI_XFILLED]
-        _x_fill(S, C, OI, HI, HF, olat, rest, OI[r, OI_OID], price_of(OI[r, OI_PX], C), left)
+        _x_fill(S, C, OI, heap, olat, rest, OI[r, OI_OID], price_of(OI[r, OI_PX], C), left)
 
 
 @njit(nrt=True)
-def x_on_trade(S, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside):
+def x_on_trade(S, C, CF, OI, OF, heap, olat, rest, px, sz, tside):
     """A public trade at the venue: venue.matching.trade_fills over the order table, then its maker fills."""
     n = S[S_NREST]
     rows = _x_rest_rows(S, OF, rest)
@@ -199,17 +199,17 @@ def x_on_trade(S, C, CF, OI, OF, HI, HF, olat, rest, px, sz, tside):
     )
     for j in range(k):
         r = rows[j]
-        _x_fill(S, C, OI, HI, HF, olat, rest, OI[r, OI_OID], price_of(OI[r, OI_PX], C), fq[j])
+        _x_fill(S, C, OI, heap, olat, rest, OI[r, OI_OID], price_of(OI[r, OI_PX], C), fq[j])
 
 
 @njit
-def x_arrive(S, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, lpx, lq):
+def x_arrive(S, C, CF, OI, OF, heap, olat, rest, x_book, oid, lpx, lq):
     """Order ``oid`` (its row of OI/OF filled in) reaches the venue: rejected without a book or as a
     reduce-only order that would not reduce; else acknowledged, its marketable part filled as taker,
     the rest expired (market) or resting in the queue (limit). A full resting list stops the call with
     S[S_WHY] = U_TABLE (the order does not rest)."""
     if S[S_XBOOK] == 0:
-        _report(S, C, OI, HI, HF, olat, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
+        _report(S, C, OI, heap, olat, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
         return
     r = oid & (OF.shape[0] - 1)
     i = oid & (OI.shape[0] - 1)
@@ -219,18 +219,18 @@ def x_arrive(S, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, lpx, lq):
     lots = OI[i, OI_LOTS]
     OI[i, OI_XFILLED] = 0
     if OI[i, OI_REDUCE] != 0 and not _reduce_only_ok(S[S_XPOS], side, lots):
-        _report(S, C, OI, HI, HF, olat, M_REJECT, oid, R_REDUCE_REJECTED, 0.0, 0.0)
+        _report(S, C, OI, heap, olat, M_REJECT, oid, R_REDUCE_REJECTED, 0.0, 0.0)
         return
-    _report(S, C, OI, HI, HF, olat, M_ACK, oid, 0, 0.0, 0.0)
+    _report(S, C, OI, heap, olat, M_ACK, oid, 0, 0.0, 0.0)
     tick = CF[CF_TICK]
     limit = float(OI[i, OI_PX]) if otype == LIMIT else NAN
     n, filled, S[S_XPOS], outcome = match_arrival(
         x_book, side, lots, step, limit, tick, otype == MARKET, S[S_XPOS], lpx, lq
     )
     for j in range(n):
-        _report_fill(S, C, OI, HI, HF, olat, oid, lpx[j], lq[j], LIQ_TAKER)
+        _report_fill(S, C, OI, heap, olat, oid, lpx[j], lq[j], LIQ_TAKER)
     if outcome != AR_REST:
-        _report(S, C, OI, HI, HF, olat, M_DONE, oid, R_FILLED if outcome == AR_FILLED else R_IOC, 0.0, 0.0)
+        _report(S, C, OI, heap, olat, M_DONE, oid, R_FILLED if outcome == AR_FILLED else R_IOC, 0.0, 0.0)
         return
     OI[i, OI_XFILLED] = filled
     OF[r, OF_AHEAD], OF[r, OF_LEVEL], OF[r, OF_TRADED] = on_new(
@@ -246,18 +246,18 @@ def x_arrive(S, C, CF, OI, OF, HI, HF, olat, rest, x_book, oid, lpx, lq):
 
 
 @njit
-def x_arrive_cancel(S, C, OI, HI, HF, olat, rest, a):
+def x_arrive_cancel(S, C, OI, heap, olat, rest, a):
     """A cancel of order ``a`` reaches the venue: acknowledged if it rests, else refused (Bitget answers
     "order does not exist": already filled, unknown, or not arrived yet)."""
     if drop_id(S, S_NREST, rest, a):
         OI[a & (OI.shape[0] - 1), OI_RESTING] = 0
-        _report(S, C, OI, HI, HF, olat, M_CANCEL_ACK, a, 0, 0.0, 0.0)
+        _report(S, C, OI, heap, olat, M_CANCEL_ACK, a, 0, 0.0, 0.0)
     else:
-        _report(S, C, OI, HI, HF, olat, M_REJECT, a, R_CANCEL_NOT_FOUND, 0.0, 0.0)
+        _report(S, C, OI, heap, olat, M_REJECT, a, R_CANCEL_NOT_FOUND, 0.0, 0.0)
 
 
 @njit
-def forward(S, C, OI, HI, HF, olat, OUTI, NOUT):
+def forward(S, C, OI, heap, olat, OUTI, NOUT):
     """Hand the orders and cancels the engine accepted since the last call (its order rows from
     S[S_SENT] on) to the simulated exchange: each arrives after its drawn latency."""
     n = NOUT[O_ORDER]
@@ -267,8 +267,8 @@ def forward(S, C, OI, HI, HF, olat, OUTI, NOUT):
         now = OUTI[O_ORDER, 1, k]
         if kind == OK_NEW:
             at = now + _draw(S, C, olat, OLAT_ENTRY)
-            _heap_push(S, HI, HF, OI, at, PRIO_EXCH_IN, T_ARRIVE, oid, 0, 0, 0.0, 0.0)
+            _heap_push(S, heap, OI, at, PRIO_EXCH_IN, T_ARRIVE, oid, 0, 0, 0.0, 0.0)
         elif kind == OK_CANCEL:
             at = now + _draw(S, C, olat, OLAT_CANCEL)
-            _heap_push(S, HI, HF, OI, at, PRIO_EXCH_IN, T_ARRIVE_CANCEL, oid, 0, 0, 0.0, 0.0)
+            _heap_push(S, heap, OI, at, PRIO_EXCH_IN, T_ARRIVE_CANCEL, oid, 0, 0, 0.0, 0.0)
     S[S_SENT] = n

@@ -57,6 +57,7 @@ from engine.exact import (  # noqa: F401
     pyround,
 )
 from engine.kernel.heap import (  # noqa: F401
+    Heap,
     _heap_insert,
     _heap_pop,
     _heap_push,

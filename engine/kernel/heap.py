@@ -4,22 +4,37 @@ the engine, a Kev reply or timeout), the least (time, priority, seq) first.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
+
 from engine.jit import njit
 from engine.kernel.layout import HF_COLS, HI_COLS, OI_REFS, S_HEAP_N, S_HEAP_SEQ, T_REPORT
 
 # ---------------------------------------------------------------- timer heap
 
 
+class Heap(NamedTuple):
+    """The timer heap, one parameter of every function that pushes or pops a timer: each timer's
+    ``HI_COLS`` ints (time, priority, seq, kind, and its T_* kind's three arguments) and ``HF_COLS``
+    floats, by heap position. Its arrays double when it fills (CoreState.heap is made from the current
+    ones); the replay loop makes one from a core's arrays where it unpacks them."""
+
+    HI: np.ndarray
+    HF: np.ndarray
+
+
 @njit
-def _heap_push(S, HI, HF, OI, ts, prio, kind, a, b, c6, f1, f2):
+def _heap_push(S, heap, OI, ts, prio, kind, a, b, c6, f1, f2):
     seq = S[S_HEAP_SEQ]
     S[S_HEAP_SEQ] = seq + 1
-    _heap_insert(S, HI, HF, OI, ts, prio, seq, kind, a, b, c6, f1, f2)
+    _heap_insert(S, heap, OI, ts, prio, seq, kind, a, b, c6, f1, f2)
 
 
 @njit
-def _heap_insert(S, HI, HF, OI, ts, prio, seq, kind, a, b, c6, f1, f2):
+def _heap_insert(S, heap, OI, ts, prio, seq, kind, a, b, c6, f1, f2):
     """A timer under a seq taken earlier (_heap_push takes the next)."""
+    HI, HF = heap
     if kind <= T_REPORT:  # the timer names order a: its row stays taken until the timer ran
         OI[a & (OI.shape[0] - 1), OI_REFS] += 1
     n = S[S_HEAP_N]
@@ -59,8 +74,9 @@ def _less(HI, i, j):
 
 
 @njit
-def _heap_pop(S, HI, HF, tmpi, tmpf):
+def _heap_pop(S, heap, tmpi, tmpf):
     """Pop the least timer into tmpi/tmpf."""
+    HI, HF = heap
     n = S[S_HEAP_N] - 1
     S[S_HEAP_N] = n
     for c in range(HI_COLS):

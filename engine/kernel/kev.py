@@ -76,8 +76,7 @@ def _offer_kev(
     OF,
     RI,
     RF,
-    HI,
-    HF,
+    heap,
     work,
     recent,
     eng_book,
@@ -134,8 +133,7 @@ def _offer_kev(
             OF,
             RI,
             RF,
-            HI,
-            HF,
+            heap,
             work,
             recent,
             eng_book,
@@ -164,8 +162,7 @@ def _offer_kev(
         OF,
         RI,
         RF,
-        HI,
-        HF,
+        heap,
         work,
         recent,
         eng_book,
@@ -189,8 +186,7 @@ def _kev_pump(
     OF,
     RI,
     RF,
-    HI,
-    HF,
+    heap,
     work,
     recent,
     eng_book,
@@ -203,12 +199,12 @@ def _kev_pump(
     lq,
 ):
     while S[S_INFLIGHT_N] < C[C_KEV_MAX_IN_FLIGHT]:
-        if not _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, out):
+        if not _kev_start_next(S, SF, C, CF, OI, RI, RF, heap, kq, inflight, lags, out):
             break
 
 
 @njit
-def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, out):
+def _kev_start_next(S, SF, C, CF, OI, RI, RF, heap, kq, inflight, lags, out):
     OUTI, OUTF, NOUT = out
     now = S[S_NOW]
     n = S[S_KQ_N]
@@ -247,7 +243,7 @@ def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, out):
     OUTF[O_KEV_REQUEST, 3, k] = RF[rid & (RF.shape[0] - 1), RF_POS]
     _span(OUTI, NOUT, SPAN_KEV_QUEUE, REF_KEV, rid, ts, now)
     if C[C_EXTERNAL] == 0:
-        _heap_push(S, HI, HF, OI, now + C[C_KEV_TIMEOUT], PRIO_KEV, T_KEV_TIMEOUT, rid, now, 0, 0.0, 0.0)
+        _heap_push(S, heap, OI, now + C[C_KEV_TIMEOUT], PRIO_KEV, T_KEV_TIMEOUT, rid, now, 0, 0.0, 0.0)
     RI[rid & (RI.shape[0] - 1), RI_STARTED] = now
     if C[C_KEV_ASK] != 0:
         # SimKevBackend.start asks the advisor now and schedules its reply: the run stops after this
@@ -262,7 +258,7 @@ def _kev_start_next(S, SF, C, CF, OI, RI, RF, HI, HF, kq, inflight, lags, out):
     RI[rid & (RI.shape[0] - 1), RI_OK] = _rule_kev(RI, RF, CF, rid)
     lag = lags[S[S_LAG_USED]]
     S[S_LAG_USED] += 1
-    _heap_push(S, HI, HF, OI, now + lag, PRIO_KEV, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
+    _heap_push(S, heap, OI, now + lag, PRIO_KEV, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
     return True
 
 
@@ -293,12 +289,12 @@ def _rule_kev(RI, RF, CF, rid):
 
 
 @njit
-def kev_replied(S, HI, HF, OI, RI, rid, lag):
+def kev_replied(S, heap, OI, RI, rid, lag):
     """Request ``rid``'s reply (its verdict written in its row by fast_path) is due ``lag`` after it
     started."""
     i = rid & (RI.shape[0] - 1)
     due, seq = RI[i, RI_STARTED] + lag, RI[i, RI_DONE_SEQ]
-    _heap_insert(S, HI, HF, OI, due, PRIO_KEV, seq, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
+    _heap_insert(S, heap, OI, due, PRIO_KEV, seq, T_KEV_DONE, rid, lag, 0, 0.0, 0.0)
     S[S_KEV_ASKED] -= 1
 
 

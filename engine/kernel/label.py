@@ -43,8 +43,7 @@ def _on_label(
     OF,
     RI,
     RF,
-    HI,
-    HF,
+    heap,
     olat,
     work,
     rest,
@@ -66,7 +65,7 @@ def _on_label(
     origin = b_loc[r]
     if label_id == L_EMERGENCY:
         S[S_EMERGENCY_UNTIL] = now + C[C_EMERGENCY_HOLD]
-        _cancel_all(S, C, OI, OF, HI, HF, olat, work, out)
+        _cancel_all(S, C, OI, OF, heap, olat, work, out)
     if label_id != L_HOLD and now - S[S_LAST_KEV_OFFER] >= C[C_KEV_MIN_INTERVAL]:
         _offer_kev(
             r,
@@ -80,8 +79,7 @@ def _on_label(
             OF,
             RI,
             RF,
-            HI,
-            HF,
+            heap,
             work,
             recent,
             eng_book,
@@ -105,8 +103,7 @@ def _on_label(
             CF,
             OI,
             OF,
-            HI,
-            HF,
+            heap,
             olat,
             work,
             recent,
@@ -132,8 +129,7 @@ def _on_label(
             CF,
             OI,
             OF,
-            HI,
-            HF,
+            heap,
             olat,
             work,
             recent,

@@ -212,8 +212,7 @@ def _send_new(
     CF,
     OI,
     OF,
-    HI,
-    HF,
+    heap,
     olat,
     work,
     recent,
@@ -300,7 +299,7 @@ def _send_new(
 
 
 @njit
-def _send_cancel(S, C, OI, OF, HI, HF, olat, oid, out):
+def _send_cancel(S, C, OI, OF, heap, olat, oid, out):
     now = S[S_NOW]
     _risk_row(
         out,
@@ -321,7 +320,7 @@ def _send_cancel(S, C, OI, OF, HI, HF, olat, oid, out):
 
 
 @njit
-def _cancel_all(S, C, OI, OF, HI, HF, olat, work, out):
+def _cancel_all(S, C, OI, OF, heap, olat, work, out):
     n = S[S_NWORK]
     cap = work.shape[0] // 3
     snapshot = work[cap : 2 * cap]  # scratch: the list as it was (cancels do not change it)
@@ -333,7 +332,7 @@ def _cancel_all(S, C, OI, OF, HI, HF, olat, work, out):
             OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
             or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
         ):
-            _send_cancel(S, C, OI, OF, HI, HF, olat, o, out)
+            _send_cancel(S, C, OI, OF, heap, olat, o, out)
 
 
 @njit
@@ -389,8 +388,7 @@ def _requote(
     CF,
     OI,
     OF,
-    HI,
-    HF,
+    heap,
     olat,
     work,
     recent,
@@ -407,7 +405,7 @@ def _requote(
         return
     S[S_LAST_REQUOTE] = now
     if now < S[S_EMERGENCY_UNTIL] or S[S_KILL] != 0:
-        _cancel_all(S, C, OI, OF, HI, HF, olat, work, out)
+        _cancel_all(S, C, OI, OF, heap, olat, work, out)
         return
     bid_lots, bid_t, ask_lots, ask_t = _strategy(S, SF, C, CF, eng_book, now)
     want_buy, want_sell = bid_lots > 0, ask_lots > 0
@@ -421,8 +419,7 @@ def _requote(
                 CF,
                 OI,
                 OF,
-                HI,
-                HF,
+                heap,
                 olat,
                 work,
                 recent,
@@ -451,8 +448,7 @@ def _requote(
                 CF,
                 OI,
                 OF,
-                HI,
-                HF,
+                heap,
                 olat,
                 work,
                 recent,
@@ -498,7 +494,7 @@ def _requote(
                 OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
                 or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
             ):
-                _send_cancel(S, C, OI, OF, HI, HF, olat, o, out)
+                _send_cancel(S, C, OI, OF, heap, olat, o, out)
         if want and m == 0:
             _send_new(
                 S,
@@ -507,8 +503,7 @@ def _requote(
                 CF,
                 OI,
                 OF,
-                HI,
-                HF,
+                heap,
                 olat,
                 work,
                 recent,
@@ -570,7 +565,7 @@ def leg_order(S, SF, C, CF, OI, work):
 
 
 @njit
-def _rebalance(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, origin, out, lpx, lq):
+def _rebalance(S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, origin, out, lpx, lq):
     side, qty = leg_order(S, SF, C, CF, OI, work)
     if side == NO_ORDER:
         return
@@ -584,8 +579,7 @@ def _rebalance(S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc
         CF,
         OI,
         OF,
-        HI,
-        HF,
+        heap,
         olat,
         work,
         recent,

@@ -53,8 +53,7 @@ def _engine_timer(
     OF,
     RI,
     RF,
-    HI,
-    HF,
+    heap,
     olat,
     work,
     rest,
@@ -84,8 +83,7 @@ def _engine_timer(
             CF,
             OI,
             OF,
-            HI,
-            HF,
+            heap,
             olat,
             work,
             recent,
@@ -119,8 +117,7 @@ def _engine_timer(
                 OF,
                 RI,
                 RF,
-                HI,
-                HF,
+                heap,
                 work,
                 recent,
                 eng_book,
@@ -147,7 +144,7 @@ def _engine_timer(
         _span(OUTI, NOUT, SPAN_KEV, REF_KEV, a, now - b, now)
         if ok != 1:  # a reply that is no valid command: the engine notes it and moves on
             _kev_pump(
-                S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, recent, eng_book, b_loc, kq, inflight, lags, out,
+                S, SF, C, CF, OI, OF, RI, RF, heap, work, recent, eng_book, b_loc, kq, inflight, lags, out,
                 lpx, lq,
             )  # fmt: skip
             return
@@ -161,7 +158,7 @@ def _engine_timer(
         )  # fmt: skip
         if S[S_UNIT] == 0:  # a hub's unit sends every leg together, after every part is applied
             _rebalance(
-                S, SF, C, CF, OI, OF, HI, HF, olat, work, recent, eng_book, b_loc, ts_ctx, out,
+                S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, ts_ctx, out,
                 lpx, lq,
             )  # fmt: skip
         if S[S_WHY] != U_NONE:
@@ -175,8 +172,7 @@ def _engine_timer(
             OF,
             RI,
             RF,
-            HI,
-            HF,
+            heap,
             work,
             recent,
             eng_book,
