@@ -72,8 +72,7 @@ def _offer_kev(
     SF,
     C,
     CF,
-    OI,
-    OF,
+    orders,
     RI,
     RF,
     heap,
@@ -129,8 +128,7 @@ def _offer_kev(
             SF,
             C,
             CF,
-            OI,
-            OF,
+            orders,
             RI,
             RF,
             heap,
@@ -158,8 +156,7 @@ def _offer_kev(
         SF,
         C,
         CF,
-        OI,
-        OF,
+        orders,
         RI,
         RF,
         heap,
@@ -182,8 +179,7 @@ def _kev_pump(
     SF,
     C,
     CF,
-    OI,
-    OF,
+    orders,
     RI,
     RF,
     heap,
@@ -198,6 +194,7 @@ def _kev_pump(
     lpx,
     lq,
 ):
+    OI, OF = orders
     while S[S_INFLIGHT_N] < C[C_KEV_MAX_IN_FLIGHT]:
         if not _kev_start_next(S, SF, C, CF, OI, RI, RF, heap, kq, inflight, lags, out):
             break

@@ -49,8 +49,7 @@ def _engine_timer(
     SF,
     C,
     CF,
-    OI,
-    OF,
+    orders,
     RI,
     RF,
     heap,
@@ -81,8 +80,7 @@ def _engine_timer(
             SF,
             C,
             CF,
-            OI,
-            OF,
+            orders,
             heap,
             olat,
             work,
@@ -113,8 +111,7 @@ def _engine_timer(
                 SF,
                 C,
                 CF,
-                OI,
-                OF,
+                orders,
                 RI,
                 RF,
                 heap,
@@ -144,7 +141,7 @@ def _engine_timer(
         _span(OUTI, NOUT, SPAN_KEV, REF_KEV, a, now - b, now)
         if ok != 1:  # a reply that is no valid command: the engine notes it and moves on
             _kev_pump(
-                S, SF, C, CF, OI, OF, RI, RF, heap, work, recent, eng_book, b_loc, kq, inflight, lags, out,
+                S, SF, C, CF, orders, RI, RF, heap, work, recent, eng_book, b_loc, kq, inflight, lags, out,
                 lpx, lq,
             )  # fmt: skip
             return
@@ -158,7 +155,7 @@ def _engine_timer(
         )  # fmt: skip
         if S[S_UNIT] == 0:  # a hub's unit sends every leg together, after every part is applied
             _rebalance(
-                S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, ts_ctx, out,
+                S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, ts_ctx, out,
                 lpx, lq,
             )  # fmt: skip
         if S[S_WHY] != U_NONE:
@@ -168,8 +165,7 @@ def _engine_timer(
             SF,
             C,
             CF,
-            OI,
-            OF,
+            orders,
             RI,
             RF,
             heap,
