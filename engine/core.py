@@ -181,42 +181,42 @@ class Engine:
         lv, b_loc = self.levels.copy(), self.b_loc.copy()
         K.headroom(c.S, c.OI, c.RI, c.HI, c.NOUT, c.OUTI.shape[2], c.lags, c.olat, c.work, c.inflight)
         K.step_label(
-            0, 0.5, c.S, c.SF, c.C, c.CF, c.orders, c.RI, c.RF, c.heap, c.olat, c.work, c.rest, c.kq,
+            0, 0.5, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.heap, c.olat, c.work, c.rest, c.kq,
             c.inflight, c.recent, c.eng_book, c.x_book, b_loc, lv, c.lags, c.out, c.SCR,
         )  # fmt: skip
         K.step_report(
-            K.M_ACK, 0, 0, 0.0, 0.0, 0, c.S, c.SF, c.C, c.CF, c.orders, c.heap, c.olat, c.work,
+            K.M_ACK, 0, 0, 0.0, 0.0, 0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap, c.olat, c.work,
             c.recent, c.eng_book, b_loc, c.out, c.SCR,
         )  # fmt: skip
         K.step_timer(
-            K.T_KEV_TIMEOUT, 0, 0, c.S, c.SF, c.C, c.CF, c.orders, c.RI, c.RF, c.heap, c.olat, c.work,
+            K.T_KEV_TIMEOUT, 0, 0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.heap, c.olat, c.work,
             c.rest, c.kq, c.inflight, c.recent, c.eng_book, c.x_book, b_loc, c.lags, c.out,
             c.SCR, c.SCRI,
         )  # fmt: skip
-        K.step_kill(c.S, c.C, c.orders, c.heap, c.olat, c.work, c.out)
+        K.step_kill(c.S, c.C, c.OI, c.OF, c.heap, c.olat, c.work, c.out)
         K.step_flatten(
-            c.S, c.SF, c.C, c.CF, c.orders, c.heap, c.olat, c.work, c.recent, c.eng_book, b_loc,
+            c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap, c.olat, c.work, c.recent, c.eng_book, b_loc,
             c.out, c.SCR,
         )  # fmt: skip
-        K.step_warm(c.S, c.SF, c.C, c.CF, c.orders, c.work, c.recent, c.eng_book, b_loc, c.SCR)
-        K.step_pull(c.S, c.C, c.orders, c.heap, c.olat, c.work, c.out)
+        K.step_warm(c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.work, c.recent, c.eng_book, b_loc, c.SCR)
+        K.step_pull(c.S, c.C, c.OI, c.OF, c.heap, c.olat, c.work, c.out)
         K.step_command(
-            1, 0, 0, 0, 0.0, 0.0, 1.0, c.S, c.SF, c.C, c.CF, c.orders, c.heap, c.olat, c.work, c.recent,
+            1, 0, 0, 0, 0.0, 0.0, 1.0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap, c.olat, c.work, c.recent,
             c.eng_book, b_loc, c.out, c.SCR,
         )  # fmt: skip
         # a hub's unit of legs and its legging hedges (engine/legs.py)
         K.step_command_part(
-            1, 0, 0, 0, 0.0, 0.0, 1.0, c.S, c.SF, c.C, c.CF, c.orders, c.heap, c.olat, c.work, c.recent,
+            1, 0, 0, 0, 0.0, 0.0, 1.0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap, c.olat, c.work, c.recent,
             c.eng_book, b_loc, c.out, c.SCR,
         )  # fmt: skip
         pf = np.zeros((1, K.PF_COLS))
         K.pf_leg(pf, 0, c.S, c.SF, c.C, c.CF, c.OI, c.work)
         K.step_rebalance(
-            0, c.S, c.SF, c.C, c.CF, c.orders, c.heap, c.olat, c.work, c.recent, c.eng_book, b_loc,
+            0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap, c.olat, c.work, c.recent, c.eng_book, b_loc,
             c.out, c.SCR,
         )  # fmt: skip
         K.step_hedge(
-            K.BUY, 1, True, 0, c.S, c.SF, c.C, c.CF, c.orders, c.heap, c.olat, c.work, c.recent,
+            K.BUY, 1, True, 0, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap, c.olat, c.work, c.recent,
             c.eng_book, b_loc, c.out, c.SCR,
         )  # fmt: skip
         K.order_fill(c.OI, 1)
@@ -319,7 +319,7 @@ class Engine:
             self.pf.note_label(self.inst, label_id)
         c = self._room(now)
         K.step_label(
-            label_id, float(probs[label_id]), c.S, c.SF, c.C, c.CF, c.orders, c.RI, c.RF, c.heap,
+            label_id, float(probs[label_id]), c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.heap,
             c.olat, c.work, c.rest, c.kq, c.inflight, c.recent, c.eng_book, c.x_book, self.b_loc,
             self.levels, c.lags, c.out, c.SCR,
         )  # fmt: skip
@@ -337,7 +337,7 @@ class Engine:
         now = self.clock.now_ns()
         c = self._room(now)
         K.step_command(
-            cid, rid, ts_ctx, action, target, hedge, slip, c.S, c.SF, c.C, c.CF, c.orders, c.heap,
+            cid, rid, ts_ctx, action, target, hedge, slip, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap,
             c.olat, c.work, c.recent, c.eng_book, self.b_loc, c.out, c.SCR,
         )  # fmt: skip
         self._after(now)
@@ -355,7 +355,7 @@ class Engine:
         """EMERGENCY on another instrument of the portfolio: pull the quotes here too (``step_pull``)."""
         now = self.clock.now_ns()
         c = self._room(now)
-        K.step_pull(c.S, c.C, c.orders, c.heap, c.olat, c.work, c.out)
+        K.step_pull(c.S, c.C, c.OI, c.OF, c.heap, c.olat, c.work, c.out)
         self._after(now)
 
     # ------------------------------------------------------------ operator
@@ -364,7 +364,7 @@ class Engine:
         """Kill switch: no new orders from now on; working orders are cancelled."""
         now = self.clock.now_ns()
         c = self._room(now)
-        K.step_kill(c.S, c.C, c.orders, c.heap, c.olat, c.work, c.out)
+        K.step_kill(c.S, c.C, c.OI, c.OF, c.heap, c.olat, c.work, c.out)
         self._after(now)
 
     def flatten(self) -> tuple[list[str], bool]:
@@ -376,7 +376,7 @@ class Engine:
         while int(c.S[K.S_NWORK]) + 128 > c.work.shape[0] // 3:  # room for 100 orders at once
             c._grow_work()
         n, refused = K.step_flatten(
-            c.S, c.SF, c.C, c.CF, c.orders, c.heap, c.olat, c.work, c.recent, c.eng_book,
+            c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap, c.olat, c.work, c.recent, c.eng_book,
             self.b_loc, c.out, c.SCR,
         )  # fmt: skip
         sent = self._after(now)
@@ -392,7 +392,7 @@ class Engine:
         c = self.core
         c.S[K.S_NOW] = self.clock.now_ns()
         checks = int(
-            K.step_warm(c.S, c.SF, c.C, c.CF, c.orders, c.work, c.recent, c.eng_book, self.b_loc, c.SCR)
+            K.step_warm(c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.work, c.recent, c.eng_book, self.b_loc, c.SCR)
         )
         oid = int(c.S[K.S_OID])
         if oid > 0:
@@ -446,7 +446,7 @@ class Engine:
         T[K.S_NOW] = now
         T[K.S_LAST_REQUOTE] = now - sh.C[K.C_REQUOTE_MIN] - 1  # a requote is due
         K.step_label(
-            K.L_HOLD, 1.0, T, sh.SF, sh.C, sh.CF, sh.orders, sh.RI, sh.RF, sh.heap, sh.olat,
+            K.L_HOLD, 1.0, T, sh.SF, sh.C, sh.CF, sh.OI, sh.OF, sh.RI, sh.RF, sh.heap, sh.olat,
             sh.work, sh.rest, sh.kq, sh.inflight, sh.recent, sh.eng_book, sh.x_book, sh.b_loc, sh.levels,
             sh.lags, sh.out, sh.SCR,
         )  # fmt: skip
@@ -488,7 +488,7 @@ class Engine:
         now = self.clock.now_ns()
         c = self._room(now)
         K.step_report(
-            m, oid, arg, px, qty, ts_event, c.S, c.SF, c.C, c.CF, c.orders, c.heap, c.olat, c.work,
+            m, oid, arg, px, qty, ts_event, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap, c.olat, c.work,
             c.recent, c.eng_book, self.b_loc, c.out, c.SCR,
         )  # fmt: skip
         self._after(now)
@@ -534,7 +534,7 @@ class Engine:
         now = self.clock.now_ns()
         c = self._room(now)
         K.step_timer(
-            kind, a, b, c.S, c.SF, c.C, c.CF, c.orders, c.RI, c.RF, c.heap, c.olat, c.work, c.rest,
+            kind, a, b, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.RI, c.RF, c.heap, c.olat, c.work, c.rest,
             c.kq, c.inflight, c.recent, c.eng_book, c.x_book, self.b_loc, c.lags, c.out,
             c.SCR, c.SCRI,
         )  # fmt: skip
@@ -655,7 +655,6 @@ class _Shadow:
         self.NOUT = np.zeros(8, dtype=np.int64)
         self.out = K.Out(self.OUTI, self.OUTF, self.NOUT)
         self.heap = K.Heap(self.HI, self.HF)
-        self.orders = K.Orders(self.OI, self.OF)  # a core whose ring grew gets a new shadow
 
 
 def engine_identity() -> dict[str, str]:

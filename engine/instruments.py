@@ -239,7 +239,7 @@ class Portfolio:
             order.append(i)
             self.engines[i].step(
                 lambda c, b, p=part: K.step_command_part(
-                    cid, rid, ts_ctx, *p, c.S, c.SF, c.C, c.CF, c.orders, c.heap, c.olat, c.work,
+                    cid, rid, ts_ctx, *p, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap, c.olat, c.work,
                     c.recent, c.eng_book, b, c.out, c.SCR,
                 )
             )  # fmt: skip

@@ -227,7 +227,7 @@ def _filled(OI: np.ndarray, g: _Leg) -> tuple[int, int] | None:
 def _rebalance(c: Any, b_loc: np.ndarray, origin: int) -> int:
     oid = int(c.S[K.S_OID]) + 1
     K.step_rebalance(
-        origin, c.S, c.SF, c.C, c.CF, c.orders, c.heap, c.olat, c.work, c.recent, c.eng_book, b_loc,
+        origin, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap, c.olat, c.work, c.recent, c.eng_book, b_loc,
         c.out, c.SCR,
     )  # fmt: skip
     return oid
@@ -236,7 +236,7 @@ def _rebalance(c: Any, b_loc: np.ndarray, origin: int) -> int:
 def _hedge(c: Any, b_loc: np.ndarray, side: int, lots: int, cross: bool, prev: int) -> int:
     return int(
         K.step_hedge(
-            side, lots, cross, prev, c.S, c.SF, c.C, c.CF, c.orders, c.heap, c.olat, c.work, c.recent,
+            side, lots, cross, prev, c.S, c.SF, c.C, c.CF, c.OI, c.OF, c.heap, c.olat, c.work, c.recent,
             c.eng_book, b_loc, c.out, c.SCR,
         )  # fmt: skip
     )

@@ -256,11 +256,6 @@ class CoreState:
         self.S[K.S_LAG_N] = 1 << 60
 
     @property
-    def orders(self) -> K.Orders:
-        """The order table's arrays as the core's functions take them (made anew: the ring grows)."""
-        return K.Orders(self.OI, self.OF)
-
-    @property
     def heap(self) -> K.Heap:
         """The timer heap's arrays as the core's functions take them (made anew: the arrays grow)."""
         return K.Heap(self.HI, self.HF)

@@ -390,7 +390,7 @@ class PortfolioRun:
         for o, part in fan_out_parts(self.state.symbols, j, cmd):
             order.append(o)
             self._step(o, now, lambda r, b, p=part: K.step_command_part(
-                cid, rid, ts_ctx, *p, r.S, r.SF, r.C, r.CF, r.orders, r.heap, r.olat, r.work, r.recent,
+                cid, rid, ts_ctx, *p, r.S, r.SF, r.C, r.CF, r.OI, r.OF, r.heap, r.olat, r.work, r.recent,
                 r.eng_book, b, r.out, r.SCR,
             ))  # fmt: skip
         self.state.legs.send(lambda o, fn: self._step(o, now, fn), self.runs, PI, self.PF, order, now, ts_ctx)

@@ -23,6 +23,7 @@ from engine.jit import njit
 from engine.kernel import *  # noqa: F403 - the core's layout and codes, under the loop's name too
 from engine.kernel import (  # noqa: F401 - tests reach some of these through the loop's name
     HF_COLS,
+    Heap,
     HI_COLS,
     L_EMERGENCY,
     O_ORDER,
@@ -52,8 +53,6 @@ from engine.kernel import (  # noqa: F401 - tests reach some of these through th
     T_REPORT,
     U_LOOK_AHEAD,
     U_NONE,
-    Heap,
-    Orders,
     _check_new,
     _engine_timer,
     _headroom,
@@ -86,7 +85,8 @@ def _timer(
     SF,
     C,
     CF,
-    orders,
+    OI,
+    OF,
     RI,
     RF,
     heap,
@@ -106,19 +106,18 @@ def _timer(
 ):
     """A timer of the loop's heap: the simulated exchange's (an order or cancel arriving), else the
     engine's."""
-    OI, OF = orders
     OUTI, OUTF, NOUT = out
     kind = tmpi[3]
     a = tmpi[4]
     if kind <= T_REPORT:
         OI[a & (OI.shape[0] - 1), OI_REFS] -= 1
     if kind == T_ARRIVE:
-        x_arrive(S, C, CF, orders, heap, olat, rest, x_book, a, lpx, lq)
+        x_arrive(S, C, CF, OI, OF, heap, olat, rest, x_book, a, lpx, lq)
     elif kind == T_ARRIVE_CANCEL:
         x_arrive_cancel(S, C, OI, heap, olat, rest, a)
     else:
         _engine_timer(
-            tmpi, tmpf, S, SF, C, CF, orders, RI, RF, heap, olat, work, rest, kq, inflight, recent,
+            tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, heap, olat, work, rest, kq, inflight, recent,
             eng_book, x_book, b_loc, lags, out, lpx, lq,
         )  # fmt: skip
     forward(S, C, OI, heap, olat, OUTI, NOUT)
@@ -130,7 +129,7 @@ def _timer(
 # are skipped. One walk merging every
 # instrument's entries (walk_inst names each one's instrument), a core per instrument, one output
 # buffer, and the portfolio's shared counters and risk view (PI, PF: engine/kernel/). CORES[j] holds
-# instrument j's arrays as one tuple (S, SF, C, CF, orders, RI, RF, HI, HF, work, rest, kq, inflight,
+# instrument j's arrays as one tuple (S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight,
 # recent, eng_book, x_book, olat), where a numba typed list hands out each array in tens of ns. A step
 # reaches its core through a constant index (:func:`on_core`): ``CORES[j]`` with j a variable makes
 # LLVM copy the whole tuple (~160 words) through the stack at every step. The loop is compiled
@@ -295,7 +294,6 @@ def _timer_pf_at(
     """The next timer of instrument j's heap (``core`` is CORES[j]). Inlined, as :func:`_pf_entry`."""
     OUTI, OUTF, NOUT = out
     S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
-    orders = Orders(OI, OF)
     heap = Heap(HI, HF)
     st = _room(j, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags)
     if st != ST_DONE:
@@ -305,7 +303,7 @@ def _timer_pf_at(
     S[S_NOW] = tmpi[0]
     cid = S[S_CMD_ID]
     _timer(
-        tmpi, tmpf, S, SF, C, CF, orders, RI, RF, heap, olat, work, rest, kq, inflight, recent, eng_book,
+        tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, heap, olat, work, rest, kq, inflight, recent, eng_book,
         x_book, BL[j], lags, out, lpx, lq,
     )  # fmt: skip
     _leave(j, n, S, C, eng_book, OUTI, NOUT, PI, PF, before)
@@ -332,7 +330,6 @@ def _pf_entry_at(
     reference counting, an incref and a decref each; as a call of its own, ~300 scalar arguments)."""
     OUTI, OUTF, NOUT = out
     S, SF, C, CF, OI, OF, RI, RF, HI, HF, work, rest, kq, inflight, recent, eng_book, x_book, olat = core
-    orders = Orders(OI, OF)
     heap = Heap(HI, HF)
     st = _room(j, n, S, SF, OI, RI, HI, olat, work, inflight, PI, PF, NOUT, out_cap, lags)
     if st != ST_DONE:
@@ -354,7 +351,7 @@ def _pf_entry_at(
         for c in range(60):
             x_book[c] = levels[row, c]
         S[S_XBOOK] = 1
-        x_on_book(S, C, CF, orders, heap, olat, rest, x_book)
+        x_on_book(S, C, CF, OI, OF, heap, olat, rest, x_book)
     elif k == 2:  # book at the engine
         levels = LV[j]
         row = r - L0[j]
@@ -372,13 +369,13 @@ def _pf_entry_at(
         lab = LB[j][r]
         pf_note_label(LR, j, lab)
         _on_label(
-            r, lab, PR[j][r, lab], S, SF, C, CF, orders, RI, RF, heap, olat, work, rest, kq, inflight,
+            r, lab, PR[j][r, lab], S, SF, C, CF, OI, OF, RI, RF, heap, olat, work, rest, kq, inflight,
             recent, eng_book, x_book, b_loc, LV[j], L0[j], lags, out, lpx, lq,
         )  # fmt: skip
         forward(S, C, OI, heap, olat, OUTI, NOUT)
     elif k == 1:  # trade at the exchange
         if S[S_NREST] > 0:
-            x_on_trade(S, C, CF, orders, heap, olat, rest, TPX[j][r], TSZ[j][r], TSD[j][r])
+            x_on_trade(S, C, CF, OI, OF, heap, olat, rest, TPX[j][r], TSZ[j][r], TSD[j][r])
     _leave(j, n, S, C, eng_book, OUTI, NOUT, PI, PF, before)
     if k == 2 and PS.shape[0] > 0:  # the pairs with this leg take its new mark
         pf_observe(PF, PS, PP, j, t, half_life_ns)
@@ -393,7 +390,7 @@ def _pf_entry_at(
             So, SFo, Co, _, OIo, OFo, _, _, HIo, HFo, worko, _, _, _, _, ebo, _, olo = CORES[o]
             _enter(o, n, So, SFo, NOUT, PI, PF, before)
             So[S_NOW] = t
-            step_pull(So, Co, Orders(OIo, OFo), Heap(HIo, HFo), olo, worko, out)
+            step_pull(So, Co, OIo, OFo, Heap(HIo, HFo), olo, worko, out)
             forward(So, Co, OIo, Heap(HIo, HFo), olo, OUTI, NOUT)
             _leave(o, n, So, Co, ebo, OUTI, NOUT, PI, PF, before)
             _top(TOP, o, So, HIo)

@@ -112,20 +112,10 @@ class SimExchange:
             a.copy() for a in (self.S, self.OI, self.OF, self.HI, self.HF, self.olat, self.rest)
         )
         book = np.full(4 * LEVELS, np.nan)
-        x_on_book(S, self.C, self.CF, K.Orders(OI, OF), K.Heap(HI, HF), olat, rest, book)
-        x_on_trade(S, self.C, self.CF, K.Orders(OI, OF), K.Heap(HI, HF), olat, rest, math.nan, 0.0, -1)
+        x_on_book(S, self.C, self.CF, OI, OF, K.Heap(HI, HF), olat, rest, book)
+        x_on_trade(S, self.C, self.CF, OI, OF, K.Heap(HI, HF), olat, rest, math.nan, 0.0, -1)
         x_arrive(
-            S,
-            self.C,
-            self.CF,
-            K.Orders(OI, OF),
-            K.Heap(HI, HF),
-            olat,
-            rest,
-            book,
-            0,
-            self._lpx.copy(),
-            self._lq.copy(),
+            S, self.C, self.CF, OI, OF, K.Heap(HI, HF), olat, rest, book, 0, self._lpx.copy(), self._lq.copy()
         )
         x_arrive_cancel(S, self.C, OI, K.Heap(HI, HF), olat, rest, 0)
 
@@ -242,7 +232,8 @@ class SimExchange:
             S,
             self.C,
             self.CF,
-            K.Orders(self.OI, self.OF),
+            self.OI,
+            self.OF,
             self.heap,
             self.olat,
             self.rest,
@@ -256,7 +247,7 @@ class SimExchange:
             return
         S[K.S_NOW] = self.clock.now_ns()
         x_on_trade(
-            S, self.C, self.CF, K.Orders(self.OI, self.OF), self.heap, self.olat, self.rest,
+            S, self.C, self.CF, self.OI, self.OF, self.heap, self.olat, self.rest,
             trade.px, trade.sz, SIDE_CODE.get(trade.side, -1),
         )  # fmt: skip
         self._report()
@@ -271,7 +262,7 @@ class SimExchange:
         S[K.S_NOW] = self.clock.now_ns()
         book = as_levels(self.book) if self.book is not None else np.full(60, np.nan)
         x_arrive(
-            S, self.C, self.CF, K.Orders(self.OI, self.OF), self.heap, self.olat, self.rest, book, i,
+            S, self.C, self.CF, self.OI, self.OF, self.heap, self.olat, self.rest, book, i,
             self._lpx, self._lq,
         )  # fmt: skip
         self._report()

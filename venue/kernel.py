@@ -148,9 +148,8 @@ def _x_rest_rows(S, OF, rest):
 
 
 @njit
-def x_on_book(S, C, CF, orders, heap, olat, rest, x_book):
+def x_on_book(S, C, CF, OI, OF, heap, olat, rest, x_book):
     """A new book at the venue: venue.matching.book_fills over the order table, then its maker fills."""
-    OI, OF = orders
     n = S[S_NREST]
     if n == 0:
         return
@@ -176,9 +175,8 @@ def x_on_book(S, C, CF, orders, heap, olat, rest, x_book):
 
 
 @njit(nrt=True)
-def x_on_trade(S, C, CF, orders, heap, olat, rest, px, sz, tside):
+def x_on_trade(S, C, CF, OI, OF, heap, olat, rest, px, sz, tside):
     """A public trade at the venue: venue.matching.trade_fills over the order table, then its maker fills."""
-    OI, OF = orders
     n = S[S_NREST]
     rows = _x_rest_rows(S, OF, rest)
     fq = np.empty(n, dtype=np.int64)
@@ -205,12 +203,11 @@ def x_on_trade(S, C, CF, orders, heap, olat, rest, px, sz, tside):
 
 
 @njit
-def x_arrive(S, C, CF, orders, heap, olat, rest, x_book, oid, lpx, lq):
+def x_arrive(S, C, CF, OI, OF, heap, olat, rest, x_book, oid, lpx, lq):
     """Order ``oid`` (its row of OI/OF filled in) reaches the venue: rejected without a book or as a
     reduce-only order that would not reduce; else acknowledged, its marketable part filled as taker,
     the rest expired (market) or resting in the queue (limit). A full resting list stops the call with
     S[S_WHY] = U_TABLE (the order does not rest)."""
-    OI, OF = orders
     if S[S_XBOOK] == 0:
         _report(S, C, OI, heap, olat, M_REJECT, oid, R_NO_MARKET, 0.0, 0.0)
         return

@@ -312,7 +312,6 @@ from engine.kernel.layout import (  # noqa: F401
     U_TABLE,
     UNSUPPORTED_TEXT,
     WORK_CAP,
-    Orders,
 )
 from engine.kernel.orders import (  # noqa: F401
     _cancel_all,

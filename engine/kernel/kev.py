@@ -72,7 +72,8 @@ def _offer_kev(
     SF,
     C,
     CF,
-    orders,
+    OI,
+    OF,
     RI,
     RF,
     heap,
@@ -128,7 +129,8 @@ def _offer_kev(
             SF,
             C,
             CF,
-            orders,
+            OI,
+            OF,
             RI,
             RF,
             heap,
@@ -156,7 +158,8 @@ def _offer_kev(
         SF,
         C,
         CF,
-        orders,
+        OI,
+        OF,
         RI,
         RF,
         heap,
@@ -179,7 +182,8 @@ def _kev_pump(
     SF,
     C,
     CF,
-    orders,
+    OI,
+    OF,
     RI,
     RF,
     heap,
@@ -194,7 +198,6 @@ def _kev_pump(
     lpx,
     lq,
 ):
-    OI, OF = orders
     while S[S_INFLIGHT_N] < C[C_KEV_MAX_IN_FLIGHT]:
         if not _kev_start_next(S, SF, C, CF, OI, RI, RF, heap, kq, inflight, lags, out):
             break

@@ -39,7 +39,8 @@ def _on_label(
     SF,
     C,
     CF,
-    orders,
+    OI,
+    OF,
     RI,
     RF,
     heap,
@@ -59,13 +60,12 @@ def _on_label(
     lpx,
     lq,
 ):
-    OI, OF = orders
     now = S[S_NOW]
     S[S_LAST_LABEL_NAME] = label_id
     origin = b_loc[r]
     if label_id == L_EMERGENCY:
         S[S_EMERGENCY_UNTIL] = now + C[C_EMERGENCY_HOLD]
-        _cancel_all(S, C, orders, heap, olat, work, out)
+        _cancel_all(S, C, OI, OF, heap, olat, work, out)
     if label_id != L_HOLD and now - S[S_LAST_KEV_OFFER] >= C[C_KEV_MIN_INTERVAL]:
         _offer_kev(
             r,
@@ -75,7 +75,8 @@ def _on_label(
             SF,
             C,
             CF,
-            orders,
+            OI,
+            OF,
             RI,
             RF,
             heap,
@@ -100,7 +101,8 @@ def _on_label(
             SF,
             C,
             CF,
-            orders,
+            OI,
+            OF,
             heap,
             olat,
             work,
@@ -125,7 +127,8 @@ def _on_label(
             SF,
             C,
             CF,
-            orders,
+            OI,
+            OF,
             heap,
             olat,
             work,

@@ -7,7 +7,6 @@ the timer heap; olat; the output streams). Every transition indexes the arrays b
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 
@@ -249,12 +248,3 @@ WORK_CAP, REST_CAP, KQ_CAP = 64, 64, 16
 STEP_ORDERS = 16
 EPS = 1e-12
 NAN = math.nan
-
-
-class Orders(NamedTuple):
-    """The order table, one parameter of every function that reads or writes an order's row: order
-    N's ``OI_*`` ints and ``OF_*`` floats in row N & (rows - 1) of a ring that doubles when orders
-    in use fill it (CoreState.orders is made from the current arrays)."""
-
-    OI: np.ndarray
-    OF: np.ndarray

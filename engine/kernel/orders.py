@@ -116,7 +116,8 @@ def _check_new(
     SF,
     C,
     CF,
-    orders,
+    OI,
+    OF,
     work,
     recent,
     eng_book,
@@ -136,7 +137,6 @@ def _check_new(
     """engine.risk.verdict, with the configured rules, on the engine's state for a new order (through
     the rules' entry: engine/risk_call.py); returns the reason code (R_OK when accepted)."""
     # the lots working orders have still open, by side
-    OI, OF = orders
     buy = 0
     sell = 0
     for w in range(S[S_NWORK]):
@@ -210,7 +210,8 @@ def _send_new(
     SF,
     C,
     CF,
-    orders,
+    OI,
+    OF,
     heap,
     olat,
     work,
@@ -230,7 +231,6 @@ def _send_new(
     lpx,
     lq,
 ):
-    OI, OF = orders
     OUTI, OUTF, NOUT = out
     oid = S[S_OID] + 1
     S[S_OID] = oid
@@ -240,7 +240,8 @@ def _send_new(
         SF,
         C,
         CF,
-        orders,
+        OI,
+        OF,
         work,
         recent,
         eng_book,
@@ -293,13 +294,12 @@ def _send_new(
         return
     work[nw] = oid
     S[S_NWORK] = nw + 1
-    _order_event(out, C, orders, oid, OK_NEW, now, now, R_EMPTY)
+    _order_event(out, C, OI, OF, oid, OK_NEW, now, now, R_EMPTY)
     _span(OUTI, NOUT, SPAN_TICK_TO_ORDER, REF_ORDER, oid, origin, now)
 
 
 @njit
-def _send_cancel(S, C, orders, heap, olat, oid, out):
-    OI, OF = orders
+def _send_cancel(S, C, OI, OF, heap, olat, oid, out):
     now = S[S_NOW]
     _risk_row(
         out,
@@ -316,12 +316,11 @@ def _send_cancel(S, C, orders, heap, olat, oid, out):
         size_of(OI[oid & (OI.shape[0] - 1), OI_LOTS] - OI[oid & (OI.shape[0] - 1), OI_FILLED], C),
     )
     OI[oid & (OI.shape[0] - 1), OI_STATUS] = PENDING_CANCEL
-    _order_event(out, C, orders, oid, OK_CANCEL, now, now, R_EMPTY)
+    _order_event(out, C, OI, OF, oid, OK_CANCEL, now, now, R_EMPTY)
 
 
 @njit
-def _cancel_all(S, C, orders, heap, olat, work, out):
-    OI, OF = orders
+def _cancel_all(S, C, OI, OF, heap, olat, work, out):
     n = S[S_NWORK]
     cap = work.shape[0] // 3
     snapshot = work[cap : 2 * cap]  # scratch: the list as it was (cancels do not change it)
@@ -333,7 +332,7 @@ def _cancel_all(S, C, orders, heap, olat, work, out):
             OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
             or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
         ):
-            _send_cancel(S, C, orders, heap, olat, o, out)
+            _send_cancel(S, C, OI, OF, heap, olat, o, out)
 
 
 @njit
@@ -387,7 +386,8 @@ def _requote(
     SF,
     C,
     CF,
-    orders,
+    OI,
+    OF,
     heap,
     olat,
     work,
@@ -400,13 +400,12 @@ def _requote(
     lpx,
     lq,
 ):
-    OI, OF = orders
     now = S[S_NOW]
     if S[S_ENG_BOOK] == 0 or (not force and now - S[S_LAST_REQUOTE] < C[C_REQUOTE_MIN]):
         return
     S[S_LAST_REQUOTE] = now
     if now < S[S_EMERGENCY_UNTIL] or S[S_KILL] != 0:
-        _cancel_all(S, C, orders, heap, olat, work, out)
+        _cancel_all(S, C, OI, OF, heap, olat, work, out)
         return
     bid_lots, bid_t, ask_lots, ask_t = _strategy(S, SF, C, CF, eng_book, now)
     want_buy, want_sell = bid_lots > 0, ask_lots > 0
@@ -418,7 +417,8 @@ def _requote(
                 SF,
                 C,
                 CF,
-                orders,
+                OI,
+                OF,
                 heap,
                 olat,
                 work,
@@ -446,7 +446,8 @@ def _requote(
                 SF,
                 C,
                 CF,
-                orders,
+                OI,
+                OF,
                 heap,
                 olat,
                 work,
@@ -493,14 +494,15 @@ def _requote(
                 OI[o & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW
                 or OI[o & (OI.shape[0] - 1), OI_STATUS] == LIVE
             ):
-                _send_cancel(S, C, orders, heap, olat, o, out)
+                _send_cancel(S, C, OI, OF, heap, olat, o, out)
         if want and m == 0:
             _send_new(
                 S,
                 SF,
                 C,
                 CF,
-                orders,
+                OI,
+                OF,
                 heap,
                 olat,
                 work,
@@ -563,8 +565,7 @@ def leg_order(S, SF, C, CF, OI, work):
 
 
 @njit
-def _rebalance(S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, origin, out, lpx, lq):
-    OI, OF = orders
+def _rebalance(S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, origin, out, lpx, lq):
     side, qty = leg_order(S, SF, C, CF, OI, work)
     if side == NO_ORDER:
         return
@@ -576,7 +577,8 @@ def _rebalance(S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, 
         SF,
         C,
         CF,
-        orders,
+        OI,
+        OF,
         heap,
         olat,
         work,

@@ -124,13 +124,13 @@ def pf_leave(PI, PF, i, S, C, eng_book):
 
 
 @njit
-def step_pull(S, C, orders, heap, olat, work, out):
+def step_pull(S, C, OI, OF, heap, olat, work, out):
     """Another instrument of the portfolio saw EMERGENCY: quotes are pulled here too and stay pulled
     for the emergency hold, as on an EMERGENCY label of this instrument's own."""
     until = S[S_NOW] + C[C_EMERGENCY_HOLD]
     if until > S[S_EMERGENCY_UNTIL]:
         S[S_EMERGENCY_UNTIL] = until
-    _cancel_all(S, C, orders, heap, olat, work, out)
+    _cancel_all(S, C, OI, OF, heap, olat, work, out)
 
 
 # ---------------------------------------------------------------- Kev as the portfolio hub

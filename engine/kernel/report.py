@@ -58,7 +58,8 @@ def _engine_report(
     SF,
     C,
     CF,
-    orders,
+    OI,
+    OF,
     heap,
     olat,
     work,
@@ -74,26 +75,26 @@ def _engine_report(
     lpx,
     lq,
 ):
-    OI, OF = orders
     OUTI, OUTF, NOUT = out
     now = S[S_NOW]
     if m == M_ACK:
         if OI[oid & (OI.shape[0] - 1), OI_STATUS] == PENDING_NEW:
             OI[oid & (OI.shape[0] - 1), OI_STATUS] = LIVE
-        _order_event(out, C, orders, oid, OK_ACK, ts_event, now, R_EMPTY)
+        _order_event(out, C, OI, OF, oid, OK_ACK, ts_event, now, R_EMPTY)
         _span(OUTI, NOUT, SPAN_ORDER_ENTRY, REF_ORDER, oid, OI[oid & (OI.shape[0] - 1), OI_SENT], now)
     elif m == M_REJECT:
         _finish(S, OI, work, oid)
-        _order_event(out, C, orders, oid, OK_REJECT, ts_event, now, arg)
+        _order_event(out, C, OI, OF, oid, OK_REJECT, ts_event, now, arg)
     elif m == M_CANCEL_ACK:
         _finish(S, OI, work, oid)
-        _order_event(out, C, orders, oid, OK_CANCEL_ACK, ts_event, now, R_EMPTY)
+        _order_event(out, C, OI, OF, oid, OK_CANCEL_ACK, ts_event, now, R_EMPTY)
         _requote(
             S,
             SF,
             C,
             CF,
-            orders,
+            OI,
+            OF,
             heap,
             olat,
             work,
@@ -108,14 +109,13 @@ def _engine_report(
         )
     elif m == M_DONE:
         _finish(S, OI, work, oid)
-        _order_event(out, C, orders, oid, OK_DONE, ts_event, now, arg)
+        _order_event(out, C, OI, OF, oid, OK_DONE, ts_event, now, arg)
     else:  # M_FILL: px, qty in tmpf, liquidity in arg
-        _on_fill(S, C, orders, oid, tmpf[0], tmpf[1], arg, ts_event, now, out)
+        _on_fill(S, C, OI, OF, oid, tmpf[0], tmpf[1], arg, ts_event, now, out)
 
 
 @njit
-def _on_fill(S, C, orders, oid, px, qty, liq, ts_event, now, out):
-    OI, OF = orders
+def _on_fill(S, C, OI, OF, oid, px, qty, liq, ts_event, now, out):
     OUTI, OUTF, NOUT = out
     side = OI[oid & (OI.shape[0] - 1), OI_SIDE]
     pu = _px_units(px, C[C_PX_DECIMALS])

@@ -114,8 +114,7 @@ def _headroom(S, OI, RI, HI, NOUT, out_cap, lags, olat, work, inflight):
 
 
 @njit
-def _order_event(out, C, orders, oid, kind, ts_event, ts_recv, reason):
-    OI, OF = orders
+def _order_event(out, C, OI, OF, oid, kind, ts_event, ts_recv, reason):
     OUTI, OUTF, NOUT = out
     k = NOUT[O_ORDER]
     NOUT[O_ORDER] = k + 1

@@ -68,21 +68,21 @@ def _scratch_f(SCR):
 
 @njit
 def step_label(
-    label_id, p_label, S, SF, C, CF, orders, RI, RF, heap, olat, work, rest, kq, inflight, recent,
+    label_id, p_label, S, SF, C, CF, OI, OF, RI, RF, heap, olat, work, rest, kq, inflight, recent,
     eng_book, x_book, b_loc, levels, lags, out, SCR,
 ):  # fmt: skip
     """Laya's label of the book in ``levels[0]`` (received at ``b_loc[0]``) becomes visible."""
     lpx, lq, _ = _scratch_f(SCR)
     S[S_LABELS] += 1
     _on_label(
-        0, label_id, p_label, S, SF, C, CF, orders, RI, RF, heap, olat, work, rest, kq, inflight, recent,
+        0, label_id, p_label, S, SF, C, CF, OI, OF, RI, RF, heap, olat, work, rest, kq, inflight, recent,
         eng_book, x_book, b_loc, levels, 0, lags, out, lpx, lq,
     )  # fmt: skip
 
 
 @njit
 def step_report(
-    m, oid, arg, px, qty, ts_event, S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc,
+    m, oid, arg, px, qty, ts_event, S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc,
     out, SCR,
 ):  # fmt: skip
     """The venue's report ``m`` (M_*) on order ``oid``: ``arg`` a reject or done reason (R_*) or a
@@ -91,14 +91,14 @@ def step_report(
     tmpf[0] = px
     tmpf[1] = qty
     _engine_report(
-        S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, m, oid, arg, tmpf, ts_event,
+        S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, m, oid, arg, tmpf, ts_event,
         out, lpx, lq,
     )  # fmt: skip
 
 
 @njit
 def step_timer(
-    kind, a, b, S, SF, C, CF, orders, RI, RF, heap, olat, work, rest, kq, inflight, recent, eng_book,
+    kind, a, b, S, SF, C, CF, OI, OF, RI, RF, heap, olat, work, rest, kq, inflight, recent, eng_book,
     x_book, b_loc, lags, out, SCR, SCRI,
 ):  # fmt: skip
     """A Kev timer: T_KEV_TIMEOUT of request ``a`` started at ``b``, or T_KEV_DONE, its reply (the
@@ -112,14 +112,14 @@ def step_timer(
     tmpi[4] = a
     tmpi[5] = b
     _engine_timer(
-        tmpi, tmpf, S, SF, C, CF, orders, RI, RF, heap, olat, work, rest, kq, inflight, recent, eng_book,
+        tmpi, tmpf, S, SF, C, CF, OI, OF, RI, RF, heap, olat, work, rest, kq, inflight, recent, eng_book,
         x_book, b_loc, lags, out, lpx, lq,
     )  # fmt: skip
 
 
 @njit
 def step_command(
-    cid, rid, ts_ctx, action, target, hedge, slip, S, SF, C, CF, orders, heap, olat, work, recent, eng_book,
+    cid, rid, ts_ctx, action, target, hedge, slip, S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book,
     b_loc, out, SCR,
 ):  # fmt: skip
     """Kev's portfolio command ``cid``, answering request ``rid`` of another instrument, sets this one's
@@ -127,12 +127,12 @@ def step_command(
     instrument's from now on, as if its own request had brought it, and it rebalances towards it."""
     lpx, lq, _ = _scratch_f(SCR)
     _apply_command(S, SF, C, out, cid, rid, ts_ctx, action, target, hedge, slip)
-    _rebalance(S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, ts_ctx, out, lpx, lq)
+    _rebalance(S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, ts_ctx, out, lpx, lq)
 
 
 @njit
 def step_command_part(
-    cid, rid, ts_ctx, action, target, hedge, slip, S, SF, C, CF, orders, heap, olat, work, recent, eng_book,
+    cid, rid, ts_ctx, action, target, hedge, slip, S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book,
     b_loc, out, SCR,
 ):  # fmt: skip
     """Kev's portfolio command ``cid``: this instrument's part of it becomes its advice, without the
@@ -142,30 +142,29 @@ def step_command_part(
 
 @njit
 def step_rebalance(
-    origin, S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, out, SCR
+    origin, S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, out, SCR
 ):  # fmt: skip
     """This instrument's leg of a hub's unit: the market order towards its target (``leg_order``),
     through the risk gateway; ``origin``: when the command's context was taken."""
     lpx, lq, _ = _scratch_f(SCR)
-    _rebalance(S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, origin, out, lpx, lq)
+    _rebalance(S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, origin, out, lpx, lq)
 
 
 @njit
 def step_hedge(
-    side, lots, cross, cancel_oid, S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, out, SCR,
+    side, lots, cross, cancel_oid, S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, out, SCR,
 ):  # fmt: skip
     """A legging residual of ``lots`` on this instrument is hedged now (engine/legs.py): a market order
     (``cross``), else a limit order at the far touch (the price that fills now, the rest resting there
     until the next check reprices it); ``cancel_oid`` (> 0): the previous hedge, cancelled first if it
     still works. Judged by the risk gateway as an order on Kev's command (a flatten's: reduce-only,
     source flatten, which the kill switch lets through). Returns the order's id."""
-    OI, OF = orders
     lpx, lq, _ = _scratch_f(SCR)
     mask = OI.shape[0] - 1
     if cancel_oid > 0 and OI[cancel_oid & mask, OI_OID] == cancel_oid:
         st = OI[cancel_oid & mask, OI_STATUS]
         if OI[cancel_oid & mask, OI_TYPE] == LIMIT and (st == PENDING_NEW or st == LIVE):
-            _send_cancel(S, C, orders, heap, olat, cancel_oid, out)
+            _send_cancel(S, C, OI, OF, heap, olat, cancel_oid, out)
     now = S[S_NOW]
     qty = size_of(lots, C)
     otype = MARKET
@@ -176,7 +175,7 @@ def step_hedge(
     oid = S[S_OID] + 1
     flatten = S[S_CMD_ACTION] == A_FLATTEN  # a flatten's residual: reduce-only, as its legs were
     _send_new(
-        S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, side, otype, px, qty, now,
+        S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, side, otype, px, qty, now,
         SF[SF_CMD_SLIP], flatten, SRC_FLATTEN if flatten else SRC_KEV, now - S[S_CMD_TS_RECV], out, lpx, lq,
     )  # fmt: skip
     return oid
@@ -193,21 +192,20 @@ def order_fill(OI, oid):
 
 
 @njit
-def step_kill(S, C, orders, heap, olat, work, out):
+def step_kill(S, C, OI, OF, heap, olat, work, out):
     """The kill switch: no new orders from now on (the risk gateway's first rule); working limit
     orders are cancelled."""
     S[S_KILL] = 1
-    _cancel_all(S, C, orders, heap, olat, work, out)
+    _cancel_all(S, C, OI, OF, heap, olat, work, out)
 
 
 @njit
-def step_flatten(S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, out, SCR):
+def step_flatten(S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, out, SCR):
     """Reduce-only market orders (source flatten, ``max_order_qty`` at most each) for the part of the
     position that working market orders on the closing side do not cover yet. They pass the risk
     gateway like any order; the kill switch lets exactly these through (they can only shrink the
     position). Returns (orders sent, whether one was refused: the caller may try again later). The
     caller leaves room for 100 orders in the working list first."""
-    OI, OF = orders
     lpx, lq, _ = _scratch_f(SCR)
     mask = OI.shape[0] - 1
     side = SELL if S[S_POS] > 0 else BUY
@@ -227,7 +225,7 @@ def step_flatten(S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc
             return sent, False
         oid = S[S_OID] + 1
         _send_new(
-            S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, side, MARKET, NAN, qty, now,
+            S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, side, MARKET, NAN, qty, now,
             NAN, True, SRC_FLATTEN, -1, out, lpx, lq,
         )  # fmt: skip
         if OI[oid & mask, OI_OID] != oid or OI[oid & mask, OI_STATUS] != PENDING_NEW:
@@ -238,7 +236,7 @@ def step_flatten(S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc
 
 
 @njit
-def step_warm(S, SF, C, CF, orders, work, recent, eng_book, b_loc, SCR):
+def step_warm(S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc, SCR):
     """The order decision path (the strategy, the risk rules) on the current book, results discarded,
     so the next decision finds its code and data in the CPU caches (live mode runs it between frames).
     It changes nothing a decision reads: the rate window drops only order times that the next risk
@@ -254,7 +252,7 @@ def step_warm(S, SF, C, CF, orders, work, recent, eng_book, b_loc, SCR):
         if lots > 0:
             px = _quote_px(bid_t if side == BUY else ask_t, C)
             _check_new(
-                S, SF, C, CF, orders, work, recent, eng_book, b_loc, side, LIMIT, px, size_of(lots, C),
+                S, SF, C, CF, OI, OF, work, recent, eng_book, b_loc, side, LIMIT, px, size_of(lots, C),
                 False, NAN, SRC_QUOTE, -1, now, lpx, lq,
             )  # fmt: skip
             checks += 1

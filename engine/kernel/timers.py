@@ -49,7 +49,8 @@ def _engine_timer(
     SF,
     C,
     CF,
-    orders,
+    OI,
+    OF,
     RI,
     RF,
     heap,
@@ -80,7 +81,8 @@ def _engine_timer(
             SF,
             C,
             CF,
-            orders,
+            OI,
+            OF,
             heap,
             olat,
             work,
@@ -111,7 +113,8 @@ def _engine_timer(
                 SF,
                 C,
                 CF,
-                orders,
+                OI,
+                OF,
                 RI,
                 RF,
                 heap,
@@ -141,7 +144,7 @@ def _engine_timer(
         _span(OUTI, NOUT, SPAN_KEV, REF_KEV, a, now - b, now)
         if ok != 1:  # a reply that is no valid command: the engine notes it and moves on
             _kev_pump(
-                S, SF, C, CF, orders, RI, RF, heap, work, recent, eng_book, b_loc, kq, inflight, lags, out,
+                S, SF, C, CF, OI, OF, RI, RF, heap, work, recent, eng_book, b_loc, kq, inflight, lags, out,
                 lpx, lq,
             )  # fmt: skip
             return
@@ -155,7 +158,7 @@ def _engine_timer(
         )  # fmt: skip
         if S[S_UNIT] == 0:  # a hub's unit sends every leg together, after every part is applied
             _rebalance(
-                S, SF, C, CF, orders, heap, olat, work, recent, eng_book, b_loc, ts_ctx, out,
+                S, SF, C, CF, OI, OF, heap, olat, work, recent, eng_book, b_loc, ts_ctx, out,
                 lpx, lq,
             )  # fmt: skip
         if S[S_WHY] != U_NONE:
@@ -165,7 +168,8 @@ def _engine_timer(
             SF,
             C,
             CF,
-            orders,
+            OI,
+            OF,
             RI,
             RF,
             heap,

@@ -282,7 +282,7 @@ def _kernel_check(
     S[K.S_RECENT_TAIL] = len(state.recent_order_ns)
     eng_book = np.array([*book.bid_px, *book.bid_sz, *book.ask_px, *book.ask_sz], dtype=np.float64)
     reason = K._check_new(
-        S, SF, C, CF, K.Orders(OI, OF), work, recent, eng_book, np.array([book.ts_recv], dtype=np.int64),
+        S, SF, C, CF, OI, OF, work, recent, eng_book, np.array([book.ts_recv], dtype=np.int64),
         K.BUY if it.side == "buy" else K.SELL, K.LIMIT if it.order_type == "limit" else K.MARKET,
         it.px, it.qty, it.reduce_only, math.nan if it.max_slippage_bps is None else it.max_slippage_bps,
         {"quote": K.SRC_QUOTE, "kev": K.SRC_KEV, "flatten": K.SRC_FLATTEN}[it.source], it.advice_age_ns,
