@@ -58,7 +58,9 @@ def instrument_configs(
     return resolve_instruments(base, symbols, contracts, ref_mids, settings.instruments)
 
 
-def portfolio(settings: EngineSettings, symbols: Sequence[str], pairs: tuple[tuple[str, str], ...]) -> Portfolio:
+def portfolio(
+    settings: EngineSettings, symbols: Sequence[str], pairs: tuple[tuple[str, str], ...]
+) -> Portfolio:
     """The portfolio the instruments trade in: its risk view, and with Kev as the hub the ``pairs``
     (leader, follower) it fits and how a hub command's legs go out."""
     return Portfolio(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,7 +23,7 @@ from engine import jit
 from engine import kernel as K
 from engine.book import WIDTH, as_levels
 from engine.clock import Clock
-from engine.contract import ContractConfig
+from engine.core_config import EngineConfig, PortfolioView
 from engine.errors import DualhubError
 from engine.eventlog import EventLog
 from engine.events import BookSnapshot, Nanos, Trade
@@ -34,12 +33,10 @@ from engine.kev.advisor import KevContext, KevContextV2, KevReply, context_body,
 from engine.kev.command import ACTIONS, CommandFields, CommandV2, as_v2
 from engine.kev.failures import breaker_rows, judge
 from engine.latency.models import ConstantLatency, LatencyModel
-from engine.portfolio import dec
-from engine.risk import OrderIntent, RiskLimits
+from engine.risk import OrderIntent
 from engine.risk_codes import SOURCES
 from engine.state import LABEL_NAMES, CoreState
 from engine.strategies.quoter import Quoter
-from engine.strategy import QuoteConfig
 
 if TYPE_CHECKING:
     from engine.instruments import Portfolio
@@ -68,37 +65,6 @@ class ExecutionClient(Protocol):
     def submit(self, intent: OrderIntent, now_ns: Nanos) -> None: ...
 
     def cancel(self, client_oid: str, symbol: str, now_ns: Nanos) -> None: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineConfig:
-    symbol: str = "BTCUSDT"
-    contract: ContractConfig = field(default_factory=ContractConfig)
-    risk: RiskLimits = field(default_factory=RiskLimits)
-    quotes: QuoteConfig = field(default_factory=QuoteConfig)
-    strategy: str = "baseline"  # engine.strategies.registry.STRATEGIES
-    strategy_params: dict[str, float] = field(default_factory=dict)  # over the strategy's defaults
-    laya_latency_ns: Nanos = 200_000
-    kev_queue_max: int = 2
-    kev_stale_after_ns: Nanos = 1_000_000_000
-    kev_advice_ttl_ns: Nanos = 5_000_000_000
-    kev_min_interval_ns: Nanos = 0  # 0: every non-HOLD label is offered to Kev
-    kev_queue_policy: str = "drop_oldest"
-    kev_max_in_flight: int = 1  # Kev requests in flight at once (llama-server slots)
-    kev_timeout_ns: Nanos = 2_000_000_000  # no reply by then: "no advice", the slot is freed
-
-
-@dataclass(frozen=True, slots=True)
-class PortfolioView:
-    """The engine's money as the core keeps it (integers of 1e-12), as exact Decimals."""
-
-    position: Decimal
-    cash: Decimal
-    fees: Decimal
-
-    def pnl(self, mark: float) -> Decimal:
-        """Cash plus the position marked at ``mark`` (mid), net of fees."""
-        return self.cash + self.position * dec(mark)
 
 
 class Engine:
@@ -178,6 +144,9 @@ class Engine:
         the state: a live engine's first frame must not wait for the compiler."""
         c = CoreState.__new__(CoreState)
         c.__dict__.update({k: v.copy() if isinstance(v, np.ndarray) else v for k, v in vars(core).items()})
+        # the buffer's record over the copies: the original's would take the scratch steps' rows into
+        # the run's log (a command, an order of nobody's)
+        c.out = K.Out(c.OUTI, c.OUTF, c.NOUT)
         lv, b_loc = self.levels.copy(), self.b_loc.copy()
         K.headroom(c.S, c.OI, c.RI, c.HI, c.NOUT, c.OUTI.shape[2], c.lags, c.olat, c.work, c.inflight)
         K.step_label(

@@ -32,12 +32,30 @@ from engine.contract import ContractConfig, round_to_step
 from engine.errors import DualhubError
 from engine.kev.advisor import InstrumentState, KevContextV2, PairState
 from engine.kev.command import ACTIONS, CommandV2, check_pairs, command_rows
-from engine.legs import Legs, checked_leg_hedge
 from engine.kev.pairs import P_BETA, P_SPREAD, PAIR_STATE_SIZE, pair_state, pair_z
+from engine.legs import Legs, checked_leg_hedge
 from engine.state import LABEL_NAMES
 
 if TYPE_CHECKING:
-    from engine.core import Engine, EngineConfig, PortfolioView
+    from engine.core_config import EngineConfig, PortfolioView
+
+
+class Engine(Protocol):
+    """What a portfolio reads of each instrument's engine (``engine.core.Engine``, which joins it): named
+    here so the portfolio need not import the engine that imports it."""
+
+    cfg: EngineConfig
+    core: Any
+    inst: int
+    clock: Any
+
+    @property
+    def portfolio(self) -> PortfolioView: ...
+
+    def step(self, fn: Any) -> Any: ...
+
+    def pull(self) -> None: ...
+
 
 # What a portfolio may set per instrument, over the engine config every instrument starts from: its
 # contract's steps and its sizes (instruments of different prices trade different quantities).
@@ -201,7 +219,9 @@ class Portfolio:
         self.engines: list[Engine] = []
         self._by_symbol: dict[str, Engine] = {}
         self.legs = Legs(self.symbols, int(leg_timeout_ns), checked_leg_hedge(leg_hedge) == "cross")
-        self.ending = False  # the driver's input has ended: a leg check with nothing left to wait for is dropped
+        self.ending = (
+            False  # the driver's input has ended: a leg check with nothing left to wait for is dropped
+        )
 
     def join(self, engine: Engine) -> int:
         """``engine`` trades the next symbol; its instrument index."""

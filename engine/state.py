@@ -34,7 +34,7 @@ from engine.strategies import registry
 from engine.strategy import quote_lots
 
 if TYPE_CHECKING:
-    from engine.core import EngineConfig
+    from engine.core_config import EngineConfig
 
 LABEL_NAMES: tuple[str, ...] = tuple(x.name for x in sorted(Label))  # by class index
 _kev_context = frozen_maker(KevContext)

@@ -255,9 +255,7 @@ LEGACY_WIDE_FUNCTIONS: dict[str, int] = {
     "venue/fills.py::on_trade": 9,
     "venue/simulator.py::_SymbolSim.__init__": 9,
 }
-LEGACY_CYCLES: list[set[str]] = [
-    {"engine.core", "engine.instruments", "engine.state"},
-]
+LEGACY_CYCLES: list[set[str]] = []
 
 
 def _sources() -> list[Path]:
