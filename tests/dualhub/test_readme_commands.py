@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -168,6 +169,13 @@ def test_every_readme_command_runs(tmp_path):
     assert re.search(r"\b\d+\b", out)
     run("diff", "r1", "r-cas", ok=(0, 1))
     run("diff", "r1", "r2", ok=(1,))
+    # a catalog of the sessions under a folder, then one statement over all of them
+    (tmp_path / "days").mkdir()
+    shutil.copytree(tmp_path / "sim", tmp_path / "days" / "sim")
+    shutil.copytree(tmp_path / "pair", tmp_path / "days" / "pair")
+    run("catalog", "days")
+    out = run("sql", "days", "SELECT instrument, count(*) AS n FROM books15 GROUP BY instrument").stdout
+    assert "ETHUSDT" in out and "BTCUSDT" in out
 
     # -- a sweep with its plot
     (tmp_path / "grid.toml").write_text('[base]\nlaya_provider = "cpu"\n[grid]\nscale_kev = [0.5, 2]\n')
