@@ -112,3 +112,18 @@ def test_an_unwinding_order_passes_every_portfolio_rule_even_with_quotes_resting
     assert order("sell", 0.01) == (True, "ok")
     assert order("sell", 0.021)[0] is False  # through zero: the opening part is judged
     assert order("buy", 0.001) == (False, "portfolio_net_delta")
+
+
+def test_a_warm_engine_logs_nothing_before_its_first_event(tmp_path):
+    """Building an engine warm runs every compiled entry once on a scratch copy of its state (its first
+    frame must not wait for the compiler): none of those steps' rows may reach the run's buffer or log."""
+    (tmp_path / "events").mkdir()
+    clock, log, orders = ReplayClock(), EventLog(tmp_path / "events"), _Orders()
+    hold = (0, np.array([1.0, 0.0, 0.0, 0.0], dtype=np.float32))
+    cfg = EngineConfig(symbol="BTCUSDT", contract=ContractConfig(), quotes=QuoteConfig(quote_qty=0.002))
+    engine = Engine(
+        cfg, clock=clock, log=log, labeler=lambda b: hold, kev=None, execution=orders, advisor_name="none"
+    )
+    assert int(engine.core.NOUT.sum()) == 0 and not orders.sent
+    log.write()
+    assert all(n == 0 for n in log.counts().values()), log.counts()
